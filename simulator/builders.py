@@ -1,0 +1,201 @@
+"""The parametric ``cluster`` builder: nodes x gpus_per_node, an intra-node fabric and an inter-node fabric.
+
+It expands a preset (``builder: cluster`` plus ``params:``) into the explicit form (``nodes:``/``links:``) that
+:func:`simulator.topology.build_cluster` validates, so presets and users' files share one code path.
+
+Node names: ``n{i}.gpu{j}``, ``n{i}.nvswitch`` (intra ``switch``), ``n{i}.host`` (intra ``pcie-host``),
+``n{i}.nic{k}``; fabric switches ``leaf{i}``/``spine{s}`` (fat-tree), ``rail{k}``/``spine{s}`` (rail),
+``fabric`` (single-switch).
+
+Intra-node: ``switch`` (every GPU has one link of ``intra_bandwidth`` to the node switch), ``mesh`` (a link of
+``intra_bandwidth`` between every GPU pair), ``pcie-host`` (each GPU has a PCIe link to the host; no peer-to-peer,
+so GPU-to-GPU traffic is routed, i.e. staged, through the host). NIC ``k`` hangs off GPU ``k * G // nics`` over
+PCIe (the host for ``pcie-host``). Inter-node (only when ``nodes > 1``): ``fat-tree`` (leaves of
+``nodes_per_leaf`` nodes, ``spines`` spines, uplinks sized by ``oversubscription``), ``rail`` (NIC ``k`` of every
+node on rail switch ``k``; spines join the rails, non-blocking), ``single-switch``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from simulator.errors import InputError
+from simulator.units import parse_bandwidth, parse_time
+from simulator.yamlio import line_of
+
+__all__ = ["PARAMS", "expand_preset"]
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise InputError(f"must be a positive integer, got {v!r}")
+    return v
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        if v not in options:
+            raise InputError(f"must be one of {', '.join(options)}, got {v!r}")
+        return str(v)
+
+    return parse
+
+
+def _pos(parse: Callable[[Any], float]) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        x = parse(v)
+        if x <= 0:
+            raise InputError(f"must be positive, got {v!r}")
+        return x
+
+    return check
+
+
+def _nonneg(parse: Callable[[Any], float]) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        x = parse(v)
+        if x < 0:
+            raise InputError(f"must not be negative, got {v!r}")
+        return x
+
+    return check
+
+
+def _ratio(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1:
+        raise InputError(f"must be a number >= 1, got {v!r}")
+    return float(v)
+
+
+# name -> (parser, default)
+PARAMS: dict[str, tuple[Callable[[Any], Any], Any]] = {
+    "nodes": (_int, 1),
+    "gpus_per_node": (_int, 8),
+    "device": (str, "h100-sxm"),
+    "intra": (_choice("switch", "mesh", "pcie-host"), "switch"),
+    "intra_class": (str, None),
+    "intra_bandwidth": (_pos(parse_bandwidth), "450 GB/s"),
+    "intra_latency": (_nonneg(parse_time), "0.468 us"),
+    "pcie_bandwidth": (_pos(parse_bandwidth), "64 GB/s"),
+    "pcie_latency": (_nonneg(parse_time), "0.5 us"),
+    "host_device": (str, None),
+    "inter": (_choice("fat-tree", "rail", "single-switch"), "rail"),
+    "nics_per_node": (_int, None),
+    "nic_bandwidth": (_pos(parse_bandwidth), "400 Gb/s"),
+    "nic_latency": (_nonneg(parse_time), "0.6 us"),
+    "fabric_latency": (_nonneg(parse_time), "0.3 us"),
+    "nodes_per_leaf": (_int, 4),
+    "spines": (_int, 2),
+    "oversubscription": (_ratio, 1.0),
+    "message_overhead": (_nonneg(parse_time), 0),
+}
+
+
+def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Builder defaults, then the preset's ``params:``, then the caller's overrides (aliases resolved)."""
+    aliases = raw.get("aliases") or {}
+    values: dict[str, Any] = {k: d for k, (_, d) in PARAMS.items()}
+    override_key: dict[str, str] = {}  # builder param -> the caller's key that set it
+    for key, val in (raw.get("params") or {}).items():
+        if key not in PARAMS:
+            raise InputError(f"unknown builder parameter; valid: {', '.join(PARAMS)}", file=src,
+                             line=line_of(raw, ("params", key)), field=f"params.{key}")
+        values[key] = val
+    for key, val in overrides.items():
+        target = aliases.get(key, key)
+        if target not in PARAMS:
+            valid = sorted({*PARAMS, *aliases})
+            raise InputError(f"unknown parameter of this topology; valid: {', '.join(valid)}",
+                             field=f"topology_params.{key}")
+        values[target] = val
+        override_key[target] = key
+    out: dict[str, Any] = {}
+    for key, val in values.items():
+        try:
+            out[key] = None if val is None else PARAMS[key][0](val)
+        except InputError as err:
+            if key in override_key:
+                raise err.located(field=f"topology_params.{override_key[key]}") from None
+            raise err.located(file=src, line=line_of(raw, ("params", key)), field=f"params.{key}") from None
+    return out
+
+
+def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Expand a ``builder: cluster`` preset into the explicit ``{devices, nodes, links}`` form."""
+    if raw.get("builder") != "cluster":
+        raise InputError(f"unknown builder {raw.get('builder')!r}; valid: cluster", file=src,
+                         line=line_of(raw, ("builder",)), field="builder")
+    p = _params(raw, src, overrides)
+    nodes: list[dict[str, Any]] = []
+    links: list[dict[str, Any]] = []
+    n_nodes, g = p["nodes"], p["gpus_per_node"]
+    nics = p["nics_per_node"] or g
+    for i in range(n_nodes):
+        _intra(i, g, p, nodes, links)
+        if n_nodes > 1:
+            anchor = f"n{i}.host" if p["intra"] == "pcie-host" else None
+            for k in range(nics):
+                nic = f"n{i}.nic{k}"
+                nodes.append({"name": nic, "kind": "nic"})
+                links.append(_link(nic, anchor or f"n{i}.gpu{k * g // nics}", p["pcie_bandwidth"],
+                                   p["pcie_latency"], "pcie"))
+    if n_nodes > 1:
+        _inter(n_nodes, nics, p, nodes, links)
+    out: dict[str, Any] = {"name": raw.get("name", "cluster"), "nodes": nodes, "links": links,
+                           "message_overhead": p["message_overhead"]}
+    if "devices" in raw:
+        out["devices"] = raw["devices"]
+    return out
+
+
+def _link(a: str, b: str, bw: float, lat: float, cls: str) -> dict[str, Any]:
+    return {"a": a, "b": b, "bandwidth": bw, "latency": lat, "class": cls}
+
+
+def _intra(i: int, g: int, p: dict[str, Any], nodes: list[dict[str, Any]], links: list[dict[str, Any]]) -> None:
+    gpus = [f"n{i}.gpu{j}" for j in range(g)]
+    nodes.extend({"name": name, "kind": "gpu", "device": p["device"]} for name in gpus)
+    bw, lat = p["intra_bandwidth"], p["intra_latency"]
+    if p["intra"] == "switch":
+        sw = f"n{i}.nvswitch"
+        nodes.append({"name": sw, "kind": "switch"})
+        links.extend(_link(gpu, sw, bw, lat, p["intra_class"] or "nvlink") for gpu in gpus)
+    elif p["intra"] == "mesh":
+        links.extend(_link(gpus[a], gpus[b], bw, lat, p["intra_class"] or "mesh")
+                     for a in range(g) for b in range(a + 1, g))
+    else:
+        host = {"name": f"n{i}.host", "kind": "cpu"}
+        if p["host_device"]:
+            host["device"] = p["host_device"]
+        nodes.append(host)
+        links.extend(_link(gpu, f"n{i}.host", p["pcie_bandwidth"], p["pcie_latency"], p["intra_class"] or "pcie")
+                     for gpu in gpus)
+
+
+def _inter(n: int, nics: int, p: dict[str, Any], nodes: list[dict[str, Any]], links: list[dict[str, Any]]) -> None:
+    nic_bw, nic_lat, fab_lat = p["nic_bandwidth"], p["nic_latency"], p["fabric_latency"]
+    spines = p["spines"]
+    if p["inter"] == "single-switch":
+        nodes.append({"name": "fabric", "kind": "switch"})
+        links.extend(_link(f"n{i}.nic{k}", "fabric", nic_bw, nic_lat, "net") for i in range(n) for k in range(nics))
+        return
+    if p["inter"] == "rail":
+        leaves = [f"rail{k}" for k in range(nics)]
+        members = {f"rail{k}": [f"n{i}.nic{k}" for i in range(n)] for k in range(nics)}
+        uplink = n * nic_bw / spines
+    else:
+        per_leaf = p["nodes_per_leaf"]
+        count = math.ceil(n / per_leaf)
+        leaves = [f"leaf{j}" for j in range(count)]
+        members = {f"leaf{j}": [f"n{i}.nic{k}" for i in range(j * per_leaf, min(n, (j + 1) * per_leaf))
+                                for k in range(nics)] for j in range(count)}
+        uplink = per_leaf * nics * nic_bw / (p["oversubscription"] * spines)
+    for leaf in leaves:
+        nodes.append({"name": leaf, "kind": "switch"})
+        links.extend(_link(nic, leaf, nic_bw, nic_lat, "net") for nic in members[leaf])
+    if len(leaves) > 1:
+        for s in range(spines):
+            nodes.append({"name": f"spine{s}", "kind": "switch"})
+            links.extend(_link(leaf, f"spine{s}", uplink, fab_lat, "fabric") for leaf in leaves)

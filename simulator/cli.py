@@ -1,0 +1,87 @@
+"""``treering``: the command line. Errors in user input print one line and exit with status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import pandas as pd
+
+from simulator.errors import InputError
+from simulator.io import write_csv_atomic
+from simulator.paths import DEFAULT_SCENARIO
+from simulator.runner import run_points
+from simulator.scenario import load_scenario, parse_set
+from simulator.topology import load_topology
+from simulator.topo_summary import summarize
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="treering", description="Ring vs Tree attention on simulated GPU clusters.")
+    sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run a scenario or sweep; print a table; write DIR/results.csv")
+    run.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO),
+                     help="scenario YAML (default: the embedded quickstart)")
+    run.add_argument("-o", "--out", default=None, help="output folder (default: out/<scenario name>)")
+    run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a dotted key of the scenario, e.g. --set topology_params.nodes=4")
+    topo = sub.add_parser("topo", help="inspect topologies")
+    topo_sub = topo.add_subparsers(dest="topo_verb", required=True, parser_class=_Parser)
+    show = topo_sub.add_parser("show", help="print a summary of a preset or topology file")
+    show.add_argument("topology", help="preset name (dgx-h100, ...) or a topology YAML path")
+    show.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
+                      help="a parameter of a parametric preset, e.g. --set nodes=4")
+    return p
+
+
+def _out_dir(arg: str | None, name: str) -> Path:
+    out = Path(arg) if arg else Path("out") / name
+    if out.exists() and not out.is_dir():
+        raise InputError("output path exists and is not a folder", file=str(out), field="-o")
+    return out
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    points = load_scenario(args.scenario, args.sets)
+    out = _out_dir(args.out, points[0].scenario.name)
+    frame = run_points(points)
+    with pd.option_context("display.max_rows", 200, "display.width", 160, "display.float_format", "{:.6g}".format):
+        print(frame.to_string(index=False))
+    write_csv_atomic(frame, out / "results.csv")
+    print(f"\nwrote {out / 'results.csv'} ({len(frame)} rows, {len(points)} points)")
+    return 0
+
+
+def _cmd_topo(args: argparse.Namespace) -> int:
+    params = dict(parse_set(s) for s in args.sets)
+    cluster = load_topology(args.topology, params, Path.cwd())
+    print(summarize(cluster))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.verb == "run":
+            return _cmd_run(args)
+        return _cmd_topo(args)
+    except InputError as err:
+        print(f"treering: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("treering: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

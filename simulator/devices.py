@@ -1,0 +1,109 @@
+"""Device specs and the roofline compute model.
+
+An op with ``flops`` floating-point operations touching ``nbytes`` bytes of memory takes::
+
+    launch_s + max(flops / (peak_flops[dtype] * eff_flops), nbytes / (mem_bw_Bps * eff_mem))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.errors import InputError
+from simulator.units import parse_bandwidth, parse_bytes, parse_flops, parse_time
+
+__all__ = ["DTYPE_BYTES", "DeviceSpec", "compute_time", "parse_device_spec"]
+
+DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """A compute device. SI units: FLOP/s, bytes/s, bytes, seconds."""
+
+    name: str
+    peak_flops: Mapping[str, float] = field(default_factory=dict)  # dtype -> FLOP/s
+    mem_bw_Bps: float = 0.0
+    mem_bytes: float = 0.0
+    launch_s: float = 0.0
+    eff_flops: float = 1.0
+    eff_mem: float = 1.0
+
+    def flops_for(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``; an unsupported dtype is an :class:`InputError`."""
+        try:
+            return self.peak_flops[dtype]
+        except KeyError:
+            have = ", ".join(sorted(self.peak_flops)) or "none"
+            raise InputError(f"device {self.name!r} has no peak FLOP/s for dtype {dtype!r} (has: {have})") \
+                from None
+
+
+def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str) -> float:
+    """Roofline time of one kernel in seconds (launch overhead included)."""
+    t_flops = flops / (spec.flops_for(dtype) * spec.eff_flops) if flops > 0 else 0.0
+    t_mem = nbytes / (spec.mem_bw_Bps * spec.eff_mem) if nbytes > 0 else 0.0
+    return spec.launch_s + max(t_flops, t_mem)
+
+
+_SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "eff_mem"}
+
+
+def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
+    """Build a :class:`DeviceSpec` from a YAML mapping.
+
+    ``locate(subpath, err)`` turns an :class:`InputError` into a located one (file, line, field).
+    Keys: ``peak_flops`` ({dtype: "989 TFLOP/s"}), ``mem_bw``, ``mem``, ``launch_overhead``, ``eff_flops``,
+    ``eff_mem``.
+    """
+    if not isinstance(raw, Mapping):
+        raise locate((), InputError("device spec must be a mapping"))
+    for key in raw:
+        if key not in _SPEC_KEYS:
+            raise locate((key,), InputError(f"unknown key; valid keys: {', '.join(sorted(_SPEC_KEYS))}"))
+    flops_raw = raw.get("peak_flops", {})
+    if not isinstance(flops_raw, Mapping):
+        raise locate(("peak_flops",), InputError("must map dtype to FLOP/s"))
+    peak: dict[str, float] = {}
+    for dtype, val in flops_raw.items():
+        if dtype not in DTYPE_BYTES:
+            raise locate(("peak_flops", dtype),
+                         InputError(f"unknown dtype; valid: {', '.join(DTYPE_BYTES)}"))
+        peak[dtype] = _positive(parse_flops, val, ("peak_flops", dtype), locate)
+    return DeviceSpec(
+        name=name,
+        peak_flops=peak,
+        mem_bw_Bps=_positive(parse_bandwidth, raw.get("mem_bw", "1 TB/s"), ("mem_bw",), locate),
+        mem_bytes=_positive(parse_bytes, raw.get("mem", "80 GB"), ("mem",), locate),
+        launch_s=_non_negative(parse_time, raw.get("launch_overhead", 0), ("launch_overhead",), locate),
+        eff_flops=_fraction(raw.get("eff_flops", 1.0), ("eff_flops",), locate),
+        eff_mem=_fraction(raw.get("eff_mem", 1.0), ("eff_mem",), locate),
+    )
+
+
+def _positive(parse: Any, value: Any, path: tuple[Any, ...], locate: Any) -> float:
+    try:
+        x = float(parse(value))
+    except InputError as err:
+        raise locate(path, err) from None
+    if x <= 0:
+        raise locate(path, InputError(f"must be positive, got {value!r}"))
+    return x
+
+
+def _non_negative(parse: Any, value: Any, path: tuple[Any, ...], locate: Any) -> float:
+    try:
+        x = float(parse(value))
+    except InputError as err:
+        raise locate(path, err) from None
+    if x < 0:
+        raise locate(path, InputError(f"must not be negative, got {value!r}"))
+    return x
+
+
+def _fraction(value: Any, path: tuple[Any, ...], locate: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise locate(path, InputError(f"must be a number in (0, 1], got {value!r}"))
+    return float(value)

@@ -1,0 +1,249 @@
+"""Cluster graphs: load a preset or a user's topology YAML into a :class:`Cluster`.
+
+A cluster is a :class:`networkx.DiGraph`. Nodes carry ``kind`` (gpu | cpu | switch | nic) and, for compute
+devices, ``device`` (a spec name). Each directed edge is one direction of a link with ``bandwidth`` (bytes/s),
+``latency`` (s) and ``cls`` (a link class such as ``nvlink`` or ``ib``). Ranks are the GPUs in file order.
+
+Two YAML forms are accepted (see docs/topology.md):
+
+* explicit: ``devices:`` (named specs), ``nodes:``, ``links:``, optional ``message_overhead``;
+* parametric: ``builder: cluster`` with ``params:`` defaults (see :mod:`simulator.builders`), which a scenario's
+  ``topology_params`` override.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from simulator.devices import DeviceSpec, parse_device_spec
+from simulator.builders import expand_preset
+from simulator.errors import InputError
+from simulator.paths import TOPOLOGY_DIR
+from simulator.routing import Edge, Router
+from simulator.units import parse_bandwidth, parse_time
+from simulator.yamlio import line_of, load_yaml
+
+__all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology"]
+
+NODE_KINDS = ("gpu", "cpu", "switch", "nic")
+DEVICE_LIBRARY = "devices.yaml"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A cluster: graph, device specs per compute node, ranks, per-message software overhead."""
+
+    name: str
+    graph: nx.DiGraph
+    specs: Mapping[str, DeviceSpec]  # compute node name -> spec
+    ranks: tuple[str, ...]  # GPU node names, rank order
+    message_overhead_s: float = 0.0
+    _router: Router = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_router", Router(self.graph))
+
+    def route(self, src: str, dst: str) -> tuple[Edge, ...]:
+        """Deterministic route (shortest latency, fewest hops, stable ECMP hash) as directed edges."""
+        return self._router.route(src, dst)
+
+    def route_latency(self, route: tuple[Edge, ...]) -> float:
+        """Sum of link latencies along ``route`` in seconds."""
+        return sum(self.graph.edges[e]["latency"] for e in route)
+
+    def route_bandwidth(self, route: tuple[Edge, ...]) -> float:
+        """Bottleneck bandwidth (bytes/s) of ``route``; infinite for an empty route."""
+        return min((self.graph.edges[e]["bandwidth"] for e in route), default=float("inf"))
+
+    def host_of(self, node: str) -> str:
+        """The server a node belongs to: its name up to the first dot (``n3.gpu1`` -> ``n3``)."""
+        return node.split(".", 1)[0]
+
+    @property
+    def num_hosts(self) -> int:
+        return len({self.host_of(r) for r in self.ranks})
+
+
+def list_presets() -> list[str]:
+    """Names of the preset topologies shipped in ``topologies/``."""
+    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml") if p.name != DEVICE_LIBRARY)
+
+
+def device_library() -> dict[str, DeviceSpec]:
+    """The named device specs of ``topologies/devices.yaml`` (datasheet values, cited there)."""
+    path = TOPOLOGY_DIR / DEVICE_LIBRARY
+    raw = load_yaml(path)
+    return _parse_devices(raw.get("devices", {}), str(path), raw, ("devices",))
+
+
+def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: Path | None = None) -> Cluster:
+    """Load a preset by name or a topology YAML by path; ``params`` override a parametric preset's defaults.
+
+    Raises :class:`InputError` located in the topology file, or with ``field`` set (``topology`` or
+    ``topology_params.KEY``) when the problem is in the caller's reference or parameters.
+    """
+    path = _resolve(ref, base_dir)
+    raw = load_yaml(path)
+    src = str(path)
+    if not isinstance(raw, Mapping):
+        raise InputError("a topology file must be a mapping", file=src, line=1)
+    if "builder" in raw:
+        return build_cluster(expand_preset(raw, src, dict(params or {})), src)
+    if params:
+        raise InputError(f"{src} is an explicit topology and takes no parameters",
+                         field=f"topology_params.{next(iter(params))}")
+    return build_cluster(raw, src)
+
+
+def _resolve(ref: str, base_dir: Path | None) -> Path:
+    if not isinstance(ref, str) or not ref:
+        raise InputError(f"must be a preset name or a file path, got {ref!r}", field="topology")
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        path = Path(ref)
+        if not path.is_absolute() and base_dir is not None and not path.exists():
+            path = base_dir / path
+        if not path.exists():
+            raise InputError(f"topology file {ref!r} not found", field="topology")
+        return path
+    preset = TOPOLOGY_DIR / f"{ref}.yaml"
+    if ref == Path(DEVICE_LIBRARY).stem or not preset.exists():
+        raise InputError(f"unknown topology preset {ref!r}; presets: {', '.join(list_presets())}",
+                         field="topology")
+    return preset
+
+
+def _locator(src: str, tree: Any, base: tuple[Any, ...]) -> Callable[[tuple[Any, ...], InputError], InputError]:
+    def locate(sub: tuple[Any, ...], err: InputError) -> InputError:
+        path = base + sub
+        name = ".".join(str(p) for p in path)
+        return err.located(file=src, line=line_of(tree, path), field=name or None)
+
+    return locate
+
+
+def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict[str, DeviceSpec]:
+    locate = _locator(src, tree, base)
+    if not isinstance(raw, Mapping):
+        raise locate((), InputError("must map device names to specs"))
+    return {name: parse_device_spec(name, spec, _locator(src, tree, (*base, name))) for name, spec in raw.items()}
+
+
+_TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "description"}
+
+
+def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster:
+    """Build and validate a :class:`Cluster` from an explicit topology mapping (``nodes``/``links``)."""
+    tree = raw if tree is None else tree
+    locate = _locator(src, tree, ())
+    for key in raw:
+        if key not in _TOP_KEYS:
+            raise locate((key,), InputError(f"unknown key; valid keys: {', '.join(sorted(_TOP_KEYS))}"))
+    specs_by_name = device_library()
+    specs_by_name.update(_parse_devices(raw.get("devices", {}), src, tree, ("devices",)))
+    graph = nx.DiGraph()
+    specs: dict[str, DeviceSpec] = {}
+    nodes = raw.get("nodes")
+    if not isinstance(nodes, list) or not nodes:
+        raise locate(("nodes",), InputError("must be a non-empty list of {name, kind, device}"))
+    for i, node in enumerate(nodes):
+        _add_node(graph, specs, specs_by_name, node, _locator(src, tree, ("nodes", i)))
+    links = raw.get("links")
+    if not isinstance(links, list) or not links:
+        raise locate(("links",), InputError("must be a non-empty list of {a, b, bandwidth, latency}"))
+    for i, link in enumerate(links):
+        _add_link(graph, link, _locator(src, tree, ("links", i)))
+    overhead = _quantity(parse_time, raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0)
+    ranks = tuple(n for n, k in graph.nodes(data="kind") if k == "gpu")
+    if not ranks:
+        raise locate(("nodes",), InputError("no node of kind gpu: a cluster needs at least one GPU"))
+    _check_reachable(graph, locate)
+    name = str(raw.get("name") or Path(src).stem)
+    return Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead)
+
+
+def _add_node(graph: nx.DiGraph, specs: dict[str, DeviceSpec], library: Mapping[str, DeviceSpec],
+              node: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> None:
+    if not isinstance(node, Mapping):
+        raise locate((), InputError("must be a mapping {name, kind, device}"))
+    extra = set(node) - {"name", "kind", "device"}
+    if extra:
+        raise locate((sorted(extra)[0],), InputError("unknown key; valid keys: device, kind, name"))
+    name = node.get("name")
+    if not isinstance(name, str) or not name:
+        raise locate(("name",), InputError(f"must be a non-empty string, got {name!r}"))
+    if name in graph:
+        raise locate(("name",), InputError(f"duplicate node name {name!r}"))
+    kind = node.get("kind")
+    if kind not in NODE_KINDS:
+        raise locate(("kind",), InputError(f"must be one of {', '.join(NODE_KINDS)}, got {kind!r}"))
+    device = node.get("device")
+    if device is not None:
+        if kind not in ("gpu", "cpu"):
+            raise locate(("device",), InputError(f"a {kind} node takes no device"))
+        if device not in library:
+            raise locate(("device",), InputError(
+                f"unknown device spec {device!r}; known: {', '.join(sorted(library))}"))
+        specs[name] = library[device]
+    elif kind == "gpu":
+        raise locate(("device",), InputError("a gpu node needs a device spec"))
+    graph.add_node(name, kind=kind, device=device)
+
+
+def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> None:
+    if not isinstance(link, Mapping):
+        raise locate((), InputError("must be a mapping {a, b, bandwidth, latency}"))
+    duplex = "a" in link or "b" in link
+    ends = ("a", "b") if duplex else ("src", "dst")
+    allowed = {*ends, "bandwidth", "latency", "class"}
+    for key in link:
+        if key not in allowed:
+            raise locate((key,), InputError(
+                f"unknown key; valid keys: {', '.join(sorted(allowed))} (a/b full duplex, src/dst one way)"))
+    for end in ends:
+        if link.get(end) not in graph:
+            raise locate((end,), InputError(f"unknown node {link.get(end)!r}"))
+    u, v = link[ends[0]], link[ends[1]]
+    if u == v:
+        raise locate((ends[1],), InputError(f"a link needs two different nodes, got {u!r} twice"))
+    if "bandwidth" not in link:
+        raise locate((), InputError("missing field 'bandwidth'"))
+    bw = _quantity(parse_bandwidth, link["bandwidth"], locate, ("bandwidth",), None)
+    lat = _quantity(parse_time, link.get("latency", 0), locate, ("latency",), 0.0)
+    cls = str(link.get("class", "link"))
+    for a, b in ((u, v), (v, u)) if duplex else ((u, v),):
+        if graph.has_edge(a, b):
+            raise locate((), InputError(f"duplicate link {a} -> {b}"))
+        graph.add_edge(a, b, bandwidth=bw, latency=lat, cls=cls)
+
+
+def _quantity(parse: Callable[[Any], float], value: Any,
+              locate: Callable[[tuple[Any, ...], InputError], InputError], path: tuple[Any, ...],
+              minimum: float | None) -> float:
+    """Parse a quantity; ``minimum=None`` means strictly positive, else ``>= minimum``."""
+    try:
+        x = parse(value)
+    except InputError as err:
+        raise locate(path, err) from None
+    if minimum is None and x <= 0:
+        raise locate(path, InputError(f"must be positive, got {value!r}"))
+    if minimum is not None and x < minimum:
+        raise locate(path, InputError(f"must not be negative, got {value!r}"))
+    return x
+
+
+def _check_reachable(graph: nx.DiGraph, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> None:
+    devices = [n for n, k in graph.nodes(data="kind") if k in ("gpu", "cpu")]
+    comp_of: dict[str, int] = {}
+    for i, comp in enumerate(nx.strongly_connected_components(graph)):
+        for n in comp:
+            comp_of[n] = i
+    first = devices[0]
+    for d in devices[1:]:
+        if comp_of[d] != comp_of[first]:
+            a, b = (first, d) if not nx.has_path(graph, first, d) else (d, first)
+            raise locate(("links",), InputError(f"device {b} is unreachable from {a}"))

@@ -1,0 +1,98 @@
+"""Parse human quantities into SI floats: bytes, bytes/s, seconds, FLOP/s.
+
+>>> parse_bandwidth("450 GB/s")
+450000000000.0
+>>> parse_bandwidth("400 Gb/s")  # bits: divided by 8
+50000000000.0
+>>> parse_time("1.5 us")
+1.5e-06
+>>> parse_bytes("80 GiB")
+85899345920.0
+>>> parse_flops("989 TFLOP/s")
+989000000000000.0
+
+Plain numbers (``1e9`` or ``"1e9"``) are taken as already in SI base units. Errors raise
+:class:`~simulator.errors.InputError` with a message naming the expected unit; the caller adds the location.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from simulator.errors import InputError
+
+__all__ = ["parse_bandwidth", "parse_bytes", "parse_flops", "parse_quantity", "parse_time"]
+
+_SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_IEC = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9, "ps": 1e-12,
+         "sec": 1.0, "min": 60.0, "h": 3600.0}
+_NUM = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+_RE = re.compile(rf"^\s*{_NUM}\s*([A-Za-zµμ/]*(?:/s)?)\s*$")
+
+# unit kind -> (base unit spellings -> multiplier per base unit)
+_BASES: dict[str, dict[str, float]] = {
+    "bytes": {"B": 1.0, "byte": 1.0, "bytes": 1.0, "b": 0.125, "bit": 0.125, "bits": 0.125},
+    "bandwidth": {"B/s": 1.0, "Bps": 1.0, "b/s": 0.125, "bps": 0.125, "bit/s": 0.125},
+    "flops": {"FLOP/s": 1.0, "FLOPS": 1.0, "flop/s": 1.0, "flops": 1.0, "FLOP": 1.0},
+}
+_EXAMPLES = {"bytes": "'80 GiB'", "bandwidth": "'450 GB/s' or '400 Gb/s'", "time": "'2 us'",
+             "flops": "'989 TFLOP/s'"}
+
+
+def _multiplier(unit: str, kind: str) -> float | None:
+    if kind == "time":
+        return _TIME.get(unit)
+    for base, mult in _BASES[kind].items():
+        if unit == base:
+            return mult
+        if unit.endswith(base):
+            prefix = unit[: -len(base)]
+            if prefix in _IEC:
+                return _IEC[prefix] * mult
+            if prefix in _SI:
+                return _SI[prefix] * mult
+    return None
+
+
+def parse_quantity(value: object, kind: str) -> float:
+    """Parse ``value`` as a quantity of ``kind`` (bytes, bandwidth, time, flops) into SI units."""
+    if kind not in _EXAMPLES:
+        raise ValueError(f"unknown unit kind {kind!r}")
+    if isinstance(value, bool):
+        raise InputError(f"expected a {kind} such as {_EXAMPLES[kind]}, got {value!r}")
+    if isinstance(value, (int, float)):
+        result = float(value)
+    elif isinstance(value, str):
+        match = _RE.match(value)
+        mult = _multiplier(match.group(2), kind) if match and match.group(2) else (1.0 if match else None)
+        if match is None or mult is None:
+            raise InputError(f"cannot parse {value!r} as a {kind}; write it like {_EXAMPLES[kind]}")
+        # divide by the inverse of sub-unit multipliers so that '6.6 us' is exactly 6.6e-06
+        result = float(match.group(1)) * mult if mult >= 1 else float(match.group(1)) / round(1 / mult)
+    else:
+        raise InputError(f"expected a {kind} such as {_EXAMPLES[kind]}, got {value!r}")
+    if not math.isfinite(result):
+        raise InputError(f"{kind} must be finite, got {value!r}")
+    return result
+
+
+def parse_bytes(value: object) -> float:
+    """Bytes: '80 GiB', '1.5 MB', '1e9' (SI and IEC prefixes; 'b' means bits)."""
+    return parse_quantity(value, "bytes")
+
+
+def parse_bandwidth(value: object) -> float:
+    """Bytes per second: '450 GB/s', '400 Gb/s' (bits), '25 GiB/s'."""
+    return parse_quantity(value, "bandwidth")
+
+
+def parse_time(value: object) -> float:
+    """Seconds: '2 us', '1.5 ms', '936 ns', '0.1 s'."""
+    return parse_quantity(value, "time")
+
+
+def parse_flops(value: object) -> float:
+    """FLOP/s: '989 TFLOP/s', '165 TFLOPS'."""
+    return parse_quantity(value, "flops")
