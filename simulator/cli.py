@@ -15,8 +15,8 @@ from simulator.io import write_csv_atomic
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.runner import run_points
 from simulator.scenario import load_scenario, parse_set
-from simulator.topology import load_topology
 from simulator.topo_summary import summarize
+from simulator.topology import load_topology
 
 __all__ = ["main"]
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import simpy
-from simpy.core import NORMAL
+from simpy.events import NORMAL, EventPriority
 
 from simulator.devices import compute_time
 from simulator.network import FlowNetwork
@@ -25,7 +25,7 @@ from simulator.topology import Cluster
 
 __all__ = ["Record", "SimResult", "simulate"]
 
-_REALLOCATE = NORMAL + 1  # lower priority than every ordinary event of the same instant
+_REALLOCATE = EventPriority(NORMAL + 1)  # lower priority than every ordinary event of the same instant
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ class _Run:
         self.timeline: list[Record] = []
 
     # -- scheduling helpers ------------------------------------------------------------------------------------
-    def _at(self, delay: float, callback: Any, priority: int = NORMAL) -> None:
+    def _at(self, delay: float, callback: Any, priority: EventPriority = NORMAL) -> None:
         ev = simpy.Event(self.env)
         ev.callbacks.append(callback)  # type: ignore[union-attr]
         ev._ok = True

@@ -33,7 +33,7 @@ class PartialState:
     """Partial attention state. Shapes: ``o`` (b, heads, nq, head_dim); ``l``, ``m`` (b, heads, nq)."""
 
     o: Array
-    l: Array  # noqa: E741 - the name used in every paper
+    l: Array
     m: Array
 
 
@@ -65,7 +65,7 @@ def partial_attention(q: Array, k: Array, v: Array, scale: float, mask: Array | 
         return empty_state(q)
     m = xp.max(scores, axis=-1)  # (b, heads, nq)
     p = xp.exp(scores - _finite_or_zero(xp, m)[..., None])
-    l = xp.sum(p, axis=-1)  # noqa: E741
+    l = xp.sum(p, axis=-1)
     pg = xp.reshape(p, (b, kv_heads, group * nq, t))
     o = xp.reshape(xp.matmul(pg, v), (b, heads, nq, d))
     return PartialState(o=o, l=l, m=m)

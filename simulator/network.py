@@ -9,7 +9,7 @@ Networks*, Sec. 6.5.2). With a heap keyed by share this costs O(sum of route len
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 __all__ = ["FlowNetwork", "max_min_rates"]
 
@@ -17,7 +17,7 @@ FINISH_RTOL = 1e-12  # flows whose predicted finish is within this relative time
 RESIDUAL_RTOL = 1e-9  # bytes left below this fraction of a flow's size count as drained (float round-off)
 
 
-def max_min_rates(routes: dict[Hashable, Sequence[int]], capacity: Sequence[float]) -> dict[Hashable, float]:
+def max_min_rates(routes: Mapping[Hashable, Sequence[int]], capacity: Sequence[float]) -> dict[Hashable, float]:
     """Max-min fair rate (bytes/s) of every flow; ``routes[f]`` lists link ids, ``capacity[l]`` bytes/s."""
     users: dict[int, list[Hashable]] = {}
     for f, links in routes.items():
@@ -75,7 +75,7 @@ class FlowNetwork:
 
     def allocate(self) -> None:
         """Recompute every flow's max-min fair rate."""
-        self.rate = max_min_rates(self.routes, self.capacity)  # type: ignore[assignment]
+        self.rate = max_min_rates(self.routes, self.capacity)  # type: ignore[assignment,arg-type]
         self.allocations += 1
 
     def next_finish(self) -> tuple[float, list[int]]:

@@ -1,20 +1,25 @@
 """Deterministic routes: shortest by total latency, then fewest hops, ECMP ties broken by a stable hash.
 
-The hash (CRC-32 of ``src|dst|hop``) spreads different (src, dst) pairs over equal-cost paths the way ECMP
+The hash (BLAKE2b of ``src|dst|hop``) spreads different (src, dst) pairs over equal-cost paths the way ECMP
 does, while the same pair always takes the same path in every run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
-import zlib
 
 import networkx as nx
 
 __all__ = ["Router"]
 
 Edge = tuple[str, str]
+
+
+def _stable_hash(key: str) -> int:
+    """A hash that is the same in every process and run (unlike ``hash``), with well-mixed low bits."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
 class Router:
@@ -62,7 +67,7 @@ class Router:
                    if v in dist and dist[v][1] == hops - 1
                    and math.isclose(dist[v][0] + a["latency"], lat, rel_tol=1e-12, abs_tol=1e-18)]
             nxt.sort()
-            pick = nxt[zlib.crc32(f"{src}|{dst}|{cur}".encode()) % len(nxt)] if len(nxt) > 1 else nxt[0]
+            pick = nxt[_stable_hash(f"{src}|{dst}|{cur}") % len(nxt)] if len(nxt) > 1 else nxt[0]
             edges.append((cur, pick))
             cur = pick
         result = tuple(edges)

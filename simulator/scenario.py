@@ -94,6 +94,9 @@ class Point:
 
     def locate(self, err: InputError) -> InputError:
         """Locate an error whose ``field`` is a dotted path of this scenario (file and line of that key)."""
+        if self.swept:
+            where = ", ".join(f"{k}={v}" for k, v in self.swept)
+            err = InputError(f"{err.message} (sweep point {where})", file=err.file, line=err.line, field=err.field)
         if err.file is not None or not err.field:
             return err
         for dotted, (file, line) in (self.origins or {}).items():
@@ -153,7 +156,9 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
-        elif "input" in err and err["type"] not in ("missing",) and not msg.endswith(repr(err["input"])):
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        elif "input" in err and repr(err["input"]) not in msg:
             msg = f"{msg}, got {err['input']!r}"
         for dotted, (file, line) in origins.items():
             if field == dotted or field.startswith(dotted + "."):

@@ -20,8 +20,8 @@ from typing import Any
 
 import networkx as nx
 
-from simulator.devices import DeviceSpec, parse_device_spec
 from simulator.builders import expand_preset
+from simulator.devices import DeviceSpec, parse_device_spec
 from simulator.errors import InputError
 from simulator.paths import TOPOLOGY_DIR
 from simulator.routing import Edge, Router

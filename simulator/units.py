@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 
 from simulator.errors import InputError
 
@@ -37,6 +38,7 @@ _BASES: dict[str, dict[str, float]] = {
     "bandwidth": {"B/s": 1.0, "Bps": 1.0, "b/s": 0.125, "bps": 0.125, "bit/s": 0.125},
     "flops": {"FLOP/s": 1.0, "FLOPS": 1.0, "flop/s": 1.0, "flops": 1.0, "FLOP": 1.0},
 }
+_NOUN = {"bytes": "byte size", "bandwidth": "bandwidth", "time": "time", "flops": "FLOP rate"}
 _EXAMPLES = {"bytes": "'80 GiB'", "bandwidth": "'450 GB/s' or '400 Gb/s'", "time": "'2 us'",
              "flops": "'989 TFLOP/s'"}
 
@@ -61,20 +63,21 @@ def parse_quantity(value: object, kind: str) -> float:
     if kind not in _EXAMPLES:
         raise ValueError(f"unknown unit kind {kind!r}")
     if isinstance(value, bool):
-        raise InputError(f"expected a {kind} such as {_EXAMPLES[kind]}, got {value!r}")
+        raise InputError(f"expected a {_NOUN[kind]} such as {_EXAMPLES[kind]}, got {value!r}")
     if isinstance(value, (int, float)):
         result = float(value)
     elif isinstance(value, str):
         match = _RE.match(value)
         mult = _multiplier(match.group(2), kind) if match and match.group(2) else (1.0 if match else None)
         if match is None or mult is None:
-            raise InputError(f"cannot parse {value!r} as a {kind}; write it like {_EXAMPLES[kind]}")
-        # divide by the inverse of sub-unit multipliers so that '6.6 us' is exactly 6.6e-06
-        result = float(match.group(1)) * mult if mult >= 1 else float(match.group(1)) / round(1 / mult)
+            raise InputError(f"cannot parse {value!r} as a {_NOUN[kind]}; write it like {_EXAMPLES[kind]}")
+        # scale in decimal so that '6.6 us' is the double nearest 6.6e-06, as the literal would be
+        scale = Decimal(mult) if mult >= 1 else 1 / Decimal(round(1 / mult))
+        result = float(Decimal(match.group(1)) * scale)
     else:
-        raise InputError(f"expected a {kind} such as {_EXAMPLES[kind]}, got {value!r}")
+        raise InputError(f"expected a {_NOUN[kind]} such as {_EXAMPLES[kind]}, got {value!r}")
     if not math.isfinite(result):
-        raise InputError(f"{kind} must be finite, got {value!r}")
+        raise InputError(f"{_NOUN[kind]} must be finite, got {value!r}")
     return result
 
 

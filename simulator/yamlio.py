@@ -63,7 +63,7 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _constr
 def load_yaml_text(text: str, source: str = "<string>") -> Any:
     """Parse YAML text; syntax errors become a located :class:`InputError`."""
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader derives from SafeLoader
+        return yaml.load(text, Loader=_Loader)
     except InputError as err:
         raise err.located(file=source) from None
     except yaml.YAMLError as err:

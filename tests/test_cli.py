@@ -1,0 +1,169 @@
+"""The command line: runs, outputs, and one-line located errors with exit code 2."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simulator.cli import main
+
+
+def write(tmp: Path, name: str, text: str) -> Path:
+    path = tmp / name
+    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
+    return path
+
+
+FLOWS = """
+name: t
+topology: dgx-h100
+topology_params: {nodes: 2}
+workload:
+  kind: flows
+  flows:
+    - {src: n0.gpu0, dst: n1.gpu0, bytes: 1 GB, start: 0}
+    - {src: n0.gpu1, dst: n1.gpu0, bytes: 1 GB, start: 0}
+sweep:
+  topology_params.nodes: [2, 4]
+  workload.flows.1.bytes: [0.5 GB, 1 GB]
+"""
+
+
+def test_run_writes_results_for_every_sweep_point(tmp_path, capsys):
+    scen = write(tmp_path, "s.yaml", FLOWS)
+    assert main(["run", str(scen), "-o", str(tmp_path / "out")]) == 0
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert list(df.columns) == ["flow", "src", "dst", "bytes", "start_s", "finish_s",
+                                "topology_params.nodes", "workload.flows.1.bytes"]
+    assert len(df) == 2 * 2 * 2
+    # both flows end on n1.gpu0's NIC (50 GB/s): 1.5 GB and 2 GB in total
+    overhead_lat = 6.6e-6 + 2.2e-6  # same-rail flow; the other crosses a spine (+0.6 us)
+    last = df.groupby(["topology_params.nodes", "workload.flows.1.bytes"])["finish_s"].max()
+    assert last[(2, "1 GB")] == pytest.approx(2e9 / 50e9 + overhead_lat, rel=1e-3)
+    assert "results.csv" in capsys.readouterr().out
+
+
+def test_set_overrides_before_the_sweep(tmp_path):
+    scen = write(tmp_path, "s.yaml", FLOWS)
+    assert main(["run", str(scen), "-o", str(tmp_path / "o"), "--set", "sweep={}",
+                 "--set", "topology=dgx-a100"]) == 0
+    df = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert len(df) == 2 and df["finish_s"].max() == pytest.approx(2e9 / 25e9, rel=1e-3)
+
+
+def test_default_scenario_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run"]) == 0
+    assert (tmp_path / "out" / "quickstart" / "results.csv").exists()
+
+
+def test_topo_show(capsys):
+    assert main(["topo", "show", "dgx-h100", "--set", "nodes=2"]) == 0
+    assert "16 GPUs" in capsys.readouterr().out
+
+
+TOPO_ERRORS = {
+    "unknown device spec": ("""
+        nodes:
+          - {name: g0, kind: gpu, device: h100-sxm}
+          - {name: g1, kind: gpu, device: h999}
+        links:
+          - {a: g0, b: g1, bandwidth: 10 GB/s}
+        """, "t.yaml:3: nodes.1.device: unknown device spec 'h999'"),
+    "non-positive bandwidth": ("""
+        nodes:
+          - {name: g0, kind: gpu, device: h100-sxm}
+          - {name: g1, kind: gpu, device: h100-sxm}
+        links:
+          - {a: g0, b: g1, bandwidth: 0 GB/s}
+        """, "t.yaml:5: links.0.bandwidth: must be positive"),
+    "negative latency": ("""
+        nodes:
+          - {name: g0, kind: gpu, device: h100-sxm}
+          - {name: g1, kind: gpu, device: h100-sxm}
+        links:
+          - {a: g0, b: g1, bandwidth: 10 GB/s, latency: -2 us}
+        """, "t.yaml:5: links.0.latency: must not be negative"),
+    "unreachable device": ("""
+        nodes:
+          - {name: g0, kind: gpu, device: h100-sxm}
+          - {name: g1, kind: gpu, device: h100-sxm}
+          - {name: g2, kind: gpu, device: h100-sxm}
+        links:
+          - {a: g0, b: g1, bandwidth: 10 GB/s}
+          - {src: g1, dst: g2, bandwidth: 10 GB/s}
+        """, "t.yaml:5: links: device g0 is unreachable from g2"),
+    "duplicate names": ("""
+        nodes:
+          - {name: g0, kind: gpu, device: h100-sxm}
+          - {name: g0, kind: gpu, device: h100-sxm}
+        links: []
+        """, "t.yaml:3: nodes.1.name: duplicate node name 'g0'"),
+    "bad units": ("""
+        nodes:
+          - {name: g0, kind: gpu, device: h100-sxm}
+          - {name: g1, kind: gpu, device: h100-sxm}
+        links:
+          - {a: g0, b: g1, bandwidth: 10 GB/z}
+        """, "t.yaml:5: links.0.bandwidth: cannot parse '10 GB/z'"),
+    "bad yaml": ("""
+        nodes: [
+        """, "t.yaml:2: invalid YAML"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOPO_ERRORS))
+def test_topology_errors_exit_2_with_one_located_line(case, tmp_path, capsys, monkeypatch):
+    text, expected = TOPO_ERRORS[case]
+    write(tmp_path, "t.yaml", text)
+    monkeypatch.chdir(tmp_path)
+    assert main(["topo", "show", "t.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"treering: error: {expected}"), err
+
+
+SCENARIO_ERRORS = {
+    "unknown preset": (FLOWS.replace("topology: dgx-h100", "topology: dgx-h101"),
+                       "s.yaml:2: topology: unknown topology preset 'dgx-h101'"),
+    "bad param": (FLOWS.replace("{nodes: 2}", "{nodes: 0}").split("sweep:")[0],
+                  "s.yaml:3: topology_params.nodes: must be a positive integer, got 0"),
+    "bad flow unit": (FLOWS.replace("bytes: 1 GB, start: 0}\n    - {src: n0.gpu1", "bytes: 1 GQ}\n    - {src: n0.gpu1"),
+                      "s.yaml:7: workload.flows.0.bytes: cannot parse '1 GQ'"),
+    "unknown key": (FLOWS.replace("name: t", "name: t\nalgoritms: [ring]"), "s.yaml:2: algoritms: unknown key"),
+    "bad sweep value": (FLOWS.replace("[2, 4]", "[2, -4]"),
+                        "s.yaml:10: topology_params.nodes: must be a positive integer, got -4"),
+    "endpoint missing at one sweep point": (FLOWS.replace("[2, 4]", "[2, 1]"),
+                                            "s.yaml:7: workload.flows.0.dst: unknown device 'n1.gpu0'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCENARIO_ERRORS))
+def test_scenario_errors_exit_2_and_keep_previous_results(case, tmp_path, capsys):
+    text, expected = SCENARIO_ERRORS[case]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.csv").write_text("previous\n")
+    scen = write(tmp_path, "s.yaml", text)
+    assert main(["run", str(scen), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"treering: error: {tmp_path}/{expected}"), err
+    assert (out / "results.csv").read_text() == "previous\n"
+    assert sorted(p.name for p in out.iterdir()) == ["results.csv"]
+
+
+def test_cli_argument_errors_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--bogus"])
+    assert exc.value.code == 2
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read file" in capsys.readouterr().err
+    scen = write(tmp_path, "s.yaml", FLOWS)
+    (tmp_path / "afile").write_text("x")
+    assert main(["run", str(scen), "-o", str(tmp_path / "afile")]) == 2
+    assert main(["run", str(scen), "--set", "novalue"]) == 2
+    assert "expected key=value" in capsys.readouterr().err

@@ -1,0 +1,144 @@
+"""The flow-level engine against closed forms, exactly (1e-9 relative)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import star
+
+from simulator.engine import simulate
+from simulator.schedule import Schedule
+from simulator.topology import build_cluster
+
+REL = 1e-9
+
+
+def test_uncontended_transfer_is_overhead_plus_latency_plus_drain():
+    raw = {
+        "nodes": [{"name": "a", "kind": "gpu", "device": "h100-sxm"}, {"name": "s1", "kind": "switch"},
+                  {"name": "s2", "kind": "switch"}, {"name": "b", "kind": "gpu", "device": "h100-sxm"}],
+        "links": [{"a": "a", "b": "s1", "bandwidth": "100 GB/s", "latency": "1 us"},
+                  {"a": "s1", "b": "s2", "bandwidth": "25 GB/s", "latency": "2.5 us"},
+                  {"a": "s2", "b": "b", "bandwidth": "400 Gb/s", "latency": "0.7 us"}],
+        "message_overhead": "3 us",
+    }
+    cluster = build_cluster(raw, "<t>")
+    sched = Schedule(2, placement=("a", "b"))
+    nbytes = 123_456_789
+    sched.add_transfer(0, 1, nbytes, "x")
+    res = simulate(sched, cluster)
+    expected = 3e-6 + (1e-6 + 2.5e-6 + 0.7e-6) + nbytes / 25e9
+    assert math.isclose(res.makespan, expected, rel_tol=REL)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 16])
+def test_k_equal_flows_into_one_bottleneck_finish_together(k):
+    cluster = star(k + 1, bw="10 GB/s", lat="1 us", overhead="2 us")
+    sched = Schedule(k + 1, placement=tuple(f"h{i}" for i in range(k + 1)))
+    for i in range(1, k + 1):
+        sched.add_transfer(i, 0, 1e9, f"f{i}")  # all into h0: the s->h0 link is the bottleneck
+    res = simulate(sched, cluster)
+    drain = 1e9 / 10e9
+    ends = [r.end for r in res.timeline if r.kind == "recv"]
+    for end in ends:
+        assert math.isclose(end, 2e-6 + 2e-6 + k * drain, rel_tol=REL)
+
+
+def _maxmin_cluster():
+    nodes = [{"name": n, "kind": "gpu", "device": "h100-sxm"} for n in ("h0", "h1", "h2")]
+    nodes.append({"name": "s", "kind": "switch"})
+    links = [{"src": "h0", "dst": "s", "bandwidth": "10 GB/s"}, {"src": "s", "dst": "h1", "bandwidth": "10 GB/s"},
+             {"src": "s", "dst": "h2", "bandwidth": "4 GB/s"}, {"src": "s", "dst": "h0", "bandwidth": "10 GB/s"},
+             {"src": "h1", "dst": "s", "bandwidth": "10 GB/s"}, {"src": "h2", "dst": "s", "bandwidth": "4 GB/s"}]
+    return build_cluster({"nodes": nodes, "links": links}, "<maxmin>")
+
+
+def test_max_min_fairness_known_answer():
+    sched = Schedule(3, placement=("h0", "h1", "h2"))
+    x, _ = sched.add_transfer(0, 1, 3e9, "X")
+    y, _ = sched.add_transfer(0, 2, 1e9, "Y")
+    ends = simulate(sched, _maxmin_cluster()).op_ends()
+    assert math.isclose(ends[y], 0.25, rel_tol=REL)  # Y: 4 GB/s (s->h2 bottleneck)
+    assert math.isclose(ends[x], 0.40, rel_tol=REL)  # X: 6 GB/s until 0.25 s, then 10 GB/s
+
+
+def test_staggered_start_slows_the_draining_flow_from_that_instant():
+    cluster = star(3, bw="10 GB/s")
+    sched = Schedule(3, placement=("h0", "h1", "h2"))
+    a, _ = sched.add_transfer(1, 0, 2e9, "A")
+    b, _ = sched.add_transfer(2, 0, 1e9, "B", not_before_s=0.1)
+    ends = simulate(sched, cluster).op_ends()
+    # A alone at 10 GB/s for 0.1 s (1 GB), then both at 5 GB/s: B's 1 GB and A's last 1 GB end at 0.3 s.
+    assert math.isclose(ends[a], 0.3, rel_tol=REL)
+    assert math.isclose(ends[b], 0.3, rel_tol=REL)
+    sched2 = Schedule(3, placement=("h0", "h1", "h2"))
+    a2, _ = sched2.add_transfer(1, 0, 3e9, "A")
+    b2, _ = sched2.add_transfer(2, 0, 1e9, "B", not_before_s=0.1)
+    ends2 = simulate(sched2, cluster).op_ends()
+    # B: 1 GB at 5 GB/s from 0.1 -> 0.3; A: 1 GB + 1 GB shared + 1 GB alone -> 0.4 s.
+    assert math.isclose(ends2[b2], 0.3, rel_tol=REL)
+    assert math.isclose(ends2[a2], 0.4, rel_tol=REL)
+
+
+def test_rates_recomputed_once_per_instant():
+    k = 50
+    cluster = star(k + 1)
+    sched = Schedule(k + 1, placement=tuple(f"h{i}" for i in range(k + 1)))
+    for i in range(1, k + 1):
+        sched.add_transfer(i, 0, 1e6 * i, f"f{i}")
+    res = simulate(sched, cluster)
+    # one allocation when the k flows start together, one after each of the k distinct finish instants
+    assert res.allocations == k + 1
+
+
+def test_compute_roofline_and_exact_trace():
+    """Exact (rank, op, start, end) trace of a small dependent schedule on a star with one compute stream."""
+    cluster = star(2, bw="10 GB/s", lat="1 us", overhead="1 us")
+    spec = cluster.specs["h0"]
+    sched = Schedule(2, placement=("h0", "h1"))
+    flops = 989.4e12 * 1e-3  # 1 ms of bf16 at peak
+    c0 = sched.add_compute(0, "partial", flops=flops, dtype="bf16")
+    c1 = sched.add_compute(1, "partial", flops=flops, dtype="bf16")
+    s, r = sched.add_transfer(0, 1, 1e7, "state", send_deps=[c0], recv_deps=[c1])
+    m = sched.add_compute(1, "merge", nbytes=3.35e12 * 2e-6, deps=[r], kind="merge")
+    res = simulate(sched, cluster)
+    t_c = spec.launch_s + 1e-3
+    t_x = t_c + 1e-6 + 2e-6 + 1e7 / 10e9
+    t_m = t_x + spec.launch_s + 2e-6
+    got = [(rec.rank, rec.op, rec.start, rec.end) for rec in res.timeline]
+    want = [(0, c0, 0.0, t_c), (1, c1, 0.0, t_c), (0, s, t_c, t_x), (1, r, t_c, t_x), (1, m, t_x, t_m)]
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    for g, w in zip(got, want, strict=True):
+        assert math.isclose(g[2], w[2], rel_tol=REL, abs_tol=1e-15)
+        assert math.isclose(g[3], w[3], rel_tol=REL)
+
+
+def test_compute_ops_of_one_rank_share_one_stream():
+    cluster = star(1)
+    sched = Schedule(1, placement=("h0",))
+    a = sched.add_compute(0, "a", flops=989.4e12 * 1e-3, dtype="bf16")
+    b = sched.add_compute(0, "b", flops=989.4e12 * 1e-3, dtype="bf16")
+    ends = simulate(sched, cluster).op_ends()
+    launch = cluster.specs["h0"].launch_s
+    assert math.isclose(ends[a], launch + 1e-3, rel_tol=REL)
+    assert math.isclose(ends[b], 2 * (launch + 1e-3), rel_tol=REL)
+
+
+def test_rendezvous_transfer_waits_for_the_receiver():
+    cluster = star(2, bw="10 GB/s")
+    sched = Schedule(2, placement=("h0", "h1"))
+    c = sched.add_compute(1, "busy", flops=989.4e12 * 1e-3, dtype="bf16")
+    _, r = sched.add_transfer(0, 1, 1e9, "x", recv_deps=[c])
+    ends = simulate(sched, cluster).op_ends()
+    assert math.isclose(ends[r], ends[c] + 0.1, rel_tol=REL)
+
+
+def test_ecmp_spreads_flows_over_equal_paths():
+    from simulator.topology import load_topology
+
+    cluster = load_topology("cluster", {"nodes": 8, "gpus_per_node": 1, "nodes_per_leaf": 1, "spines": 4})
+    spines = {next(v for u, v in cluster.route(a, b) if v.startswith("spine"))
+              for a in cluster.ranks for b in cluster.ranks if a != b}
+    assert len(spines) == 4
+    assert cluster.route("n0.gpu0", "n5.gpu0") == cluster.route("n0.gpu0", "n5.gpu0")

@@ -1,0 +1,77 @@
+"""Presets, the parametric builder, routing and topology validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.errors import InputError
+from simulator.topo_summary import bisection_bandwidth, summarize
+from simulator.topology import list_presets, load_topology
+
+
+def test_presets_listed():
+    assert {"dgx-h100", "dgx-a100", "mi300x", "rtx4090-pcie", "cluster"} <= set(list_presets())
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+def test_dgx_h100_shape(nodes):
+    c = load_topology("dgx-h100", {"nodes": nodes})
+    assert len(c.ranks) == 8 * nodes and c.num_hosts == nodes
+    assert c.ranks[:2] == ("n0.gpu0", "n0.gpu1")
+    spec = c.specs["n0.gpu0"]
+    assert spec.peak_flops["bf16"] == 989.4e12 and spec.mem_bw_Bps == 3.35e12 and spec.mem_bytes == 80e9
+    intra = c.route("n0.gpu0", "n0.gpu5")
+    assert [c.graph.edges[e]["cls"] for e in intra] == ["nvlink", "nvlink"]
+    assert c.route_bandwidth(intra) == 450e9
+    assert c.route_latency(intra) == pytest.approx(936e-9, rel=1e-12)
+    if nodes > 1:
+        inter = c.route("n0.gpu3", "n1.gpu3")  # rail-aligned: PCIe, NIC, rail switch, NIC, PCIe
+        assert c.route_bandwidth(inter) == 50e9
+        assert len(inter) == 4
+
+
+def test_dgx_a100_and_mi300x_and_rtx4090():
+    a100 = load_topology("dgx-a100", {"nodes": 2})
+    assert a100.route_bandwidth(a100.route("n0.gpu0", "n0.gpu1")) == 300e9
+    assert a100.route_bandwidth(a100.route("n0.gpu0", "n1.gpu0")) == 25e9
+    mi = load_topology("mi300x")
+    assert len(mi.route("n0.gpu0", "n0.gpu7")) == 1  # fully connected
+    assert mi.route_bandwidth(mi.route("n0.gpu0", "n0.gpu7")) == 64e9
+    rtx = load_topology("rtx4090-pcie", {"gpus": 4})
+    path = rtx.route("n0.gpu0", "n0.gpu3")
+    assert [v for _, v in path] == ["n0.host", "n0.gpu3"]  # staged through host memory
+    assert rtx.specs["n0.gpu0"].mem_bytes == 24e9
+
+
+def test_fat_tree_oversubscription_halves_bisection():
+    full = load_topology("cluster", {"nodes": 8, "gpus_per_node": 1, "nodes_per_leaf": 2, "spines": 2})
+    half = load_topology("cluster", {"nodes": 8, "gpus_per_node": 1, "nodes_per_leaf": 2, "spines": 2,
+                                     "oversubscription": 2})
+    assert bisection_bandwidth(full) == pytest.approx(4 * 50e9)
+    assert bisection_bandwidth(half) == pytest.approx(2 * 50e9)
+
+
+def test_single_switch_and_rail_fabrics():
+    ss = load_topology("cluster", {"nodes": 3, "gpus_per_node": 2, "inter": "single-switch"})
+    assert [v for _, v in ss.route("n0.gpu0", "n2.gpu0")][1:3] == ["fabric", "n2.nic0"]
+    rail = load_topology("cluster", {"nodes": 3, "gpus_per_node": 2, "inter": "rail"})
+    assert "rail1" in {v for _, v in rail.route("n0.gpu1", "n2.gpu1")}
+
+
+def test_summary_mentions_classes_and_bisection():
+    text = summarize(load_topology("dgx-h100", {"nodes": 2}))
+    assert "16 GPUs on 2 node(s)" in text and "nvlink" in text and "bisection bandwidth" in text
+    assert "400 GB/s" in text  # 8 rails x 50 GB/s between the two halves
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(InputError, match="unknown topology preset 'nope'; presets: cluster"):
+        load_topology("nope")
+
+
+def test_bad_param_names_field():
+    with pytest.raises(InputError) as exc:
+        load_topology("dgx-h100", {"nodes": -1})
+    assert exc.value.field == "topology_params.nodes"
+    with pytest.raises(InputError, match="unknown parameter"):
+        load_topology("dgx-h100", {"gpus": 2})
