@@ -90,6 +90,7 @@ PARAMS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "spines": (_int, 2),
     "oversubscription": (_ratio, 1.0),
     "message_overhead": (_nonneg(parse_time), 0),
+    "comm_overhead": (_nonneg(parse_time), 0),
 }
 
 
@@ -144,7 +145,7 @@ def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -
     if n_nodes > 1:
         _inter(n_nodes, nics, p, nodes, links)
     out: dict[str, Any] = {"name": raw.get("name", "cluster"), "nodes": nodes, "links": links,
-                           "message_overhead": p["message_overhead"]}
+                           "message_overhead": p["message_overhead"], "comm_overhead": p["comm_overhead"]}
     if "devices" in raw:
         out["devices"] = raw["devices"]
     return out

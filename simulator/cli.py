@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--out", default=None, help="output folder (default: out/<scenario name>)")
     run.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                      help="override a dotted key of the scenario, e.g. --set topology_params.nodes=4")
+    run.add_argument("--numeric", action="store_true",
+                     help="also execute each schedule on random arrays and report max_abs_err against dense attention")
     topo = sub.add_parser("topo", help="inspect topologies")
     topo_sub = topo.add_subparsers(dest="topo_verb", required=True, parser_class=_Parser)
     show = topo_sub.add_parser("show", help="print a summary of a preset or topology file")
@@ -54,12 +56,24 @@ def _out_dir(arg: str | None, name: str) -> Path:
 def _cmd_run(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets)
     out = _out_dir(args.out, points[0].scenario.name)
-    frame = run_points(points)
-    with pd.option_context("display.max_rows", 200, "display.width", 160, "display.float_format", "{:.6g}".format):
-        print(frame.to_string(index=False))
+    frame = run_points(points, numeric=args.numeric)
+    print(format_table(frame))
     write_csv_atomic(frame, out / "results.csv")
     print(f"\nwrote {out / 'results.csv'} ({len(frame)} rows, {len(points)} points)")
     return 0
+
+
+def format_table(frame: pd.DataFrame) -> str:
+    """The results as a terminal table (times in ms, bytes in MB for decode rows)."""
+    shown = frame.drop(columns=[c for c in ("scenario", "events", "sim_wall_s") if c in frame], errors="ignore")
+    if "latency_s" in shown:
+        shown = shown.copy()
+        for col in ("latency_s", "compute_s", "comm_s"):
+            shown[col.replace("_s", "_ms")] = shown.pop(col) * 1e3
+        for col in ("bytes_moved", "peak_mem_bytes"):
+            shown[col.replace("_bytes", "").replace("bytes_", "") + "_MB"] = shown.pop(col) / 1e6
+    with pd.option_context("display.max_rows", 500, "display.width", 200, "display.float_format", "{:.6g}".format):
+        return shown.to_string(index=False)
 
 
 def _cmd_topo(args: argparse.Namespace) -> int:

@@ -41,11 +41,11 @@ class DeviceSpec:
                 from None
 
 
-def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str) -> float:
-    """Roofline time of one kernel in seconds (launch overhead included)."""
+def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, launch: bool = True) -> float:
+    """Roofline time of one kernel in seconds (launch overhead included unless ``launch`` is False)."""
     t_flops = flops / (spec.flops_for(dtype) * spec.eff_flops) if flops > 0 else 0.0
     t_mem = nbytes / (spec.mem_bw_Bps * spec.eff_mem) if nbytes > 0 else 0.0
-    return spec.launch_s + max(t_flops, t_mem)
+    return (spec.launch_s if launch else 0.0) + max(t_flops, t_mem)
 
 
 _SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "eff_mem"}

@@ -2,12 +2,15 @@
 
 * Compute ops: roofline time on the rank's device (:func:`simulator.devices.compute_time`); one compute stream per
   rank, FIFO in the order ops become ready.
-* Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route, then
+* Launch ops (the start of a collective on a rank) take ``comm_overhead``, off the compute stream.
+* Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
+  ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own), then
   drains over every directed link of the route at its max-min fair rate (:mod:`simulator.network`). Rates are
   recomputed once per simulated instant at which flows start or finish: the recomputation is an event of lower
   priority than everything else at that instant, scheduled at most once per instant.
 
-Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)``.
+Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)``, where
+``overhead = message_overhead (+ comm_overhead outside a collective)``.
 """
 
 from __future__ import annotations
@@ -117,9 +120,13 @@ class _Run:
             self._at(op.not_before_s - now, lambda _e: self._ready(op))
             return
         self.ready_at[op.id] = now
+        if op.kind == "launch":
+            self.start[op.id] = now
+            self._at(self.cluster.comm_overhead_s, lambda _e: self._done(op))
+            return
         if op.kind in COMPUTE_KINDS:
             node = self.place[op.rank]
-            duration = compute_time(self.cluster.specs[node], op.flops, op.nbytes, op.dtype)
+            duration = compute_time(self.cluster.specs[node], op.flops, op.nbytes, op.dtype, launch=not op.fused)
             begin = max(now, self.stream_free[op.rank])
             self.stream_free[op.rank] = begin + duration
             self.start[op.id] = begin
@@ -138,6 +145,8 @@ class _Run:
         src, dst = self.place[send.rank], self.place[recv.rank]
         route = self.cluster.route(src, dst) if src != dst else ()
         delay = self.cluster.message_overhead_s + self.cluster.route_latency(route)
+        if not send.coll:
+            delay += self.cluster.comm_overhead_s
         if not route or send.nbytes == 0:
             self._at(delay, lambda _e: self._finish_transfer(send))
             return

@@ -23,7 +23,7 @@ from typing import Any
 
 from array_api_compat import array_namespace
 
-__all__ = ["PartialState", "empty_state", "finalize", "merge", "merge_all", "partial_attention"]
+__all__ = ["PartialState", "empty_state", "finalize", "merge", "merge_all", "partial_attention", "rescale"]
 
 Array = Any
 
@@ -87,6 +87,16 @@ def merge(a: PartialState, b: PartialState) -> PartialState:
     alpha = xp.exp(a.m - m0)  # a.m = -inf gives 0 (no -inf - -inf: m0 is finite)
     beta = xp.exp(b.m - m0)
     return PartialState(o=a.o * alpha[..., None] + b.o * beta[..., None], l=a.l * alpha + b.l * beta, m=m)
+
+
+def rescale(state: PartialState, m_new: Array) -> PartialState:
+    """Express ``state`` relative to a larger running max ``m_new`` (Tree Attention, Alg. 3: before the sum).
+
+    After every rank rescales to the global max, the sum of the (o, l) pairs equals the merge of all states.
+    """
+    xp = array_namespace(state.o, state.l, state.m, m_new)
+    factor = xp.exp(state.m - _finite_or_zero(xp, m_new))  # -inf rows give 0
+    return PartialState(o=state.o * factor[..., None], l=state.l * factor, m=m_new)
 
 
 def merge_all(states: list[PartialState]) -> PartialState:

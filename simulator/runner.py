@@ -1,21 +1,37 @@
-"""Run sweep points: build the cluster and the schedule of each point, simulate, derive result rows."""
+"""Run sweep points: build the cluster and the schedule of each point, simulate, derive result rows.
+
+Decode rows carry the stable columns of design.md. ``compute_s`` and ``comm_s`` describe the critical rank (the
+one that finishes last): its kernel time, and the rest of the latency, i.e. time spent waiting on transfers (and
+on other ranks) that its compute did not hide.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from simulator.engine import simulate
+from simulator.algorithms import Layout, build_schedule, label, resolve
+from simulator.engine import SimResult, simulate
 from simulator.errors import InputError
-from simulator.scenario import Point, Workload
-from simulator.schedule import Schedule
+from simulator.memory import peak_memory
+from simulator.numeric import make_inputs, run_numeric
+from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
+from simulator.schedule import COMPUTE_KINDS, Schedule
 from simulator.topology import Cluster, load_topology
+from simulator.workload import DecodeShape
 
-__all__ = ["FLOW_COLUMNS", "cluster_for", "flows_schedule", "run_point", "run_points"]
+__all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
+           "run_point", "run_points"]
 
 FLOW_COLUMNS = ["flow", "src", "dst", "bytes", "start_s", "finish_s"]
+DECODE_COLUMNS = ["scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim",
+                  "dtype", "latency_s", "compute_s", "comm_s", "bytes_moved", "peak_mem_bytes", "oom", "events",
+                  "sim_wall_s"]
+NUMERIC_MAX_ELEMS = 200_000_000  # numeric mode holds q, K and V in memory
 
 _CLUSTERS: dict[tuple[str, str, str], Cluster] = {}
 
@@ -32,7 +48,7 @@ def cluster_for(point: Point) -> Cluster:
     return _CLUSTERS[key]
 
 
-def flows_schedule(workload: Workload, cluster: Cluster) -> Schedule:
+def flows_schedule(workload: FlowsWorkload, cluster: Cluster) -> Schedule:
     """One matched send/recv per flow; ranks are the distinct endpoints in order of first use."""
     compute_nodes = {n for n, k in cluster.graph.nodes(data="kind") if k in ("gpu", "cpu")}
     names: list[str] = []
@@ -53,25 +69,116 @@ def flows_schedule(workload: Workload, cluster: Cluster) -> Schedule:
     return sched
 
 
-def run_point(point: Point) -> list[dict[str, Any]]:
-    """Simulate one sweep point; returns its result rows (one per flow for a ``flows`` workload)."""
-    cluster = cluster_for(point)
+def decode_shape(wl: DecodeWorkload) -> DecodeShape:
+    m = wl.model
+    return DecodeShape(batch=wl.batch, heads=m.heads, head_dim=m.head_dim, kv_heads=m.kv_heads or m.heads,
+                       context=wl.context, dtype=wl.dtype)
+
+
+def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:
+    """Ranks on the cluster's first ``ranks`` GPUs, with their server indices."""
+    nodes = cluster.ranks[: ranks or len(cluster.ranks)]
+    index: dict[str, int] = {}
+    return Layout(tuple(index.setdefault(cluster.host_of(n), len(index)) for n in nodes))
+
+
+def _critical_split(result: SimResult) -> tuple[float, float]:
+    """(compute_s, comm_s) of the rank that finishes last."""
+    if not result.end_time:
+        return 0.0, 0.0
+    rank = max(result.end_time, key=lambda r: (result.end_time[r], -r))
+    compute = sum(rec.end - rec.start for rec in result.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
+    return compute, result.end_time[rank] - compute
+
+
+def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int = 0) -> list[dict[str, Any]]:
+    """One row per algorithm of a decode point."""
+    sc = point.scenario
+    assert isinstance(sc.workload, DecodeWorkload)
+    shape = decode_shape(sc.workload)
+    layout = layout_of(cluster)
+    rows = []
+    for i, entry in enumerate(sc.algorithms):
+        try:
+            name, params = resolve(entry, field=f"algorithms.{i}")
+        except InputError as err:
+            raise point.locate(err) from None
+        sched = build_schedule(name, params, shape, layout)
+        t0 = time.perf_counter()
+        result = simulate(sched, cluster)
+        wall = time.perf_counter() - t0
+        times = {rec.op: (rec.start, rec.end) for rec in result.timeline}
+        peaks = peak_memory(sched, times)
+        place = sched.placement_on(cluster.ranks)
+        compute_s, comm_s = _critical_split(result)
+        row: dict[str, Any] = {
+            "scenario": sc.name, "algorithm": label(name, params), "topology": cluster.name, "ranks": sched.ranks,
+            "nodes": len({cluster.host_of(n) for n in place}), "context": shape.context, "batch": shape.batch,
+            "heads": shape.heads, "head_dim": shape.head_dim, "dtype": shape.dtype, "latency_s": result.makespan,
+            "compute_s": compute_s, "comm_s": comm_s,
+            "bytes_moved": sum(rec.nbytes for rec in result.timeline if rec.kind == "send"),
+            "peak_mem_bytes": max(peaks),
+            "oom": any(peak > cluster.specs[place[r]].mem_bytes for r, peak in enumerate(peaks)),
+            "events": result.events, "sim_wall_s": wall,
+        }
+        if numeric:
+            row["max_abs_err"] = _numeric_error(sched, shape, seed)
+        rows.append(row)
+    return rows
+
+
+def _numeric_error(sched: Schedule, shape: DecodeShape, seed: int) -> float:
+    elems = shape.batch * shape.context * shape.kv_heads * shape.head_dim
+    if elems > NUMERIC_MAX_ELEMS:
+        raise InputError(f"--numeric holds K and V in memory: batch x context x kv_heads x head_dim = {elems:.3g} "
+                         f"elements is over {NUMERIC_MAX_ELEMS:.0e}; shrink it, e.g. --set workload.context=65536",
+                         field="workload.context")
+    dtype = np.float64 if shape.dtype == "fp64" else np.float32
+    inp = make_inputs(np.random.default_rng(seed), shape.batch, shape.heads, shape.kv_heads, shape.head_dim,
+                      shape.context, dtype)
+    return run_numeric(sched, inp).max_abs_err
+
+
+def flow_rows(point: Point, cluster: Cluster) -> list[dict[str, Any]]:
     wl = point.scenario.workload
+    assert isinstance(wl, FlowsWorkload)
     try:
         sched = flows_schedule(wl, cluster)
     except InputError as err:
         raise point.locate(err) from None
     ends = simulate(sched, cluster).op_ends()
+    return [{"flow": i, "src": f.src, "dst": f.dst, "bytes": f.bytes, "start_s": f.start, "finish_s": ends[2 * i + 1]}
+            for i, f in enumerate(wl.flows)]
+
+
+def run_point(point: Point, numeric: bool = False) -> list[dict[str, Any]]:
+    """Simulate one sweep point; its rows carry one extra column per swept key."""
+    cluster = cluster_for(point)
+    if isinstance(point.scenario.workload, FlowsWorkload):
+        if numeric:
+            raise InputError("--numeric needs a decode workload", field="workload.kind")
+        rows = flow_rows(point, cluster)
+    else:
+        rows = decode_rows(point, cluster, numeric)
     swept = dict(point.swept)
-    rows = []
-    for i, flow in enumerate(wl.flows):
-        recv_id = 2 * i + 1
-        rows.append({"flow": i, "src": flow.src, "dst": flow.dst, "bytes": flow.bytes, "start_s": flow.start,
-                     "finish_s": ends[recv_id], **swept})
-    return rows
+    return [{**row, **swept} for row in rows]
 
 
-def run_points(points: Iterable[Point]) -> pd.DataFrame:
+def check_points(points: Sequence[Point]) -> None:
+    """Fail fast on bad topologies or algorithm names in any point, before simulating anything."""
+    for point in points:
+        cluster_for(point)
+        for i, entry in enumerate(point.scenario.algorithms):
+            if isinstance(point.scenario.workload, DecodeWorkload):
+                try:
+                    resolve(entry, field=f"algorithms.{i}")
+                except InputError as err:
+                    raise point.locate(err) from None
+
+
+def run_points(points: Iterable[Point], numeric: bool = False) -> pd.DataFrame:
     """All rows of all points, as one DataFrame (stable columns first, then one per swept key)."""
-    rows = [row for point in points for row in run_point(point)]
+    points = list(points)
+    check_points(points)
+    rows = [row for point in points for row in run_point(point, numeric)]
     return pd.DataFrame(rows)

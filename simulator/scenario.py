@@ -12,16 +12,17 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from simulator.errors import InputError
 from simulator.units import parse_bytes, parse_time
 from simulator.yamlio import LineDict, LineList, line_of, load_yaml
 
-__all__ = ["FlowSpec", "Point", "Scenario", "Workload", "expand", "load_scenario", "parse_set"]
+__all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario", "expand", "load_scenario",
+           "parse_set"]
 
 
 class _Strict(BaseModel):
@@ -53,11 +54,38 @@ class FlowSpec(_Strict):
         return x
 
 
-class Workload(_Strict):
-    """What to simulate. ``flows``: the network model on its own (one row per flow)."""
+class FlowsWorkload(_Strict):
+    """The network model on its own: one result row per flow."""
 
     kind: Literal["flows"]
     flows: list[FlowSpec] = Field(min_length=1)
+
+
+class ModelShape(_Strict):
+    """Attention shape: ``heads`` query heads of ``head_dim``; ``kv_heads`` (GQA) defaults to ``heads``."""
+
+    heads: PositiveInt
+    head_dim: PositiveInt
+    kv_heads: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _gqa(self) -> ModelShape:
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        return self
+
+
+class DecodeWorkload(_Strict):
+    """One decode step: ``batch`` query tokens attend to ``context`` cached tokens sharded over every GPU."""
+
+    kind: Literal["decode"]
+    model: ModelShape
+    batch: PositiveInt = 1
+    context: PositiveInt
+    dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"
+
+
+Workload = Annotated[DecodeWorkload | FlowsWorkload, Field(discriminator="kind")]
 
 
 class Scenario(_Strict):
@@ -67,7 +95,7 @@ class Scenario(_Strict):
     topology: str = Field(description="preset name in topologies/ or a path to a topology YAML")
     topology_params: dict[str, Any] = Field(default_factory=dict)
     workload: Workload
-    algorithms: list[str | dict[str, Any]] = Field(default_factory=list)
+    algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: ["ring", "tree"])
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
 
 
@@ -152,6 +180,8 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
+        if loc[:1] == ("workload",) and len(loc) > 1 and loc[1] in ("decode", "flows"):
+            loc = (loc[0], *loc[2:])  # drop pydantic's discriminator tag
         field = ".".join(str(p) for p in loc)
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":

@@ -5,7 +5,11 @@ An algorithm builds a :class:`Schedule`; executors (the simpy engine, the numeri
 
 Op kinds:
 
-* ``compute`` / ``merge``: a kernel on the rank's device (roofline time from ``flops`` and ``nbytes``);
+* ``compute`` / ``merge``: a kernel on the rank's device (roofline time from ``flops`` and ``nbytes``; no launch
+  overhead when ``fused``, i.e. a reduction done inside a communication kernel, as NCCL does);
+* ``launch``: the start of a communication operation (one NCCL kernel) on a rank: takes the cluster's
+  ``comm_overhead``, off the compute stream. Collectives begin with one per rank; a transfer outside any
+  collective is a communication operation of its own and pays ``comm_overhead`` itself;
 * ``send`` / ``recv``: the two ends of one point-to-point transfer of ``nbytes`` (``peer`` is the other rank,
   ``match`` the id of the other end). A transfer starts when both ends are ready (rendezvous, as NCCL send/recv)
   and completes both ends when the last byte arrives.
@@ -13,17 +17,24 @@ Op kinds:
 An op becomes ready when all of its ``deps`` (op ids) are done and the clock has reached ``not_before_s``. Compute
 ops of one rank run one at a time in the order they become ready (one compute stream); transfers run
 concurrently with compute, which is how overlap is expressed. Deps may only name earlier ops, so every schedule
-is a DAG by construction.
+is a DAG by construction, and op-id order is a valid serial execution order.
+
+Data semantics, for the numeric executor and real runners: a compute op applies ``fn`` (see
+:mod:`simulator.numeric`) to the rank's buffers ``args`` and writes buffer ``out``; a send reads buffers ``args``
+(the element slice ``lo:hi`` of flat buffers when ``hi >= 0``) and its recv writes them under the recv's ``args``
+names. ``coll`` names the collective an op belongs to. Memory: ``alloc`` (name, bytes) pairs are allocated when
+the op starts and ``free`` names released when it ends; ``Schedule.initial`` lists each rank's buffers at t = 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["COMPUTE_KINDS", "OP_KINDS", "Op", "Schedule"]
 
-OP_KINDS = ("compute", "merge", "send", "recv")
+OP_KINDS = ("compute", "merge", "send", "recv", "launch")
 COMPUTE_KINDS = frozenset({"compute", "merge"})
 
 
@@ -42,16 +53,31 @@ class Op:
     peer: int | None = None
     match: int | None = None
     not_before_s: float = 0.0
+    fn: str = ""
+    out: str = ""
+    args: tuple[str, ...] = ()
+    lo: int = 0
+    hi: int = -1
+    alloc: tuple[tuple[str, float], ...] = ()
+    free: tuple[str, ...] = ()
+    fused: bool = False
+    coll: str = ""
 
 
 @dataclass
 class Schedule:
-    """Per-rank ops. ``placement[r]`` names the cluster node of rank ``r`` (default: the cluster's ranks)."""
+    """Per-rank ops. ``placement[r]`` names the cluster node of rank ``r`` (default: the cluster's ranks).
+
+    ``initial[r]`` maps buffer name -> bytes held by rank ``r`` at t = 0; ``meta`` carries what executors need
+    to give buffers values (e.g. ``shards``: the (start, end) context positions of each rank's KV shard).
+    """
 
     ranks: int
     ops: list[Op] = field(default_factory=list)
     placement: tuple[str, ...] | None = None
     name: str = ""
+    initial: dict[int, dict[str, float]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def _check(self, rank: int, deps: Iterable[int]) -> tuple[int, ...]:
         if not 0 <= rank < self.ranks:
@@ -64,26 +90,50 @@ class Schedule:
 
     def add_compute(self, rank: int, name: str, *, flops: float = 0.0, nbytes: float = 0.0,
                     dtype: str = "fp32", deps: Iterable[int] = (), kind: str = "compute",
-                    not_before_s: float = 0.0) -> int:
+                    not_before_s: float = 0.0, fn: str = "", out: str = "", args: Sequence[str] = (),
+                    lo: int = 0, hi: int = -1, alloc: Sequence[tuple[str, float]] = (), free: Sequence[str] = (),
+                    fused: bool = False, coll: str = "") -> int:
         """Append a compute (or ``merge``) op on ``rank``; returns its id."""
         if kind not in COMPUTE_KINDS:
             raise ValueError(f"kind must be one of {sorted(COMPUTE_KINDS)}, got {kind!r}")
         op = Op(len(self.ops), rank, kind, name, self._check(rank, deps), flops=float(flops),
-                nbytes=float(nbytes), dtype=dtype, not_before_s=not_before_s)
+                nbytes=float(nbytes), dtype=dtype, not_before_s=not_before_s, fn=fn, out=out, args=tuple(args),
+                lo=lo, hi=hi, alloc=tuple(alloc), free=tuple(free), fused=fused, coll=coll)
+        self.ops.append(op)
+        return op.id
+
+    def add_launch(self, rank: int, name: str, *, deps: Iterable[int] = (), coll: str = "") -> int:
+        """Append the start of a communication operation on ``rank`` (takes the cluster's ``comm_overhead``)."""
+        op = Op(len(self.ops), rank, "launch", name, self._check(rank, deps), coll=coll)
         self.ops.append(op)
         return op.id
 
     def add_transfer(self, src: int, dst: int, nbytes: float, name: str, *, send_deps: Iterable[int] = (),
-                     recv_deps: Iterable[int] = (), not_before_s: float = 0.0) -> tuple[int, int]:
-        """Append a matched send (on ``src``) and recv (on ``dst``); returns ``(send_id, recv_id)``."""
+                     recv_deps: Iterable[int] = (), not_before_s: float = 0.0, args: Sequence[str] = (),
+                     dst_args: Sequence[str] | None = None, lo: int = 0, hi: int = -1,
+                     alloc: Sequence[tuple[str, float]] = (), free_src: Sequence[str] = (),
+                     coll: str = "", recv_fn: str = "") -> tuple[int, int]:
+        """Append a matched send (on ``src``) and recv (on ``dst``); returns ``(send_id, recv_id)``.
+
+        The send reads buffers ``args`` (slice ``lo:hi``); the recv writes them as ``dst_args`` (default: the same
+        names; ``recv_fn="into"`` writes into slice ``lo:hi`` of existing flat buffers) and allocates ``alloc`` on
+        ``dst``; ``free_src`` buffers are released on ``src`` once sent.
+        """
         if nbytes < 0:
             raise ValueError(f"nbytes must not be negative, got {nbytes}")
+        if src == dst:
+            raise ValueError(f"a transfer needs two different ranks, got {src} twice")
         sd, rd = self._check(src, send_deps), self._check(dst, recv_deps)
+        dargs = tuple(args if dst_args is None else dst_args)
+        if len(dargs) != len(args):
+            raise ValueError("dst_args must name as many buffers as args")
         sid = len(self.ops)
         self.ops.append(Op(sid, src, "send", name, sd, nbytes=float(nbytes), peer=dst, match=sid + 1,
-                           not_before_s=not_before_s))
+                           not_before_s=not_before_s, args=tuple(args), lo=lo, hi=hi, free=tuple(free_src),
+                           coll=coll))
         self.ops.append(Op(sid + 1, dst, "recv", name, rd, nbytes=float(nbytes), peer=src, match=sid,
-                           not_before_s=not_before_s))
+                           not_before_s=not_before_s, args=dargs, lo=lo, hi=hi, alloc=tuple(alloc), coll=coll,
+                           fn=recv_fn))
         return sid, sid + 1
 
     def rank_ops(self, rank: int) -> list[Op]:

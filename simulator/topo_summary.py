@@ -52,7 +52,8 @@ def summarize(cluster: Cluster) -> str:
     kinds = Counter(k for _, k in g.nodes(data="kind"))
     lines = [f"topology {cluster.name}: {len(cluster.ranks)} GPUs on {cluster.num_hosts} node(s); "
              + ", ".join(f"{kinds[k]} {k}" for k in ("gpu", "cpu", "switch", "nic") if kinds[k])]
-    lines.append(f"message overhead: {_time(cluster.message_overhead_s)} per message")
+    lines.append(f"overheads: {_time(cluster.message_overhead_s)} per message, "
+                 f"{_time(cluster.comm_overhead_s)} per communication operation")
     lines.append("devices:")
     by_spec = Counter(spec.name for spec in cluster.specs.values())
     for name, count in sorted(by_spec.items()):

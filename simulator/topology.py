@@ -6,7 +6,8 @@ devices, ``device`` (a spec name). Each directed edge is one direction of a link
 
 Two YAML forms are accepted (see docs/topology.md):
 
-* explicit: ``devices:`` (named specs), ``nodes:``, ``links:``, optional ``message_overhead``;
+* explicit: ``devices:`` (named specs), ``nodes:``, ``links:``, optional ``message_overhead`` (per message, at the
+  sender) and ``comm_overhead`` (per communication operation: one collective, or one standalone send/recv);
 * parametric: ``builder: cluster`` with ``params:`` defaults (see :mod:`simulator.builders`), which a scenario's
   ``topology_params`` override.
 """
@@ -43,6 +44,7 @@ class Cluster:
     specs: Mapping[str, DeviceSpec]  # compute node name -> spec
     ranks: tuple[str, ...]  # GPU node names, rank order
     message_overhead_s: float = 0.0
+    comm_overhead_s: float = 0.0
     _router: Router = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -133,7 +135,7 @@ def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict
     return {name: parse_device_spec(name, spec, _locator(src, tree, (*base, name))) for name, spec in raw.items()}
 
 
-_TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "description"}
+_TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "description"}
 
 
 def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster:
@@ -158,12 +160,14 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
     for i, link in enumerate(links):
         _add_link(graph, link, _locator(src, tree, ("links", i)))
     overhead = _quantity(parse_time, raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0)
+    comm = _quantity(parse_time, raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0)
     ranks = tuple(n for n, k in graph.nodes(data="kind") if k == "gpu")
     if not ranks:
         raise locate(("nodes",), InputError("no node of kind gpu: a cluster needs at least one GPU"))
     _check_reachable(graph, locate)
     name = str(raw.get("name") or Path(src).stem)
-    return Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead)
+    return Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead,
+                   comm_overhead_s=comm)
 
 
 def _add_node(graph: nx.DiGraph, specs: dict[str, DeviceSpec], library: Mapping[str, DeviceSpec],

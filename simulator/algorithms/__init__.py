@@ -1,0 +1,88 @@
+"""Decode schedules by name (design.md): ``ring``, ``ring-q``, ``tree``, ``tree-p2p``, ``single``.
+
+Each entry is an :class:`AlgorithmSpec`: a builder ``(shape, layout, **params) -> Schedule`` and its parameters
+with defaults. Add an algorithm by adding an entry to :data:`REGISTRY` (see docs/algorithms.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from simulator.algorithms.base import Layout
+from simulator.algorithms.ring import build_ring, build_ring_q
+from simulator.algorithms.single import build_single
+from simulator.algorithms.tree import build_tree, build_tree_p2p
+from simulator.collectives import ALGORITHMS as COLLECTIVES
+from simulator.errors import InputError
+from simulator.schedule import Schedule
+from simulator.workload import DecodeShape
+
+__all__ = ["REGISTRY", "AlgorithmSpec", "Layout", "build_schedule", "label", "resolve"]
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """A schedule builder, the YAML names of its parameters (-> builder keyword, default, validator)."""
+
+    build: Callable[..., Schedule]
+    params: Mapping[str, tuple[str, Any, Callable[[Any], bool], str]]
+
+
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _arity(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 2
+
+
+def _collective(v: Any) -> bool:
+    return v in COLLECTIVES
+
+
+_ALLREDUCE = ("allreduce_algo", "auto", _collective, f"one of {', '.join(COLLECTIVES)}")
+REGISTRY: dict[str, AlgorithmSpec] = {
+    "ring": AlgorithmSpec(build_ring, {"overlap": ("overlap", True, _bool, "true or false")}),
+    "ring-q": AlgorithmSpec(build_ring_q, {}),
+    "tree": AlgorithmSpec(build_tree, {"allreduce": _ALLREDUCE}),
+    "tree-p2p": AlgorithmSpec(build_tree_p2p, {
+        "arity": ("arity", 2, _arity, "an integer >= 2"),
+        "topology_aware": ("topology_aware", False, _bool, "true or false"),
+    }),
+    "single": AlgorithmSpec(build_single, {}),
+}
+
+
+def resolve(entry: str | Mapping[str, Any], field: str = "algorithms") -> tuple[str, dict[str, Any]]:
+    """``"tree"`` or ``{name: tree, allreduce: ring}`` -> (name, validated YAML parameters with defaults)."""
+    raw: dict[str, Any] = {"name": entry} if isinstance(entry, str) else dict(entry)
+    name = raw.pop("name", None)
+    if name not in REGISTRY:
+        raise InputError(f"unknown algorithm {name!r}; valid: {', '.join(REGISTRY)}", field=field)
+    spec = REGISTRY[name]
+    params = {key: default for key, (_, default, _, _) in spec.params.items()}
+    for key, value in raw.items():
+        if key not in spec.params:
+            valid = ", ".join(spec.params) or "none"
+            raise InputError(f"algorithm {name!r} has no parameter {key!r}; valid: {valid}", field=f"{field}.{key}")
+        _, _, ok, expected = spec.params[key]
+        if not ok(value):
+            raise InputError(f"must be {expected}, got {value!r}", field=f"{field}.{key}")
+        params[key] = value
+    return name, params
+
+
+def label(name: str, params: Mapping[str, Any]) -> str:
+    """Result label: the name, plus the parameters that differ from their defaults (``ring[overlap=False]``)."""
+    spec = REGISTRY[name]
+    extra = [f"{k}={v}" for k, v in params.items() if v != spec.params[k][1]]
+    return f"{name}[{','.join(extra)}]" if extra else name
+
+
+def build_schedule(name: str, params: Mapping[str, Any], shape: DecodeShape, layout: Layout) -> Schedule:
+    """Build the named schedule (``params`` as returned by :func:`resolve`)."""
+    spec = REGISTRY[name]
+    kwargs = {spec.params[k][0]: v for k, v in params.items()}
+    return spec.build(shape, layout, **kwargs)

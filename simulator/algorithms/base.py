@@ -1,0 +1,71 @@
+"""What every decode schedule builder receives, and the ops they share (attend, finalize)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from simulator.schedule import Schedule
+from simulator.workload import DecodeShape, shard_bounds
+
+__all__ = ["Layout", "add_attend", "add_finalize", "new_decode_schedule"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The ranks a schedule runs on: ``hosts[r]`` is the server (node) index of rank r."""
+
+    hosts: tuple[int, ...]
+
+    @property
+    def ranks(self) -> int:
+        return len(self.hosts)
+
+    def groups(self) -> list[list[int]]:
+        """Ranks grouped by server, in rank order."""
+        by_host: dict[int, list[int]] = {}
+        for r, h in enumerate(self.hosts):
+            by_host.setdefault(h, []).append(r)
+        return list(by_host.values())
+
+    def ring_order(self) -> list[int]:
+        """A ring through every rank that crosses between servers rail to rail, as NCCL builds its rings.
+
+        Servers are visited in order, every other one backwards (a snake): ``n0.gpu0..7, n1.gpu7..0, n2.gpu0..7``,
+        so each server-to-server hop joins GPUs of the same local index, i.e. of the same NIC rail. (With an odd
+        number of servers the hop that closes the ring is the one that crosses rails.)
+        """
+        return [r for i, g in enumerate(self.groups()) for r in (g if i % 2 == 0 else g[::-1])]
+
+
+def new_decode_schedule(name: str, shape: DecodeShape, ranks: int, *, q_on: Iterable[int] | None = None) -> Schedule:
+    """A schedule whose rank r starts with its contiguous KV shard (``kv0``) and, on ``q_on`` ranks, the query."""
+    bounds = shard_bounds(shape.context, ranks)
+    sched = Schedule(ranks, name=name, meta={"shards": bounds, "shape": shape})
+    q_ranks = set(range(ranks) if q_on is None else q_on)
+    for r, (lo, hi) in enumerate(bounds):
+        sched.initial[r] = {"kv0": shape.kv_bytes(hi - lo)}
+        if r in q_ranks:
+            sched.initial[r]["q"] = shape.q_bytes
+    return sched
+
+
+def add_attend(sched: Schedule, shape: DecodeShape, rank: int, shard: int, kv_buf: str, deps: Iterable[int],
+               *, first: bool, q_buf: str = "q") -> int:
+    """Partial attention of the query against shard ``shard`` (held in ``kv_buf``), merged into ``acc``.
+
+    One fused kernel, as FlashAttention/flash-decoding keep the online-softmax state across KV blocks; the first
+    one allocates the running state (o, l, m).
+    """
+    lo, hi = sched.meta["shards"][shard]
+    flops, nbytes = shape.attend_cost(hi - lo)
+    return sched.add_compute(rank, f"attend[{shard}]", flops=flops, nbytes=nbytes, dtype=shape.dtype,
+                             deps=deps, fn="attend", out="acc", args=(q_buf, kv_buf),
+                             alloc=[("acc", shape.state_bytes)] if first else ())
+
+
+def add_finalize(sched: Schedule, shape: DecodeShape, rank: int, deps: Iterable[int]) -> int:
+    """out = o / l, in place over o (no new buffer)."""
+    flops, nbytes = shape.elementwise_cost(shape.batch * shape.model_dim)
+    return sched.add_compute(rank, "finalize", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
+                             fn="finalize", out="out", args=("acc",))

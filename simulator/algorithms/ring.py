@@ -1,0 +1,88 @@
+"""Ring Attention decode (Liu, Zaharia & Abbeel, arXiv:2310.01889, Alg. 1) and the ``ring-q`` variant.
+
+``ring``: every rank holds the query and its KV shard. In P steps each rank attends to the shard it holds and
+passes it on to the next rank (P - 1 shard transfers); every rank ends with the output.
+
+* ``overlap: true`` double-buffers: while attending to the shard in one buffer, the rank receives the next shard
+  into the other (a receive buffer the size of the largest shard). A receive waits until its buffer's previous
+  shard has been consumed.
+* ``overlap: false`` alternates: attend, then exchange in place (send the shard, receive the next through the
+  transport's staging and copy it over, as MPI_Sendrecv_replace does); no receive buffer.
+
+``ring-q``: the KV stays put; rank 0 attends with the query, then the query and the running state (o, l, m) hop
+rank to rank, each merging its own shard: P - 1 sequential small transfers; the last rank has the output.
+"""
+
+from __future__ import annotations
+
+from simulator.algorithms.base import Layout, add_attend, add_finalize, new_decode_schedule
+from simulator.schedule import Schedule
+from simulator.workload import DecodeShape
+
+__all__ = ["build_ring", "build_ring_q"]
+
+
+def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Schedule:
+    p = layout.ranks
+    sched = new_decode_schedule("ring", shape, p)
+    bounds = sched.meta["shards"]
+    order = layout.ring_order()  # ring position -> rank; each rank passes shards to the next position
+    nxt_of = {order[i]: order[(i + 1) % p] for i in range(p)}
+    pos = {r: i for i, r in enumerate(order)}
+    max_kv = max(shape.kv_bytes(hi - lo) for lo, hi in bounds)
+    have: list[int | None] = [None] * p  # op after which rank r's current buffer holds its step's shard
+    sent: list[int | None] = [None] * p  # rank r's send of the previous step (its buffer is in use until done)
+    attend: list[list[int]] = [[] for _ in range(p)]
+
+    def shard_at(r: int, step: int) -> int:  # the shard rank r holds at ``step``: that of step positions back
+        return order[(pos[r] - step) % p]
+
+    for step in range(p):
+        for r in range(p):
+            buf = f"kv{step % 2}" if overlap else "kv0"
+            deps = [d for d in (have[r], *(attend[r][-1:])) if d is not None]
+            attend[r].append(add_attend(sched, shape, r, shard_at(r, step), buf, deps, first=step == 0))
+        if step == p - 1:
+            break
+        new_have: list[int | None] = [None] * p
+        new_sent: list[int | None] = [None] * p
+        for r in range(p):
+            dst, shard = nxt_of[r], shard_at(r, step)
+            lo, hi = bounds[shard]
+            nbytes = shape.kv_bytes(hi - lo)
+            if overlap:
+                cur, nxt = f"kv{step % 2}", f"kv{(step + 1) % 2}"
+                # the buffer's previous shard (step - 1) has been attended to and sent on
+                recv_deps = [d for d in (*attend[dst][-2:-1], sent[dst]) if d is not None]
+                alloc = [(nxt, max_kv)] if step == 0 else []
+                snd, recv = sched.add_transfer(r, dst, nbytes, f"kv[{shard}]", send_deps=[have[r]] if have[r] else [],
+                                               recv_deps=recv_deps, args=(cur,), dst_args=(nxt,), alloc=alloc)
+            else:
+                snd, recv = sched.add_transfer(r, dst, nbytes, f"kv[{shard}]", send_deps=[attend[r][-1]],
+                                               recv_deps=[attend[dst][-1]], args=("kv0",), dst_args=("kvin",))
+            new_have[dst], new_sent[r] = recv, snd
+        if not overlap:  # copy the staged shard over kv0 once this rank's own send has left
+            for r in range(p):
+                lo, hi = bounds[shard_at(r, step + 1)]
+                new_have[r] = sched.add_compute(r, "kv-copy", nbytes=2 * shape.kv_bytes(hi - lo), dtype=shape.dtype,
+                                                deps=[new_have[r], new_sent[r]], fn="copy", out="kv0",
+                                                args=("kvin",))
+        have, sent = new_have, new_sent
+    sched.meta["outputs"] = [(r, "out") for r in range(p)]
+    for r in range(p):
+        add_finalize(sched, shape, r, [attend[r][-1]])
+    return sched
+
+
+def build_ring_q(shape: DecodeShape, layout: Layout) -> Schedule:
+    p = layout.ranks
+    sched = new_decode_schedule("ring-q", shape, p, q_on=[0])
+    prev = add_attend(sched, shape, 0, 0, "kv0", [], first=True)
+    for r in range(1, p):
+        _, recv = sched.add_transfer(r - 1, r, shape.q_bytes + shape.state_bytes, "q+state", send_deps=[prev],
+                                     args=("q", "acc"), alloc=[("q", shape.q_bytes), ("acc", shape.state_bytes)],
+                                     free_src=("q", "acc"))
+        prev = add_attend(sched, shape, r, r, "kv0", [recv], first=False)
+    add_finalize(sched, shape, p - 1, [prev])
+    sched.meta["outputs"] = [(p - 1, "out")]
+    return sched

@@ -1,0 +1,94 @@
+"""Tree Attention decode (Shyam et al., arXiv:2408.04093, Alg. 3) and an explicit k-ary reduction, ``tree-p2p``.
+
+``tree``: every rank attends to its own shard (local partial state (o, l, m)); ``allreduce(max)`` of m gives the
+global max M; every rank rescales o and l to M; ``allreduce(sum)`` of (o, l); out = o / l on every rank. All in
+place: m and (o, l) are views of the running state, so the only memory is KV, q, o, l, m:
+2btd + 2bd + 2bn_h elements (Eq. 9). ``allreduce`` picks the collective (default ``auto``).
+
+``tree-p2p``: k-ary reduction (``arity``, default 2) of whole (o, l, m) states to rank 0 by point-to-point sends and
+merges, then a broadcast of the output down the same tree. ``topology_aware: true`` reduces inside each node to
+its first rank, then across those node leaders, and broadcasts back the other way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from simulator.algorithms.base import Layout, add_attend, add_finalize, new_decode_schedule
+from simulator.collectives import allreduce
+from simulator.schedule import Schedule
+from simulator.workload import DecodeShape
+
+__all__ = ["build_tree", "build_tree_p2p"]
+
+
+def build_tree(shape: DecodeShape, layout: Layout, allreduce_algo: str = "auto") -> Schedule:
+    p = layout.ranks
+    sched = new_decode_schedule("tree", shape, p)
+    ranks = layout.ring_order()  # the order ring collectives pass data in
+    local = {r: (add_attend(sched, shape, r, r, "kv0", [], first=True),) for r in ranks}
+    packed = {r: (sched.add_compute(r, "pack-m", dtype=shape.dtype, deps=local[r], fn="pack-m", out="m",
+                                    args=("acc",), fused=True),) for r in ranks}  # a view of acc.m: no cost
+    common = {"algo": allreduce_algo, "elem_bytes": shape.elem_bytes, "dtype": shape.dtype}
+    front = allreduce(sched, ranks, layout.hosts, "m", shape.ml_elems, op="max", tag="allreduce-max", deps=packed,
+                      **common)
+    n_ol = shape.batch * shape.model_dim + shape.ml_elems
+    flops, nbytes = shape.elementwise_cost(n_ol, reads=2, writes=1)
+    scaled = {r: (sched.add_compute(r, "rescale", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=front[r],
+                                    fn="rescale", out="ol", args=("acc", "m")),) for r in ranks}
+    front = allreduce(sched, ranks, layout.hosts, "ol", n_ol, op="sum", tag="allreduce-sum", deps=scaled, **common)
+    flops, nbytes = shape.elementwise_cost(shape.batch * shape.model_dim)
+    for r in ranks:
+        sched.add_compute(r, "finalize", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=front[r],
+                          fn="finalize-flat", out="out", args=("ol", "m"))
+    sched.meta["outputs"] = [(r, "out") for r in ranks]
+    return sched
+
+
+def _kary_rounds(members: Sequence[int], arity: int) -> list[list[tuple[int, int]]]:
+    """Rounds of (child, parent) edges of a k-ary reduction of ``members`` to ``members[0]``."""
+    rounds, stride, n = [], 1, len(members)
+    while stride < n:
+        rounds.append([(members[v + i * stride], members[v]) for v in range(0, n, stride * arity)
+                       for i in range(1, arity) if v + i * stride < n])
+        stride *= arity
+    return rounds
+
+
+def build_tree_p2p(shape: DecodeShape, layout: Layout, arity: int = 2, topology_aware: bool = False) -> Schedule:
+    p = layout.ranks
+    sched = new_decode_schedule("tree-p2p", shape, p)
+    last = {r: add_attend(sched, shape, r, r, "kv0", [], first=True) for r in range(p)}
+    if topology_aware:
+        groups = layout.groups()
+        per_group = _zip_rounds([_kary_rounds(g, arity) for g in groups])
+        phases = [[edge for edges in rnd for edge in edges] for rnd in per_group]
+        phases += _kary_rounds([g[0] for g in groups], arity)
+    else:
+        phases = _kary_rounds(list(range(p)), arity)
+    mflops, mbytes = shape.merge_cost()
+    for k, edges in enumerate(phases):
+        before = dict(last)
+        for i, (child, parent) in enumerate(edges):
+            name = f"in{k}.{i}"
+            _, recv = sched.add_transfer(child, parent, shape.state_bytes, "state", send_deps=[before[child]],
+                                         recv_deps=[before[parent]], args=("acc",), dst_args=(name,),
+                                         alloc=[(name, shape.state_bytes)])
+            last[parent] = sched.add_compute(parent, "merge", kind="merge", flops=mflops, nbytes=mbytes,
+                                             dtype=shape.dtype, deps=[recv, last[parent]], fn="merge", out="acc",
+                                             args=(name,), free=(name,))
+    last[0] = add_finalize(sched, shape, 0, [last[0]])
+    for edges in reversed(phases):  # broadcast the output back down the same edges
+        before = dict(last)
+        for child, parent in edges:
+            _, last[child] = sched.add_transfer(parent, child, shape.q_bytes, "out", send_deps=[before[parent]],
+                                                recv_deps=[before[child]], args=("out",),
+                                                alloc=[("out", shape.q_bytes)])
+    sched.meta["outputs"] = [(r, "out") for r in range(p)]
+    return sched
+
+
+def _zip_rounds(per_group: list[list[list[tuple[int, int]]]]) -> list[list[list[tuple[int, int]]]]:
+    """Round k of every group together (the groups reduce concurrently)."""
+    depth = max((len(r) for r in per_group), default=0)
+    return [[g[k] for g in per_group if k < len(g)] for k in range(depth)]

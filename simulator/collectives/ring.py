@@ -1,0 +1,58 @@
+"""Ring collectives (NCCL's ring algorithm): allreduce = reduce-scatter + allgather, 2(P-1) steps of n/P.
+
+Reduce and broadcast are pipelines along the ring, towards or from the root, in slices of at most
+``PIPELINE_SLICE_BYTES`` (NCCL's default: a 4 MiB channel buffer in 8 steps = 512 KiB), at most ``MAX_SLICES``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from simulator.collectives.base import CollBuilder, chunk_bounds
+
+__all__ = ["MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce"]
+
+PIPELINE_SLICE_BYTES = 512 * 1024
+MAX_SLICES = 64
+
+
+def _slices(b: CollBuilder) -> list[tuple[int, int]]:
+    count = min(MAX_SLICES, max(1, math.ceil(b.n * b.elem_bytes / PIPELINE_SLICE_BYTES)))
+    return [(lo, hi) for lo, hi in chunk_bounds(b.n, count) if hi > lo]
+
+
+def ring_allreduce(b: CollBuilder, ranks: Sequence[int]) -> None:
+    p = len(ranks)
+    if p < 2 or b.n == 0:
+        return
+    chunks = chunk_bounds(b.n, p)
+    for k in range(p - 1):  # reduce-scatter: after step k, rank i holds chunk (i - k - 1) summed over k + 2 ranks
+        b.step([(ranks[i], ranks[(i + 1) % p], *chunks[(i - k) % p]) for i in range(p)], reduce=True)
+    for k in range(p - 1):  # allgather: rank i forwards the complete chunk (i + 1 - k)
+        b.step([(ranks[i], ranks[(i + 1) % p], *chunks[(i + 1 - k) % p]) for i in range(p)], reduce=False)
+
+
+def _chain(ranks: Sequence[int], root: int) -> list[int]:
+    """The ring order starting at ``root``."""
+    i = list(ranks).index(root)
+    return [*ranks[i:], *ranks[:i]]
+
+
+def ring_broadcast(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
+    chain = _chain(ranks, root)
+    if len(chain) < 2 or b.n == 0:
+        return
+    for lo, hi in _slices(b):
+        for src, dst in zip(chain[:-1], chain[1:], strict=True):
+            b.send_copy(src, dst, lo, hi)
+
+
+def ring_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
+    chain = _chain(ranks, root)
+    if len(chain) < 2 or b.n == 0:
+        return
+    back = chain[::-1]  # towards the root: last rank first
+    for lo, hi in _slices(b):
+        for src, dst in zip(back[:-1], back[1:], strict=True):
+            b.send_reduce(src, dst, lo, hi)

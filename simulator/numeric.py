@@ -1,0 +1,181 @@
+"""Numeric mode: execute a schedule on real arrays with the merge core, in the schedule's own order.
+
+Ops run serially in id order (a valid topological order: deps only name earlier ops). Each rank has named
+buffers; a send copies its ``args`` buffers (the ``lo:hi`` slice of flat buffers), its recv stores them. Compute
+ops apply ``fn``:
+
+============  =====================================================================================
+``attend``    ``out = merge(out, partial_attention(q, kv))`` (``out`` absent: the partial itself); args (q, kv)
+``merge``     ``out = merge(out, arg)``
+``pack-m``    ``out = flat copy of state(arg).m``
+``rescale``   ``out = flat (o, l) of rescale(state(args[0]), m = args[1])``
+``finalize``  ``out = finalize(state(arg))``
+``finalize-flat``  ``out = finalize`` of the flat (o, l) ``args[0]`` with flat m ``args[1]``
+``reduce-sum`` / ``reduce-max``  ``out[lo:hi] = out[lo:hi] (+ | max) arg``
+``copy``      ``out = arg``
+============  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
+from simulator.schedule import Op, Schedule
+
+__all__ = ["KVShard", "NumericResult", "dense_attention", "make_inputs", "run_numeric"]
+
+
+@dataclass(frozen=True)
+class KVShard:
+    """Keys and values of context positions ``[lo, hi)``: ``k``, ``v`` (b, kv_heads, hi - lo, head_dim)."""
+
+    k: np.ndarray
+    v: np.ndarray
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class Inputs:
+    q: np.ndarray  # (b, heads, 1, head_dim)
+    k: np.ndarray  # (b, kv_heads, context, head_dim)
+    v: np.ndarray
+    mask: np.ndarray | None  # (b, context), True = attend
+    scale: float
+
+
+@dataclass(frozen=True)
+class NumericResult:
+    outputs: dict[int, np.ndarray]  # rank -> final output (b, heads, 1, head_dim)
+    max_abs_err: float
+
+
+def make_inputs(rng: np.random.Generator, batch: int, heads: int, kv_heads: int, head_dim: int, context: int,
+                dtype: Any = np.float64, mask: np.ndarray | None = None) -> Inputs:
+    """Random q, k, v from a seeded generator (scores of order 1, as after a 1/sqrt(d) scale)."""
+    q = rng.standard_normal((batch, heads, 1, head_dim)).astype(dtype)
+    k = rng.standard_normal((batch, kv_heads, context, head_dim)).astype(dtype)
+    v = rng.standard_normal((batch, kv_heads, context, head_dim)).astype(dtype)
+    return Inputs(q, k, v, mask, 1.0 / math.sqrt(head_dim))
+
+
+def dense_attention(inp: Inputs) -> np.ndarray:
+    """Single-device softmax attention in float64, independent of the merge core (the reference)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (inp.q, inp.k, inp.v))
+    group = q.shape[1] // k.shape[1]
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    s = np.einsum("bhqd,bhtd->bhqt", q, k) * inp.scale
+    if inp.mask is not None:
+        s = np.where(inp.mask[:, None, None, :], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - np.where(np.isinf(m), 0.0, m))
+    l = p.sum(axis=-1, keepdims=True)
+    return np.where(l > 0, (p @ v) / np.where(l > 0, l, 1.0), 0.0)
+
+
+class _Exec:
+    def __init__(self, sched: Schedule, inp: Inputs) -> None:
+        self.inp = inp
+        self.buf: list[dict[str, Any]] = [{} for _ in range(sched.ranks)]
+        shards = sched.meta.get("shards", [])
+        for rank, names in sched.initial.items():
+            for name in names:
+                if name == "q":
+                    self.buf[rank]["q"] = inp.q
+                elif name.startswith("kv"):
+                    lo, hi = shards[rank]
+                    self.buf[rank][name] = KVShard(inp.k[:, :, lo:hi], inp.v[:, :, lo:hi], lo, hi)
+                else:
+                    raise ValueError(f"rank {rank}: no numeric value for initial buffer {name!r}")
+        q = inp.q
+        self.o_shape, self.ml_shape = q.shape, q.shape[:-1]
+        self.in_flight: dict[int, tuple[Any, ...]] = {}
+
+    def state(self, value: Any) -> PartialState:
+        if not isinstance(value, PartialState):
+            raise TypeError(f"expected a partial state, got {type(value).__name__}")
+        return value
+
+    def attend(self, rank: int, op: Op) -> None:
+        q, kv = (self.buf[rank][a] for a in op.args)
+        mask = None if self.inp.mask is None else self.inp.mask[:, None, None, kv.lo:kv.hi]
+        part = partial_attention(q, kv.k, kv.v, self.inp.scale, mask)
+        prev = self.buf[rank].get(op.out)
+        self.buf[rank][op.out] = part if prev is None else merge(prev, part)
+
+    def compute(self, op: Op) -> None:
+        b = self.buf[op.rank]
+        fn = op.fn
+        if fn == "attend":
+            self.attend(op.rank, op)
+        elif fn == "merge":
+            b[op.out] = merge(self.state(b[op.out]), self.state(b[op.args[0]]))
+        elif fn == "pack-m":
+            b[op.out] = self.state(b[op.args[0]]).m.reshape(-1).copy()
+        elif fn == "rescale":
+            st = rescale(self.state(b[op.args[0]]), b[op.args[1]].reshape(self.ml_shape))
+            b[op.out] = np.concatenate([st.o.reshape(-1), st.l.reshape(-1)])
+        elif fn == "finalize":
+            b[op.out] = finalize(self.state(b[op.args[0]]))
+        elif fn == "finalize-flat":
+            flat, m = b[op.args[0]], b[op.args[1]]
+            n_o = int(np.prod(self.o_shape))
+            st = PartialState(flat[:n_o].reshape(self.o_shape), flat[n_o:].reshape(self.ml_shape),
+                              m.reshape(self.ml_shape))
+            b[op.out] = finalize(st)
+        elif fn in ("reduce-sum", "reduce-max"):
+            target, operand = b[op.out], b[op.args[0]]
+            if fn == "reduce-sum":
+                target[op.lo:op.hi] = target[op.lo:op.hi] + operand
+            else:
+                target[op.lo:op.hi] = np.maximum(target[op.lo:op.hi], operand)
+        elif fn == "copy":
+            b[op.out] = b[op.args[0]]
+        elif fn:
+            raise ValueError(f"op #{op.id}: unknown numeric function {fn!r}")
+
+    def send(self, op: Op) -> None:
+        vals = []
+        for name in op.args:
+            value = self.buf[op.rank][name]
+            if isinstance(value, np.ndarray):
+                value = value[op.lo:op.hi].copy() if op.hi >= 0 else value.copy()
+            vals.append(value)
+        self.in_flight[op.id] = tuple(vals)
+
+    def recv(self, op: Op) -> None:
+        assert op.match is not None
+        vals = self.in_flight.pop(op.match)
+        for name, value in zip(op.args, vals, strict=True):
+            if op.fn == "into":
+                self.buf[op.rank][name][op.lo:op.hi] = value
+            else:
+                self.buf[op.rank][name] = value
+
+    def run(self, sched: Schedule) -> None:
+        for op in sched.ops:
+            if op.kind == "send":
+                self.send(op)
+            elif op.kind == "recv":
+                self.recv(op)
+            else:
+                self.compute(op)
+
+
+def run_numeric(sched: Schedule, inp: Inputs) -> NumericResult:
+    """Execute ``sched`` on ``inp``; compare every declared output (``meta['outputs']``) to dense attention."""
+    ex = _Exec(sched, inp)
+    ex.run(sched)
+    ref = dense_attention(inp)
+    outputs: dict[int, np.ndarray] = {}
+    err = 0.0
+    for rank, name in sched.meta["outputs"]:
+        out = np.asarray(ex.buf[rank][name])
+        outputs[rank] = out
+        err = max(err, float(np.abs(out.astype(np.float64) - ref).max()) if out.size else 0.0)
+    return NumericResult(outputs, err)
