@@ -9,10 +9,19 @@ import pytest
 from simulator.topology import Cluster, build_cluster
 
 
+ZERO_COMPUTE = {"peak_flops": {d: "1e30 FLOP/s" for d in ("fp64", "fp32", "bf16", "fp16", "fp8")},
+                "mem_bw": "1e30 B/s", "mem": "80 GB", "launch_overhead": 0}
+
+
 def star(n_hosts: int, bw: str = "10 GB/s", lat: str = "0 s", overhead: str = "0 s",
-         device: str = "h100-sxm") -> Cluster:
-    """``n_hosts`` GPUs h0..h{n-1} on one switch ``s``, full-duplex links of ``bw`` and ``lat``."""
+         device: str = "h100-sxm", comm_overhead: str = "0 s") -> Cluster:
+    """``n_hosts`` GPUs h0..h{n-1} on one switch ``s``, full-duplex links of ``bw`` and ``lat``.
+
+    ``device="zero"`` is a device whose kernels take no time (for closed forms of communication alone).
+    """
     raw: dict[str, Any] = {
+        "devices": {"zero": ZERO_COMPUTE},
+        "comm_overhead": comm_overhead,
         "name": "star",
         "nodes": [{"name": f"h{i}", "kind": "gpu", "device": device} for i in range(n_hosts)]
         + [{"name": "s", "kind": "switch"}],

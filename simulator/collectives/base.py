@@ -66,6 +66,8 @@ class CollBuilder:
         (every send reads its buffer as it was before the step). A reduction into a slice that the same rank is
         sending in this step also waits for that send (write after read). Several moves into one rank (a tree
         node with two children) land in separate transport buffers; their reductions run one after the other.
+        A rank's sends of this step join its frontier: its next step starts once they have left (one step at a
+        time per rank, as in NCCL's and MPI's algorithms).
         """
         before = dict(self.front)
         received: list[tuple[int, int, int, int, str]] = []  # (recv id, dst, lo, hi, tmp)
@@ -81,6 +83,9 @@ class CollBuilder:
                 recv_fn="" if reduce else "into")
             sends.setdefault(src, []).append((snd, lo, hi))
             received.append((recv, dst, lo, hi, tmp))
+        for src, items in sends.items():
+            if self.front[src] == before[src]:
+                self.front[src] = (*before[src], *(snd for snd, _, _ in items))
         for recv, dst, lo, hi, tmp in received:
             if not reduce:
                 self.front[dst] = (*self.front[dst], recv) if self.front[dst] != before[dst] else (recv,)
