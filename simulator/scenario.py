@@ -95,7 +95,7 @@ class Scenario(_Strict):
     topology: str = Field(description="preset name in topologies/ or a path to a topology YAML")
     topology_params: dict[str, Any] = Field(default_factory=dict)
     workload: Workload
-    algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: ["ring", "tree"])
+    algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: list[str | dict[str, Any]](["ring", "tree"]))
     sweep: dict[str, list[Any]] = Field(default_factory=dict)
 
 

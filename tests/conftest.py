@@ -8,7 +8,6 @@ import pytest
 
 from simulator.topology import Cluster, build_cluster
 
-
 ZERO_COMPUTE = {"peak_flops": {d: "1e30 FLOP/s" for d in ("fp64", "fp32", "bf16", "fp16", "fp8")},
                 "mem_bw": "1e30 B/s", "mem": "80 GB", "launch_overhead": 0}
 

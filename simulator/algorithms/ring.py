@@ -22,6 +22,10 @@ from simulator.workload import DecodeShape
 __all__ = ["build_ring", "build_ring_q"]
 
 
+def _ids(*ops: int | None) -> list[int]:
+    return [op for op in ops if op is not None]
+
+
 def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Schedule:
     p = layout.ranks
     sched = new_decode_schedule("ring", shape, p)
@@ -40,7 +44,7 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
     for step in range(p):
         for r in range(p):
             buf = f"kv{step % 2}" if overlap else "kv0"
-            deps = [d for d in (have[r], *(attend[r][-1:])) if d is not None]
+            deps = _ids(have[r], *attend[r][-1:])
             attend[r].append(add_attend(sched, shape, r, shard_at(r, step), buf, deps, first=step == 0))
         if step == p - 1:
             break
@@ -53,9 +57,9 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
             if overlap:
                 cur, nxt = f"kv{step % 2}", f"kv{(step + 1) % 2}"
                 # the buffer's previous shard (step - 1) has been attended to and sent on
-                recv_deps = [d for d in (*attend[dst][-2:-1], sent[dst]) if d is not None]
+                recv_deps = _ids(*attend[dst][-2:-1], sent[dst])
                 alloc = [(nxt, max_kv)] if step == 0 else []
-                snd, recv = sched.add_transfer(r, dst, nbytes, f"kv[{shard}]", send_deps=[have[r]] if have[r] else [],
+                snd, recv = sched.add_transfer(r, dst, nbytes, f"kv[{shard}]", send_deps=_ids(have[r]),
                                                recv_deps=recv_deps, args=(cur,), dst_args=(nxt,), alloc=alloc)
             else:
                 snd, recv = sched.add_transfer(r, dst, nbytes, f"kv[{shard}]", send_deps=[attend[r][-1]],
@@ -65,7 +69,7 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
             for r in range(p):
                 lo, hi = bounds[shard_at(r, step + 1)]
                 new_have[r] = sched.add_compute(r, "kv-copy", nbytes=2 * shape.kv_bytes(hi - lo), dtype=shape.dtype,
-                                                deps=[new_have[r], new_sent[r]], fn="copy", out="kv0",
+                                                deps=_ids(new_have[r], new_sent[r]), fn="copy", out="kv0",
                                                 args=("kvin",))
         have, sent = new_have, new_sent
     sched.meta["outputs"] = [(r, "out") for r in range(p)]

@@ -31,12 +31,13 @@ def build_tree(shape: DecodeShape, layout: Layout, allreduce_algo: str = "auto")
                                     args=("acc",), fused=True),) for r in ranks}  # a view of acc.m: no cost
     common = {"algo": allreduce_algo, "elem_bytes": shape.elem_bytes, "dtype": shape.dtype}
     front = allreduce(sched, ranks, layout.hosts, "m", shape.ml_elems, op="max", tag="allreduce-max", deps=packed,
-                      **common)
+                      **common)  # type: ignore[arg-type]
     n_ol = shape.batch * shape.model_dim + shape.ml_elems
     flops, nbytes = shape.elementwise_cost(n_ol, reads=2, writes=1)
     scaled = {r: (sched.add_compute(r, "rescale", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=front[r],
                                     fn="rescale", out="ol", args=("acc", "m")),) for r in ranks}
-    front = allreduce(sched, ranks, layout.hosts, "ol", n_ol, op="sum", tag="allreduce-sum", deps=scaled, **common)
+    front = allreduce(sched, ranks, layout.hosts, "ol", n_ol, op="sum", tag="allreduce-sum", deps=scaled,
+                      **common)  # type: ignore[arg-type]
     flops, nbytes = shape.elementwise_cost(shape.batch * shape.model_dim)
     for r in ranks:
         sched.add_compute(r, "finalize", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=front[r],

@@ -8,6 +8,7 @@ runs inside the communication kernel (``fused``: no kernel launch), as NCCL does
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ REDUCE_OPS = ("sum", "max")
 def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous element ranges of ``n`` elements (numpy.array_split sizes)."""
     edges = np.cumsum([0] + [len(a) for a in np.array_split(np.empty(n), parts)])
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    return [(int(a), int(b)) for a, b in itertools.pairwise(edges)]
 
 
 @dataclass
@@ -45,7 +46,7 @@ class CollBuilder:
               op: str, tag: str, deps: Mapping[int, Iterable[int]]) -> CollBuilder:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {REDUCE_OPS}, got {op!r}")
-        front = {r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag),) for r in ranks}
+        front: dict[int, tuple[int, ...]] = {r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag),) for r in ranks}
         return cls(sched, buf, n, elem_bytes, dtype, op, tag, front)
 
     def nbytes(self, lo: int, hi: int) -> float:

@@ -6,6 +6,7 @@ Reduce and broadcast are pipelines along the ring, towards or from the root, in 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -44,7 +45,7 @@ def ring_broadcast(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
     if len(chain) < 2 or b.n == 0:
         return
     for lo, hi in _slices(b):
-        for src, dst in zip(chain[:-1], chain[1:], strict=True):
+        for src, dst in itertools.pairwise(chain):
             b.send_copy(src, dst, lo, hi)
 
 
@@ -54,5 +55,5 @@ def ring_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
         return
     back = chain[::-1]  # towards the root: last rank first
     for lo, hi in _slices(b):
-        for src, dst in zip(back[:-1], back[1:], strict=True):
+        for src, dst in itertools.pairwise(back):
             b.send_reduce(src, dst, lo, hi)
