@@ -1,11 +1,17 @@
-"""Engine speed: N flows with random endpoints over a fat tree, beside a raw simpy loop of the same event count.
+"""Engine speed, beside a raw simpy loop of the same event count.
 
-    python benchmarks/engine_speed.py [--sizes 1000 10000 100000] [--concurrency 64] [--repeat 3]
+    python benchmarks/engine_speed.py flows [--sizes 1000 10000 100000] [--concurrency 64] [--repeat 3]
+    python benchmarks/engine_speed.py decode [--cases ring:8 ring:64 ring:512 ring:1024 tree:8 ... tree:4096]
+
+``flows``: N flows with random endpoints over a 128-GPU fat tree.
 
 Flows start at uniformly random times over a window sized so that about ``--concurrency`` flows are active at
 once on average (every start and finish is a max-min reallocation over all active flows, so the cost per event
-grows with concurrency). Prints wall seconds (median of ``--repeat``), simpy events, events/s, and the same
+grows with concurrency). Prints wall seconds (median of ``--repeat``), engine events, events/s, and the same
 figures for a raw simpy loop that processes as many bare timeout events.
+
+``decode``: one decode step (16 heads x 128, bf16, b = 1, 1M-token context) of ring or tree on dgx-h100 with P GPUs:
+schedule build seconds, simulation seconds, ops, engine events, events/s, and the raw simpy loop.
 """
 
 from __future__ import annotations
@@ -17,9 +23,12 @@ import time
 import numpy as np
 import simpy
 
+from simulator.algorithms import build_schedule, resolve
 from simulator.engine import simulate
+from simulator.runner import layout_of
 from simulator.schedule import Schedule
 from simulator.topology import load_topology
+from simulator.workload import DecodeShape
 
 TOPO = {"nodes": 16, "gpus_per_node": 8, "inter": "fat-tree", "nodes_per_leaf": 4, "spines": 4,
         "oversubscription": 2}
@@ -53,12 +62,39 @@ def raw_simpy(events: int) -> float:
     return time.perf_counter() - t0
 
 
+def bench_decode(cases: list[str]) -> None:
+    print(f"{'case':>10} {'build_s':>8} {'sim_s':>8} {'ops':>9} {'events':>9} {'events/s':>10} {'raw_s':>7} "
+          f"{'raw ev/s':>10} {'ratio':>6} {'latency':>12}")
+    shape = DecodeShape(batch=1, heads=16, head_dim=128, kv_heads=16, context=1_000_000, dtype="bf16")
+    for case in cases:
+        algo, p = case.split(":")
+        cluster = load_topology("dgx-h100", {"nodes": max(1, int(p) // 8)})
+        name, params = resolve(algo)
+        t0 = time.perf_counter()
+        sched = build_schedule(name, params, shape, layout_of(cluster))
+        t1 = time.perf_counter()
+        res = simulate(sched, cluster)
+        t2 = time.perf_counter()
+        raw = raw_simpy(res.events)
+        sim = t2 - t1
+        print(f"{case:>10} {t1 - t0:>8.2f} {sim:>8.2f} {len(sched.ops):>9} {res.events:>9} {res.events / sim:>10.0f} "
+              f"{raw:>7.2f} {res.events / raw:>10.0f} {sim / raw:>6.1f} {res.makespan * 1e3:>9.3f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--repeat", type=int, default=3)
+    sub = ap.add_subparsers(dest="what", required=True)
+    flows = sub.add_parser("flows")
+    flows.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    flows.add_argument("--concurrency", type=int, default=64)
+    flows.add_argument("--repeat", type=int, default=3)
+    decode = sub.add_parser("decode")
+    decode.add_argument("--cases", nargs="+", default=["ring:8", "ring:64", "ring:512", "ring:1024", "tree:8",
+                                                       "tree:64", "tree:512", "tree:1024", "tree:4096"])
     args = ap.parse_args()
+    if args.what == "decode":
+        bench_decode(args.cases)
+        return
     cluster = load_topology("cluster", TOPO)
     print(f"fat tree: {len(cluster.ranks)} GPUs, {cluster.graph.number_of_edges()} directed links; "
           f"target mean concurrency {args.concurrency} flows")

@@ -4,19 +4,23 @@
   rank, FIFO in the order ops become ready.
 * Launch ops (the start of a collective on a rank) take ``comm_overhead``, off the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
-  ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own), then
-  drains over every directed link of the route at its max-min fair rate (:mod:`simulator.network`). Rates are
-  recomputed once per simulated instant at which flows start or finish: the recomputation is an event of lower
-  priority than everything else at that instant, scheduled at most once per instant.
+  ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own),
+  then drains over every directed link of the route at its max-min fair rate (:mod:`simulator.network`). Rates
+  are recomputed once per simulated instant at which flows start or finish: the recomputation is an event of
+  lower priority than everything else at that instant, scheduled at most once per instant.
 
 Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)``, where
 ``overhead = message_overhead (+ comm_overhead outside a collective)``.
+
+Everything due at one instant runs from one simpy event (a calendar of callbacks per time), so lockstep
+schedules (P ranks finishing a step together) cost one event per instant rather than one per op.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NamedTuple
 
 import simpy
 from simpy.events import NORMAL, EventPriority
@@ -29,10 +33,10 @@ from simulator.topology import Cluster
 __all__ = ["Record", "SimResult", "simulate"]
 
 _REALLOCATE = EventPriority(NORMAL + 1)  # lower priority than every ordinary event of the same instant
+Callback = Callable[[], None]
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
     """One timeline entry: an op of a rank, its start and end in seconds, its size."""
 
     rank: int
@@ -47,13 +51,18 @@ class Record:
 
 @dataclass
 class SimResult:
-    """What a simulation returns: the timeline and counters. Results are derived from the timeline."""
+    """What a simulation returns: the timeline and counters. Results are derived from the timeline.
+
+    ``events`` counts the engine's callbacks (op completions and readiness, flow injections and finishes, rate
+    recomputations); ``simpy_events`` the simpy events that carried them.
+    """
 
     timeline: list[Record]
     events: int
     allocations: int
     ranks: int
     end_time: dict[int, float] = field(default_factory=dict)
+    simpy_events: int = 0
 
     @property
     def makespan(self) -> float:
@@ -68,6 +77,7 @@ class _Run:
     def __init__(self, schedule: Schedule, cluster: Cluster) -> None:
         self.env = simpy.Environment()
         self.sched = schedule
+        self.ops = schedule.ops
         self.cluster = cluster
         self.place = schedule.placement_on(cluster.ranks)
         self.pending = [len(op.deps) for op in schedule.ops]
@@ -76,7 +86,7 @@ class _Run:
             for d in op.deps:
                 self.children[d].append(op.id)
         self.start: list[float | None] = [None] * len(schedule.ops)
-        self.ready_at: list[float | None] = [None] * len(schedule.ops)
+        self.ready: list[bool] = [False] * len(schedule.ops)
         self.stream_free = [0.0] * schedule.ranks
         self.links: dict[tuple[str, str], int] = {}
         capacity: list[float] = []
@@ -84,118 +94,148 @@ class _Run:
             self.links[(u, v)] = i
             capacity.append(bw)
         self.net = FlowNetwork(capacity)
+        self._durations: dict[tuple[str, float, float, str, bool], float] = {}
+        self._paths: dict[tuple[str, str], tuple[list[int], float]] = {}
+        cluster.prepare_routes({(self.place[op.rank], self.place[op.peer]) for op in schedule.ops
+                                if op.kind == "send" and op.peer is not None})
         self.flow_op: dict[int, Op] = {}
         self.dirty = False
         self.generation = 0
         self.events = 0
+        self.simpy_events = 0
+        self._calendar: dict[float, list[Callback]] = {}
         self.timeline: list[Record] = []
 
-    # -- scheduling helpers ------------------------------------------------------------------------------------
-    def _at(self, delay: float, callback: Any, priority: EventPriority = NORMAL) -> None:
-        ev = simpy.Event(self.env)
-        ev.callbacks.append(callback)  # type: ignore[union-attr]
-        ev._ok = True
-        ev._value = None
-        self.env.schedule(ev, priority, delay)
-        self.events += 1
+    # -- the calendar: every callback due at one time runs from one simpy event ----------------------------------
+    def _at(self, delay: float, callback: Callback) -> None:
+        when = self.env.now + delay
+        due = self._calendar.get(when)
+        if due is None:
+            due = self._calendar[when] = []
+            ev = self.env.timeout(delay)
+            ev.callbacks.append(lambda _e, t=when: self._run_due(t))  # type: ignore[union-attr]
+            self.simpy_events += 1
+        due.append(callback)
+
+    def _run_due(self, when: float) -> None:
+        due = self._calendar[when]
+        i = 0
+        while i < len(due):  # callbacks may add more for this same instant
+            due[i]()
+            i += 1
+        self.events += i
+        del self._calendar[when]
 
     def run(self) -> SimResult:
-        for op in self.sched.ops:
+        for op in self.ops:
             if not op.deps:
-                self._at(op.not_before_s, lambda _e, o=op: self._ready(o))
+                self._at(op.not_before_s, lambda o=op: self._ready(o))
         self.env.run()
-        unfinished = [op.id for op in self.sched.ops if self.start[op.id] is None]
+        unfinished = [op.id for op in self.ops if self.start[op.id] is None]
         if unfinished:
             raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
         ends: dict[int, float] = {}
         for rec in self.timeline:
             ends[rec.rank] = max(ends.get(rec.rank, 0.0), rec.end)
         self.timeline.sort(key=lambda r: (r.start, r.rank, r.op))
-        return SimResult(self.timeline, self.events, self.net.allocations, self.sched.ranks, ends)
+        return SimResult(self.timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events)
 
     # -- op life cycle -----------------------------------------------------------------------------------------
+    def _duration(self, op: Op) -> float:
+        node = self.place[op.rank]
+        key = (node, op.flops, op.nbytes, op.dtype, op.fused)
+        hit = self._durations.get(key)
+        if hit is None:
+            hit = self._durations[key] = compute_time(self.cluster.specs[node], op.flops, op.nbytes, op.dtype,
+                                                      launch=not op.fused)
+        return hit
+
     def _ready(self, op: Op) -> None:
         now = self.env.now
         if now < op.not_before_s:
-            self._at(op.not_before_s - now, lambda _e: self._ready(op))
+            self._at(op.not_before_s - now, lambda: self._ready(op))
             return
-        self.ready_at[op.id] = now
-        if op.kind == "launch":
-            self.start[op.id] = now
-            self._at(self.cluster.comm_overhead_s, lambda _e: self._done(op))
-            return
-        if op.kind in COMPUTE_KINDS:
-            node = self.place[op.rank]
-            duration = compute_time(self.cluster.specs[node], op.flops, op.nbytes, op.dtype, launch=not op.fused)
+        self.ready[op.id] = True
+        kind = op.kind
+        if kind in COMPUTE_KINDS:
             begin = max(now, self.stream_free[op.rank])
-            self.stream_free[op.rank] = begin + duration
+            end = begin + self._duration(op)
+            self.stream_free[op.rank] = end
             self.start[op.id] = begin
-            self._at(begin + duration - now, lambda _e: self._done(op))
-            return
-        assert op.match is not None
-        other = self.sched.ops[op.match]
-        if self.ready_at[other.id] is None:
-            return  # the other end starts the transfer when it becomes ready
-        send = op if op.kind == "send" else other
-        self._start_transfer(send, other if op.kind == "send" else op)
+            self._at(end - now, lambda: self._done(op))
+        elif kind == "launch":
+            self.start[op.id] = now
+            self._at(self.cluster.comm_overhead_s, lambda: self._done(op))
+        else:
+            assert op.match is not None
+            if self.ready[op.match]:  # both ends ready: the transfer starts
+                send, recv = (op, self.ops[op.match]) if kind == "send" else (self.ops[op.match], op)
+                self._start_transfer(send, recv)
+
+    def _path(self, src: str, dst: str) -> tuple[list[int], float]:
+        hit = self._paths.get((src, dst))
+        if hit is None:
+            route = self.cluster.route(src, dst) if src != dst else ()
+            hit = self._paths[(src, dst)] = ([self.links[e] for e in route], self.cluster.route_latency(route))
+        return hit
 
     def _start_transfer(self, send: Op, recv: Op) -> None:
         now = self.env.now
         self.start[send.id] = self.start[recv.id] = now
-        src, dst = self.place[send.rank], self.place[recv.rank]
-        route = self.cluster.route(src, dst) if src != dst else ()
-        delay = self.cluster.message_overhead_s + self.cluster.route_latency(route)
-        if not send.coll:
-            delay += self.cluster.comm_overhead_s
-        if not route or send.nbytes == 0:
-            self._at(delay, lambda _e: self._finish_transfer(send))
-            return
-        link_ids = [self.links[e] for e in route]
-        self._at(delay, lambda _e: self._inject(send, link_ids))
+        link_ids, latency = self._path(self.place[send.rank], self.place[recv.rank])
+        delay = self.cluster.message_overhead_s + latency + (0.0 if send.coll else self.cluster.comm_overhead_s)
+        if not link_ids or send.nbytes == 0:
+            self._at(delay, lambda: self._finish_transfer(send))
+        else:
+            self._at(delay, lambda: self._inject(send, link_ids))
 
     def _inject(self, send: Op, link_ids: list[int]) -> None:
-        self.net.advance(self.env.now)
-        self.net.add(send.id, link_ids, send.nbytes)
+        self.net.add(send.id, link_ids, send.nbytes, self.env.now)
         self.flow_op[send.id] = send
         self._mark_dirty()
 
     def _mark_dirty(self) -> None:
         if not self.dirty:
             self.dirty = True
-            self._at(0.0, self._reallocate, _REALLOCATE)
+            ev = simpy.Event(self.env)
+            ev.callbacks.append(self._reallocate)  # type: ignore[union-attr]
+            ev._ok, ev._value = True, None  # what Event.succeed() sets, here with a lower priority
+            self.env.schedule(ev, _REALLOCATE, 0.0)
+            self.simpy_events += 1
 
     def _reallocate(self, _e: object) -> None:
         self.dirty = False
-        self.net.advance(self.env.now)
-        self.net.allocate()
+        self.events += 1
+        self.net.allocate(self.env.now)
         self.generation += 1
         when, due = self.net.next_finish()
         if due:
             gen = self.generation
-            self._at(when - self.env.now, lambda _e: self._drained(gen, due))
+            self._at(when - self.env.now, lambda: self._drained(gen, due))
 
     def _drained(self, gen: int, due: list[int]) -> None:
         if gen != self.generation:
             return  # rates changed since this finish was predicted
-        self.net.advance(self.env.now)
-        for flow in self.net.pop_finished(due):
+        for flow in due:
+            self.net.remove(flow)
             self._finish_transfer(self.flow_op.pop(flow))
         self._mark_dirty()
 
     def _finish_transfer(self, send: Op) -> None:
         assert send.match is not None
         self._done(send)
-        self._done(self.sched.ops[send.match])
+        self._done(self.ops[send.match])
 
     def _done(self, op: Op) -> None:
         now = self.env.now
         start = self.start[op.id]
         assert start is not None
         self.timeline.append(Record(op.rank, op.id, op.kind, op.name, start, now, op.nbytes, op.flops))
+        pending = self.pending
         for child in self.children[op.id]:
-            self.pending[child] -= 1
-            if self.pending[child] == 0:
-                self._ready(self.sched.ops[child])
+            pending[child] -= 1
+            if pending[child] == 0:
+                self._ready(self.ops[child])
 
 
 def simulate(schedule: Schedule, cluster: Cluster) -> SimResult:

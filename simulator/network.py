@@ -1,9 +1,14 @@
 """Flow-level network model: max-min fair rates by progressive filling (no simpy here).
 
-Each active flow drains over a fixed set of directed links. :meth:`FlowNetwork.allocate` gives every flow its
-max-min fair rate: repeatedly take the link with the smallest fair share ``remaining capacity / unfrozen flows``,
-freeze its flows at that share, and subtract it from every other link they cross (Bertsekas & Gallager, *Data
-Networks*, Sec. 6.5.2). With a heap keyed by share this costs O(sum of route lengths x log links).
+Each active flow drains over a fixed set of directed links at its max-min fair rate: repeatedly take the link with
+the smallest fair share ``remaining capacity / unfrozen flows``, freeze its flows at that share, and subtract it
+from every other link they cross (Bertsekas & Gallager, *Data Networks*, Sec. 6.5.2). With a heap keyed by share
+this costs O(sum of route lengths x log links).
+
+Rates of flows that share no link, directly or through other flows, are independent, so a change (flows starting
+or finishing) only re-runs the filling on the connected component of flows around the links it touched. Progress
+is lazy: a flow's remaining bytes are brought up to date only when its rate changes; a heap of predicted finish
+times gives the next completion.
 """
 
 from __future__ import annotations
@@ -13,8 +18,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 __all__ = ["FlowNetwork", "max_min_rates"]
 
-FINISH_RTOL = 1e-12  # flows whose predicted finish is within this relative time of the earliest finish together
-RESIDUAL_RTOL = 1e-9  # bytes left below this fraction of a flow's size count as drained (float round-off)
+FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
 
 
 def max_min_rates(routes: Mapping[Hashable, Sequence[int]], capacity: Sequence[float]) -> dict[Hashable, float]:
@@ -47,56 +51,91 @@ def max_min_rates(routes: Mapping[Hashable, Sequence[int]], capacity: Sequence[f
 
 
 class FlowNetwork:
-    """Active flows with remaining bytes; rates recomputed on demand (:meth:`allocate`)."""
+    """Active flows; call :meth:`add` / :meth:`remove`, then :meth:`allocate` once per instant."""
 
     def __init__(self, capacity: Sequence[float]) -> None:
         self.capacity = list(capacity)
         self.routes: dict[int, tuple[int, ...]] = {}
-        self.remaining: dict[int, float] = {}
-        self.size: dict[int, float] = {}
+        self.on_link: dict[int, set[int]] = {}
+        self.remaining: dict[int, float] = {}  # bytes left at time self.updated[f]
+        self.updated: dict[int, float] = {}
         self.rate: dict[int, float] = {}
-        self.now = 0.0
+        self.version: dict[int, int] = {}
+        self._touched: set[int] = set()  # links whose set of flows changed since the last allocation
+        self._eta: list[tuple[float, int, int]] = []  # (finish time, version, flow)
         self.allocations = 0
 
-    def advance(self, now: float) -> None:
-        """Drain every active flow at its current rate up to time ``now``."""
-        dt = now - self.now
-        if dt > 0:
-            rem, rate = self.remaining, self.rate
-            for f in rem:
-                rem[f] -= rate.get(f, 0.0) * dt
-        self.now = now
-
-    def add(self, flow: int, links: Iterable[int], nbytes: float) -> None:
-        """Start draining ``flow`` (call :meth:`advance` to the current time first)."""
-        self.routes[flow] = tuple(links)
+    def add(self, flow: int, links: Iterable[int], nbytes: float, now: float) -> None:
+        """Start draining ``flow`` at time ``now`` (rate 0 until the next :meth:`allocate`)."""
+        route = tuple(links)
+        self.routes[flow] = route
         self.remaining[flow] = float(nbytes)
-        self.size[flow] = float(nbytes)
+        self.updated[flow] = now
+        self.rate[flow] = 0.0
+        self.version[flow] = 0
+        for link in route:
+            self.on_link.setdefault(link, set()).add(flow)
+        self._touched.update(route)
 
-    def allocate(self) -> None:
-        """Recompute every flow's max-min fair rate."""
-        self.rate = max_min_rates(self.routes, self.capacity)  # type: ignore[assignment,arg-type]
+    def remove(self, flow: int) -> None:
+        """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
+        route = self.routes.pop(flow)
+        for link in route:
+            users = self.on_link[link]
+            users.discard(flow)
+            if not users:
+                del self.on_link[link]
+        self._touched.update(route)
+        del self.remaining[flow], self.updated[flow], self.rate[flow], self.version[flow]
+
+    def _component(self) -> set[int]:
+        """Flows connected, through shared links, to the links touched since the last allocation."""
+        flows: set[int] = set()
+        stack = [link for link in self._touched if link in self.on_link]
+        seen_links = set(stack)
+        while stack:
+            for f in self.on_link[stack.pop()]:
+                if f not in flows:
+                    flows.add(f)
+                    for link in self.routes[f]:
+                        if link not in seen_links:
+                            seen_links.add(link)
+                            stack.append(link)
+        return flows
+
+    def allocate(self, now: float) -> None:
+        """Recompute the max-min fair rates of the flows around the links touched since the last call."""
+        if not self._touched:
+            return
+        flows = self._component()
+        self._touched.clear()
         self.allocations += 1
+        rates = max_min_rates({f: self.routes[f] for f in flows}, self.capacity)
+        for f in flows:
+            new = rates[f]
+            if new == self.rate[f] and self.version[f] > 0:
+                continue
+            self.remaining[f] -= self.rate[f] * (now - self.updated[f])
+            self.updated[f] = now
+            self.rate[f] = new
+            self.version[f] += 1
+            heapq.heappush(self._eta, (now + max(self.remaining[f], 0.0) / new, self.version[f], f))
 
     def next_finish(self) -> tuple[float, list[int]]:
-        """Earliest finish time and the flows that finish then (``(inf, [])`` when idle)."""
-        best = float("inf")
-        eta: dict[int, float] = {}
-        for f, rem in self.remaining.items():
-            t = self.now + max(rem, 0.0) / self.rate[f]
-            eta[f] = t
-            best = min(best, t)
-        if not eta:
-            return best, []
+        """Earliest predicted finish time and every flow predicted to finish then (``(inf, [])`` when idle)."""
+        heap = self._eta
+        while heap and self.version.get(heap[0][2], -1) != heap[0][1]:
+            heapq.heappop(heap)
+        if not heap:
+            return float("inf"), []
+        best = heap[0][0]
         tol = FINISH_RTOL * max(best, 1e-30)
-        return best, [f for f, t in eta.items() if t - best <= tol]
-
-    def pop_finished(self, due: Iterable[int]) -> list[int]:
-        """Remove and return the ``due`` flows plus any other flow with only round-off bytes left."""
-        done = set(due)
-        done.update(f for f, rem in self.remaining.items() if rem <= RESIDUAL_RTOL * self.size[f])
-        out = sorted(done)
-        for f in out:
-            del self.routes[f], self.remaining[f], self.size[f]
-            self.rate.pop(f, None)
-        return out
+        due, keep = [], []
+        while heap and heap[0][0] - best <= tol:
+            entry = heapq.heappop(heap)
+            if self.version.get(entry[2], -1) == entry[1]:
+                due.append(entry[2])
+                keep.append(entry)
+        for entry in keep:  # still predicted: they stay until removed or re-rated
+            heapq.heappush(heap, entry)
+        return best, sorted(due)

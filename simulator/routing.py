@@ -1,20 +1,28 @@
 """Deterministic routes: shortest by total latency, then fewest hops, ECMP ties broken by a stable hash.
 
-The hash (BLAKE2b of ``src|dst|hop``) spreads different (src, dst) pairs over equal-cost paths the way ECMP
-does, while the same pair always takes the same path in every run.
+Distances to a destination come from scipy's compiled Dijkstra on the reversed graph, with a weight of
+``latency + HOP_EPSILON`` per link so that, among paths of equal latency, the one with fewer hops is shorter. The
+route then walks from the source, at each node choosing among the successors that lie on a shortest path; when
+there are several, a hash (BLAKE2b of ``src|dst|hop``) picks one, so that different pairs spread over equal-cost
+paths as ECMP does while the same pair always takes the same path, in every run and process.
 """
 
 from __future__ import annotations
 
 import hashlib
-import heapq
-import math
+from collections.abc import Iterable
 
 import networkx as nx
+import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import dijkstra
 
-__all__ = ["Router"]
+__all__ = ["HOP_EPSILON", "Router"]
 
 Edge = tuple[str, str]
+HOP_EPSILON = 1e-15  # seconds added per hop: breaks latency ties in favour of fewer hops
+_BATCH = 128  # destinations per compiled Dijkstra call (memory: batch x nodes floats)
+_VECTOR_DEGREE = 32  # scan successors with numpy above this out-degree
 
 
 def _stable_hash(key: str) -> int:
@@ -26,50 +34,82 @@ class Router:
     """Route cache over a directed graph whose edges carry ``latency`` (seconds)."""
 
     def __init__(self, graph: nx.DiGraph) -> None:
-        self._g = graph
-        self._dist: dict[str, dict[str, tuple[float, int]]] = {}
+        self._names = list(graph.nodes)
+        self._index = {n: i for i, n in enumerate(self._names)}
+        self._succ: list[list[tuple[int, float]]] = [[] for _ in self._names]
+        rows, cols, weights = [], [], []
+        for u, v, lat in graph.edges(data="latency"):
+            iu, iv = self._index[u], self._index[v]
+            self._succ[iu].append((iv, lat + HOP_EPSILON))
+            rows.append(iv)  # reversed graph: distances *to* a destination
+            cols.append(iu)
+            weights.append(lat + HOP_EPSILON)
+        n = len(self._names)
+        self._reversed = csr_matrix((weights, (rows, cols)), shape=(n, n))
+        for succ in self._succ:
+            succ.sort(key=lambda e: self._names[e[0]])
+        self._succ_np = [(np.array([v for v, _ in s], dtype=np.int64), np.array([w for _, w in s]))
+                         if len(s) > _VECTOR_DEGREE else None for s in self._succ]
+        self._weight = [dict(s) for s in self._succ]
         self._routes: dict[tuple[str, str], tuple[Edge, ...]] = {}
 
-    def _distances_to(self, dst: str) -> dict[str, tuple[float, int]]:
-        """(latency, hops) from every node to ``dst`` (Dijkstra on the reversed graph)."""
-        dist = self._dist.get(dst)
-        if dist is not None:
-            return dist
-        dist = {dst: (0.0, 0)}
-        heap: list[tuple[float, int, str]] = [(0.0, 0, dst)]
-        pred = self._g.pred
-        while heap:
-            lat, hops, v = heapq.heappop(heap)
-            if dist[v] < (lat, hops):
-                continue
-            for u, attrs in pred[v].items():
-                cand = (lat + attrs["latency"], hops + 1)
-                if u not in dist or cand < dist[u]:
-                    dist[u] = cand
-                    heapq.heappush(heap, (cand[0], cand[1], u))
-        self._dist[dst] = dist
-        return dist
+    def _two_hop_bound(self, s: int, d: int) -> float:
+        """Latency of the best path of at most two links from s to d (inf if none): a bound on the distance."""
+        best = self._weight[s].get(d, np.inf)
+        for x, w in self._succ[s]:
+            w2 = self._weight[x].get(d)
+            if w2 is not None and w + w2 < best:
+                best = w + w2
+        return best
+
+    def prepare(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Compute the routes of many (src, dst) pairs at once (batched by destination).
+
+        Pairs joined by a path of at most two links (GPUs on one switch) only need the graph within that
+        distance of the destination, so their search is bounded by it; the others search the whole graph.
+        """
+        todo: dict[str, list[str]] = {}
+        limit: dict[str, float] = {}
+        for src, dst in pairs:
+            if src != dst and (src, dst) not in self._routes:
+                todo.setdefault(dst, []).append(src)
+                bound = self._two_hop_bound(self._index[src], self._index[dst]) * (1 + 1e-9)
+                limit[dst] = max(limit.get(dst, 0.0), bound)
+        dsts = sorted(todo, key=lambda d: limit[d])
+        for start in range(0, len(dsts), _BATCH):
+            batch = dsts[start:start + _BATCH]
+            dist = dijkstra(self._reversed, directed=True, indices=[self._index[d] for d in batch],
+                            limit=limit[batch[-1]])
+            for row, dst in zip(dist, batch, strict=True):
+                for src in todo[dst]:
+                    self._routes[(src, dst)] = self._walk(src, dst, row)
+
+    def _walk(self, src: str, dst: str, dist: np.ndarray) -> tuple[Edge, ...]:
+        cur, goal = self._index[src], self._index[dst]
+        if not np.isfinite(dist[cur]):
+            raise KeyError(f"no route from {src} to {dst}")
+        edges: list[Edge] = []
+        while cur != goal:
+            here = dist[cur]
+            tol = 1e-12 * here
+            vec = self._succ_np[cur]
+            if vec is None:
+                nxt = [v for v, w in self._succ[cur] if abs(dist[v] + w - here) <= tol and dist[v] < here]
+            else:
+                idx, w = vec
+                dv = dist[idx]
+                nxt = idx[(np.abs(dv + w - here) <= tol) & (dv < here)].tolist()
+            pick = nxt[_stable_hash(f"{src}|{dst}|{self._names[cur]}") % len(nxt)] if len(nxt) > 1 else nxt[0]
+            edges.append((self._names[cur], self._names[pick]))
+            cur = pick
+        return tuple(edges)
 
     def route(self, src: str, dst: str) -> tuple[Edge, ...]:
         """Directed edges from ``src`` to ``dst``; empty when ``src == dst``. Raises KeyError if unreachable."""
-        key = (src, dst)
-        hit = self._routes.get(key)
-        if hit is not None:
-            return hit
-        dist = self._distances_to(dst)
-        if src not in dist:
-            raise KeyError(f"no route from {src} to {dst}")
-        edges: list[Edge] = []
-        cur = src
-        while cur != dst:
-            lat, hops = dist[cur]
-            nxt = [v for v, a in self._g.succ[cur].items()
-                   if v in dist and dist[v][1] == hops - 1
-                   and math.isclose(dist[v][0] + a["latency"], lat, rel_tol=1e-12, abs_tol=1e-18)]
-            nxt.sort()
-            pick = nxt[_stable_hash(f"{src}|{dst}|{cur}") % len(nxt)] if len(nxt) > 1 else nxt[0]
-            edges.append((cur, pick))
-            cur = pick
-        result = tuple(edges)
-        self._routes[key] = result
-        return result
+        if src == dst:
+            return ()
+        hit = self._routes.get((src, dst))
+        if hit is None:
+            self.prepare([(src, dst)])
+            hit = self._routes[(src, dst)]
+        return hit

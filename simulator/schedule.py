@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["COMPUTE_KINDS", "OP_KINDS", "Op", "Schedule"]
 
@@ -38,9 +38,11 @@ OP_KINDS = ("compute", "merge", "send", "recv", "launch")
 COMPUTE_KINDS = frozenset({"compute", "merge"})
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One operation of one rank. Sizes in FLOPs and bytes; ``not_before_s`` in seconds."""
+class Op(NamedTuple):
+    """One operation of one rank. Sizes in FLOPs and bytes; ``not_before_s`` in seconds.
+
+    A named tuple (immutable, and cheap to create: schedules of large rings hold millions of ops).
+    """
 
     id: int
     rank: int

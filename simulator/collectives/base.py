@@ -46,7 +46,8 @@ class CollBuilder:
               op: str, tag: str, deps: Mapping[int, Iterable[int]]) -> CollBuilder:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {REDUCE_OPS}, got {op!r}")
-        front: dict[int, tuple[int, ...]] = {r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag),) for r in ranks}
+        front: dict[int, tuple[int, ...]] = {
+            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag),) for r in ranks}
         return cls(sched, buf, n, elem_bytes, dtype, op, tag, front)
 
     def nbytes(self, lo: int, hi: int) -> float:
