@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 import simpy
@@ -113,11 +114,11 @@ class _Run:
         if due is None:
             due = self._calendar[when] = []
             ev = self.env.timeout(delay)
-            ev.callbacks.append(lambda _e, t=when: self._run_due(t))  # type: ignore[union-attr]
+            ev.callbacks.append(partial(self._run_due, when))  # type: ignore[union-attr]
             self.simpy_events += 1
         due.append(callback)
 
-    def _run_due(self, when: float) -> None:
+    def _run_due(self, when: float, _event: object = None) -> None:
         due = self._calendar[when]
         i = 0
         while i < len(due):  # callbacks may add more for this same instant
@@ -129,7 +130,7 @@ class _Run:
     def run(self) -> SimResult:
         for op in self.ops:
             if not op.deps:
-                self._at(op.not_before_s, lambda o=op: self._ready(o))
+                self._at(op.not_before_s, partial(self._ready, op))
         self.env.run()
         unfinished = [op.id for op in self.ops if self.start[op.id] is None]
         if unfinished:
