@@ -66,6 +66,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def format_table(frame: pd.DataFrame) -> str:
     """The results as a terminal table (times in ms, bytes in MB for decode rows)."""
     shown = frame.drop(columns=[c for c in ("scenario", "events", "sim_wall_s") if c in frame], errors="ignore")
+    twins = [c for i, c in enumerate(shown.columns) if "." in c
+             and any(shown[c].astype(str).equals(shown[o].astype(str)) for o in shown.columns[:i])]
+    shown = shown.drop(columns=twins)  # swept keys that repeat a stable column (nodes, context)
     if "latency_s" in shown:
         shown = shown.copy()
         for col in ("latency_s", "compute_s", "comm_s"):
