@@ -184,11 +184,15 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
             loc = (loc[0], *loc[2:])  # drop pydantic's discriminator tag
         field = ".".join(str(p) for p in loc)
         msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "union_tag_invalid":
+            loc = (*loc, "kind")
+            field = ".".join(str(p) for p in loc)
+            msg = f"must be one of {err['ctx']['expected_tags']}, got {err['ctx']['tag']!r}"
+        elif err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif err["type"] == "missing":
             msg = "required field is missing"
-        elif "input" in err and repr(err["input"]) not in msg:
+        elif "input" in err and not isinstance(err["input"], (dict, list)) and repr(err["input"]) not in msg:
             msg = f"{msg}, got {err['input']!r}"
         for dotted, (file, line) in origins.items():
             if field == dotted or field.startswith(dotted + "."):
