@@ -17,6 +17,7 @@ schedule build seconds, simulation seconds, ops, engine events, events/s, and th
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -67,6 +68,7 @@ def bench_decode(cases: list[str]) -> None:
           f"{'raw ev/s':>10} {'ratio':>6} {'latency':>12}")
     shape = DecodeShape(batch=1, heads=16, head_dim=128, kv_heads=16, context=1_000_000, dtype="bf16")
     for case in cases:
+        gc.collect()  # the previous case's millions of ops are not this one's cost
         algo, p = case.split(":")
         cluster = load_topology("dgx-h100", {"nodes": max(1, int(p) // 8)})
         name, params = resolve(algo)

@@ -1,6 +1,8 @@
 """Numeric mode: execute a schedule on real arrays with the merge core, in the schedule's own order.
 
-Ops run serially in id order (a valid topological order: deps only name earlier ops). Each rank has named
+Ops run serially in id order (a valid topological order: deps only name earlier ops). Array-API generic: with
+numpy inputs it runs on numpy, with torch tensors on torch (the real runner subclasses :class:`Executor` and
+replaces the transfers by ``torch.distributed`` calls). Each rank has named
 buffers; a send copies its ``args`` buffers (the ``lo:hi`` slice of flat buffers), its recv stores them. Compute
 ops apply ``fn``:
 
@@ -19,39 +21,49 @@ ops apply ``fn``:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from array_api_compat import array_namespace
+
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
 from simulator.schedule import Op, Schedule
 
-__all__ = ["KVShard", "NumericResult", "dense_attention", "make_inputs", "run_numeric"]
+__all__ = ["Executor", "Inputs", "KVShard", "NumericResult", "dense_attention", "make_inputs", "max_abs_error", "run_numeric"]
 
 
 @dataclass(frozen=True)
 class KVShard:
     """Keys and values of context positions ``[lo, hi)``: ``k``, ``v`` (b, kv_heads, hi - lo, head_dim)."""
 
-    k: np.ndarray
-    v: np.ndarray
+    k: Any
+    v: Any
     lo: int
     hi: int
 
 
 @dataclass(frozen=True)
 class Inputs:
-    q: np.ndarray  # (b, heads, 1, head_dim)
-    k: np.ndarray  # (b, kv_heads, context, head_dim)
-    v: np.ndarray
-    mask: np.ndarray | None  # (b, context), True = attend
+    """Attention inputs (numpy arrays or torch tensors)."""
+
+    q: Any  # (b, heads, 1, head_dim)
+    k: Any  # (b, kv_heads, context, head_dim)
+    v: Any
+    mask: Any | None  # (b, context), True = attend
     scale: float
+
+    def to(self, convert: Any) -> Inputs:
+        """The same inputs with every array passed through ``convert`` (e.g. ``torch.from_numpy``)."""
+        mask = None if self.mask is None else convert(self.mask)
+        return Inputs(convert(self.q), convert(self.k), convert(self.v), mask, self.scale)
 
 
 @dataclass(frozen=True)
 class NumericResult:
-    outputs: dict[int, np.ndarray]  # rank -> final output (b, heads, 1, head_dim)
+    outputs: dict[int, Any]  # rank -> final output (b, heads, 1, head_dim), numpy or torch
     max_abs_err: float
 
 
@@ -66,21 +78,24 @@ def make_inputs(rng: np.random.Generator, batch: int, heads: int, kv_heads: int,
 
 def dense_attention(inp: Inputs) -> np.ndarray:
     """Single-device softmax attention in float64, independent of the merge core (the reference)."""
-    q, k, v = (np.asarray(x, np.float64) for x in (inp.q, inp.k, inp.v))
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (inp.q, inp.k, inp.v))
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     s = np.einsum("bhqd,bhtd->bhqt", q, k) * inp.scale
     if inp.mask is not None:
-        s = np.where(inp.mask[:, None, None, :], s, -np.inf)
+        s = np.where(np.asarray(inp.mask)[:, None, None, :], s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - np.where(np.isinf(m), 0.0, m))
     l = p.sum(axis=-1, keepdims=True)
     return np.where(l > 0, (p @ v) / np.where(l > 0, l, 1.0), 0.0)
 
 
-class _Exec:
+class Executor:
+    """Runs ops on named per-rank buffers; ``run`` executes a whole schedule serially in id order."""
+
     def __init__(self, sched: Schedule, inp: Inputs) -> None:
         self.inp = inp
+        self.xp = array_namespace(inp.q)
         self.buf: list[dict[str, Any]] = [{} for _ in range(sched.ranks)]
         shards = sched.meta.get("shards", [])
         for rank, names in sched.initial.items():
@@ -93,7 +108,7 @@ class _Exec:
                 else:
                     raise ValueError(f"rank {rank}: no numeric value for initial buffer {name!r}")
         q = inp.q
-        self.o_shape, self.ml_shape = q.shape, q.shape[:-1]
+        self.o_shape, self.ml_shape = tuple(q.shape), tuple(q.shape[:-1])
         self.in_flight: dict[int, tuple[Any, ...]] = {}
 
     def state(self, value: Any) -> PartialState:
@@ -111,51 +126,59 @@ class _Exec:
     def compute(self, op: Op) -> None:
         b = self.buf[op.rank]
         fn = op.fn
+        xp = self.xp
         if fn == "attend":
             self.attend(op.rank, op)
         elif fn == "merge":
             b[op.out] = merge(self.state(b[op.out]), self.state(b[op.args[0]]))
         elif fn == "pack-m":
-            b[op.out] = self.state(b[op.args[0]]).m.reshape(-1).copy()
+            b[op.out] = xp.asarray(xp.reshape(self.state(b[op.args[0]]).m, (-1,)), copy=True)
         elif fn == "rescale":
-            st = rescale(self.state(b[op.args[0]]), b[op.args[1]].reshape(self.ml_shape))
-            b[op.out] = np.concatenate([st.o.reshape(-1), st.l.reshape(-1)])
+            st = rescale(self.state(b[op.args[0]]), xp.reshape(b[op.args[1]], self.ml_shape))
+            b[op.out] = xp.concat([xp.reshape(st.o, (-1,)), xp.reshape(st.l, (-1,))])
         elif fn == "finalize":
             b[op.out] = finalize(self.state(b[op.args[0]]))
         elif fn == "finalize-flat":
             flat, m = b[op.args[0]], b[op.args[1]]
-            n_o = int(np.prod(self.o_shape))
-            st = PartialState(flat[:n_o].reshape(self.o_shape), flat[n_o:].reshape(self.ml_shape),
-                              m.reshape(self.ml_shape))
+            n_o = math.prod(self.o_shape)
+            st = PartialState(xp.reshape(flat[:n_o], self.o_shape), xp.reshape(flat[n_o:], self.ml_shape),
+                              xp.reshape(m, self.ml_shape))
             b[op.out] = finalize(st)
         elif fn in ("reduce-sum", "reduce-max"):
             target, operand = b[op.out], b[op.args[0]]
             if fn == "reduce-sum":
                 target[op.lo:op.hi] = target[op.lo:op.hi] + operand
             else:
-                target[op.lo:op.hi] = np.maximum(target[op.lo:op.hi], operand)
+                target[op.lo:op.hi] = xp.maximum(target[op.lo:op.hi], operand)
         elif fn == "copy":
             b[op.out] = b[op.args[0]]
         elif fn:
             raise ValueError(f"op #{op.id}: unknown numeric function {fn!r}")
 
-    def send(self, op: Op) -> None:
+    def payload(self, op: Op) -> tuple[Any, ...]:
+        """What a send carries: its buffers, flat ones sliced to ``lo:hi`` and copied."""
         vals = []
         for name in op.args:
             value = self.buf[op.rank][name]
-            if isinstance(value, np.ndarray):
-                value = value[op.lo:op.hi].copy() if op.hi >= 0 else value.copy()
+            if not isinstance(value, (PartialState, KVShard)):
+                value = self.xp.asarray(value[op.lo:op.hi] if op.hi >= 0 else value, copy=True)
             vals.append(value)
-        self.in_flight[op.id] = tuple(vals)
+        return tuple(vals)
 
-    def recv(self, op: Op) -> None:
-        assert op.match is not None
-        vals = self.in_flight.pop(op.match)
+    def store(self, op: Op, vals: tuple[Any, ...]) -> None:
+        """What a recv does with the values that arrived."""
         for name, value in zip(op.args, vals, strict=True):
             if op.fn == "into":
                 self.buf[op.rank][name][op.lo:op.hi] = value
             else:
                 self.buf[op.rank][name] = value
+
+    def send(self, op: Op) -> None:
+        self.in_flight[op.id] = self.payload(op)
+
+    def recv(self, op: Op) -> None:
+        assert op.match is not None
+        self.store(op, self.in_flight.pop(op.match))
 
     def run(self, sched: Schedule) -> None:
         for op in sched.ops:
@@ -163,19 +186,23 @@ class _Exec:
                 self.send(op)
             elif op.kind == "recv":
                 self.recv(op)
-            else:
+            elif op.kind != "launch":
                 self.compute(op)
 
 
 def run_numeric(sched: Schedule, inp: Inputs) -> NumericResult:
     """Execute ``sched`` on ``inp``; compare every declared output (``meta['outputs']``) to dense attention."""
-    ex = _Exec(sched, inp)
+    ex = Executor(sched, inp)
     ex.run(sched)
-    ref = dense_attention(inp)
-    outputs: dict[int, np.ndarray] = {}
+    outputs = {rank: ex.buf[rank][name] for rank, name in sched.meta["outputs"]}
+    return NumericResult(outputs, max_abs_error(outputs.values(), dense_attention(inp)))
+
+
+def max_abs_error(outputs: Iterable[Any], reference: np.ndarray) -> float:
+    """Largest absolute difference of any output (numpy or torch, any float dtype) from the float64 reference."""
     err = 0.0
-    for rank, name in sched.meta["outputs"]:
-        out = np.asarray(ex.buf[rank][name])
-        outputs[rank] = out
-        err = max(err, float(np.abs(out.astype(np.float64) - ref).max()) if out.size else 0.0)
-    return NumericResult(outputs, err)
+    for out in outputs:
+        arr = np.asarray(out, dtype=np.float64)
+        if arr.size:
+            err = max(err, float(np.abs(arr - reference).max()))
+    return err
