@@ -10,6 +10,9 @@ from typing import NoReturn
 
 import pandas as pd
 
+from simulator.distributed.checks import check_scenario
+from simulator.distributed.cli_args import add_calibrate_args, add_validate_args
+from simulator.distributed.launch import RankFailure, spawn
 from simulator.errors import InputError
 from simulator.io import write_csv_atomic
 from simulator.paths import DEFAULT_SCENARIO
@@ -43,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("topology", help="preset name (dgx-h100, ...) or a topology YAML path")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
                       help="a parameter of a parametric preset, e.g. --set nodes=4")
+    add_validate_args(sub.add_parser("validate", help="run the schedules for real (torch.distributed) and compare "
+                                                      "with the simulator; writes DIR/validation.csv"))
+    add_calibrate_args(sub.add_parser("calibrate", help="measure this machine with real ranks; write a topology"))
     return p
 
 
@@ -86,11 +92,32 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """validate / calibrate: check the inputs here, then start the local ranks (rank 0 prints and writes)."""
+    if args.procs < 1:
+        raise InputError(f"must be at least 1, got {args.procs}", field="--procs")
+    if args.verb == "validate":
+        check_scenario(args)
+        if args.topology:
+            load_topology(args.topology)
+    elif args.procs < 2:
+        raise InputError(f"calibrate needs at least 2 ranks, got {args.procs}", field="--procs")
+    try:
+        spawn(args.procs, list(argv), args.timeout)
+    except RankFailure as err:
+        print(f"treering: {args.verb} failed: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     try:
         if args.verb == "run":
             return _cmd_run(args)
+        if args.verb in ("validate", "calibrate"):
+            return _cmd_real(args, argv)
         return _cmd_topo(args)
     except InputError as err:
         print(f"treering: error: {err}", file=sys.stderr)

@@ -26,23 +26,38 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from array_api_compat import array_namespace
 
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
 from simulator.schedule import Op, Schedule
 
-__all__ = ["Executor", "Inputs", "KVShard", "NumericResult", "dense_attention", "make_inputs", "max_abs_error", "run_numeric"]
+__all__ = ["Executor", "Inputs", "KVShard", "NumericResult", "dense_attention", "make_inputs", "max_abs_error",
+           "run_numeric"]
 
 
 @dataclass(frozen=True)
 class KVShard:
-    """Keys and values of context positions ``[lo, hi)``: ``k``, ``v`` (b, kv_heads, hi - lo, head_dim)."""
+    """Keys and values of context positions ``[lo, hi)``: ``k``, ``v`` (b, kv_heads, hi - lo, head_dim).
+
+    ``packed``, when set, is one contiguous array (2, b, kv_heads, hi - lo, head_dim) of which ``k`` and ``v`` are
+    views: how a rank holds its KV cache, and what a real transfer sends without copying.
+    """
 
     k: Any
     v: Any
     lo: int
     hi: int
+    packed: Any = None
+
+    @classmethod
+    def from_packed(cls, packed: Any, lo: int, hi: int) -> KVShard:
+        return cls(packed[0], packed[1], lo, hi, packed)
+
+    def copy(self) -> KVShard:
+        xp = array_namespace(self.k)
+        if self.packed is not None:
+            return KVShard.from_packed(xp.asarray(self.packed, copy=True), self.lo, self.hi)
+        return KVShard(xp.asarray(self.k, copy=True), xp.asarray(self.v, copy=True), self.lo, self.hi)
 
 
 @dataclass(frozen=True)
@@ -151,7 +166,8 @@ class Executor:
             else:
                 target[op.lo:op.hi] = xp.maximum(target[op.lo:op.hi], operand)
         elif fn == "copy":
-            b[op.out] = b[op.args[0]]
+            src = b[op.args[0]]
+            b[op.out] = src.copy() if isinstance(src, KVShard) else xp.asarray(src, copy=True)
         elif fn:
             raise ValueError(f"op #{op.id}: unknown numeric function {fn!r}")
 

@@ -104,9 +104,14 @@ class Schedule:
         self.ops.append(op)
         return op.id
 
-    def add_launch(self, rank: int, name: str, *, deps: Iterable[int] = (), coll: str = "") -> int:
-        """Append the start of a communication operation on ``rank`` (takes the cluster's ``comm_overhead``)."""
-        op = Op(len(self.ops), rank, "launch", name, self._check(rank, deps), coll=coll)
+    def add_launch(self, rank: int, name: str, *, deps: Iterable[int] = (), coll: str = "", fn: str = "",
+                   out: str = "") -> int:
+        """Append the start of a communication operation on ``rank`` (takes the cluster's ``comm_overhead``).
+
+        For a collective, ``fn`` names it (``allreduce-sum``, ``reduce-max``, ``broadcast``...) and ``out`` its
+        buffer, so that a real runner can issue it as one native collective.
+        """
+        op = Op(len(self.ops), rank, "launch", name, self._check(rank, deps), coll=coll, fn=fn, out=out)
         self.ops.append(op)
         return op.id
 

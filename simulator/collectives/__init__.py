@@ -67,14 +67,14 @@ def _resolve(algo: str, ranks: Sequence[int], hosts: Sequence[int]) -> str:
 
 
 def _builder(sched: Schedule, ranks: Sequence[int], buf: str, n: int, elem_bytes: int, dtype: str, op: str,
-             tag: str, deps: Mapping[int, Iterable[int]]) -> CollBuilder:
-    return CollBuilder.start(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps)
+             tag: str, deps: Mapping[int, Iterable[int]], kind: str) -> CollBuilder:
+    return CollBuilder.start(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, kind)
 
 
 def allreduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str, n: int, *, op: str,
               algo: str, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]]) -> Frontier:
     """Every rank's ``buf`` (``n`` elements) becomes the elementwise ``op`` over all ranks."""
-    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps)
+    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, "allreduce")
     algo = _resolve(algo, ranks, hosts)
     if algo != "hierarchical":
         _ALLREDUCE[algo](b, ranks)
@@ -93,7 +93,7 @@ def allreduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: 
 def reduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str, n: int, *, root: int, op: str,
            algo: str, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]]) -> Frontier:
     """``root``'s ``buf`` becomes the elementwise ``op`` over all ranks (others' buffers are scratch)."""
-    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps)
+    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, "reduce")
     algo = _resolve(algo, ranks, hosts)
     if algo != "hierarchical":
         _ROOTED[algo][0](b, ranks, root)
@@ -109,7 +109,7 @@ def reduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str
 def broadcast(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str, n: int, *, root: int,
               algo: str, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]]) -> Frontier:
     """Every rank's ``buf`` becomes ``root``'s."""
-    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, "sum", tag, deps)
+    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, "sum", tag, deps, "broadcast")
     algo = _resolve(algo, ranks, hosts)
     if algo != "hierarchical":
         _ROOTED[algo][1](b, ranks, root)

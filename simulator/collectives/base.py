@@ -43,11 +43,13 @@ class CollBuilder:
 
     @classmethod
     def start(cls, sched: Schedule, ranks: Sequence[int], buf: str, n: int, elem_bytes: int, dtype: str,
-              op: str, tag: str, deps: Mapping[int, Iterable[int]]) -> CollBuilder:
+              op: str, tag: str, deps: Mapping[int, Iterable[int]], kind: str = "allreduce") -> CollBuilder:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {REDUCE_OPS}, got {op!r}")
+        fn = kind if kind == "broadcast" else f"{kind}-{op}"
         front: dict[int, tuple[int, ...]] = {
-            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag),) for r in ranks}
+            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=fn, out=buf),)
+            for r in ranks}
         return cls(sched, buf, n, elem_bytes, dtype, op, tag, front)
 
     def nbytes(self, lo: int, hi: int) -> float:

@@ -1,0 +1,217 @@
+"""``treering calibrate``: measure the machine (or cluster) the ranks run on; write a topology YAML.
+
+Measured, with every rank running at once as in real runs (on a small machine, P processes share its cores):
+
+* point-to-point: a ping-pong between rank 0 and rank 1 over message sizes from 8 B to 32 MiB; the one-way time
+  is fitted as ``overhead + bytes / bandwidth`` (the per-message software cost and the per-flow bandwidth);
+* aggregate bandwidth: every rank sends a large message to the next at once (what a ring step does);
+* per-collective overhead: a one-element ``all_reduce``, less what the model already charges for its steps;
+* compute: the decode attention kernel (partial attention merged into a running state, the ``attend`` op) on
+  shards of several sizes, fitted as ``launch + bytes / mem_bw``, and a square matmul for peak FLOP/s.
+
+The topology is a star: each rank's device (``local.rankK``) sends into ``local.tx`` at the per-flow bandwidth,
+``local.tx -> local.rx`` carries the aggregate bandwidth, ``local.rx`` delivers to each rank. Fit quality (R^2 and
+the largest relative residual) is printed and written in the file's comments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+
+from simulator.distributed.common import device_for, init_group
+from simulator.io import write_text_atomic
+from simulator.merge import PartialState, merge, partial_attention
+from simulator.workload import DecodeShape
+
+__all__ = ["fit_linear", "run_rank"]
+
+PINGPONG_SIZES = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB
+SHARDS = [256, 1024, 4096, 16384, 65536]
+
+
+def fit_linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
+    """``y = a + b x`` by least squares on relative errors (weights 1/y), so that small messages and small
+    kernels, which span orders of magnitude less time, count as much as large ones.
+
+    Returns (a, b, R^2, largest |relative residual|); a is clamped at 0 (no negative overhead).
+    """
+    b, a = np.polyfit(x, y, 1, w=1.0 / y)
+    if a < 0:  # the best line through the origin instead
+        a, b = 0.0, float(np.sum(x / y) / np.sum(x * x / (y * y)))
+    pred = a + b * x
+    ss_res = float(((y - pred) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum()) or 1.0
+    return float(a), float(b), 1 - ss_res / ss_tot, float(np.max(np.abs(pred - y) / y))
+
+
+def _median_time(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _pingpong(reps: int, device: torch.device) -> list[tuple[int, float]]:
+    rank = dist.get_rank()
+    out = []
+    for size in PINGPONG_SIZES:
+        buf = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
+
+        def once(buf: torch.Tensor = buf) -> None:
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+
+        once()
+        out.append((size, _median_time(once, reps, device) / 2))
+    return out
+
+
+def _ring_exchange(nbytes: int, reps: int, device: torch.device) -> float:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    send = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
+    recv = torch.empty_like(send)
+
+    def once() -> None:
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % world),
+                                       dist.P2POp(dist.irecv, recv, (rank - 1) % world)])
+        for r in reqs:
+            r.wait()
+
+    once()
+    return _median_time(once, reps, device)
+
+
+def _attend_times(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[tuple[float, float]]:
+    """(bytes touched, seconds) of the attend op over several shard sizes, every rank at once."""
+    out = []
+    for t in SHARDS:
+        shape = DecodeShape(1, args.heads, args.head_dim, args.heads, t, "fp32" if dtype == torch.float32 else "fp64")
+        q = torch.randn(1, args.heads, 1, args.head_dim, dtype=dtype, device=device)
+        k = torch.randn(1, args.heads, t, args.head_dim, dtype=dtype, device=device)
+        v = torch.randn_like(k)
+        acc = partial_attention(q, k[:, :, :1], v[:, :, :1], 0.1)
+
+        def once(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, acc: PartialState = acc) -> None:
+            merge(acc, partial_attention(q, k, v, 0.1))
+
+        once()
+        _, nbytes = shape.attend_cost(t)
+        out.append((nbytes, _median_time(once, max(3, args.reps // 3), device)))
+    return out
+
+
+def _matmul_flops(device: torch.device, dtype: torch.dtype, reps: int) -> float:
+    n = 512
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    torch.matmul(a, b)
+    return 2 * n**3 / _median_time(lambda: torch.matmul(a, b), reps, device)
+
+
+def run_rank(args: argparse.Namespace) -> None:
+    """One rank of ``treering calibrate`` (rank 0 writes the topology)."""
+    init_group(args.backend, args.timeout)
+    try:
+        device = device_for(args.backend)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if world < 2:
+            raise RuntimeError("calibrate needs at least 2 ranks (--procs 2)")
+        pp = _pingpong(args.reps, device)
+        big = 16 * 2**20
+        ring_s = _ring_exchange(big, args.reps, device)
+        tiny = torch.zeros(1, device=device)
+        allreduce_s = _median_time(lambda: dist.all_reduce(tiny), args.reps, device)
+        attend32 = _attend_times(args, device, torch.float32)
+        attend64 = _attend_times(args, device, torch.float64)
+        flops32 = _matmul_flops(device, torch.float32, args.reps)
+        flops64 = _matmul_flops(device, torch.float64, args.reps)
+        rates = torch.tensor([flops32, flops64], dtype=torch.float64)
+        dist.all_reduce(rates, op=dist.ReduceOp.MIN)  # the slowest rank bounds a step
+        if rank == 0:
+            text = _topology(args, world, pp, ring_s, big, allreduce_s, attend32, attend64, rates.tolist())
+            write_text_atomic(Path(args.out), text)
+            print(f"wrote {args.out}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring_s: float, big: int,
+              allreduce_s: float, attend32: list[tuple[float, float]], attend64: list[tuple[float, float]],
+              flops: list[float]) -> str:
+    sizes = np.array([s for s, _ in pp], dtype=float)
+    one_way = np.array([t for _, t in pp])
+    overhead, inv_bw, r2_p2p, res_p2p = fit_linear(sizes, one_way)
+    overhead = max(overhead, 0.0)
+    flow_bw = 1.0 / inv_bw
+    aggregate = world * big / max(ring_s - overhead, 1e-12)
+    aggregate = max(aggregate, flow_bw)  # a lone flow is never faster than all of them together
+    # the model charges a ring allreduce 2(P-1) steps of the message overhead; the rest is per collective
+    comm_overhead = max(0.0, allreduce_s - 2 * (world - 1) * overhead)
+    launch32, inv_mem, r2_mem, res_mem = fit_linear(np.array([b for b, _ in attend32]),
+                                                    np.array([t for _, t in attend32]))
+    launch64, inv_mem64, r2_mem64, res_mem64 = fit_linear(np.array([b for b, _ in attend64]),
+                                                          np.array([t for _, t in attend64]))
+    mem_bw = 1.0 / inv_mem
+    launch = max(launch32, 0.0)
+    mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16e9
+    lines = [
+        f"# Measured by `treering calibrate --procs {world} --backend {args.backend}` on {platform.node()} "
+        f"({os.cpu_count()} CPUs), {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC.",
+        f"# Point-to-point (ping-pong, {len(pp)} sizes 8 B..32 MiB): one-way = {overhead * 1e6:.2f} us + "
+        f"bytes / {flow_bw / 1e9:.3f} GB/s; R^2 = {r2_p2p:.4f}, largest relative residual {res_p2p:.1%}.",
+        f"# Aggregate bandwidth ({world} ranks each sending {big >> 20} MiB to the next at once): "
+        f"{aggregate / 1e9:.3f} GB/s.",
+        f"# One-element all_reduce: {allreduce_s * 1e6:.1f} us -> comm_overhead {comm_overhead * 1e6:.1f} us per "
+        f"collective beyond 2(P-1) message overheads.",
+        f"# Attend kernel ({args.heads} heads x {args.head_dim}, shards {SHARDS[0]}..{SHARDS[-1]} tokens, all ranks "
+        f"at once): fp32 {launch32 * 1e6:.1f} us + bytes / {mem_bw / 1e9:.3f} GB/s (R^2 {r2_mem:.4f}, residual "
+        f"{res_mem:.1%}); fp64 {launch64 * 1e6:.1f} us + bytes / {1 / inv_mem64 / 1e9:.3f} GB/s (R^2 {r2_mem64:.4f},"
+        f" residual {res_mem64:.1%}).",
+        f"# Matmul 512^3 (all ranks at once): fp32 {flops[0] / 1e9:.2f} GFLOP/s, fp64 {flops[1] / 1e9:.2f} GFLOP/s."
+        " bf16/fp16 workloads run in fp32 on this backend, so they get the fp32 figures.",
+        "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
+        "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
+    ]
+    body = {
+        "name": "localhost",
+        "devices": {"cpu-rank": {
+            "peak_flops": {"fp32": f"{flops[0]:.6g} FLOP/s", "bf16": f"{flops[0]:.6g} FLOP/s",
+                           "fp16": f"{flops[0]:.6g} FLOP/s", "fp64": f"{flops[1]:.6g} FLOP/s"},
+            "mem_bw": f"{mem_bw:.6g} B/s", "mem": f"{mem_total / world:.6g} B",
+            "launch_overhead": f"{launch * 1e6:.6g} us"}},
+        "nodes": [{"name": f"local.rank{r}", "kind": "gpu", "device": "cpu-rank"} for r in range(world)]
+        + [{"name": "local.tx", "kind": "switch"}, {"name": "local.rx", "kind": "switch"}],
+        "links": [{"src": f"local.rank{r}", "dst": "local.tx", "bandwidth": f"{flow_bw:.6g} B/s",
+                   "latency": "0 s", "class": "loopback"} for r in range(world)]
+        + [{"src": "local.tx", "dst": "local.rx", "bandwidth": f"{aggregate:.6g} B/s", "latency": "0 s",
+            "class": "loopback-aggregate"}]
+        + [{"src": "local.rx", "dst": f"local.rank{r}", "bandwidth": f"{flow_bw:.6g} B/s", "latency": "0 s",
+            "class": "loopback"} for r in range(world)],
+        "message_overhead": f"{overhead * 1e6:.6g} us",
+        "comm_overhead": f"{comm_overhead * 1e6:.6g} us",
+    }
+    text = "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, width=120)
+    for line in lines:
+        print(line.removeprefix("# "))
+    return text

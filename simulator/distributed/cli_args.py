@@ -1,0 +1,48 @@
+"""Arguments of ``treering validate`` / ``treering calibrate``, shared with ``python -m simulator.distributed``."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_calibrate_args", "add_validate_args", "parser"]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--procs", type=int, default=2, help="local ranks to start (ignored under torchrun)")
+    p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
+                   help="gloo (CPU tensors) or nccl (one CUDA device per rank)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds: each rank's collective timeout, and the limit on the whole run")
+
+
+def add_validate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("scenario", help="a decode scenario YAML")
+    _common(p)
+    p.add_argument("--topology", default=None,
+                   help="topology the prediction runs on (e.g. one written by treering calibrate); "
+                        "default: the scenario's")
+    p.add_argument("-o", "--out", default=None, help="output folder (default: out/<scenario name>-validation)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations per point (median is reported)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
+    p.add_argument("--collectives", choices=["native", "decomposed"], default="native",
+                   help="native: one dist.all_reduce per collective; decomposed: the schedule's own sends")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inject-fault", type=int, default=None, metavar="RANK",
+                   help="testing aid: this rank raises an error at its first op")
+
+
+def add_calibrate_args(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("-o", "--out", required=True, help="topology YAML to write")
+    p.add_argument("--heads", type=int, default=16, help="attention shape of the compute measurement")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--reps", type=int, default=15, help="repetitions per measured size (median)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m simulator.distributed")
+    sub = p.add_subparsers(dest="verb", required=True)
+    add_validate_args(sub.add_parser("validate"))
+    add_calibrate_args(sub.add_parser("calibrate"))
+    return p

@@ -1,0 +1,146 @@
+"""Execute one rank of a schedule for real: compute ops call the merge core on torch tensors, transfers become
+``isend``/``irecv`` and, with ``collectives="native"``, each collective becomes one ``dist.all_reduce`` (MAX then
+SUM for ``tree``, as in the Tree Attention paper's reference code).
+
+The rank walks its own ops in program order. Sends and receives are posted without blocking; a receive is waited
+for (and unpacked) when an op that depends on it runs, a send when an op depends on its buffer being free, and
+everything at the end. Messages are tagged with the send's op id, so that several in flight between one pair of
+ranks cannot be confused. This cannot deadlock: op ids give every rank the same global order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from simulator.merge import PartialState
+from simulator.numeric import Executor, Inputs, KVShard
+from simulator.payload import Descriptor, component_shapes
+from simulator.schedule import Op, Schedule
+from simulator.workload import DecodeShape
+
+__all__ = ["RankRunner"]
+
+_REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def _pack(values: tuple[Any, ...]) -> torch.Tensor:
+    """One flat message; a packed KV shard or a contiguous array goes as it is (no copy)."""
+    if len(values) == 1:
+        (value,) = values
+        if isinstance(value, KVShard) and value.packed is not None and value.packed.is_contiguous():
+            return value.packed.reshape(-1)
+        if isinstance(value, torch.Tensor) and value.is_contiguous():
+            return value.reshape(-1)
+    parts: list[Any] = []
+    for value in values:
+        if isinstance(value, PartialState):
+            parts += [value.o, value.l, value.m]
+        elif isinstance(value, KVShard):
+            parts += [value.k, value.v]
+        else:
+            parts.append(value)
+    return torch.cat([p.reshape(-1) for p in parts]) if parts else torch.empty(0)
+
+
+def _unpack(flat: torch.Tensor, descs: list[Descriptor], shape: DecodeShape) -> tuple[Any, ...]:
+    out: list[Any] = []
+    at = 0
+    for desc in descs:
+        arrays = []
+        for s in component_shapes(desc, shape):
+            n = math.prod(s)
+            arrays.append(flat[at:at + n].reshape(s))
+            at += n
+        if desc[0] == "state":
+            out.append(PartialState(*arrays))
+        elif desc[0] == "kv":
+            n = arrays[0].numel()
+            packed = flat[at - 2 * n:at].reshape(2, *arrays[0].shape)
+            out.append(KVShard.from_packed(packed, desc[1], desc[2]))
+        else:
+            out.append(arrays[0])
+    return tuple(out)
+
+
+class RankRunner(Executor):
+    """One rank's real execution of a schedule (the process group must be initialised)."""
+
+    def __init__(self, sched: Schedule, inp: Inputs, rank: int, shape: DecodeShape,
+                 layouts: dict[int, list[Descriptor]], collectives: str = "native",
+                 device: torch.device | None = None, pool: dict[Any, torch.Tensor] | None = None) -> None:
+        super().__init__(sched, inp)
+        # ``pool`` keeps allocations across iterations (decode steps), as a real implementation does: this
+        # rank's KV cache, one contiguous block that is only ever read; and receive buffers. A recv that replaces
+        # a buffer reuses the one of the same name and size (the schedule's dependencies guarantee its previous
+        # contents were consumed); a recv into a slice of a buffer gets its own.
+        self.pool = {} if pool is None else pool
+        for name, value in list(self.buf[rank].items()):
+            if isinstance(value, KVShard):
+                key = ("kv-cache", name, value.lo, value.hi)
+                if key not in self.pool:
+                    self.pool[key] = torch.stack([value.k, value.v])
+                self.buf[rank][name] = KVShard.from_packed(self.pool[key], value.lo, value.hi)
+        if collectives not in ("native", "decomposed"):
+            raise ValueError(f"collectives must be native or decomposed, got {collectives!r}")
+        self.sched = sched
+        self.rank = rank
+        self.shape = shape
+        self.layouts = layouts
+        self.native = collectives == "native"
+        self.device = device or inp.q.device
+        self.pending: dict[int, Any] = {}  # op id -> (work, buffer, op) of posted transfers not yet waited for
+
+    def _wait(self, op_id: int) -> None:
+        entry = self.pending.pop(op_id, None)
+        if entry is None:
+            return
+        work, flat, op = entry
+        work.wait()
+        if op.kind == "recv":
+            self.store(op, _unpack(flat, self.layouts[op.match], self.shape))
+
+    def send(self, op: Op) -> None:
+        flat = _pack(self.payload(op)).contiguous()
+        self.pending[op.id] = (dist.isend(flat, dst=op.peer, tag=op.id), flat, op)
+
+    def recv(self, op: Op) -> None:
+        assert op.match is not None
+        n = sum(math.prod(s) for d in self.layouts[op.match] for s in component_shapes(d, self.shape))
+        key = (op.id,) if op.fn == "into" else (op.args, n)
+        flat = self.pool.get(key)
+        if flat is None:
+            flat = self.pool[key] = torch.empty(n, dtype=self.inp.q.dtype, device=self.device)
+        self.pending[op.id] = (dist.irecv(flat, src=op.peer, tag=op.match), flat, op)
+
+    def collective(self, op: Op) -> None:
+        """A collective's launch op: run it natively on the whole buffer (the decomposed ops are skipped)."""
+        kind, _, reduce_op = op.fn.partition("-")
+        if kind != "allreduce":
+            raise NotImplementedError(f"native {kind} is not used by any schedule; run with collectives=decomposed")
+        buf = self.buf[self.rank][op.out]
+        dist.all_reduce(buf, op=_REDUCE[reduce_op])
+
+    def run_rank(self) -> dict[str, Any]:
+        """Execute this rank's ops; returns its buffers."""
+        for op in self.sched.ops:
+            if op.rank != self.rank:
+                continue
+            for dep in op.deps:
+                self._wait(dep)
+            if self.native and op.coll:
+                if op.kind == "launch":
+                    self.collective(op)
+                continue  # the collective's steps ran inside dist.all_reduce
+            if op.kind == "send":
+                self.send(op)
+            elif op.kind == "recv":
+                self.recv(op)
+            elif op.kind != "launch":
+                self.compute(op)
+        for op_id in list(self.pending):
+            self._wait(op_id)
+        return self.buf[self.rank]

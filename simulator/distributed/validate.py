@@ -1,0 +1,154 @@
+"""``treering validate``: run the schedules for real, time them, check them, and compare with the simulator.
+
+For each sweep point and algorithm every rank runs ``--warmup`` untimed then ``--iters`` timed iterations; an
+iteration's time is the maximum over ranks (barrier, run, all_reduce MAX) and the median over iterations is
+``measured_s``. Rank 0 then checks the outputs against single-device attention (``max_abs_err``) and against the
+simulator's numeric mode on the same torch inputs (``bitwise_equal_to_sim``: equal bit for bit; expected where
+the merge order is the same, i.e. with ``--collectives decomposed`` or schedules without collectives), simulates
+the same schedule on the topology (``predicted_s``) and writes ``validation.csv`` and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from simulator.algorithms import build_schedule, label, resolve
+from simulator.distributed.checks import check_scenario, out_dir
+from simulator.distributed.common import device_for, init_group, rank_layout
+from simulator.distributed.runner import RankRunner
+from simulator.engine import simulate
+from simulator.errors import InputError
+from simulator.io import write_csv_atomic, write_text_atomic
+from simulator.numeric import Inputs, dense_attention, make_inputs, max_abs_error, run_numeric
+from simulator.payload import transfer_layouts
+from simulator.runner import decode_shape
+from simulator.scenario import DecodeWorkload, Point
+from simulator.schedule import Schedule
+from simulator.tables import markdown_table
+from simulator.topology import Cluster, load_topology
+from simulator.workload import DecodeShape
+
+__all__ = ["COLUMNS", "run_rank", "summarize", "summary_lines"]
+
+COLUMNS = ["algorithm", "ranks", "context", "measured_s", "predicted_s", "error_pct", "max_abs_err",
+           "bitwise_equal_to_sim"]
+
+
+def _cluster(args: argparse.Namespace, point: Point, ranks: int) -> Cluster:
+    sc = point.scenario
+    cluster = (load_topology(args.topology) if args.topology
+               else load_topology(sc.topology, sc.topology_params, point.base_dir))
+    if len(cluster.ranks) < ranks:
+        raise InputError(f"the topology has {len(cluster.ranks)} ranks; this run has {ranks}",
+                         file=args.topology or point.source, field="topology")
+    return cluster
+
+
+def _time_runs(args: argparse.Namespace, sched: Schedule, inp: Inputs, shape: DecodeShape,
+               device: torch.device) -> tuple[float, dict[str, Any]]:
+    rank = dist.get_rank()
+    layouts = transfer_layouts(sched, shape)
+    times: list[float] = []
+    bufs: dict[str, Any] = {}
+    pool: dict[Any, torch.Tensor] = {}
+    for it in range(args.warmup + args.iters):
+        bufs = {}  # free the previous iteration's buffers before the clock starts
+        if args.inject_fault == rank:
+            raise RuntimeError(f"injected fault on rank {rank} (--inject-fault)")
+        runner = RankRunner(sched, inp, rank, shape, layouts, args.collectives, device, pool)
+        dist.barrier()
+        t0 = time.perf_counter()
+        bufs = runner.run_rank()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if it >= args.warmup:
+            times.append(float(elapsed.item()))
+    return statistics.median(times), bufs
+
+
+def _point_rows(args: argparse.Namespace, point: Point, device: torch.device) -> list[dict[str, Any]]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    layout = rank_layout()
+    assert isinstance(point.scenario.workload, DecodeWorkload)
+    shape = decode_shape(point.scenario.workload)
+    np_inputs = make_inputs(np.random.default_rng(args.seed), shape.batch, shape.heads, shape.kv_heads,
+                            shape.head_dim, shape.context, np.float64 if shape.dtype == "fp64" else np.float32)
+    inp = np_inputs.to(lambda a: torch.from_numpy(a).to(device))
+    rows = []
+    for entry in point.scenario.algorithms:
+        name, params = resolve(entry)
+        sched = build_schedule(name, params, shape, layout)
+        measured, bufs = _time_runs(args, sched, inp, shape, device)
+        mine = {r: bufs[b].cpu() for r, b in sched.meta["outputs"] if r == rank}
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        if rank != 0:
+            continue
+        assert gathered is not None
+        outputs = {r: out for part in gathered for r, out in part.items()}
+        sim = run_numeric(sched, np_inputs.to(torch.from_numpy))
+        bitwise = all(torch.equal(outputs[r], sim.outputs[r]) for r in sim.outputs)
+        predicted = simulate(sched, _cluster(args, point, sched.ranks)).makespan
+        rows.append({
+            "algorithm": label(name, params), "ranks": sched.ranks, "context": shape.context,
+            "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
+            "max_abs_err": max_abs_error(outputs.values(), dense_attention(np_inputs)),
+            "bitwise_equal_to_sim": bitwise, **dict(point.swept),
+        })
+    return rows
+
+
+def summary_lines(frame: pd.DataFrame) -> list[str]:
+    """Error statistics and whether the faster algorithm was predicted right at every point."""
+    err = frame["error_pct"].abs()
+    keys = [c for c in frame.columns if c not in COLUMNS or c in ("ranks", "context")]
+    right, points = 0, 0
+    for _, grp in frame.groupby(keys, dropna=False) if keys else [((), frame)]:
+        points += 1
+        fastest = grp.set_index("algorithm")
+        right += int(fastest["measured_s"].idxmin() == fastest["predicted_s"].idxmin())
+    return [
+        f"- points x algorithms: {len(frame)}",
+        f"- median |error|: {err.median():.1f} %, max |error|: {err.max():.1f} %",
+        f"- faster algorithm predicted right at {right} of {points} points"
+        + (" (every point)" if right == points else ""),
+        f"- max abs error against single-device attention: {frame['max_abs_err'].max():.3g}",
+        f"- bitwise equal to the simulator's numeric mode: {int(frame['bitwise_equal_to_sim'].sum())} of {len(frame)}",
+    ]
+
+
+def summarize(frame: pd.DataFrame, command: str) -> str:
+    """The Markdown summary written next to validation.csv."""
+    return "\n".join(["# Validation summary", "", f"Command: `{command}`", "", *summary_lines(frame), "",
+                      markdown_table(frame), ""])
+
+
+def run_rank(args: argparse.Namespace) -> None:
+    """One rank of ``treering validate`` (rank 0 writes the outputs)."""
+    points = check_scenario(args)
+    init_group(args.backend, args.timeout)
+    try:
+        device = device_for(args.backend)
+        rows = [row for point in points for row in _point_rows(args, point, device)]
+        if dist.get_rank() == 0:
+            frame = pd.DataFrame(rows)
+            out = out_dir(args, points)
+            write_csv_atomic(frame, out / "validation.csv")
+            command = "treering validate " + " ".join(getattr(args, "argv", []))
+            write_text_atomic(out / "summary.md", summarize(frame, command))
+            with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
+                print(frame.to_string(index=False))
+            print("\n" + "\n".join(summary_lines(frame)))
+            print(f"wrote {out / 'validation.csv'} and {out / 'summary.md'}")
+    finally:
+        dist.destroy_process_group()
