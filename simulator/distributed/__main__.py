@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 
 from simulator.distributed import calibrate, validate
 from simulator.distributed.cli_args import parser
+from simulator.distributed.launch import FAILED_AT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,8 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         (validate.run_rank if args.verb == "validate" else calibrate.run_rank)(args)
         return 0
-    except Exception as err:  # the rank's error, last line first for the launcher
+    except Exception as err:  # the traceback, then when it failed and the error in one line, for the launcher
+        failed_at = time.time()
         traceback.print_exc(file=sys.stderr)
+        print(f"{FAILED_AT} {failed_at:.6f}", file=sys.stderr)
         print(f"rank {os.environ.get('RANK', '?')}: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
 

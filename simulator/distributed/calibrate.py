@@ -132,28 +132,27 @@ def _matmul_flops(device: torch.device, dtype: torch.dtype, reps: int) -> float:
 def run_rank(args: argparse.Namespace) -> None:
     """One rank of ``treering calibrate`` (rank 0 writes the topology)."""
     init_group(args.backend, args.timeout)
-    try:
-        device = device_for(args.backend)
-        rank, world = dist.get_rank(), dist.get_world_size()
-        if world < 2:
-            raise RuntimeError("calibrate needs at least 2 ranks (--procs 2)")
-        pp = _pingpong(args.reps, device)
-        big = 16 * 2**20
-        ring_s = _ring_exchange(big, args.reps, device)
-        tiny = torch.zeros(1, device=device)
-        allreduce_s = _median_time(lambda: dist.all_reduce(tiny), args.reps, device)
-        attend32 = _attend_times(args, device, torch.float32)
-        attend64 = _attend_times(args, device, torch.float64)
-        flops32 = _matmul_flops(device, torch.float32, args.reps)
-        flops64 = _matmul_flops(device, torch.float64, args.reps)
-        rates = torch.tensor([flops32, flops64], dtype=torch.float64)
-        dist.all_reduce(rates, op=dist.ReduceOp.MIN)  # the slowest rank bounds a step
-        if rank == 0:
-            text = _topology(args, world, pp, ring_s, big, allreduce_s, attend32, attend64, rates.tolist())
-            write_text_atomic(Path(args.out), text)
-            print(f"wrote {args.out}")
-    finally:
-        dist.destroy_process_group()
+    # no try/finally: on an error the rank exits at once (destroying the group could wait on failed peers)
+    device = device_for(args.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world < 2:
+        raise RuntimeError("calibrate needs at least 2 ranks (--procs 2)")
+    pp = _pingpong(args.reps, device)
+    big = 16 * 2**20
+    ring_s = _ring_exchange(big, args.reps, device)
+    tiny = torch.zeros(1, device=device)
+    allreduce_s = _median_time(lambda: dist.all_reduce(tiny), args.reps, device)
+    attend32 = _attend_times(args, device, torch.float32)
+    attend64 = _attend_times(args, device, torch.float64)
+    flops32 = _matmul_flops(device, torch.float32, args.reps)
+    flops64 = _matmul_flops(device, torch.float64, args.reps)
+    rates = torch.tensor([flops32, flops64], dtype=torch.float64)
+    dist.all_reduce(rates, op=dist.ReduceOp.MIN)  # the slowest rank bounds a step
+    if rank == 0:
+        text = _topology(args, world, pp, ring_s, big, allreduce_s, attend32, attend64, rates.tolist())
+        write_text_atomic(Path(args.out), text)
+        print(f"wrote {args.out}")
+    dist.destroy_process_group()
 
 
 def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring_s: float, big: int,

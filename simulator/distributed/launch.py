@@ -19,7 +19,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["RankFailure", "free_port", "spawn"]
+__all__ = ["FAILED_AT", "RankFailure", "free_port", "spawn"]
+
+FAILED_AT = "treering-rank-failed-at"  # a failing rank prints this and the time; the earliest is the cause
 
 
 class RankFailure(RuntimeError):
@@ -40,6 +42,13 @@ def free_port() -> int:
 def _last_line(path: Path) -> str:
     lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     return lines[-1].strip() if lines else "(no error output)"
+
+
+def _failed_at(path: Path) -> float:
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(FAILED_AT):
+            return float(line.split()[1])
+    return float("inf")  # killed without reporting: not the first to fail, unless no rank reported
 
 
 def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
@@ -70,8 +79,11 @@ def spawn(procs: int, argv: Sequence[str], timeout_s: float, threads_per_rank: i
                 codes = [p.poll() for p in children]
                 failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
                 if failed:
-                    r = failed[0]
+                    time.sleep(0.2)  # let the ranks that fail because of it report too, then blame the first
                     _kill_all(children)
+                    codes = [p.poll() for p in children]
+                    failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+                    r = min(failed, key=lambda k: (_failed_at(logs[k]), k))
                     raise RankFailure(f"rank {r} failed (exit {codes[r]}): {_last_line(logs[r])}", r)
                 if all(c == 0 for c in codes):
                     return

@@ -137,18 +137,17 @@ def run_rank(args: argparse.Namespace) -> None:
     """One rank of ``treering validate`` (rank 0 writes the outputs)."""
     points = check_scenario(args)
     init_group(args.backend, args.timeout)
-    try:
-        device = device_for(args.backend)
-        rows = [row for point in points for row in _point_rows(args, point, device)]
-        if dist.get_rank() == 0:
-            frame = pd.DataFrame(rows)
-            out = out_dir(args, points)
-            write_csv_atomic(frame, out / "validation.csv")
-            command = "treering validate " + " ".join(getattr(args, "argv", []))
-            write_text_atomic(out / "summary.md", summarize(frame, command))
-            with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
-                print(frame.to_string(index=False))
-            print("\n" + "\n".join(summary_lines(frame)))
-            print(f"wrote {out / 'validation.csv'} and {out / 'summary.md'}")
-    finally:
-        dist.destroy_process_group()
+    # no try/finally: on an error the rank exits at once (destroying the group could wait on failed peers)
+    device = device_for(args.backend)
+    rows = [row for point in points for row in _point_rows(args, point, device)]
+    if dist.get_rank() == 0:
+        frame = pd.DataFrame(rows)
+        out = out_dir(args, points)
+        write_csv_atomic(frame, out / "validation.csv")
+        command = "treering " + " ".join(getattr(args, "argv", []))
+        write_text_atomic(out / "summary.md", summarize(frame, command))
+        with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
+            print(frame.to_string(index=False))
+        print("\n" + "\n".join(summary_lines(frame)))
+        print(f"wrote {out / 'validation.csv'} and {out / 'summary.md'}")
+    dist.destroy_process_group()

@@ -1,0 +1,107 @@
+"""Real torch.distributed runs (gloo, 2-4 local processes) of the same schedules."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+import time
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+from simulator.cli import main  # noqa: E402
+from simulator.topology import load_topology  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SCENARIO = """
+name: real
+topology: cluster
+topology_params: {{nodes: 1, gpus_per_node: 4}}
+workload:
+  kind: decode
+  model: {{heads: 4, head_dim: 16, kv_heads: 2}}
+  batch: 2
+  context: {context}
+  dtype: {dtype}
+algorithms: [ring, {{name: ring, overlap: false}}, ring-q, tree, tree-p2p, {{name: tree-p2p, arity: 3}}]
+"""
+
+
+def scenario(tmp_path, dtype: str, context: int = 301) -> str:
+    path = tmp_path / "real.yaml"
+    path.write_text(textwrap.dedent(SCENARIO.format(dtype=dtype, context=context)).lstrip())
+    return str(path)
+
+
+def no_stray_ranks() -> bool:
+    out = subprocess.run(["pgrep", "-f", "simulator.distributed"], capture_output=True, text=True)
+    return out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("procs", [2, 3, 4])
+def test_fp64_decomposed_equals_dense_and_is_bitwise_equal_to_numeric(procs, tmp_path, capsys):
+    out = tmp_path / "o"
+    rc = main(["validate", scenario(tmp_path, "fp64"), "--procs", str(procs), "--iters", "1", "--warmup", "0",
+               "--collectives", "decomposed", "-o", str(out), "--timeout", "120"])
+    assert rc == 0, capsys.readouterr().err
+    df = pd.read_csv(out / "validation.csv")
+    assert len(df) == 6 and (df["ranks"] == procs).all()
+    assert (df["max_abs_err"] < 1e-12).all()
+    assert df["bitwise_equal_to_sim"].all()
+    assert (df["measured_s"] > 0).all() and (df["predicted_s"] > 0).all()
+    assert "median |error|" in (out / "summary.md").read_text()
+    assert no_stray_ranks()
+
+
+def test_fp32_native_collectives(tmp_path, capsys):
+    out = tmp_path / "o"
+    rc = main(["validate", scenario(tmp_path, "fp32", context=1000), "--procs", "2", "--iters", "2",
+               "--warmup", "1", "-o", str(out), "--timeout", "120"])
+    assert rc == 0, capsys.readouterr().err
+    df = pd.read_csv(out / "validation.csv").set_index("algorithm")
+    assert (df["max_abs_err"] < 1e-5).all()
+    # no collective in these: the same merge order as numeric mode, so the same bits
+    assert df.loc[["ring", "ring[overlap=False]", "ring-q", "tree-p2p"], "bitwise_equal_to_sim"].all()
+
+
+def test_a_failing_rank_stops_the_run_and_is_named(tmp_path, capsys):
+    t0 = time.monotonic()
+    rc = main(["validate", scenario(tmp_path, "fp32"), "--procs", "3", "--inject-fault", "1", "--timeout", "60",
+               "-o", str(tmp_path / "o")])
+    assert rc != 0
+    assert time.monotonic() - t0 < 60
+    err = capsys.readouterr().err
+    assert "rank 1 failed" in err and "injected fault" in err
+    assert not (tmp_path / "o" / "validation.csv").exists()
+    assert no_stray_ranks()
+
+
+def test_timeout_kills_every_rank(tmp_path, capsys):
+    rc = main(["validate", scenario(tmp_path, "fp32"), "--procs", "2", "--timeout", "0.3", "-o", str(tmp_path)])
+    assert rc != 0
+    assert "timed out after 0.3 s" in capsys.readouterr().err
+    assert no_stray_ranks()
+
+
+def test_bad_input_is_rejected_before_any_rank_starts(tmp_path, capsys):
+    path = scenario(tmp_path, "fp32").replace("real.yaml", "real.yaml")
+    text = open(path).read().replace("tree-p2p,", "tree-pp,")
+    open(path, "w").write(text)
+    assert main(["validate", path]) == 2
+    assert "unknown algorithm 'tree-pp'" in capsys.readouterr().err
+
+
+def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
+    out = tmp_path / "local.yaml"
+    assert main(["calibrate", "--procs", "2", "--reps", "3", "-o", str(out), "--heads", "2", "--head-dim", "16",
+                 "--timeout", "120"]) == 0
+    cluster = load_topology(str(out))
+    assert len(cluster.ranks) == 2 and cluster.message_overhead_s > 0
+    spec = cluster.specs[cluster.ranks[0]]
+    assert spec.mem_bw_Bps > 0 and spec.peak_flops["fp32"] > 0
+    text = out.read_text()
+    assert "R^2" in text and "Raw one-way times" in text
+    assert no_stray_ranks()
