@@ -5,14 +5,15 @@ from __future__ import annotations
 import subprocess
 import textwrap
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
 
-from simulator.cli import main  # noqa: E402
-from simulator.topology import load_topology  # noqa: E402
+from simulator.cli import main
+from simulator.topology import load_topology
 
 pytestmark = pytest.mark.slow
 
@@ -87,10 +88,9 @@ def test_timeout_kills_every_rank(tmp_path, capsys):
 
 
 def test_bad_input_is_rejected_before_any_rank_starts(tmp_path, capsys):
-    path = scenario(tmp_path, "fp32").replace("real.yaml", "real.yaml")
-    text = open(path).read().replace("tree-p2p,", "tree-pp,")
-    open(path, "w").write(text)
-    assert main(["validate", path]) == 2
+    path = Path(scenario(tmp_path, "fp32"))
+    path.write_text(path.read_text().replace("tree-p2p,", "tree-pp,"))
+    assert main(["validate", str(path)]) == 2
     assert "unknown algorithm 'tree-pp'" in capsys.readouterr().err
 
 
