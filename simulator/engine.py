@@ -1,7 +1,11 @@
 """The event engine (the only simpy code): runs a :class:`Schedule` on a :class:`Cluster`, records a timeline.
 
 * Compute ops: roofline time on the rank's device (:func:`simulator.devices.compute_time`); one compute stream per
-  rank, FIFO in the order ops become ready.
+  rank, FIFO in the order ops become ready. Where several ranks share a host's CPU cores (``host_cores`` in the
+  topology: CPU ranks, as in real runs on a small machine), a kernel is work of that many core-seconds that
+  drains at up to one core, the host's cores shared max-min fairly among the kernels running on it: the same
+  progressive filling as the network, over a per-rank "core" link of capacity 1 and a per-host link of capacity
+  ``host_cores``.
 * Launch ops (the start of a collective on a rank) take ``comm_overhead``, off the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
   ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own),
@@ -18,6 +22,7 @@ schedules (P ranks finishing a step together) cost one event per instant rather 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -89,11 +94,26 @@ class _Run:
         self.start: list[float | None] = [None] * len(schedule.ops)
         self.ready: list[bool] = [False] * len(schedule.ops)
         self.stream_free = [0.0] * schedule.ranks
+        self.stream_queue: list[deque[Op]] = [deque() for _ in range(schedule.ranks)]
+        self.stream_busy = [False] * schedule.ranks
         self.links: dict[tuple[str, str], int] = {}
         capacity: list[float] = []
         for i, (u, v, bw) in enumerate(cluster.graph.edges(data="bandwidth")):
             self.links[(u, v)] = i
             capacity.append(bw)
+        # shared host cores: a virtual link per rank (1 core) and per host (its cores)
+        self.core_links: dict[int, tuple[int, int]] = {}
+        host_link: dict[str, int] = {}
+        for r, node in enumerate(self.place):
+            cores = cluster.host_cores.get(cluster.host_of(node))
+            if cores is None:
+                continue
+            host = cluster.host_of(node)
+            if host not in host_link:
+                host_link[host] = len(capacity)
+                capacity.append(float(cores))
+            self.core_links[r] = (len(capacity), host_link[host])
+            capacity.append(1.0)
         self.net = FlowNetwork(capacity)
         self._durations: dict[tuple[str, float, float, str, bool], float] = {}
         self._paths: dict[tuple[str, str], tuple[list[int], float]] = {}
@@ -159,6 +179,11 @@ class _Run:
         self.ready[op.id] = True
         kind = op.kind
         if kind in COMPUTE_KINDS:
+            if op.rank in self.core_links:
+                self.stream_queue[op.rank].append(op)
+                if not self.stream_busy[op.rank]:
+                    self._next_kernel(op.rank)
+                return
             begin = max(now, self.stream_free[op.rank])
             end = begin + self._duration(op)
             self.stream_free[op.rank] = end
@@ -172,6 +197,27 @@ class _Run:
             if self.ready[op.match]:  # both ends ready: the transfer starts
                 send, recv = (op, self.ops[op.match]) if kind == "send" else (self.ops[op.match], op)
                 self._start_transfer(send, recv)
+
+    def _next_kernel(self, rank: int) -> None:
+        """Start the next queued kernel of a rank whose host's cores are shared: work drained as a flow."""
+        queue = self.stream_queue[rank]
+        if not queue:
+            self.stream_busy[rank] = False
+            return
+        op = queue.popleft()
+        self.stream_busy[rank] = True
+        self.start[op.id] = self.env.now
+        work = self._duration(op)  # core-seconds
+        if work <= 0:
+            self._kernel_done(op)
+            return
+        self.net.add(op.id, self.core_links[rank], work, self.env.now)
+        self.flow_op[op.id] = op
+        self._mark_dirty()
+
+    def _kernel_done(self, op: Op) -> None:
+        self._done(op)
+        self._next_kernel(op.rank)
 
     def _path(self, src: str, dst: str) -> tuple[list[int], float]:
         hit = self._paths.get((src, dst))
@@ -219,7 +265,11 @@ class _Run:
             return  # rates changed since this finish was predicted
         for flow in due:
             self.net.remove(flow)
-            self._finish_transfer(self.flow_op.pop(flow))
+            op = self.flow_op.pop(flow)
+            if op.kind in COMPUTE_KINDS:
+                self._kernel_done(op)
+            else:
+                self._finish_transfer(op)
         self._mark_dirty()
 
     def _finish_transfer(self, send: Op) -> None:

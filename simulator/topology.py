@@ -45,6 +45,7 @@ class Cluster:
     ranks: tuple[str, ...]  # GPU node names, rank order
     message_overhead_s: float = 0.0
     comm_overhead_s: float = 0.0
+    host_cores: Mapping[str, int] = field(default_factory=dict)  # hosts whose ranks share CPU cores
     _router: Router = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -139,7 +140,7 @@ def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict
     return {name: parse_device_spec(name, spec, _locator(src, tree, (*base, name))) for name, spec in raw.items()}
 
 
-_TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "description"}
+_TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "host_cores", "description"}
 
 
 def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster:
@@ -170,8 +171,25 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
         raise locate(("nodes",), InputError("no node of kind gpu: a cluster needs at least one GPU"))
     _check_reachable(graph, locate)
     name = str(raw.get("name") or Path(src).stem)
-    return Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead,
-                   comm_overhead_s=comm)
+    cluster = Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead,
+                      comm_overhead_s=comm, host_cores=_host_cores(raw.get("host_cores", {}), locate))
+    hosts = {cluster.host_of(r) for r in ranks}
+    for host in cluster.host_cores:
+        if host not in hosts:
+            raise locate(("host_cores", host), InputError(f"no rank is on host {host!r}; hosts: {sorted(hosts)}"))
+    return cluster
+
+
+def _host_cores(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, int]:
+    """``host_cores: {HOST: CORES}``: the ranks on HOST share CORES CPU cores (their kernels slow down together)."""
+    if not isinstance(raw, Mapping):
+        raise locate(("host_cores",), InputError("must map host names to core counts"))
+    out = {}
+    for host, cores in raw.items():
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise locate(("host_cores", host), InputError(f"must be a positive integer, got {cores!r}"))
+        out[str(host)] = cores
+    return out
 
 
 def _add_node(graph: nx.DiGraph, specs: dict[str, DeviceSpec], library: Mapping[str, DeviceSpec],

@@ -142,3 +142,48 @@ def test_ecmp_spreads_flows_over_equal_paths():
               for a in cluster.ranks for b in cluster.ranks if a != b}
     assert len(spines) == 4
     assert cluster.route("n0.gpu0", "n5.gpu0") == cluster.route("n0.gpu0", "n5.gpu0")
+
+
+def _shared_cores_cluster(ranks: int, cores: int):
+    from conftest import ZERO_COMPUTE
+
+    cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "1 GB/s", "mem": "8 GB", "launch_overhead": 0}
+    raw = {
+        "devices": {"cpu": cpu, "zero": ZERO_COMPUTE},
+        "nodes": [{"name": f"box.r{i}", "kind": "gpu", "device": "cpu"} for i in range(ranks)]
+        + [{"name": "box.sw", "kind": "switch"}],
+        "links": [{"a": f"box.r{i}", "b": "box.sw", "bandwidth": "1 GB/s"} for i in range(ranks)],
+        "host_cores": {"box": cores},
+    }
+    return build_cluster(raw, "<cores>")
+
+
+@pytest.mark.parametrize(("ranks", "cores", "factor"), [(1, 2, 1.0), (2, 2, 1.0), (4, 2, 2.0), (3, 2, 1.5)])
+def test_kernels_share_the_host_cores(ranks, cores, factor):
+    cluster = _shared_cores_cluster(ranks, cores)
+    sched = Schedule(ranks, placement=cluster.ranks)
+    ops = [sched.add_compute(r, "k", nbytes=1e6) for r in range(ranks)]  # 1 ms each on one core
+    ends = simulate(sched, cluster).op_ends()
+    for op in ops:
+        assert math.isclose(ends[op], factor * 1e-3, rel_tol=REL)
+
+
+def test_a_lone_kernel_gets_a_whole_core_again_when_the_others_finish():
+    cluster = _shared_cores_cluster(3, 2)
+    sched = Schedule(3, placement=cluster.ranks)
+    short = [sched.add_compute(r, "short", nbytes=1e6) for r in (0, 1)]
+    long = sched.add_compute(2, "long", nbytes=3e6)
+    ends = simulate(sched, cluster).op_ends()
+    # three kernels on two cores: 2/3 core each until the short ones finish at 1.5 ms (1 ms of work each);
+    # the long one has done 1 ms of its 3 by then and finishes the rest on a core of its own at 3.5 ms
+    assert all(math.isclose(ends[s], 1.5e-3, rel_tol=REL) for s in short)
+    assert math.isclose(ends[long], 3.5e-3, rel_tol=REL)
+
+
+def test_kernels_of_one_rank_still_run_one_at_a_time_with_shared_cores():
+    cluster = _shared_cores_cluster(1, 4)
+    sched = Schedule(1, placement=cluster.ranks)
+    a = sched.add_compute(0, "a", nbytes=1e6)
+    b = sched.add_compute(0, "b", nbytes=1e6)
+    ends = simulate(sched, cluster).op_ends()
+    assert math.isclose(ends[a], 1e-3, rel_tol=REL) and math.isclose(ends[b], 2e-3, rel_tol=REL)

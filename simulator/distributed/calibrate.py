@@ -1,13 +1,17 @@
 """``treering calibrate``: measure the machine (or cluster) the ranks run on; write a topology YAML.
 
-Measured, with every rank running at once as in real runs (on a small machine, P processes share its cores):
+Measured:
 
 * point-to-point: a ping-pong between rank 0 and rank 1 over message sizes from 8 B to 32 MiB; the one-way time
   is fitted as ``overhead + bytes / bandwidth`` (the per-message software cost and the per-flow bandwidth);
 * aggregate bandwidth: every rank sends a large message to the next at once (what a ring step does);
 * per-collective overhead: a one-element ``all_reduce``, less what the model already charges for its steps;
-* compute: the decode attention kernel (partial attention merged into a running state, the ``attend`` op) on
-  shards of several sizes, fitted as ``launch + bytes / mem_bw``, and a square matmul for peak FLOP/s.
+* compute, on rank 0 alone (one core): the small kernels of the schedules (merge, rescale, finalize of one
+  state: the per-kernel overhead, ``launch_overhead``), the decode attention kernel (partial attention merged
+  into a running state, the ``attend`` op) on shards of several sizes, fitted as ``launch + bytes / mem_bw``,
+  and a square matmul for peak FLOP/s. How P ranks slow each other down is not folded into these figures: the
+  file sets ``host_cores`` (this machine's CPUs) and the engine shares those cores among the kernels that run
+  at once, which also gets right the schedules whose ranks compute one after another (``ring-q``).
 
 The topology is a star: each rank's device (``local.rankK``) sends into ``local.tx`` at the per-flow bandwidth,
 ``local.tx -> local.rx`` carries the aggregate bandwidth, ``local.rx`` delivers to each rank. Fit quality (R^2 and
@@ -32,7 +36,7 @@ import yaml
 
 from simulator.distributed.common import device_for, init_group
 from simulator.io import write_text_atomic
-from simulator.merge import PartialState, merge, partial_attention
+from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
 from simulator.workload import DecodeShape
 
 __all__ = ["fit_linear", "run_rank"]
@@ -56,16 +60,19 @@ def fit_linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float
     return float(a), float(b), 1 - ss_res / ss_tot, float(np.max(np.abs(pred - y) / y))
 
 
-def _median_time(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+def _median_time(fn: Callable[[], object], reps: int, device: torch.device, only: int | None = None) -> float:
+    """Median over ``reps`` of ``fn``'s time (on rank ``only`` alone when given; the others wait)."""
     times = []
     for _ in range(reps):
         dist.barrier()
+        if only is not None and dist.get_rank() != only:
+            continue
         t0 = time.perf_counter()
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times) if times else 0.0
 
 
 def _pingpong(reps: int, device: torch.device) -> list[tuple[int, float]]:
@@ -117,8 +124,18 @@ def _attend_times(args: argparse.Namespace, device: torch.device, dtype: torch.d
 
         once()
         _, nbytes = shape.attend_cost(t)
-        out.append((nbytes, _median_time(once, max(3, args.reps // 3), device)))
+        out.append((nbytes, _median_time(once, max(3, args.reps // 3), device, only=0)))
     return out
+
+
+def _small_kernel_time(args: argparse.Namespace, device: torch.device, reps: int) -> float:
+    """Median time of the schedules' small kernels (merge, rescale, finalize of one state), on rank 0 alone."""
+    q = torch.randn(1, args.heads, 1, args.head_dim, device=device)
+    k = torch.randn(1, args.heads, 4, args.head_dim, device=device)
+    a = partial_attention(q, k, k, 0.1)
+    b = partial_attention(q, k + 1, k, 0.1)
+    kernels = [lambda: merge(a, b), lambda: rescale(a, b.m), lambda: finalize(a)]
+    return statistics.median(_median_time(fn, reps, device, only=0) for fn in kernels)
 
 
 def _matmul_flops(device: torch.device, dtype: torch.dtype, reps: int) -> float:
@@ -126,7 +143,7 @@ def _matmul_flops(device: torch.device, dtype: torch.dtype, reps: int) -> float:
     a = torch.randn(n, n, dtype=dtype, device=device)
     b = torch.randn(n, n, dtype=dtype, device=device)
     torch.matmul(a, b)
-    return 2 * n**3 / _median_time(lambda: torch.matmul(a, b), reps, device)
+    return 2 * n**3 / max(_median_time(lambda: torch.matmul(a, b), reps, device, only=0), 1e-12)
 
 
 def run_rank(args: argparse.Namespace) -> None:
@@ -142,22 +159,29 @@ def run_rank(args: argparse.Namespace) -> None:
     ring_s = _ring_exchange(big, args.reps, device)
     tiny = torch.zeros(1, device=device)
     allreduce_s = _median_time(lambda: dist.all_reduce(tiny), args.reps, device)
+    small = _small_kernel_time(args, device, args.reps)
     attend32 = _attend_times(args, device, torch.float32)
     attend64 = _attend_times(args, device, torch.float64)
-    flops32 = _matmul_flops(device, torch.float32, args.reps)
-    flops64 = _matmul_flops(device, torch.float64, args.reps)
-    rates = torch.tensor([flops32, flops64], dtype=torch.float64)
-    dist.all_reduce(rates, op=dist.ReduceOp.MIN)  # the slowest rank bounds a step
+    flops = [_matmul_flops(device, torch.float32, args.reps), _matmul_flops(device, torch.float64, args.reps)]
     if rank == 0:
-        text = _topology(args, world, pp, ring_s, big, allreduce_s, attend32, attend64, rates.tolist())
+        text = _topology(args, world, pp, ring_s, big, allreduce_s, small, attend32, attend64, flops)
         write_text_atomic(Path(args.out), text)
         print(f"wrote {args.out}")
     dist.destroy_process_group()
 
 
+def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[float, float]:
+    """``bytes / (t - launch)`` fitted through the origin on relative error: (bytes/s, largest relative residual)."""
+    x = np.array([b for b, _ in points])
+    y = np.array([t for _, t in points])
+    inv_bw = float(np.sum(x * (y - launch) / y**2) / np.sum(x * x / y**2))
+    inv_bw = max(inv_bw, 1e-15)
+    return 1.0 / inv_bw, float(np.max(np.abs(launch + x * inv_bw - y) / y))
+
+
 def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring_s: float, big: int,
-              allreduce_s: float, attend32: list[tuple[float, float]], attend64: list[tuple[float, float]],
-              flops: list[float]) -> str:
+              allreduce_s: float, small: float, attend32: list[tuple[float, float]],
+              attend64: list[tuple[float, float]], flops: list[float]) -> str:
     sizes = np.array([s for s, _ in pp], dtype=float)
     one_way = np.array([t for _, t in pp])
     overhead, inv_bw, r2_p2p, res_p2p = fit_linear(sizes, one_way)
@@ -167,12 +191,10 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     aggregate = max(aggregate, flow_bw)  # a lone flow is never faster than all of them together
     # the model charges a ring allreduce 2(P-1) steps of the message overhead; the rest is per collective
     comm_overhead = max(0.0, allreduce_s - 2 * (world - 1) * overhead)
-    launch32, inv_mem, r2_mem, res_mem = fit_linear(np.array([b for b, _ in attend32]),
-                                                    np.array([t for _, t in attend32]))
-    launch64, inv_mem64, r2_mem64, res_mem64 = fit_linear(np.array([b for b, _ in attend64]),
-                                                          np.array([t for _, t in attend64]))
-    mem_bw = 1.0 / inv_mem
-    launch = max(launch32, 0.0)
+    launch = small
+    mem_bw, res_mem = _bandwidth_after(launch, attend32)
+    mem_bw64, res_mem64 = _bandwidth_after(launch, attend64)
+    cores = os.cpu_count() or 1
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16e9
     lines = [
         f"# Measured by `treering calibrate --procs {world} --backend {args.backend}` on {platform.node()} "
@@ -183,12 +205,14 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"{aggregate / 1e9:.3f} GB/s.",
         f"# One-element all_reduce: {allreduce_s * 1e6:.1f} us -> comm_overhead {comm_overhead * 1e6:.1f} us per "
         f"collective beyond 2(P-1) message overheads.",
-        f"# Attend kernel ({args.heads} heads x {args.head_dim}, shards {SHARDS[0]}..{SHARDS[-1]} tokens, all ranks "
-        f"at once): fp32 {launch32 * 1e6:.1f} us + bytes / {mem_bw / 1e9:.3f} GB/s (R^2 {r2_mem:.4f}, residual "
-        f"{res_mem:.1%}); fp64 {launch64 * 1e6:.1f} us + bytes / {1 / inv_mem64 / 1e9:.3f} GB/s (R^2 {r2_mem64:.4f},"
-        f" residual {res_mem64:.1%}).",
-        f"# Matmul 512^3 (all ranks at once): fp32 {flops[0] / 1e9:.2f} GFLOP/s, fp64 {flops[1] / 1e9:.2f} GFLOP/s."
+        f"# Small kernels (merge, rescale, finalize of one state; rank 0 alone): median {small * 1e6:.1f} us "
+        "-> launch_overhead.",
+        f"# Attend kernel ({args.heads} heads x {args.head_dim}, shards {SHARDS[0]}..{SHARDS[-1]} tokens, rank 0 "
+        f"alone): launch + bytes / {mem_bw / 1e9:.3f} GB/s in fp32 (largest relative residual {res_mem:.1%}), "
+        f"bytes / {mem_bw64 / 1e9:.3f} GB/s in fp64 ({res_mem64:.1%}); the model takes the fp32 figure.",
+        f"# Matmul 512^3 (rank 0 alone): fp32 {flops[0] / 1e9:.2f} GFLOP/s, fp64 {flops[1] / 1e9:.2f} GFLOP/s."
         " bf16/fp16 workloads run in fp32 on this backend, so they get the fp32 figures.",
+        f"# host_cores: the {world} ranks share this machine's {cores} CPUs (one thread each).",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
         "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
     ]
@@ -209,6 +233,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
             "class": "loopback"} for r in range(world)],
         "message_overhead": f"{overhead * 1e6:.6g} us",
         "comm_overhead": f"{comm_overhead * 1e6:.6g} us",
+        "host_cores": {"local": cores},
     }
     text = "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, width=120)
     for line in lines:
