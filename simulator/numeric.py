@@ -196,14 +196,18 @@ class Executor:
         assert op.match is not None
         self.store(op, self.in_flight.pop(op.match))
 
+    def execute(self, op: Op) -> None:
+        """Run one op (a launch only marks the start of a communication operation: nothing to compute)."""
+        if op.kind == "send":
+            self.send(op)
+        elif op.kind == "recv":
+            self.recv(op)
+        elif op.kind != "launch":
+            self.compute(op)
+
     def run(self, sched: Schedule) -> None:
         for op in sched.ops:
-            if op.kind == "send":
-                self.send(op)
-            elif op.kind == "recv":
-                self.recv(op)
-            elif op.kind != "launch":
-                self.compute(op)
+            self.execute(op)
 
 
 def run_numeric(sched: Schedule, inp: Inputs) -> NumericResult:

@@ -40,18 +40,12 @@ class FlowSpec(_Strict):
     @field_validator("bytes", mode="before")
     @classmethod
     def _bytes(cls, v: Any) -> float:
-        x = _unit(parse_bytes, v)
-        if x < 0:
-            raise ValueError(f"must not be negative, got {v!r}")
-        return x
+        return _unit(parse_bytes, v)
 
     @field_validator("start", mode="before")
     @classmethod
     def _start(cls, v: Any) -> float:
-        x = _unit(parse_time, v)
-        if x < 0:
-            raise ValueError(f"must not be negative, got {v!r}")
-        return x
+        return _unit(parse_time, v)
 
 
 class FlowsWorkload(_Strict):
@@ -100,10 +94,14 @@ class Scenario(_Strict):
 
 
 def _unit(parse: Any, v: Any) -> float:
+    """A non-negative quantity; unit errors become pydantic's ValueError (located by the caller)."""
     try:
-        return float(parse(v))
+        x = float(parse(v))
     except InputError as err:
         raise ValueError(err.message) from None
+    if x < 0:
+        raise ValueError(f"must not be negative, got {v!r}")
+    return x
 
 
 _Origin = tuple[str, "int | None"]

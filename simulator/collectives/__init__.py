@@ -94,29 +94,27 @@ def reduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str
            algo: str, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]]) -> Frontier:
     """``root``'s ``buf`` becomes the elementwise ``op`` over all ranks (others' buffers are scratch)."""
     b = _builder(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, "reduce")
+    _rooted(b, ranks, hosts, root, algo, 0)
+    return b.front
+
+
+def _rooted(b: CollBuilder, ranks: Sequence[int], hosts: Sequence[int], root: int, algo: str, which: int) -> None:
+    """Reduce (``which=0``: inside nodes, then across leaders) or broadcast (1: the other way round)."""
     algo = _resolve(algo, ranks, hosts)
     if algo != "hierarchical":
-        _ROOTED[algo][0](b, ranks, root)
-        return b.front
+        _ROOTED[algo][which](b, ranks, root)
+        return
     groups = _groups(ranks, hosts)
-    leader_of = {r: g[0] if root not in g else root for g in groups for r in g}
-    for g in groups:
-        _ROOTED[INTRA_NODE][0](b, g, leader_of[g[0]])
-    _ROOTED[INTER_NODE][0](b, [leader_of[g[0]] for g in groups], root)
-    return b.front
+    leaders = [root if root in g else g[0] for g in groups]
+    phases = [lambda: [_ROOTED[INTRA_NODE][which](b, g, lead) for g, lead in zip(groups, leaders, strict=True)],
+              lambda: _ROOTED[INTER_NODE][which](b, leaders, root)]
+    for phase in phases if which == 0 else phases[::-1]:
+        phase()
 
 
 def broadcast(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str, n: int, *, root: int,
               algo: str, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]]) -> Frontier:
     """Every rank's ``buf`` becomes ``root``'s."""
     b = _builder(sched, ranks, buf, n, elem_bytes, dtype, "sum", tag, deps, "broadcast")
-    algo = _resolve(algo, ranks, hosts)
-    if algo != "hierarchical":
-        _ROOTED[algo][1](b, ranks, root)
-        return b.front
-    groups = _groups(ranks, hosts)
-    leader_of = {r: g[0] if root not in g else root for g in groups for r in g}
-    _ROOTED[INTER_NODE][1](b, [leader_of[g[0]] for g in groups], root)
-    for g in groups:
-        _ROOTED[INTRA_NODE][1](b, g, leader_of[g[0]])
+    _rooted(b, ranks, hosts, root, algo, 1)
     return b.front

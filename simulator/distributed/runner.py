@@ -135,12 +135,7 @@ class RankRunner(Executor):
                 if op.kind == "launch":
                     self.collective(op)
                 continue  # the collective's steps ran inside dist.all_reduce
-            if op.kind == "send":
-                self.send(op)
-            elif op.kind == "recv":
-                self.recv(op)
-            elif op.kind != "launch":
-                self.compute(op)
+            self.execute(op)
         for op_id in list(self.pending):
             self._wait(op_id)
         return self.buf[self.rank]
