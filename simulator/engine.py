@@ -5,7 +5,9 @@
   topology: CPU ranks, as in real runs on a small machine), a kernel is work of that many core-seconds that
   drains at up to one core, the host's cores shared max-min fairly among the kernels running on it: the same
   progressive filling as the network, over a per-rank "core" link of capacity 1 and a per-host link of capacity
-  ``host_cores``.
+  ``host_cores``. With ``host_mem_bw`` as well, memory-bound kernels (roofline memory time above both their
+  compute time and their launch overhead) also share the host's memory bandwidth: one more link, of
+  ``host_mem_bw / mem_bw`` core-equivalents.
 * Launch ops (the start of a collective on a rank) take ``comm_overhead``, off the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
   ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own),
@@ -101,19 +103,26 @@ class _Run:
         for i, (u, v, bw) in enumerate(cluster.graph.edges(data="bandwidth")):
             self.links[(u, v)] = i
             capacity.append(bw)
-        # shared host cores: a virtual link per rank (1 core) and per host (its cores)
+        # shared host cores: a virtual link per rank (1 core) and per host (its cores), and the host's memory
         self.core_links: dict[int, tuple[int, int]] = {}
+        self.mem_link: dict[int, int] = {}
         host_link: dict[str, int] = {}
+        host_mem: dict[str, int] = {}
         for r, node in enumerate(self.place):
-            cores = cluster.host_cores.get(cluster.host_of(node))
+            host = cluster.host_of(node)
+            cores = cluster.host_cores.get(host)
             if cores is None:
                 continue
-            host = cluster.host_of(node)
             if host not in host_link:
                 host_link[host] = len(capacity)
                 capacity.append(float(cores))
+                if host in cluster.host_mem_bw:
+                    host_mem[host] = len(capacity)
+                    capacity.append(cluster.host_mem_bw[host] / cluster.specs[node].mem_bw_Bps)
             self.core_links[r] = (len(capacity), host_link[host])
             capacity.append(1.0)
+            if host in host_mem:
+                self.mem_link[r] = host_mem[host]
         self.net = FlowNetwork(capacity)
         self._durations: dict[tuple[str, float, float, str, bool], float] = {}
         self._paths: dict[tuple[str, str], tuple[list[int], float]] = {}
@@ -211,9 +220,18 @@ class _Run:
         if work <= 0:
             self._kernel_done(op)
             return
-        self.net.add(op.id, self.core_links[rank], work, self.env.now)
+        links: tuple[int, ...] = self.core_links[rank]
+        if rank in self.mem_link and self._memory_bound(op):
+            links = (*links, self.mem_link[rank])
+        self.net.add(op.id, links, work, self.env.now)
         self.flow_op[op.id] = op
         self._mark_dirty()
+
+    def _memory_bound(self, op: Op) -> bool:
+        spec = self.cluster.specs[self.place[op.rank]]
+        t_mem = op.nbytes / (spec.mem_bw_Bps * spec.eff_mem)
+        t_flops = op.flops / (spec.flops_for(op.dtype) * spec.eff_flops) if op.flops else 0.0
+        return t_mem > t_flops and t_mem > (0.0 if op.fused else spec.launch_s)
 
     def _kernel_done(self, op: Op) -> None:
         self._done(op)

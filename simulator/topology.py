@@ -46,6 +46,7 @@ class Cluster:
     message_overhead_s: float = 0.0
     comm_overhead_s: float = 0.0
     host_cores: Mapping[str, int] = field(default_factory=dict)  # hosts whose ranks share CPU cores
+    host_mem_bw: Mapping[str, float] = field(default_factory=dict)  # and their memory bandwidth (bytes/s)
     _router: Router = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -140,7 +141,8 @@ def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict
     return {name: parse_device_spec(name, spec, _locator(src, tree, (*base, name))) for name, spec in raw.items()}
 
 
-_TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "host_cores", "description"}
+_TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "host_cores", "host_mem_bw",
+             "description"}
 
 
 def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster:
@@ -172,12 +174,24 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
     _check_reachable(graph, locate)
     name = str(raw.get("name") or Path(src).stem)
     cluster = Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead,
-                      comm_overhead_s=comm, host_cores=_host_cores(raw.get("host_cores", {}), locate))
+                      comm_overhead_s=comm, host_cores=_host_cores(raw.get("host_cores", {}), locate),
+                      host_mem_bw=_host_mem_bw(raw.get("host_mem_bw", {}), locate))
     hosts = {cluster.host_of(r) for r in ranks}
-    for host in cluster.host_cores:
-        if host not in hosts:
-            raise locate(("host_cores", host), InputError(f"no rank is on host {host!r}; hosts: {sorted(hosts)}"))
+    for key, table in (("host_cores", cluster.host_cores), ("host_mem_bw", cluster.host_mem_bw)):
+        for host in table:
+            if host not in hosts:
+                raise locate((key, host), InputError(f"no rank is on host {host!r}; hosts: {sorted(hosts)}"))
+    for host in cluster.host_mem_bw:
+        if host not in cluster.host_cores:
+            raise locate(("host_mem_bw", host), InputError("needs host_cores for the same host"))
     return cluster
+
+
+def _host_mem_bw(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, float]:
+    """``host_mem_bw: {HOST: "20 GB/s"}``: memory bandwidth the kernels of HOST's ranks share."""
+    if not isinstance(raw, Mapping):
+        raise locate(("host_mem_bw",), InputError("must map host names to bandwidths"))
+    return {str(h): _quantity(parse_bandwidth, v, locate, ("host_mem_bw", h), None) for h, v in raw.items()}
 
 
 def _host_cores(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, int]:

@@ -187,3 +187,29 @@ def test_kernels_of_one_rank_still_run_one_at_a_time_with_shared_cores():
     b = sched.add_compute(0, "b", nbytes=1e6)
     ends = simulate(sched, cluster).op_ends()
     assert math.isclose(ends[a], 1e-3, rel_tol=REL) and math.isclose(ends[b], 2e-3, rel_tol=REL)
+
+
+def test_memory_bound_kernels_share_the_host_memory_bandwidth():
+    from conftest import ZERO_COMPUTE
+
+    cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "10 GB/s", "mem": "8 GB", "launch_overhead": "1 us"}
+    raw = {
+        "devices": {"cpu": cpu, "zero": ZERO_COMPUTE},
+        "nodes": [{"name": f"box.r{i}", "kind": "gpu", "device": "cpu"} for i in range(2)]
+        + [{"name": "box.sw", "kind": "switch"}],
+        "links": [{"a": f"box.r{i}", "b": "box.sw", "bandwidth": "1 GB/s"} for i in range(2)],
+        "host_cores": {"box": 2},
+        "host_mem_bw": {"box": "15 GB/s"},
+    }
+    cluster = build_cluster(raw, "<mem>")
+    sched = Schedule(2, placement=cluster.ranks)
+    big = [sched.add_compute(r, "attend", nbytes=1e7) for r in range(2)]  # 1 ms + 1 us alone
+    ends = simulate(sched, cluster).op_ends()
+    # two cores, but 15 GB/s for two 10 GB/s kernels: each runs at 0.75 of its own speed
+    for op in big:
+        assert math.isclose(ends[op], (1e-3 + 1e-6) / 0.75, rel_tol=REL)
+    small = Schedule(2, placement=cluster.ranks)
+    tiny = [small.add_compute(r, "merge", nbytes=1e3) for r in range(2)]  # launch-bound: not memory-bound
+    ends = simulate(small, cluster).op_ends()
+    for op in tiny:
+        assert math.isclose(ends[op], 1e-6 + 1e-7, rel_tol=REL)

@@ -10,8 +10,9 @@ Measured:
   state: the per-kernel overhead, ``launch_overhead``), the decode attention kernel (partial attention merged
   into a running state, the ``attend`` op) on shards of several sizes, fitted as ``launch + bytes / mem_bw``,
   and a square matmul for peak FLOP/s. How P ranks slow each other down is not folded into these figures: the
-  file sets ``host_cores`` (this machine's CPUs) and the engine shares those cores among the kernels that run
-  at once, which also gets right the schedules whose ranks compute one after another (``ring-q``).
+  file sets ``host_cores`` (this machine's CPUs) and ``host_mem_bw`` (what min(P, CPUs) attend kernels running at
+  once move together), and the engine shares those among the kernels that run at once, which also gets right the
+  schedules whose ranks compute one after another (``ring-q``).
 
 The topology is a star: each rank's device (``local.rankK``) sends into ``local.tx`` at the per-flow bandwidth,
 ``local.tx -> local.rx`` carries the aggregate bandwidth, ``local.rx`` delivers to each rank. Fit quality (R^2 and
@@ -60,12 +61,15 @@ def fit_linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float
     return float(a), float(b), 1 - ss_res / ss_tot, float(np.max(np.abs(pred - y) / y))
 
 
-def _median_time(fn: Callable[[], object], reps: int, device: torch.device, only: int | None = None) -> float:
-    """Median over ``reps`` of ``fn``'s time (on rank ``only`` alone when given; the others wait)."""
+def _median_time(fn: Callable[[], object], reps: int, device: torch.device, only: int | None = None,
+                 first: int | None = None) -> float:
+    """Median over ``reps`` of ``fn``'s time: on rank ``only`` alone, or on ranks below ``first`` at once, or on
+    every rank; the others wait (and get 0)."""
     times = []
     for _ in range(reps):
         dist.barrier()
-        if only is not None and dist.get_rank() != only:
+        rank = dist.get_rank()
+        if (only is not None and rank != only) or (first is not None and rank >= first):
             continue
         t0 = time.perf_counter()
         fn()
@@ -128,6 +132,19 @@ def _attend_times(args: argparse.Namespace, device: torch.device, dtype: torch.d
     return out
 
 
+def _shared_memory_bandwidth(args: argparse.Namespace, device: torch.device, ranks: int) -> float:
+    """Bytes/s that ``ranks`` attend kernels (the largest shard) move together when they run at once."""
+    t = SHARDS[-1]
+    shape = DecodeShape(1, args.heads, args.head_dim, args.heads, t, "fp32")
+    q = torch.randn(1, args.heads, 1, args.head_dim, device=device)
+    k = torch.randn(1, args.heads, t, args.head_dim, device=device)
+    acc = partial_attention(q, k[:, :, :1], k[:, :, :1], 0.1)
+    elapsed = torch.tensor([_median_time(lambda: merge(acc, partial_attention(q, k, k, 0.1)),
+                                         max(3, args.reps // 3), device, first=ranks)], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return ranks * shape.attend_cost(t)[1] / float(elapsed.item())
+
+
 def _small_kernel_time(args: argparse.Namespace, device: torch.device, reps: int) -> float:
     """Median time of the schedules' small kernels (merge, rescale, finalize of one state), on rank 0 alone."""
     q = torch.randn(1, args.heads, 1, args.head_dim, device=device)
@@ -163,8 +180,11 @@ def run_rank(args: argparse.Namespace) -> None:
     attend32 = _attend_times(args, device, torch.float32)
     attend64 = _attend_times(args, device, torch.float64)
     flops = [_matmul_flops(device, torch.float32, args.reps), _matmul_flops(device, torch.float64, args.reps)]
+    concurrent = min(world, os.cpu_count() or 1)
+    shared_bw = _shared_memory_bandwidth(args, device, concurrent)
     if rank == 0:
-        text = _topology(args, world, pp, ring_s, big, allreduce_s, small, attend32, attend64, flops)
+        text = _topology(args, world, pp, ring_s, big, allreduce_s, small, attend32, attend64, flops,
+                         (concurrent, shared_bw))
         write_text_atomic(Path(args.out), text)
         print(f"wrote {args.out}")
     dist.destroy_process_group()
@@ -181,7 +201,7 @@ def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[
 
 def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring_s: float, big: int,
               allreduce_s: float, small: float, attend32: list[tuple[float, float]],
-              attend64: list[tuple[float, float]], flops: list[float]) -> str:
+              attend64: list[tuple[float, float]], flops: list[float], shared: tuple[int, float]) -> str:
     sizes = np.array([s for s, _ in pp], dtype=float)
     one_way = np.array([t for _, t in pp])
     overhead, inv_bw, r2_p2p, res_p2p = fit_linear(sizes, one_way)
@@ -195,6 +215,8 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     mem_bw, res_mem = _bandwidth_after(launch, attend32)
     mem_bw64, res_mem64 = _bandwidth_after(launch, attend64)
     cores = os.cpu_count() or 1
+    concurrent, shared_bw = shared
+    host_mem_bw = min(shared_bw, cores * mem_bw)  # what several kernels at once get, at most a core each
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16e9
     lines = [
         f"# Measured by `treering calibrate --procs {world} --backend {args.backend}` on {platform.node()} "
@@ -212,7 +234,9 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"bytes / {mem_bw64 / 1e9:.3f} GB/s in fp64 ({res_mem64:.1%}); the model takes the fp32 figure.",
         f"# Matmul 512^3 (rank 0 alone): fp32 {flops[0] / 1e9:.2f} GFLOP/s, fp64 {flops[1] / 1e9:.2f} GFLOP/s."
         " bf16/fp16 workloads run in fp32 on this backend, so they get the fp32 figures.",
-        f"# host_cores: the {world} ranks share this machine's {cores} CPUs (one thread each).",
+        f"# host_cores: the {world} ranks share this machine's {cores} CPUs (one thread each). host_mem_bw: "
+        f"{concurrent} attend kernels at once moved {shared_bw / 1e9:.3f} GB/s together "
+        f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone).",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
         "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
     ]
@@ -234,6 +258,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         "message_overhead": f"{overhead * 1e6:.6g} us",
         "comm_overhead": f"{comm_overhead * 1e6:.6g} us",
         "host_cores": {"local": cores},
+        "host_mem_bw": {"local": f"{host_mem_bw:.6g} B/s"},
     }
     text = "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, width=120)
     for line in lines:
