@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pandas as pd
 
+from simulator import __version__
 from simulator.distributed.checks import check_scenario
 from simulator.distributed.cli_args import add_calibrate_args, add_validate_args
 from simulator.distributed.launch import RankFailure, spawn
 from simulator.errors import InputError
-from simulator.io import write_csv_atomic
+from simulator.io import write_csv_atomic, write_text_atomic
 from simulator.paths import DEFAULT_SCENARIO
-from simulator.runner import run_points
-from simulator.scenario import load_scenario, parse_set
+from simulator.report import META_FILE, TIMELINE_FILE, write_report
+from simulator.runner import cluster_for, point_runs, run_points, timeline_frame
+from simulator.scenario import Point, Scenario, load_scenario, parse_set
 from simulator.topo_summary import summarize
 from simulator.topology import load_topology
+from simulator.trace import chrome_trace
 
 __all__ = ["main"]
 
@@ -40,6 +45,18 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a dotted key of the scenario, e.g. --set topology_params.nodes=4")
     run.add_argument("--numeric", action="store_true",
                      help="also execute each schedule on random arrays and report max_abs_err against dense attention")
+    run.add_argument("--timeline-point", type=int, default=0, metavar="K",
+                     help="sweep point (0-based) whose per-rank timeline the report draws (default 0)")
+    run.add_argument("--no-report", action="store_true", help="write results.csv only")
+    rep = sub.add_parser("report", help="(re)write the report of a results.csv: report.md, report.html, figures")
+    rep.add_argument("results", help="a results.csv written by treering run (or its folder)")
+    rep.add_argument("-o", "--out", default=None, help="output folder (default: the results' folder)")
+    trace = sub.add_parser("trace", help="Chrome/Perfetto trace of one sweep point (ranks and link utilisation)")
+    trace.add_argument("scenario")
+    trace.add_argument("--point", type=int, default=0, metavar="K", help="sweep point, 0-based (default 0)")
+    trace.add_argument("-o", "--out", required=True, help="trace JSON to write")
+    trace.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
     topo = sub.add_parser("topo", help="inspect topologies")
     topo_sub = topo.add_subparsers(dest="topo_verb", required=True, parser_class=_Parser)
     show = topo_sub.add_parser("show", help="print a summary of a preset or topology file")
@@ -62,10 +79,68 @@ def _out_dir(arg: str | None, name: str) -> Path:
 def _cmd_run(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets)
     out = _out_dir(args.out, points[0].scenario.name)
+    point = _pick(points, args.timeline_point, "--timeline-point")
     frame = run_points(points, numeric=args.numeric)
     print(format_table(frame))
     write_csv_atomic(frame, out / "results.csv")
     print(f"\nwrote {out / 'results.csv'} ({len(frame)} rows, {len(points)} points)")
+    if not args.no_report:
+        timeline = timeline_frame(point_runs(point))
+        write_csv_atomic(timeline, out / TIMELINE_FILE)
+        sc = point.scenario
+        meta: dict[str, Any] = {"scenario": sc.name, "source": args.scenario, "topology": _topology_label(points),
+                "version": __version__, "command": shlex.join(["treering", *args.argv]),
+                "timeline_point": dict(point.swept), "capacity_bytes": _capacity(points)}
+        write_report(frame, out, meta, timeline, meta["capacity_bytes"])
+        print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
+    return 0
+
+
+def _pick(points: list[Point], k: int, flag: str) -> Point:
+    if not 0 <= k < len(points):
+        raise InputError(f"must be between 0 and {len(points) - 1} (the sweep has {len(points)} points), got {k}",
+                         field=flag)
+    return points[k]
+
+
+def _topology_label(points: list[Point]) -> str:
+    names = dict.fromkeys(f"{p.scenario.topology} {p.scenario.topology_params or ''}".strip() for p in points)
+    return "; ".join(names) if len(names) <= 4 else f"{len(names)} topologies (see results.csv)"
+
+
+def _capacity(points: list[Point]) -> float | None:
+    caps = {spec.mem_bytes for p in points for spec in cluster_for(p).specs.values()}
+    return min(caps) if caps else None
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    path = Path(args.results)
+    if path.is_dir():
+        path = path / "results.csv"
+    if not path.is_file():
+        raise InputError("no such results file", file=str(path))
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read results: {err}", file=str(path)) from None
+    meta_path, timeline_path = path.parent / META_FILE, path.parent / TIMELINE_FILE
+    meta: dict[str, Any] = (json.loads(meta_path.read_text()) if meta_path.exists()
+                            else {"scenario": path.parent.name, "command": "(unknown: no meta.json beside it)"})
+    timeline = pd.read_csv(timeline_path) if timeline_path.exists() else None
+    out = Path(args.out) if args.out else path.parent
+    write_report(frame, out, meta, timeline, meta.get("capacity_bytes"))
+    print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
+    return 0
+
+
+def _cmd_trace(args: argparse.Namespace) -> int:
+    points = load_scenario(args.scenario, args.sets)
+    point = _pick(points, args.point, "--point")
+    runs = point_runs(point, record_links=True)
+    cluster = cluster_for(point)
+    trace = chrome_trace([(lab, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs], cluster)
+    write_text_atomic(Path(args.out), json.dumps(trace))
+    print(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
     return 0
 
 
@@ -113,11 +188,19 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
     try:
         if args.verb == "run":
             return _cmd_run(args)
         if args.verb in ("validate", "calibrate"):
             return _cmd_real(args, argv)
+        if args.verb == "schema":
+            print(json.dumps(Scenario.model_json_schema(), indent=2))
+            return 0
+        if args.verb == "report":
+            return _cmd_report(args)
+        if args.verb == "trace":
+            return _cmd_trace(args)
         return _cmd_topo(args)
     except InputError as err:
         print(f"treering: error: {err}", file=sys.stderr)

@@ -71,6 +71,7 @@ class SimResult:
     ranks: int
     end_time: dict[int, float] = field(default_factory=dict)
     simpy_events: int = 0
+    link_load: list[tuple[float, str, str, float]] = field(default_factory=list)  # (time, u, v, bytes/s)
 
     @property
     def makespan(self) -> float:
@@ -82,8 +83,10 @@ class SimResult:
 
 
 class _Run:
-    def __init__(self, schedule: Schedule, cluster: Cluster) -> None:
+    def __init__(self, schedule: Schedule, cluster: Cluster, record_links: bool = False) -> None:
         self.env = simpy.Environment()
+        self.record_links = record_links
+        self.link_load: list[tuple[float, str, str, float]] = []
         self.sched = schedule
         self.ops = schedule.ops
         self.cluster = cluster
@@ -100,8 +103,10 @@ class _Run:
         self.stream_busy = [False] * schedule.ranks
         self.links: dict[tuple[str, str], int] = {}
         capacity: list[float] = []
+        self.edge_names: list[tuple[str, str]] = []
         for i, (u, v, bw) in enumerate(cluster.graph.edges(data="bandwidth")):
             self.links[(u, v)] = i
+            self.edge_names.append((u, v))
             capacity.append(bw)
         # shared host cores: a virtual link per rank (1 core) and per host (its cores), and the host's memory
         self.core_links: dict[int, tuple[int, int]] = {}
@@ -168,7 +173,8 @@ class _Run:
         for rec in self.timeline:
             ends[rec.rank] = max(ends.get(rec.rank, 0.0), rec.end)
         self.timeline.sort(key=lambda r: (r.start, r.rank, r.op))
-        return SimResult(self.timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events)
+        return SimResult(self.timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
+                         self.link_load)
 
     # -- op life cycle -----------------------------------------------------------------------------------------
     def _duration(self, op: Op) -> float:
@@ -271,7 +277,12 @@ class _Run:
     def _reallocate(self, _e: object) -> None:
         self.dirty = False
         self.events += 1
-        self.net.allocate(self.env.now)
+        changed = self.net.allocate(self.env.now)
+        if self.record_links:
+            for link in sorted(changed):
+                if link < len(self.edge_names):  # not a virtual core or memory link
+                    u, v = self.edge_names[link]
+                    self.link_load.append((self.env.now, u, v, self.net.load(link)))
         self.generation += 1
         when, due = self.net.next_finish()
         if due:
@@ -307,6 +318,9 @@ class _Run:
                 self._ready(self.ops[child])
 
 
-def simulate(schedule: Schedule, cluster: Cluster) -> SimResult:
-    """Run ``schedule`` on ``cluster`` in simulated time; returns the timeline and event counts."""
-    return _Run(schedule, cluster).run()
+def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -> SimResult:
+    """Run ``schedule`` on ``cluster`` in simulated time; returns the timeline and event counts.
+
+    ``record_links`` also records each link's load (bytes/s) whenever it changes (for traces).
+    """
+    return _Run(schedule, cluster, record_links).run()

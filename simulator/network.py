@@ -103,11 +103,16 @@ class FlowNetwork:
                             stack.append(link)
         return flows
 
-    def allocate(self, now: float) -> None:
-        """Recompute the max-min fair rates of the flows around the links touched since the last call."""
+    def allocate(self, now: float) -> set[int]:
+        """Recompute the max-min fair rates of the flows around the links touched since the last call.
+
+        Returns the links whose load may have changed (the touched ones and those of the recomputed flows).
+        """
         if not self._touched:
-            return
+            return set()
         flows = self._component()
+        changed = set(self._touched)
+        changed.update(link for f in flows for link in self.routes[f])
         self._touched.clear()
         self.allocations += 1
         rates = max_min_rates({f: self.routes[f] for f in flows}, self.capacity)
@@ -120,6 +125,11 @@ class FlowNetwork:
             self.rate[f] = new
             self.version[f] += 1
             heapq.heappush(self._eta, (now + max(self.remaining[f], 0.0) / new, self.version[f], f))
+        return changed
+
+    def load(self, link: int) -> float:
+        """Bytes/s flowing on ``link`` now."""
+        return sum(self.rate[f] for f in self.on_link.get(link, ()))
 
     def next_finish(self) -> tuple[float, list[int]]:
         """Earliest predicted finish time and every flow predicted to finish then (``(inf, [])`` when idle)."""

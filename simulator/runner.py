@@ -25,7 +25,7 @@ from simulator.topology import Cluster, load_topology
 from simulator.workload import DecodeShape
 
 __all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
-           "run_point", "run_points"]
+           "point_runs", "run_point", "run_points", "timeline_frame"]
 
 FLOW_COLUMNS = ["flow", "src", "dst", "bytes", "start_s", "finish_s"]
 DECODE_COLUMNS = ["scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim",
@@ -174,6 +174,29 @@ def check_points(points: Sequence[Point]) -> None:
                     resolve(entry, field=f"algorithms.{i}")
                 except InputError as err:
                     raise point.locate(err) from None
+
+
+def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Schedule, SimResult]]:
+    """Every algorithm of one point simulated again, with its schedule and full result (for timelines, traces)."""
+    cluster = cluster_for(point)
+    wl = point.scenario.workload
+    if isinstance(wl, FlowsWorkload):
+        sched = flows_schedule(wl, cluster)
+        return [("flows", sched, simulate(sched, cluster, record_links))]
+    shape, layout = decode_shape(wl), layout_of(cluster)
+    runs = []
+    for entry in point.scenario.algorithms:
+        name, params = resolve(entry)
+        sched = build_schedule(name, params, shape, layout)
+        runs.append((label(name, params), sched, simulate(sched, cluster, record_links)))
+    return runs
+
+
+def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]]) -> pd.DataFrame:
+    """The timelines of :func:`point_runs` as one table (algorithm, rank, kind, name, start_s, end_s, bytes)."""
+    rows = [{"algorithm": label_, "rank": r.rank, "kind": r.kind, "name": r.name, "start_s": r.start,
+             "end_s": r.end, "bytes": r.nbytes} for label_, _, result in runs for r in result.timeline]
+    return pd.DataFrame(rows)
 
 
 def run_points(points: Iterable[Point], numeric: bool = False) -> pd.DataFrame:

@@ -2,7 +2,8 @@
 
 Validation happens once, here, with located errors (``file:line: field: message``). A sweep is the cartesian
 product of ``sweep:`` axes, whose keys are dotted paths into the scenario (``topology_params.nodes``,
-``workload.context``); ``--set key=value`` overrides apply before the sweep expands.
+``workload.context``); ``zip:`` lists groups of axes that vary together (equal lengths), each group one axis of
+the product. ``--set key=value`` overrides apply before the sweep expands.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class Scenario(_Strict):
     topology_params: dict[str, Any] = Field(default_factory=dict)
     workload: Workload
     algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: list[str | dict[str, Any]](["ring", "tree"]))
-    sweep: dict[str, list[Any]] = Field(default_factory=dict)
+    sweep: dict[str, Any] = Field(default_factory=dict, description=(
+        "dotted key -> list of values (cartesian product); zip: [{key: [...], key2: [...]}] varies keys together"))
 
 
 def _unit(parse: Any, v: Any) -> float:
@@ -190,6 +192,12 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
             msg = "unknown key"
         elif err["type"] == "missing":
             msg = "required field is missing"
+        elif err["type"] == "greater_than" and err.get("ctx", {}).get("gt") == 0:
+            msg = f"must be a positive integer, got {err['input']!r}"
+        elif err["type"] in ("int_parsing", "int_type", "int_from_float"):
+            msg = f"must be an integer, got {err['input']!r}"
+        elif err["type"] == "literal_error":
+            msg = f"must be one of {err['ctx']['expected']}, got {err['input']!r}"
         elif "input" in err and not isinstance(err["input"], (dict, list)) and repr(err["input"]) not in msg:
             msg = f"{msg}, got {err['input']!r}"
         for dotted, (file, line) in origins.items():
@@ -212,32 +220,68 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> list[Point
     return expand(tree, base, source, Path(source).resolve().parent, origins)
 
 
+_Axis = list[tuple[str, list[Any], tuple[Any, ...]]]  # keys varying together: (key, values, YAML path)
+
+
+def _axes(sweep: Mapping[str, Any], tree: Any, source: str) -> list[_Axis]:
+    """The sweep's axes: one per plain key, one per ``zip`` group (its keys vary together)."""
+    def fail(path: tuple[Any, ...], msg: str) -> InputError:
+        return InputError(msg, file=source, line=line_of(tree, path), field=".".join(str(p) for p in path))
+
+    axes: list[_Axis] = []
+    for key, values in sweep.items():
+        if key == "zip":
+            if not isinstance(values, list) or not values:
+                raise fail(("sweep", "zip"), "must be a list of groups {key: [values], ...}")
+            for i, group in enumerate(values):
+                if not isinstance(group, Mapping) or not group:
+                    raise fail(("sweep", "zip", i), "a zip group must map keys to lists of values")
+                axis = [(k, v, ("sweep", "zip", i, k)) for k, v in group.items()]
+                lengths = {len(v) if isinstance(v, list) else -1 for _, v, _ in axis}
+                if -1 in lengths or len(lengths) != 1 or 0 in lengths:
+                    sizes = ", ".join(f"{k}: {len(v) if isinstance(v, list) else 'not a list'}" for k, v, _ in axis)
+                    raise fail(("sweep", "zip", i), f"keys that vary together need non-empty lists of one length "
+                                                     f"({sizes})")
+                axes.append(axis)
+            continue
+        if not isinstance(values, list) or not values:
+            raise fail(("sweep", key), "a sweep axis needs a non-empty list of values")
+        axes.append([(key, values, ("sweep", key))])
+    for axis in axes:
+        for key, _, path in axis:
+            if key in ("sweep", "name") or key.startswith("sweep."):
+                raise fail(path, "this key cannot be swept")
+    return axes
+
+
 def expand(tree: Any, base: Scenario, source: str, base_dir: Path,
            origins: Mapping[str, _Origin] | None = None) -> list[Point]:
-    """Cartesian product of ``base.sweep``; each cell re-validated with its values and their YAML lines."""
+    """The product of ``base.sweep``'s axes; each cell re-validated with its values and their YAML lines."""
     origins = dict(origins or {})
     if not base.sweep:
         return [Point(base, (), source, base_dir, tree, origins)]
-    sweep_node = tree.get("sweep", {})
-    axes = list(base.sweep.items())
-    for key, values in axes:
-        if not values:
-            raise InputError("a sweep axis needs at least one value", file=source,
-                             line=line_of(tree, ("sweep", key)), field=f"sweep.{key}")
-        if key in ("sweep", "name") or key.startswith("sweep."):
-            raise InputError("this key cannot be swept", file=source, line=line_of(tree, ("sweep", key)),
-                             field=f"sweep.{key}")
+    axes = _axes(base.sweep, tree, source)
     points = []
-    for combo in itertools.product(*(range(len(v)) for _, v in axes)):
+    for combo in itertools.product(*(range(len(axis[0][1])) for axis in axes)):
         cell = copy.deepcopy(tree)
         cell_origins = dict(origins)
-        for (key, values), idx in zip(axes, combo, strict=True):
-            lines = getattr(sweep_node.get(key), "lines", {}) if isinstance(sweep_node, dict) else {}
-            line = lines.get(idx) if isinstance(sweep_node.get(key), LineList) else None
-            origin = (source, line or line_of(tree, ("sweep", key)))
-            _set_path(cell, key, copy.deepcopy(values[idx]), origin, cell_origins)
+        swept = []
+        for axis, idx in zip(axes, combo, strict=True):
+            for key, values, path in axis:
+                node = _node(tree, path)
+                line = node.lines.get(idx) if isinstance(node, LineList) else None
+                _set_path(cell, key, copy.deepcopy(values[idx]), (source, line or line_of(tree, path)), cell_origins)
+                swept.append((key, values[idx]))
         cell["sweep"] = {}
         scenario = _validate(cell, source, cell_origins)
-        swept = tuple((key, values[idx]) for (key, values), idx in zip(axes, combo, strict=True))
-        points.append(Point(scenario, swept, source, base_dir, cell, cell_origins))
+        points.append(Point(scenario, tuple(swept), source, base_dir, cell, cell_origins))
     return points
+
+
+def _node(tree: Any, path: tuple[Any, ...]) -> Any:
+    for key in path:
+        try:
+            tree = tree[key]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return tree

@@ -167,3 +167,36 @@ def test_cli_argument_errors_exit_2(tmp_path, capsys):
     assert main(["run", str(scen), "-o", str(tmp_path / "afile")]) == 2
     assert main(["run", str(scen), "--set", "novalue"]) == 2
     assert "expected key=value" in capsys.readouterr().err
+
+
+def test_zip_groups_vary_together(tmp_path):
+    text = FLOWS.replace("""sweep:
+  topology_params.nodes: [2, 4]
+  workload.flows.1.bytes: [0.5 GB, 1 GB]""", """sweep:
+  topology: [dgx-h100, dgx-a100]
+  zip:
+    - {topology_params.nodes: [2, 3, 4], workload.flows.1.bytes: [0.5 GB, 1 GB, 2 GB]}""")
+    scen = write(tmp_path, "z.yaml", text)
+    assert main(["run", str(scen), "-o", str(tmp_path / "o")]) == 0
+    df = pd.read_csv(tmp_path / "o" / "results.csv")
+    pairs = set(zip(df["topology_params.nodes"], df["workload.flows.1.bytes"], strict=True))
+    assert pairs == {(2, "0.5 GB"), (3, "1 GB"), (4, "2 GB")}
+    assert len(df) == 2 * 3 * 2
+
+
+def test_zip_groups_need_equal_lengths(tmp_path, capsys):
+    text = FLOWS.replace("""  topology_params.nodes: [2, 4]
+  workload.flows.1.bytes: [0.5 GB, 1 GB]""", """  zip:
+    - {topology_params.nodes: [2, 3], workload.flows.1.bytes: [1 GB]}""")
+    scen = write(tmp_path, "z.yaml", text)
+    assert main(["run", str(scen), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "z.yaml:11: sweep.zip.0: keys that vary together need non-empty lists of one length" in err
+
+
+def test_schema_is_json_schema(capsys):
+    import json
+
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["title"] == "Scenario" and "workload" in schema["properties"]
