@@ -18,13 +18,16 @@ from simulator.distributed.cli_args import add_calibrate_args, add_validate_args
 from simulator.distributed.launch import RankFailure, spawn
 from simulator.errors import InputError
 from simulator.io import write_csv_atomic, write_text_atomic
+from simulator.models import PRESETS
 from simulator.paths import DEFAULT_SCENARIO
+from simulator.plan import PlanRequest, parse_tokens, plan
 from simulator.report import META_FILE, TIMELINE_FILE, write_report
 from simulator.runner import cluster_for, point_runs, run_points, timeline_frame
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
 from simulator.topo_summary import summarize
 from simulator.topology import load_topology
 from simulator.trace import chrome_trace
+from simulator.units import parse_time
 
 __all__ = ["main"]
 
@@ -57,6 +60,18 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("-o", "--out", required=True, help="trace JSON to write")
     trace.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
+    pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target")
+    pl.add_argument("--model", required=True, help=f"model preset: {', '.join(PRESETS)}")
+    pl.add_argument("--context", required=True, help="tokens of context: 1048576, 128K, 1M (K = 1024)")
+    pl.add_argument("--tbt", required=True, help="time-between-tokens target, e.g. 50ms")
+    pl.add_argument("--topology", default="dgx-h100", help="preset or topology file (default dgx-h100)")
+    pl.add_argument("--algorithms", default="ring,tree,tree-p2p", help="comma-separated (default ring,tree,tree-p2p)")
+    pl.add_argument("--batch", type=int, default=1)
+    pl.add_argument("--dtype", default="bf16")
+    pl.add_argument("--tp", type=int, default=None, help="tensor parallel degree (default: GPUs per node)")
+    pl.add_argument("--max-nodes", type=int, default=64)
+    pl.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="what-if, e.g. --set topology_params.nic_bandwidth=800Gb/s")
     topo = sub.add_parser("topo", help="inspect topologies")
     topo_sub = topo.add_subparsers(dest="topo_verb", required=True, parser_class=_Parser)
     show = topo_sub.add_parser("show", help="print a summary of a preset or topology file")
@@ -133,6 +148,23 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    if args.model not in PRESETS:
+        raise InputError(f"unknown model preset {args.model!r}; presets: {', '.join(PRESETS)}", field="--model")
+    tbt = parse_time(args.tbt.replace("ms", " ms").replace("us", " us")) if isinstance(args.tbt, str) else args.tbt
+    if tbt <= 0:
+        raise InputError(f"must be positive, got {args.tbt!r}", field="--tbt")
+    req = PlanRequest(model=args.model, context=parse_tokens(args.context), tbt_s=tbt, topology=args.topology,
+                      algorithms=[a.strip() for a in args.algorithms.split(",") if a.strip()], batch=args.batch,
+                      dtype=args.dtype, tp=args.tp, max_nodes=args.max_nodes, sets=args.sets)
+    table = plan(req)
+    print(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, "
+          f"on {args.topology}" + (f" ({', '.join(args.sets)})" if args.sets else ""))
+    with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
+        print(table.to_string(index=False))
+    return 0
+
+
 def _cmd_trace(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets)
     point = _pick(points, args.point, "--point")
@@ -199,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.verb == "report":
             return _cmd_report(args)
+        if args.verb == "plan":
+            return _cmd_plan(args)
         if args.verb == "trace":
             return _cmd_trace(args)
         return _cmd_topo(args)

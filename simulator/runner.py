@@ -18,6 +18,8 @@ from simulator.algorithms import Layout, build_schedule, label, resolve
 from simulator.engine import SimResult, simulate
 from simulator.errors import InputError
 from simulator.memory import peak_memory
+from simulator.models import PRESETS
+from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
 from simulator.schedule import COMPUTE_KINDS, Schedule
@@ -70,9 +72,11 @@ def flows_schedule(workload: FlowsWorkload, cluster: Cluster) -> Schedule:
 
 
 def decode_shape(wl: DecodeWorkload) -> DecodeShape:
-    m = wl.model
-    return DecodeShape(batch=wl.batch, heads=m.heads, head_dim=m.head_dim, kv_heads=m.kv_heads or m.heads,
-                       context=wl.context, dtype=wl.dtype)
+    """The attention shape of the whole model (a preset's, or the one given)."""
+    heads, kv_heads = wl.heads_kv()
+    head_dim = PRESETS[wl.model].head_dim if isinstance(wl.model, str) else wl.model.head_dim
+    return DecodeShape(batch=wl.batch, heads=heads, head_dim=head_dim, kv_heads=kv_heads, context=wl.context,
+                       dtype=wl.dtype)
 
 
 def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:
@@ -94,8 +98,15 @@ def _critical_split(result: SimResult) -> tuple[float, float]:
 def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int = 0) -> list[dict[str, Any]]:
     """One row per algorithm of a decode point."""
     sc = point.scenario
-    assert isinstance(sc.workload, DecodeWorkload)
-    shape = decode_shape(sc.workload)
+    wl = sc.workload
+    assert isinstance(wl, DecodeWorkload)
+    shape = decode_shape(wl)
+    if len(cluster.ranks) % wl.tp:
+        raise point.locate(InputError(f"tp ({wl.tp}) must divide the {len(cluster.ranks)} GPUs of the topology",
+                                      field="workload.tp"))
+    if numeric and (wl.tp > 1 or wl.scope == "model"):
+        raise point.locate(InputError("--numeric checks one attention layer without tensor parallelism (tp: 1, "
+                                      "scope: attention)", field="workload.scope"))
     layout = layout_of(cluster)
     rows = []
     for i, entry in enumerate(sc.algorithms):
@@ -103,7 +114,11 @@ def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int
             name, params = resolve(entry, field=f"algorithms.{i}")
         except InputError as err:
             raise point.locate(err) from None
-        sched = build_schedule(name, params, shape, layout)
+        if wl.scope == "model":
+            rows.append(_model_row(point, cluster, name, params, shape))
+            continue
+        sched = (attention_layer(name, params, shape, wl.tp, cluster) if wl.tp > 1
+                 else build_schedule(name, params, shape, layout))
         t0 = time.perf_counter()
         result = simulate(sched, cluster)
         wall = time.perf_counter() - t0
@@ -125,6 +140,24 @@ def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int
             row["max_abs_err"] = _numeric_error(sched, shape, seed)
         rows.append(row)
     return rows
+
+
+def _model_row(point: Point, cluster: Cluster, name: str, params: dict[str, Any], shape: DecodeShape
+               ) -> dict[str, Any]:
+    wl = point.scenario.workload
+    assert isinstance(wl, DecodeWorkload) and isinstance(wl.model, str)
+    t0 = time.perf_counter()
+    step = model_step(PRESETS[wl.model], name, params, shape, wl.tp, cluster)
+    wall = time.perf_counter() - t0
+    return {
+        "scenario": point.scenario.name, "algorithm": label(name, params), "topology": cluster.name,
+        "ranks": len(cluster.ranks), "nodes": cluster.num_hosts, "context": shape.context, "batch": shape.batch,
+        "heads": shape.heads, "head_dim": shape.head_dim, "dtype": shape.dtype, "latency_s": step.latency_s,
+        "compute_s": step.compute_s, "comm_s": step.latency_s - step.compute_s, "bytes_moved": step.bytes_moved,
+        "peak_mem_bytes": max(step.peaks),
+        "oom": any(peak > cluster.specs[n].mem_bytes for n, peak in zip(cluster.ranks, step.peaks, strict=True)),
+        "events": step.events, "sim_wall_s": wall, "model": wl.model, "tp": wl.tp,
+    }
 
 
 def _numeric_error(sched: Schedule, shape: DecodeShape, seed: int) -> float:

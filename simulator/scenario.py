@@ -19,11 +19,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
 
 from simulator.errors import InputError
+from simulator.models import PRESETS
 from simulator.units import parse_bytes, parse_time
 from simulator.yamlio import LineDict, LineList, line_of, load_yaml
 
 __all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario", "expand", "load_scenario",
-           "parse_set"]
+           "parse_set", "scenario_points"]
 
 
 class _Strict(BaseModel):
@@ -71,13 +72,47 @@ class ModelShape(_Strict):
 
 
 class DecodeWorkload(_Strict):
-    """One decode step: ``batch`` query tokens attend to ``context`` cached tokens sharded over every GPU."""
+    """One decode step: ``batch`` query tokens attend to ``context`` cached tokens sharded over every GPU.
+
+    ``model`` is an attention shape or a preset name (``llama-3.1-8b``...). ``scope: attention`` simulates one
+    attention layer; ``scope: model`` (presets only) a whole decode step: every layer's projections and MLP on the
+    roofline, its attention schedule, and the LM head; memory then holds the weights and every layer's KV cache.
+    ``tp`` splits heads and weights over groups of ``tp`` consecutive GPUs (tensor parallelism, with two
+    allreduces per layer); the context is sharded over the ``GPUs / tp`` groups (context parallelism).
+    """
 
     kind: Literal["decode"]
-    model: ModelShape
+    model: ModelShape | str
+    scope: Literal["attention", "model"] = "attention"
+    tp: PositiveInt = 1
     batch: PositiveInt = 1
     context: PositiveInt
     dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"
+
+    @field_validator("model")
+    @classmethod
+    def _preset(cls, v: ModelShape | str) -> ModelShape | str:
+        if isinstance(v, str) and v not in PRESETS:
+            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _scope(self) -> DecodeWorkload:
+        if self.scope == "model" and not isinstance(self.model, str):
+            raise ValueError(f"scope: model needs a model preset ({', '.join(PRESETS)}), not a bare shape")
+        heads, kv = self.heads_kv()
+        if heads % self.tp:
+            raise ValueError(f"tp ({self.tp}) must divide the {heads} attention heads")
+        if kv % self.tp and self.tp % kv:
+            raise ValueError(f"tp ({self.tp}) and the {kv} KV heads must divide one another")
+        return self
+
+    def heads_kv(self) -> tuple[int, int]:
+        """(query heads, KV heads) of the whole model."""
+        if isinstance(self.model, str):
+            preset = PRESETS[self.model]
+            return preset.heads, preset.kv_heads
+        return self.model.heads, self.model.kv_heads or self.model.heads
 
 
 Workload = Annotated[DecodeWorkload | FlowsWorkload, Field(discriminator="kind")]
@@ -182,6 +217,8 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
         loc = tuple(err["loc"])
         if loc[:1] == ("workload",) and len(loc) > 1 and loc[1] in ("decode", "flows"):
             loc = (loc[0], *loc[2:])  # drop pydantic's discriminator tag
+        # and the names of union members (``ModelShape``, ``str``, ``function-after[...]``), which are not keys
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("ModelShape", "str"))))
         field = ".".join(str(p) for p in loc)
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "union_tag_invalid":
@@ -212,12 +249,17 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> list[Point
     tree = load_yaml(path)
     if not isinstance(tree, dict):
         raise InputError("a scenario file must be a mapping", file=source, line=1)
+    return scenario_points(tree, source, Path(source).resolve().parent, overrides)
+
+
+def scenario_points(tree: dict[str, Any], source: str, base_dir: Path, overrides: Sequence[str] = ()) -> list[Point]:
+    """Override, validate and expand a scenario given as a mapping (from a file, or built by a command)."""
     origins: dict[str, _Origin] = {}
     for item in overrides:
         key, value = parse_set(item)
         _set_path(tree, key, value, ("--set", None), origins)
     base = _validate(tree, source, origins)
-    return expand(tree, base, source, Path(source).resolve().parent, origins)
+    return expand(tree, base, source, base_dir, origins)
 
 
 _Axis = list[tuple[str, list[Any], tuple[Any, ...]]]  # keys varying together: (key, values, YAML path)

@@ -143,6 +143,28 @@ class Schedule:
                            fn=recv_fn))
         return sid, sid + 1
 
+    @staticmethod
+    def combine(parts: Sequence[tuple[Schedule, Sequence[str]]], name: str = "") -> Schedule:
+        """Schedules on disjoint ranks side by side, as one (each part's ranks placed on the given nodes)."""
+        out = Schedule(sum(s.ranks for s, _ in parts), name=name, placement=tuple(n for _, pl in parts for n in pl))
+        rank_off = id_off = 0
+        outputs = []
+        for sched, place in parts:
+            if len(place) != sched.ranks:
+                raise ValueError(f"placement of {len(place)} nodes for a schedule of {sched.ranks} ranks")
+            for op in sched.ops:
+                out.ops.append(op._replace(
+                    id=op.id + id_off, rank=op.rank + rank_off, deps=tuple(d + id_off for d in op.deps),
+                    peer=None if op.peer is None else op.peer + rank_off,
+                    match=None if op.match is None else op.match + id_off))
+            for r, bufs in sched.initial.items():
+                out.initial[r + rank_off] = dict(bufs)
+            outputs += [(r + rank_off, b) for r, b in sched.meta.get("outputs", [])]
+            rank_off += sched.ranks
+            id_off += len(sched.ops)
+        out.meta["outputs"] = outputs
+        return out
+
     def rank_ops(self, rank: int) -> list[Op]:
         """The ops of ``rank`` in program order."""
         return [op for op in self.ops if op.rank == rank]

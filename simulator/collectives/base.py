@@ -47,6 +47,8 @@ class CollBuilder:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {REDUCE_OPS}, got {op!r}")
         fn = kind if kind == "broadcast" else f"{kind}-{op}"
+        if len(ranks) < 2:  # nothing to communicate: no communication operation is launched
+            return cls(sched, buf, n, elem_bytes, dtype, op, tag, {r: tuple(deps.get(r, ())) for r in ranks})
         front: dict[int, tuple[int, ...]] = {
             r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=fn, out=buf),)
             for r in ranks}

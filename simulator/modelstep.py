@@ -1,0 +1,126 @@
+"""A whole decode step of a model preset: every layer's projections and MLP, its attention, and the LM head.
+
+With ``tp`` (tensor parallelism) the GPUs form groups of ``tp`` consecutive ranks; each group holds 1/tp of every
+layer's weights and heads and ends its attention output projection and its MLP with an allreduce of the hidden
+state (Megatron-style). The context is sharded over the ``P / tp`` groups: the attention of head group j runs the
+chosen schedule over GPU j of every group (on a DGX with tp = 8, one GPU per node on one NIC rail), all head
+groups at once, sharing the fabric.
+
+Layers run one after another; the step takes ``layers x (dense + attention) + LM head``, where each term is
+the simulated makespan of that stage on every rank (a layer starts when the slowest rank finished the previous
+one). Memory per rank: the weights it holds, every layer's KV shard, and one layer's transient buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from simulator.algorithms import Layout, build_schedule
+from simulator.collectives import allreduce
+from simulator.engine import SimResult, simulate
+from simulator.memory import peak_memory
+from simulator.models import ModelPreset
+from simulator.schedule import COMPUTE_KINDS, Schedule
+from simulator.topology import Cluster
+from simulator.workload import DecodeShape
+
+__all__ = ["StepResult", "attention_layer", "dense_layer", "model_step"]
+
+
+def _hosts(cluster: Cluster, nodes: Sequence[str]) -> tuple[int, ...]:
+    index: dict[str, int] = {}
+    return tuple(index.setdefault(cluster.host_of(n), len(index)) for n in nodes)
+
+
+def attention_layer(name: str, params: dict[str, Any], shape: DecodeShape, tp: int, cluster: Cluster) -> Schedule:
+    """One layer's attention: ``tp`` head groups, each the named schedule over ``P / tp`` context shards."""
+    ranks = cluster.ranks
+    if len(ranks) % tp:
+        raise ValueError(f"tp ({tp}) must divide the {len(ranks)} GPUs")
+    cp = len(ranks) // tp
+    part_shape = dataclasses.replace(shape, heads=shape.heads // tp, kv_heads=max(1, shape.kv_heads // tp))
+    parts = []
+    for j in range(tp):
+        nodes = [ranks[g * tp + j] for g in range(cp)]
+        parts.append((build_schedule(name, params, part_shape, Layout(_hosts(cluster, nodes))), nodes))
+    return Schedule.combine(parts, name=name) if tp > 1 else _placed(parts[0])
+
+
+def _placed(part: tuple[Schedule, Sequence[str]]) -> Schedule:
+    sched, nodes = part
+    sched.placement = tuple(nodes)
+    return sched
+
+
+def dense_layer(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluster) -> Schedule:
+    """One layer outside attention on every rank: QKV, O projection + allreduce, MLP + allreduce."""
+    p = len(cluster.ranks)
+    sched = Schedule(p, placement=tuple(cluster.ranks), name="dense")
+    b, h, eb = shape.batch, model.hidden, shape.elem_bytes
+    qkv = h * (model.heads + 2 * model.kv_heads) * model.head_dim // tp
+    o_proj = model.heads * model.head_dim * h // tp
+    mlp = 3 * h * model.intermediate // tp
+    hosts = _hosts(cluster, cluster.ranks)
+    last = {r: sched.add_compute(r, "qkv", flops=2 * b * qkv, nbytes=(qkv + 2 * b * h) * eb, dtype=shape.dtype)
+            for r in range(p)}
+    for stage, weights in (("o-proj", o_proj), ("mlp", mlp)):
+        front: dict[int, tuple[int, ...]] = {
+            r: (sched.add_compute(r, stage, flops=2 * b * weights, nbytes=(weights + 2 * b * h) * eb,
+                                  dtype=shape.dtype, deps=[last[r]]),) for r in range(p)}
+        if tp > 1:
+            for g in range(p // tp):
+                group = list(range(g * tp, (g + 1) * tp))
+                front.update(allreduce(sched, group, hosts, f"h.{stage}", b * h, op="sum", algo="auto",
+                                       elem_bytes=eb, dtype=shape.dtype, tag=f"{stage}.allreduce",
+                                       deps={r: front[r] for r in group}))
+        last = {r: sched.add_compute(r, f"{stage}.done", dtype=shape.dtype, deps=front[r], fused=True)
+                for r in range(p)}
+    return sched
+
+
+def _head(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluster) -> Schedule:
+    p = len(cluster.ranks)
+    sched = Schedule(p, placement=tuple(cluster.ranks), name="lm-head")
+    w = model.head_weights // tp
+    for r in range(p):
+        sched.add_compute(r, "lm-head", flops=2 * shape.batch * w, nbytes=w * shape.elem_bytes, dtype=shape.dtype)
+    return sched
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    latency_s: float
+    compute_s: float
+    bytes_moved: float
+    peaks: list[float]
+    events: int
+
+
+def _compute_time(result: SimResult) -> float:
+    """Kernel time of the rank that finishes last."""
+    rank = max(result.end_time, key=lambda r: (result.end_time[r], -r)) if result.end_time else 0
+    return sum(rec.end - rec.start for rec in result.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
+
+
+def model_step(model: ModelPreset, name: str, params: dict[str, Any], shape: DecodeShape, tp: int,
+               cluster: Cluster) -> StepResult:
+    """Simulate one layer's dense part and attention, and the LM head; compose the decode step."""
+    attn = attention_layer(name, params, shape, tp, cluster)
+    runs = [simulate(s, cluster) for s in (dense_layer(model, shape, tp, cluster), attn)]
+    head = simulate(_head(model, shape, tp, cluster), cluster)
+    layer = sum(r.makespan for r in runs)
+    times = {rec.op: (rec.start, rec.end) for rec in runs[1].timeline}
+    place = attn.placement_on(cluster.ranks)
+    attn_peak = dict(zip(place, peak_memory(attn, times), strict=True))
+    kv = {place[r]: bufs.get("kv0", 0.0) for r, bufs in attn.initial.items()}
+    weights_bytes = model.params / tp * shape.elem_bytes  # the published count, split over the tp group
+    peaks = [weights_bytes + (model.layers - 1) * kv.get(n, 0.0) + attn_peak.get(n, 0.0) for n in cluster.ranks]
+    return StepResult(
+        latency_s=model.layers * layer + head.makespan,
+        compute_s=model.layers * sum(_compute_time(r) for r in runs) + _compute_time(head),
+        bytes_moved=model.layers * sum(rec.nbytes for r in runs for rec in r.timeline if rec.kind == "send"),
+        peaks=peaks,
+        events=sum(r.events for r in runs) + head.events,
+    )

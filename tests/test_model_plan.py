@@ -1,0 +1,87 @@
+"""Whole-model decode steps (scope: model, tensor parallelism) and treering plan."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pandas as pd
+import pytest
+
+from simulator.cli import main
+from simulator.engine import simulate
+from simulator.models import PRESETS
+from simulator.modelstep import attention_layer, dense_layer, model_step
+from simulator.topology import load_topology
+from simulator.workload import DecodeShape
+
+
+def test_model_step_composes_layers_and_holds_weights_and_every_layer_kv():
+    model = PRESETS["llama-3.1-8b"]
+    cluster = load_topology("dgx-h100", {"nodes": 2})
+    shape = DecodeShape(1, model.heads, model.head_dim, model.kv_heads, 1 << 20, "bf16")
+    step = model_step(model, "tree", {"allreduce": "auto"}, shape, 8, cluster)
+    dense = simulate(dense_layer(model, shape, 8, cluster), cluster).makespan
+    attn = simulate(attention_layer("tree", {"allreduce": "auto"}, shape, 8, cluster), cluster).makespan
+    head = cluster.specs["n0.gpu0"].launch_s + model.head_weights / 8 * 2 / 3.35e12
+    assert math.isclose(step.latency_s, model.layers * (dense + attn) + head, rel_tol=1e-9)
+    # per GPU: 1/8 of the weights, and of each layer's KV its 1 KV head for half the context
+    kv_per_layer = 2 * (1 << 19) * 1 * model.head_dim * 2
+    expected = model.params / 8 * 2 + model.layers * kv_per_layer
+    assert max(step.peaks) == pytest.approx(expected, rel=1e-3)
+
+
+def test_tp_groups_run_attention_side_by_side_on_rails():
+    cluster = load_topology("dgx-h100", {"nodes": 2})
+    shape = DecodeShape(1, 32, 128, 8, 10000, "bf16")
+    sched = attention_layer("ring", {"overlap": True}, shape, 8, cluster)
+    assert sched.ranks == 16
+    sends = [op for op in sched.ops if op.kind == "send"]
+    place = sched.placement_on(cluster.ranks)
+    # head group j runs on GPU j of both nodes: every transfer crosses nodes on one rail
+    assert all(place[op.rank].split(".")[1] == place[op.peer].split(".")[1] for op in sends)
+
+
+SCENARIO = """
+name: m
+topology: dgx-h100
+workload: {{kind: decode, model: {model}, scope: {scope}, tp: {tp}, context: 65536}}
+algorithms: [ring, tree]
+"""
+
+
+@pytest.mark.parametrize(("model", "scope", "tp", "message"), [
+    ("llama-9", "model", 8, "workload.model: unknown model preset 'llama-9'"),
+    ("{heads: 8, head_dim: 64}", "model", 1, "scope: model needs a model preset"),
+    ("llama-3.1-8b", "model", 3, "tp (3) must divide the 32 attention heads"),
+    ("llama-3.1-8b", "attention", 16, "tp (16) must divide the 8 GPUs"),
+])
+def test_model_scope_errors(model, scope, tp, message, tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text(textwrap.dedent(SCENARIO.format(model=model, scope=scope, tp=tp)).lstrip())
+    assert main(["run", str(path), "-o", str(tmp_path / "o")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_model_scope_rows(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text(textwrap.dedent(SCENARIO.format(model="llama-3.2-1b", scope="model", tp=8)).lstrip())
+    assert main(["run", str(path), "-o", str(tmp_path / "o")]) == 0
+    df = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert list(df["model"]) == ["llama-3.2-1b"] * 2 and (df["tp"] == 8).all()
+    assert (df["latency_s"] > 0).all() and not df["oom"].any()
+
+
+def test_plan_finds_the_smallest_cluster_and_the_binding_constraint(capsys):
+    assert main(["plan", "--model", "llama-3.1-70b", "--context", "4M", "--tbt", "50ms", "--algorithms",
+                 "ring,tree", "--max-nodes", "8"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert lines["tree"].split()[1:3] == ["4", "32"] and lines["tree"].endswith("memory")
+    assert "latency (not met up to 8 nodes)" in lines["ring"]
+
+
+def test_plan_errors(capsys):
+    assert main(["plan", "--model", "gpt-5", "--context", "1M", "--tbt", "50ms"]) == 2
+    assert main(["plan", "--model", "llama-3.1-8b", "--context", "lots", "--tbt", "50ms"]) == 2
+    assert "--context: expected a token count" in capsys.readouterr().err
