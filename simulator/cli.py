@@ -119,8 +119,15 @@ def _pick(points: list[Point], k: int, flag: str) -> Point:
 
 
 def _topology_label(points: list[Point]) -> str:
-    names = dict.fromkeys(f"{p.scenario.topology} {p.scenario.topology_params or ''}".strip() for p in points)
-    return "; ".join(names) if len(names) <= 4 else f"{len(names)} topologies (see results.csv)"
+    """``dgx-h100; nodes: 1, 2, 4`` (each topology, then each parameter's values over the sweep)."""
+    names = ", ".join(dict.fromkeys(p.scenario.topology for p in points))
+    params: dict[str, list[Any]] = {}
+    for p in points:
+        for key, value in p.scenario.topology_params.items():
+            params.setdefault(key, [])
+            if value not in params[key]:
+                params[key].append(value)
+    return "; ".join([names, *(f"{k}: {', '.join(map(str, v))}" for k, v in params.items())])
 
 
 def _capacity(points: list[Point]) -> float | None:

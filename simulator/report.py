@@ -46,7 +46,7 @@ def _label(keys: Sequence[str], values: Any) -> str:
 
 
 def _panels(frame: pd.DataFrame, column: str, ylabel: str, *, log_y: bool = True,
-            capacity: float | None = None, transform: Any = None) -> plt.Figure:
+            capacity: float | None = None) -> plt.Figure:
     contexts = sorted(frame["context"].unique())
     fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 3.6), squeeze=False, sharey=log_y)
     keys = _series_keys(frame)
@@ -54,10 +54,7 @@ def _panels(frame: pd.DataFrame, column: str, ylabel: str, *, log_y: bool = True
         part = frame[frame["context"] == ctx]
         for values, grp in part.groupby(keys, sort=True):
             grp = grp.sort_values("ranks")
-            y = grp[column] if transform is None else transform(part, grp)
-            if y is None:
-                continue
-            ax.plot(grp["ranks"], y, marker="o", label=_label(keys, values))
+            ax.plot(grp["ranks"], grp[column], marker="o", label=_label(keys, values))
         if capacity:
             ax.axhline(capacity, color="black", linestyle="--", linewidth=1, label="device memory")
         ax.set_xscale("log", base=2)
@@ -72,12 +69,13 @@ def _panels(frame: pd.DataFrame, column: str, ylabel: str, *, log_y: bool = True
     return fig
 
 
-def _speedup(part: pd.DataFrame, grp: pd.DataFrame) -> pd.Series | None:
-    ring = part[part["algorithm"] == "ring"].set_index("ranks")["latency_s"]
-    if ring.empty:
-        return None
-    base = grp["ranks"].map(ring)
-    return base / grp["latency_s"].to_numpy()
+def _with_speedup(frame: pd.DataFrame) -> pd.DataFrame:
+    """``speedup``: the latency of ``ring`` at the same point over each row's latency."""
+    keys = ["context", "ranks", *[k for k in _series_keys(frame) if k != "algorithm"]]
+    ring = frame[frame["algorithm"] == "ring"][[*keys, "latency_s"]].rename(columns={"latency_s": "ring_s"})
+    merged = frame.merge(ring.drop_duplicates(keys), on=keys, how="left")
+    merged["speedup"] = merged["ring_s"] / merged["latency_s"]
+    return merged
 
 
 def _gantt(timeline: pd.DataFrame) -> plt.Figure:
@@ -109,10 +107,11 @@ def _png(fig: plt.Figure) -> bytes:
     return buf.getvalue()
 
 
-def _headline(frame: pd.DataFrame) -> pd.DataFrame:
-    table = frame.pivot_table(index=["context", "ranks"], columns="algorithm", values="latency_s", aggfunc="min")
-    table = table * 1e3
-    if "ring" in table:
+def _pivot(frame: pd.DataFrame, column: str, scale: float, ratios: bool) -> pd.DataFrame:
+    """``column`` (times ``scale``) by point (context, ranks, other swept keys) and algorithm."""
+    index = ["context", "ranks", *[k for k in _series_keys(frame) if k != "algorithm"]]
+    table = frame.pivot_table(index=index, columns="algorithm", values=column, aggfunc="first") * scale
+    if ratios and "ring" in table:
         for algo in [c for c in table.columns if c != "ring"]:
             table[f"ring/{algo}"] = table["ring"] / table[algo]
     return table.reset_index()
@@ -126,15 +125,16 @@ def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
         ok = frame[frame["latency_s"].notna()]
         figures["latency.png"] = _png(_panels(ok, "latency_s", "decode step latency (s)"))
         if (ok["algorithm"] == "ring").any() and ok["algorithm"].nunique() > 1:
-            figures["speedup.png"] = _png(_panels(ok, "latency_s", "speedup over ring (x)", transform=_speedup))
+            figures["speedup.png"] = _png(_panels(_with_speedup(ok), "speedup", "speedup over ring (x)"))
         figures["memory.png"] = _png(_panels(ok, "peak_mem_bytes", "peak memory per rank (bytes)",
                                              capacity=capacity_bytes))
         moved = ok[ok["bytes_moved"] > 0]
         if len(moved):
             figures["bytes.png"] = _png(_panels(moved, "bytes_moved", "bytes moved (all ranks)"))
-        headline = _headline(ok)
+        tables = {"Latency (ms)": _pivot(ok, "latency_s", 1e3, True),
+                  "Peak memory per rank (MB)": _pivot(ok, "peak_mem_bytes", 1e-6, False)}
     else:
-        headline = frame
+        tables = {"Results": frame}
     if timeline is not None and len(timeline):
         figures["timeline.png"] = _png(_gantt(timeline))
     out.mkdir(parents=True, exist_ok=True)
@@ -147,15 +147,17 @@ def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
              f"- scenario: `{meta.get('source', '?')}`", f"- topology: `{meta.get('topology', '?')}`",
              f"- treering version: {meta.get('version', '?')}", f"- reproduce: `{meta.get('command', '?')}`",
              f"- rows: {len(frame)}", ""]
-    md = [*intro, "## Latency (ms)" if "latency_s" in frame else "## Results", "",
-          markdown_table(headline), ""]
+    md = list(intro)
+    for title, table in tables.items():
+        md += [f"## {title}", "", markdown_table(table), ""]
     md += [f"![{name}]({name})\n" for name in figures]
     write_text_atomic(out / "report.md", "\n".join(md))
     written.append(out / "report.md")
     body = [f"<h1>{html.escape(intro[0][2:])}</h1>", "<ul>"]
     body += [f"<li>{html.escape(line[2:])}</li>" for line in intro[2:7]]
-    body += ["</ul>", "<h2>Latency (ms)</h2>" if "latency_s" in frame else "<h2>Results</h2>",
-             headline.to_html(index=False, float_format=lambda x: f"{x:.4g}")]
+    body.append("</ul>")
+    for title, table in tables.items():
+        body += [f"<h2>{html.escape(title)}</h2>", table.to_html(index=False, float_format=lambda x: f"{x:.4g}")]
     for name, data in figures.items():
         b64 = base64.b64encode(data).decode()
         body.append(f'<h3>{html.escape(name[:-4])}</h3><img alt="{name}" src="data:image/png;base64,{b64}">')

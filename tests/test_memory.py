@@ -55,3 +55,18 @@ def test_single_holds_the_whole_cache():
     name, params = resolve("single")
     assert peak_memory(build_schedule(name, params, shape, Layout((0,) * 8)))[0] == 2 * (
         2 * 100_000 * 2048 + 2 * 2048 + 2 * 16)
+
+
+def test_paper_memory_scenario_reproduces_the_gap(tmp_path):
+    """Sec. 6.2: the ring-tree gap doubles with the hidden size (524 MB -> 1040 MB measured)."""
+    import pandas as pd
+
+    from simulator.cli import main
+    from simulator.paths import SCENARIO_DIR
+
+    assert main(["run", str(SCENARIO_DIR / "paper-memory.yaml"), "-o", str(tmp_path), "--no-report"]) == 0
+    df = pd.read_csv(tmp_path / "results.csv")
+    mem = df.pivot_table(index="heads", columns="algorithm", values="peak_mem_bytes")
+    gap = (mem["ring"] - mem["tree"]) / 1e6
+    assert gap[16] == pytest.approx(524.288, abs=1e-3)  # 2btd x 2 bytes, b = 1, t = 64,000, d = 2048
+    assert gap[32] == pytest.approx(1048.576, abs=1e-3)  # d = 4096; the paper measured 1040
