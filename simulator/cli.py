@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -22,8 +23,9 @@ from simulator.models import PRESETS
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, parse_tokens, plan
 from simulator.report import META_FILE, TIMELINE_FILE, write_report
-from simulator.runner import cluster_for, point_runs, run_points, timeline_frame
+from simulator.runner import check_points, cluster_for, point_runs, timeline_frame
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
+from simulator.sweep import run_sweep
 from simulator.topo_summary import summarize
 from simulator.topology import load_topology
 from simulator.trace import chrome_trace
@@ -51,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--timeline-point", type=int, default=0, metavar="K",
                      help="sweep point (0-based) whose per-rank timeline the report draws (default 0)")
     run.add_argument("--no-report", action="store_true", help="write results.csv only")
+    run.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                     help="points simulated at once (default: the CPUs); 1 runs in this process")
+    run.add_argument("--executor", default="process", help="process (a local pool) or dask")
+    run.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                     help="a Dask scheduler (tcp://host:8786); without it --executor dask starts a local cluster")
+    run.add_argument("--resume", action="store_true",
+                     help="keep the finished points of DIR/results.csv and run only the others")
     rep = sub.add_parser("report", help="(re)write the report of a results.csv: report.md, report.html, figures")
     rep.add_argument("results", help="a results.csv written by treering run (or its folder)")
     rep.add_argument("-o", "--out", default=None, help="output folder (default: the results' folder)")
@@ -95,11 +104,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets)
     out = _out_dir(args.out, points[0].scenario.name)
     point = _pick(points, args.timeline_point, "--timeline-point")
-    frame = run_points(points, numeric=args.numeric)
+    if args.jobs < 1:
+        raise InputError(f"must be at least 1, got {args.jobs}", field="--jobs")
+    check_points(points, args.numeric)
+    outcome = run_sweep(points, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
+                        resume=args.resume, numeric=args.numeric, progress=sys.stderr.isatty())
+    frame = outcome.frame
     print(format_table(frame))
-    write_csv_atomic(frame, out / "results.csv")
-    print(f"\nwrote {out / 'results.csv'} ({len(frame)} rows, {len(points)} points)")
-    if not args.no_report:
+    resumed = f", {outcome.resumed} resumed" if outcome.resumed else ""
+    print(f"\nwrote {out / 'results.csv'} and results.parquet ({len(frame)} rows, {len(points)} points{resumed})")
+    if outcome.failed:
+        print(f"treering: {outcome.failed} point(s) failed: see the error column of {out / 'results.csv'}",
+              file=sys.stderr)
+    if not args.no_report and "error" not in frame:
         timeline = timeline_frame(point_runs(point))
         write_csv_atomic(timeline, out / TIMELINE_FILE)
         sc = point.scenario
@@ -108,7 +125,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 "timeline_point": dict(point.swept), "capacity_bytes": _capacity(points)}
         write_report(frame, out, meta, timeline, meta["capacity_bytes"])
         print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
-    return 0
+    return 1 if outcome.failed else 0
 
 
 def _pick(points: list[Point], k: int, flag: str) -> Point:
@@ -185,7 +202,8 @@ def _cmd_trace(args: argparse.Namespace) -> int:
 
 def format_table(frame: pd.DataFrame) -> str:
     """The results as a terminal table (times in ms, bytes in MB for decode rows)."""
-    shown = frame.drop(columns=[c for c in ("scenario", "events", "sim_wall_s") if c in frame], errors="ignore")
+    shown = frame.drop(columns=[c for c in ("scenario", "events", "sim_wall_s", "point") if c in frame],
+                       errors="ignore")
     twins = [c for i, c in enumerate(shown.columns) if "." in c
              and any(shown[c].astype(str).equals(shown[o].astype(str)) for o in shown.columns[:i])]
     shown = shown.drop(columns=twins)  # swept keys that repeat a stable column (nodes, context)

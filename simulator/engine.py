@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from operator import attrgetter
 from typing import NamedTuple
 
 import simpy
@@ -172,7 +173,7 @@ class _Run:
         ends: dict[int, float] = {}
         for rec in self.timeline:
             ends[rec.rank] = max(ends.get(rec.rank, 0.0), rec.end)
-        self.timeline.sort(key=lambda r: (r.start, r.rank, r.op))
+        self.timeline.sort(key=attrgetter("start", "rank", "op"))
         return SimResult(self.timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
                          self.link_load)
 
@@ -189,7 +190,7 @@ class _Run:
     def _ready(self, op: Op) -> None:
         now = self.env.now
         if now < op.not_before_s:
-            self._at(op.not_before_s - now, lambda: self._ready(op))
+            self._at(op.not_before_s - now, partial(self._ready, op))
             return
         self.ready[op.id] = True
         kind = op.kind
@@ -203,10 +204,10 @@ class _Run:
             end = begin + self._duration(op)
             self.stream_free[op.rank] = end
             self.start[op.id] = begin
-            self._at(end - now, lambda: self._done(op))
+            self._at(end - now, partial(self._done, op))
         elif kind == "launch":
             self.start[op.id] = now
-            self._at(self.cluster.comm_overhead_s, lambda: self._done(op))
+            self._at(self.cluster.comm_overhead_s, partial(self._done, op))
         else:
             assert op.match is not None
             if self.ready[op.match]:  # both ends ready: the transfer starts
@@ -256,9 +257,9 @@ class _Run:
         link_ids, latency = self._path(self.place[send.rank], self.place[recv.rank])
         delay = self.cluster.message_overhead_s + latency + (0.0 if send.coll else self.cluster.comm_overhead_s)
         if not link_ids or send.nbytes == 0:
-            self._at(delay, lambda: self._finish_transfer(send))
+            self._at(delay, partial(self._finish_transfer, send))
         else:
-            self._at(delay, lambda: self._inject(send, link_ids))
+            self._at(delay, partial(self._inject, send, link_ids))
 
     def _inject(self, send: Op, link_ids: list[int]) -> None:
         self.net.add(send.id, link_ids, send.nbytes, self.env.now)
@@ -287,7 +288,7 @@ class _Run:
         when, due = self.net.next_finish()
         if due:
             gen = self.generation
-            self._at(when - self.env.now, lambda: self._drained(gen, due))
+            self._at(when - self.env.now, partial(self._drained, gen, due))
 
     def _drained(self, gen: int, due: list[int]) -> None:
         if gen != self.generation:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
 __all__ = ["FlowNetwork", "max_min_rates"]
 
@@ -115,7 +116,11 @@ class FlowNetwork:
         changed.update(link for f in flows for link in self.routes[f])
         self._touched.clear()
         self.allocations += 1
-        rates = max_min_rates({f: self.routes[f] for f in flows}, self.capacity)
+        if len(flows) == 1:  # a flow alone on its links gets the narrowest one
+            (only,) = flows
+            rates: dict[Any, float] = {only: min(self.capacity[link] for link in self.routes[only])}
+        else:
+            rates = max_min_rates({f: self.routes[f] for f in flows}, self.capacity)
         for f in flows:
             new = rates[f]
             if new == self.rate[f] and self.version[f] > 0:

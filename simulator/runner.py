@@ -101,12 +101,7 @@ def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int
     wl = sc.workload
     assert isinstance(wl, DecodeWorkload)
     shape = decode_shape(wl)
-    if len(cluster.ranks) % wl.tp:
-        raise point.locate(InputError(f"tp ({wl.tp}) must divide the {len(cluster.ranks)} GPUs of the topology",
-                                      field="workload.tp"))
-    if numeric and (wl.tp > 1 or wl.scope == "model"):
-        raise point.locate(InputError("--numeric checks one attention layer without tensor parallelism (tp: 1, "
-                                      "scope: attention)", field="workload.scope"))
+    _check_decode(point, cluster, numeric)
     layout = layout_of(cluster)
     rows = []
     for i, entry in enumerate(sc.algorithms):
@@ -142,6 +137,17 @@ def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int
     return rows
 
 
+def _check_decode(point: Point, cluster: Cluster, numeric: bool) -> None:
+    wl = point.scenario.workload
+    assert isinstance(wl, DecodeWorkload)
+    if len(cluster.ranks) % wl.tp:
+        raise point.locate(InputError(f"tp ({wl.tp}) must divide the {len(cluster.ranks)} GPUs of the topology",
+                                      field="workload.tp"))
+    if numeric and (wl.tp > 1 or wl.scope == "model"):
+        raise point.locate(InputError("--numeric checks one attention layer without tensor parallelism (tp: 1, "
+                                      "scope: attention)", field="workload.scope"))
+
+
 def _model_row(point: Point, cluster: Cluster, name: str, params: dict[str, Any], shape: DecodeShape
                ) -> dict[str, Any]:
     wl = point.scenario.workload
@@ -160,12 +166,16 @@ def _model_row(point: Point, cluster: Cluster, name: str, params: dict[str, Any]
     }
 
 
-def _numeric_error(sched: Schedule, shape: DecodeShape, seed: int) -> float:
+def _check_numeric_size(shape: DecodeShape) -> None:
     elems = shape.batch * shape.context * shape.kv_heads * shape.head_dim
     if elems > NUMERIC_MAX_ELEMS:
         raise InputError(f"--numeric holds K and V in memory: batch x context x kv_heads x head_dim = {elems:.3g} "
                          f"elements is over {NUMERIC_MAX_ELEMS:.0e}; shrink it, e.g. --set workload.context=65536",
                          field="workload.context")
+
+
+def _numeric_error(sched: Schedule, shape: DecodeShape, seed: int) -> float:
+    _check_numeric_size(shape)
     dtype = np.float64 if shape.dtype == "fp64" else np.float32
     inp = make_inputs(np.random.default_rng(seed), shape.batch, shape.heads, shape.kv_heads, shape.head_dim,
                       shape.context, dtype)
@@ -197,16 +207,30 @@ def run_point(point: Point, numeric: bool = False) -> list[dict[str, Any]]:
     return [{**row, **swept} for row in rows]
 
 
-def check_points(points: Sequence[Point]) -> None:
-    """Fail fast on bad topologies or algorithm names in any point, before simulating anything."""
+def check_points(points: Sequence[Point], numeric: bool = False) -> None:
+    """Fail fast on bad input in any point (topology, algorithm names, numeric size), before simulating."""
     for point in points:
         cluster_for(point)
+        wl = point.scenario.workload
+        if not isinstance(wl, DecodeWorkload):
+            if numeric:
+                raise InputError("--numeric needs a decode workload", file=point.source, field="workload.kind")
+            try:
+                flows_schedule(wl, cluster_for(point))  # every endpoint exists
+            except InputError as err:
+                raise point.locate(err) from None
+            continue
         for i, entry in enumerate(point.scenario.algorithms):
-            if isinstance(point.scenario.workload, DecodeWorkload):
-                try:
-                    resolve(entry, field=f"algorithms.{i}")
-                except InputError as err:
-                    raise point.locate(err) from None
+            try:
+                resolve(entry, field=f"algorithms.{i}")
+            except InputError as err:
+                raise point.locate(err) from None
+        _check_decode(point, cluster_for(point), numeric)
+        if numeric:
+            try:
+                _check_numeric_size(decode_shape(wl))
+            except InputError as err:
+                raise point.locate(err) from None
 
 
 def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Schedule, SimResult]]:
@@ -218,9 +242,10 @@ def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Sche
         return [("flows", sched, simulate(sched, cluster, record_links))]
     shape, layout = decode_shape(wl), layout_of(cluster)
     runs = []
-    for entry in point.scenario.algorithms:
+    for entry in point.scenario.algorithms:  # for scope: model, one layer's attention
         name, params = resolve(entry)
-        sched = build_schedule(name, params, shape, layout)
+        sched = (attention_layer(name, params, shape, wl.tp, cluster) if wl.tp > 1
+                 else build_schedule(name, params, shape, layout))
         runs.append((label(name, params), sched, simulate(sched, cluster, record_links)))
     return runs
 
@@ -235,6 +260,6 @@ def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]]) -> pd.DataFr
 def run_points(points: Iterable[Point], numeric: bool = False) -> pd.DataFrame:
     """All rows of all points, as one DataFrame (stable columns first, then one per swept key)."""
     points = list(points)
-    check_points(points)
+    check_points(points, numeric)
     rows = [row for point in points for row in run_point(point, numeric)]
     return pd.DataFrame(rows)

@@ -37,7 +37,7 @@ def test_run_writes_results_for_every_sweep_point(tmp_path, capsys):
     assert main(["run", str(scen), "-o", str(tmp_path / "out")]) == 0
     df = pd.read_csv(tmp_path / "out" / "results.csv")
     assert list(df.columns) == ["flow", "src", "dst", "bytes", "start_s", "finish_s",
-                                "topology_params.nodes", "workload.flows.1.bytes"]
+                                "topology_params.nodes", "workload.flows.1.bytes", "point"]
     assert len(df) == 2 * 2 * 2
     # both flows end on n1.gpu0's NIC (50 GB/s): 1.5 GB and 2 GB in total
     overhead_lat = 6.6e-6 + 2.2e-6  # same-rail flow; the other crosses a spine (+0.6 us)

@@ -1,0 +1,154 @@
+"""Run the points of a sweep: in this process, a local process pool (``--jobs N``) or a Dask cluster
+(``--executor dask [--scheduler ADDRESS]``; without an address a local Dask cluster is started).
+
+Rows carry ``point`` (the sweep index). As points finish, ``results.csv`` and ``results.parquet`` are rewritten
+atomically (at most every ``flush_s`` seconds, and at the end), so an interruption, ``kill -9`` included, leaves
+whole files of finished points; ``resume`` keeps those rows and runs only the missing points. A point that raises
+becomes a row with an ``error`` message and the sweep goes on. A progress line (points, rate, ETA) goes to
+stderr.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simulator.errors import InputError
+from simulator.io import write_csv_atomic
+from simulator.runner import run_point
+from simulator.scenario import Point
+
+__all__ = ["SweepOutcome", "run_sweep"]
+
+EXECUTORS = ("process", "dask")
+
+
+def _run_one(index: int, point: Point, numeric: bool) -> list[dict[str, Any]]:
+    try:
+        rows = run_point(point, numeric)
+    except Exception as err:  # a failing point is a row, and the sweep goes on
+        where = traceback.extract_tb(err.__traceback__)[-1]
+        rows = [{"error": f"{type(err).__name__}: {err} ({Path(where.filename).name}:{where.lineno})",
+                 **dict(point.swept)}]
+    return [{**row, "point": index} for row in rows]
+
+
+class SweepOutcome:
+    """The rows of a sweep and how it went."""
+
+    def __init__(self, frame: pd.DataFrame, ran: int, resumed: int, failed: int) -> None:
+        self.frame, self.ran, self.resumed, self.failed = frame, ran, resumed, failed
+
+
+class _Progress:
+    def __init__(self, total: int, done: int, enabled: bool) -> None:
+        self.total, self.done, self.start, self.enabled = total, done, time.monotonic(), enabled
+        self.first = done
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.start
+        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - self.done) / rate if rate > 0 else math.inf
+        end = "\n" if self.done == self.total else ""
+        sys.stderr.write(f"\r[{self.done}/{self.total}] {100 * self.done / self.total:5.1f}%  {rate:7.2f} points/s"
+                         f"  ETA {eta:6.1f} s  {end}")
+        sys.stderr.flush()
+
+
+def _write(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    if len(frame):
+        frame = frame.sort_values("point", kind="stable").reset_index(drop=True)
+    write_csv_atomic(frame, out / "results.csv")
+    tmp = out / ".results.parquet.tmp"
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, out / "results.parquet")
+    return frame
+
+
+def _resumed_rows(out: Path, total: int) -> list[dict[str, Any]]:
+    path = out / "results.csv"
+    if not path.exists():
+        return []
+    try:
+        old = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise InputError(f"cannot resume from it: {err}", file=str(path)) from None
+    if "point" not in old or (len(old) and old["point"].max() >= total):
+        raise InputError("cannot resume: these results are not from this sweep (no or unknown point indices)",
+                         file=str(path))
+    if "error" in old:  # points that failed run again
+        old = old[old["error"].isna()].drop(columns="error")
+    return [{str(k): v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
+            for row in old.to_dict("records")]
+
+
+def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool
+                  ) -> Iterator[list[dict[str, Any]]]:
+    if jobs <= 1 or len(todo) <= 1:
+        for index, point in todo:
+            yield _run_one(index, point, numeric)
+        return
+    ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+        pending = {pool.submit(_run_one, index, point, numeric) for index, point in todo}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield fut.result()
+
+
+def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, scheduler: str | None
+          ) -> Iterator[list[dict[str, Any]]]:
+    from dask.distributed import Client, LocalCluster, as_completed  # optional dependency: imported when used
+
+    cluster = None if scheduler else LocalCluster(n_workers=max(1, jobs), threads_per_worker=1, processes=True,
+                                                  dashboard_address=None)
+    try:
+        with Client(scheduler or cluster) as client:
+            futures = [client.submit(_run_one, index, point, numeric, pure=False) for index, point in todo]
+            for fut in as_completed(futures):
+                yield fut.result()
+    finally:
+        if cluster is not None:
+            cluster.close()
+
+
+def run_sweep(points: Sequence[Point], out: Path, *, jobs: int = 1, executor: str = "process",
+              scheduler: str | None = None, resume: bool = False, numeric: bool = False, progress: bool = True,
+              flush_s: float = 1.0, on_rows: Callable[[int], None] | None = None) -> SweepOutcome:
+    """Run every point not already in ``out/results.csv`` (with ``resume``), writing results as they come."""
+    if executor not in EXECUTORS:
+        raise InputError(f"must be one of {', '.join(EXECUTORS)}, got {executor!r}", field="--executor")
+    out.mkdir(parents=True, exist_ok=True)
+    rows = _resumed_rows(out, len(points)) if resume else []
+    finished = {int(r["point"]) for r in rows}
+    todo = [(i, p) for i, p in enumerate(points) if i not in finished]
+    bar = _Progress(len(points), len(finished), progress)
+    source = _dask(todo, jobs, numeric, scheduler) if executor == "dask" else _process_pool(todo, jobs, numeric)
+    last_flush = time.monotonic()
+    failed = 0
+    for point_rows in source:
+        rows.extend(point_rows)
+        failed += any("error" in r for r in point_rows)
+        bar.step()
+        if on_rows is not None:
+            on_rows(len(rows))
+        if time.monotonic() - last_flush >= flush_s:
+            _write(rows, out)
+            last_flush = time.monotonic()
+    frame = _write(rows, out)
+    return SweepOutcome(frame, ran=len(todo), resumed=len(finished), failed=failed)

@@ -1,0 +1,113 @@
+"""The sweep runner: process pool, Dask, resume after kill -9, failing points as error rows."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from simulator import sweep
+from simulator.cli import main
+from simulator.scenario import load_scenario
+
+SWEEP = """
+name: s
+topology: dgx-h100
+topology_params: {nodes: 1}
+workload:
+  kind: decode
+  model: {heads: 8, head_dim: 64}
+  context: 1000
+algorithms: [ring, tree]
+sweep:
+  topology_params.nodes: [1, 2, 4]
+  workload.context: [%s]
+"""
+
+
+def scenario(tmp_path: Path, contexts: int) -> Path:
+    path = tmp_path / "s.yaml"
+    values = ", ".join(str(1000 + 100 * i) for i in range(contexts))
+    path.write_text(textwrap.dedent(SWEEP % values).lstrip())
+    return path
+
+
+def rows(path: Path) -> pd.DataFrame:
+    df = pd.read_csv(path).drop(columns=["sim_wall_s"])  # the only column that is a measurement
+    return df.sort_values(["point", "algorithm"]).reset_index(drop=True)
+
+
+def test_process_pool_gives_the_rows_of_a_serial_run(tmp_path):
+    path = scenario(tmp_path, 4)
+    assert main(["run", str(path), "-o", str(tmp_path / "a"), "--jobs", "1", "--no-report"]) == 0
+    assert main(["run", str(path), "-o", str(tmp_path / "b"), "--jobs", "2", "--no-report"]) == 0
+    pd.testing.assert_frame_equal(rows(tmp_path / "a" / "results.csv"), rows(tmp_path / "b" / "results.csv"))
+    parquet = pd.read_parquet(tmp_path / "b" / "results.parquet")
+    assert len(parquet) == 3 * 4 * 2 and sorted(set(parquet["point"])) == list(range(12))
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_gives_the_same_rows(tmp_path):
+    pytest.importorskip("dask.distributed")
+    path = scenario(tmp_path, 2)
+    assert main(["run", str(path), "-o", str(tmp_path / "a"), "--jobs", "1", "--no-report"]) == 0
+    assert main(["run", str(path), "-o", str(tmp_path / "d"), "--executor", "dask", "--jobs", "2",
+                 "--no-report"]) == 0
+    pd.testing.assert_frame_equal(rows(tmp_path / "a" / "results.csv"), rows(tmp_path / "d" / "results.csv"))
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_mid_way_resumes_to_the_rows_of_an_uninterrupted_run(tmp_path):
+    path = scenario(tmp_path, 60)  # 180 points
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "simulator.cli", "run", str(path), "-o", str(out), "--jobs", "2", "--no-report"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if (out / "results.csv").exists() and len(pd.read_csv(out / "results.csv")) >= 20:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    partial = pd.read_csv(out / "results.csv")
+    assert 0 < partial["point"].nunique() < 180, "the run was not interrupted mid-way"
+    assert main(["run", str(path), "-o", str(out), "--jobs", "2", "--no-report", "--resume"]) == 0
+    assert main(["run", str(path), "-o", str(tmp_path / "whole"), "--jobs", "2", "--no-report"]) == 0
+    pd.testing.assert_frame_equal(rows(out / "results.csv"), rows(tmp_path / "whole" / "results.csv"))
+
+
+def test_a_failing_point_becomes_an_error_row(tmp_path, monkeypatch):
+    points = load_scenario(scenario(tmp_path, 2))
+    real = sweep.run_point
+
+    def flaky(point, numeric=False):
+        if dict(point.swept)["topology_params.nodes"] == 2 and dict(point.swept)["workload.context"] == 1100:
+            raise RuntimeError("boom")
+        return real(point, numeric)
+
+    monkeypatch.setattr(sweep, "run_point", flaky)
+    outcome = sweep.run_sweep(points, tmp_path / "o", jobs=1, progress=False)
+    assert outcome.failed == 1
+    df = pd.read_csv(tmp_path / "o" / "results.csv")
+    bad = df[df["error"].notna()]
+    assert len(bad) == 1 and "RuntimeError: boom" in bad.iloc[0]["error"]
+    assert df["error"].isna().sum() == 5 * 2  # the other points ran
+    monkeypatch.setattr(sweep, "run_point", real)  # resume reruns only the failed point
+    again = sweep.run_sweep(points, tmp_path / "o", jobs=1, progress=False, resume=True)
+    assert again.ran == 1 and again.failed == 0 and "error" not in again.frame
+
+
+def test_resume_refuses_results_of_another_sweep(tmp_path, capsys):
+    path = scenario(tmp_path, 1)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "results.csv").write_text("flow,src\n0,a\n")
+    assert main(["run", str(path), "-o", str(out), "--resume", "--no-report"]) == 2
+    assert "cannot resume" in capsys.readouterr().err
