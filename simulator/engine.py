@@ -4,10 +4,8 @@
   rank, FIFO in the order ops become ready. Where several ranks share a host's CPU cores (``host_cores`` in the
   topology: CPU ranks, as in real runs on a small machine), a kernel is work of that many core-seconds that
   drains at up to one core, the host's cores shared max-min fairly among the kernels running on it: the same
-  progressive filling as the network, over a per-rank "core" link of capacity 1 and a per-host link of capacity
-  ``host_cores``. With ``host_mem_bw`` as well, memory-bound kernels (roofline memory time above both their
-  compute time and their launch overhead) also share the host's memory bandwidth: one more link, of
-  ``host_mem_bw / mem_bw`` core-equivalents.
+  progressive filling as the network, over virtual links (:mod:`simulator.hostres`): the host's cores, its
+  memory bandwidth (``host_mem_bw``), and, with ``host_copy_bw``, the CPU time transfers spend copying.
 * Launch ops (the start of a collective on a rank) take ``comm_overhead``, off the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
   ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own),
@@ -35,6 +33,7 @@ import simpy
 from simpy.events import NORMAL, EventPriority
 
 from simulator.devices import compute_time
+from simulator.hostres import HostResources
 from simulator.network import FlowNetwork
 from simulator.schedule import COMPUTE_KINDS, Op, Schedule
 from simulator.topology import Cluster
@@ -109,29 +108,10 @@ class _Run:
             self.links[(u, v)] = i
             self.edge_names.append((u, v))
             capacity.append(bw)
-        # shared host cores: a virtual link per rank (1 core) and per host (its cores), and the host's memory
-        self.core_links: dict[int, tuple[int, int]] = {}
-        self.mem_link: dict[int, int] = {}
-        host_link: dict[str, int] = {}
-        host_mem: dict[str, int] = {}
-        for r, node in enumerate(self.place):
-            host = cluster.host_of(node)
-            cores = cluster.host_cores.get(host)
-            if cores is None:
-                continue
-            if host not in host_link:
-                host_link[host] = len(capacity)
-                capacity.append(float(cores))
-                if host in cluster.host_mem_bw:
-                    host_mem[host] = len(capacity)
-                    capacity.append(cluster.host_mem_bw[host] / cluster.specs[node].mem_bw_Bps)
-            self.core_links[r] = (len(capacity), host_link[host])
-            capacity.append(1.0)
-            if host in host_mem:
-                self.mem_link[r] = host_mem[host]
+        self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
         self.net = FlowNetwork(capacity)
         self._durations: dict[tuple[str, float, float, str, bool], float] = {}
-        self._paths: dict[tuple[str, str], tuple[list[int], float]] = {}
+        self._paths: dict[tuple[int, int], tuple[list[int], float]] = {}
         cluster.prepare_routes({(self.place[op.rank], self.place[op.peer]) for op in schedule.ops
                                 if op.kind == "send" and op.peer is not None})
         self.flow_op: dict[int, Op] = {}
@@ -195,7 +175,7 @@ class _Run:
         self.ready[op.id] = True
         kind = op.kind
         if kind in COMPUTE_KINDS:
-            if op.rank in self.core_links:
+            if self.hosts.shares(op.rank):
                 self.stream_queue[op.rank].append(op)
                 if not self.stream_busy[op.rank]:
                     self._next_kernel(op.rank)
@@ -223,38 +203,33 @@ class _Run:
         op = queue.popleft()
         self.stream_busy[rank] = True
         self.start[op.id] = self.env.now
-        work = self._duration(op)  # core-seconds
-        if work <= 0:
+        duration = self._duration(op)
+        if duration <= 0:
             self._kernel_done(op)
             return
-        links: tuple[int, ...] = self.core_links[rank]
-        if rank in self.mem_link and self._memory_bound(op):
-            links = (*links, self.mem_link[rank])
+        links, work = self.hosts.kernel(op, duration)
         self.net.add(op.id, links, work, self.env.now)
         self.flow_op[op.id] = op
         self._mark_dirty()
-
-    def _memory_bound(self, op: Op) -> bool:
-        spec = self.cluster.specs[self.place[op.rank]]
-        t_mem = op.nbytes / (spec.mem_bw_Bps * spec.eff_mem)
-        t_flops = op.flops / (spec.flops_for(op.dtype) * spec.eff_flops) if op.flops else 0.0
-        return t_mem > t_flops and t_mem > (0.0 if op.fused else spec.launch_s)
 
     def _kernel_done(self, op: Op) -> None:
         self._done(op)
         self._next_kernel(op.rank)
 
-    def _path(self, src: str, dst: str) -> tuple[list[int], float]:
+    def _path(self, src: int, dst: int) -> tuple[list[int], float]:
+        """Link ids a transfer between two ranks crosses (route, then host cores its copies use) and its latency."""
         hit = self._paths.get((src, dst))
         if hit is None:
-            route = self.cluster.route(src, dst) if src != dst else ()
-            hit = self._paths[(src, dst)] = ([self.links[e] for e in route], self.cluster.route_latency(route))
+            a, b = self.place[src], self.place[dst]
+            route = self.cluster.route(a, b) if a != b else ()
+            links = [self.links[e] for e in route] + list(self.hosts.transfer(src, dst)) if route else []
+            hit = self._paths[(src, dst)] = (links, self.cluster.route_latency(route))
         return hit
 
     def _start_transfer(self, send: Op, recv: Op) -> None:
         now = self.env.now
         self.start[send.id] = self.start[recv.id] = now
-        link_ids, latency = self._path(self.place[send.rank], self.place[recv.rank])
+        link_ids, latency = self._path(send.rank, recv.rank)
         delay = self.cluster.message_overhead_s + latency + (0.0 if send.coll else self.cluster.comm_overhead_s)
         if not link_ids or send.nbytes == 0:
             self._at(delay, partial(self._finish_transfer, send))

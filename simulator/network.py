@@ -81,7 +81,7 @@ class FlowNetwork:
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
         route = self.routes.pop(flow)
-        for link in route:
+        for link in set(route):  # a link may appear twice (a flow that loads it twice as much)
             users = self.on_link[link]
             users.discard(flow)
             if not users:
@@ -118,7 +118,8 @@ class FlowNetwork:
         self.allocations += 1
         if len(flows) == 1:  # a flow alone on its links gets the narrowest one
             (only,) = flows
-            rates: dict[Any, float] = {only: min(self.capacity[link] for link in self.routes[only])}
+            route = self.routes[only]
+            rates: dict[Any, float] = {only: min(self.capacity[link] / route.count(link) for link in route)}
         else:
             rates = max_min_rates({f: self.routes[f] for f in flows}, self.capacity)
         for f in flows:
@@ -133,8 +134,8 @@ class FlowNetwork:
         return changed
 
     def load(self, link: int) -> float:
-        """Bytes/s flowing on ``link`` now."""
-        return sum(self.rate[f] for f in self.on_link.get(link, ()))
+        """Bytes/s flowing on ``link`` now (a flow that crosses it twice counts twice)."""
+        return sum(self.rate[f] * self.routes[f].count(link) for f in self.on_link.get(link, ()))
 
     def next_finish(self) -> tuple[float, list[int]]:
         """Earliest predicted finish time and every flow predicted to finish then (``(inf, [])`` when idle)."""

@@ -47,6 +47,7 @@ class Cluster:
     comm_overhead_s: float = 0.0
     host_cores: Mapping[str, int] = field(default_factory=dict)  # hosts whose ranks share CPU cores
     host_mem_bw: Mapping[str, float] = field(default_factory=dict)  # and their memory bandwidth (bytes/s)
+    host_copy_bw: Mapping[str, float] = field(default_factory=dict)  # bytes/s one core copies for a transfer
     _router: Router = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -142,7 +143,7 @@ def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict
 
 
 _TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "host_cores", "host_mem_bw",
-             "description"}
+             "host_copy_bw", "description"}
 
 
 def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster:
@@ -175,23 +176,27 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
     name = str(raw.get("name") or Path(src).stem)
     cluster = Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead,
                       comm_overhead_s=comm, host_cores=_host_cores(raw.get("host_cores", {}), locate),
-                      host_mem_bw=_host_mem_bw(raw.get("host_mem_bw", {}), locate))
+                      host_mem_bw=_host_bandwidths("host_mem_bw", raw, locate),
+                      host_copy_bw=_host_bandwidths("host_copy_bw", raw, locate))
     hosts = {cluster.host_of(r) for r in ranks}
-    for key, table in (("host_cores", cluster.host_cores), ("host_mem_bw", cluster.host_mem_bw)):
+    tables = {"host_cores": cluster.host_cores, "host_mem_bw": cluster.host_mem_bw,
+              "host_copy_bw": cluster.host_copy_bw}
+    for key, table in tables.items():
         for host in table:
             if host not in hosts:
                 raise locate((key, host), InputError(f"no rank is on host {host!r}; hosts: {sorted(hosts)}"))
-    for host in cluster.host_mem_bw:
-        if host not in cluster.host_cores:
-            raise locate(("host_mem_bw", host), InputError("needs host_cores for the same host"))
+            if key != "host_cores" and host not in cluster.host_cores:
+                raise locate((key, host), InputError("needs host_cores for the same host"))
     return cluster
 
 
-def _host_mem_bw(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, float]:
-    """``host_mem_bw: {HOST: "20 GB/s"}``: memory bandwidth the kernels of HOST's ranks share."""
-    if not isinstance(raw, Mapping):
-        raise locate(("host_mem_bw",), InputError("must map host names to bandwidths"))
-    return {str(h): _quantity(parse_bandwidth, v, locate, ("host_mem_bw", h), None) for h, v in raw.items()}
+def _host_bandwidths(key: str, raw: Mapping[str, Any],
+                     locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, float]:
+    """``host_mem_bw`` / ``host_copy_bw``: ``{HOST: "20 GB/s"}``."""
+    table = raw.get(key, {})
+    if not isinstance(table, Mapping):
+        raise locate((key,), InputError("must map host names to bandwidths"))
+    return {str(h): _quantity(parse_bandwidth, v, locate, (key, h), None) for h, v in table.items()}
 
 
 def _host_cores(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, int]:

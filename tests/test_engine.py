@@ -213,3 +213,28 @@ def test_memory_bound_kernels_share_the_host_memory_bandwidth():
     ends = simulate(small, cluster).op_ends()
     for op in tiny:
         assert math.isclose(ends[op], 1e-6 + 1e-7, rel_tol=REL)
+
+
+def test_loopback_copies_share_the_host_cores_with_kernels():
+    from conftest import ZERO_COMPUTE
+
+    cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "10 GB/s", "mem": "8 GB", "launch_overhead": 0}
+    raw = {
+        "devices": {"cpu": cpu, "zero": ZERO_COMPUTE},
+        "nodes": [{"name": f"box.r{i}", "kind": "gpu", "device": "cpu"} for i in range(3)]
+        + [{"name": "box.sw", "kind": "switch"}],
+        "links": [{"a": f"box.r{i}", "b": "box.sw", "bandwidth": "100 GB/s"} for i in range(3)],
+        "host_cores": {"box": 2},
+        "host_copy_bw": {"box": "5 GB/s"},
+    }
+    cluster = build_cluster(raw, "<copy>")
+    alone = Schedule(3, placement=cluster.ranks)
+    _, r = alone.add_transfer(0, 1, 1e9, "x")
+    # sender and receiver each copy at up to 5 GB/s a core: two cores for 5 GB/s
+    assert math.isclose(simulate(alone, cluster).op_ends()[r], 0.2, rel_tol=REL)
+    both = Schedule(3, placement=cluster.ranks)
+    _, r = both.add_transfer(0, 1, 1e9, "x")
+    k = both.add_compute(2, "k", nbytes=2e9)  # 0.2 s alone on one core
+    ends = simulate(both, cluster).op_ends()
+    # two cores shared max-min by the transfer's two copies and the kernel: a third each, all end at 0.3 s
+    assert math.isclose(ends[r], 0.3, rel_tol=REL) and math.isclose(ends[k], 0.3, rel_tol=REL)

@@ -10,9 +10,10 @@ Measured:
   state: the per-kernel overhead, ``launch_overhead``), the decode attention kernel (partial attention merged
   into a running state, the ``attend`` op) on shards of several sizes, fitted as ``launch + bytes / mem_bw``,
   and a square matmul for peak FLOP/s. How P ranks slow each other down is not folded into these figures: the
-  file sets ``host_cores`` (this machine's CPUs) and ``host_mem_bw`` (what min(P, CPUs) attend kernels running at
-  once move together), and the engine shares those among the kernels that run at once, which also gets right the
-  schedules whose ranks compute one after another (``ring-q``).
+  file sets ``host_cores`` (this machine's CPUs), ``host_mem_bw`` (what min(P, CPUs) attend kernels running at
+  once move together) and ``host_copy_bw`` (what one core copies: loopback transfers copy every byte on the
+  sender's and on the receiver's side), and the engine shares those among the kernels and transfers that run at
+  once, which also gets right the schedules whose ranks compute one after another (``ring-q``).
 
 The topology is a star: each rank's device (``local.rankK``) sends into ``local.tx`` at the per-flow bandwidth,
 ``local.tx -> local.rx`` carries the aggregate bandwidth, ``local.rx`` delivers to each rank. Fit quality (R^2 and
@@ -145,6 +146,14 @@ def _shared_memory_bandwidth(args: argparse.Namespace, device: torch.device, ran
     return ranks * shape.attend_cost(t)[1] / float(elapsed.item())
 
 
+def _copy_bandwidth(device: torch.device, reps: int) -> float:
+    """Bytes/s one core copies (rank 0 alone): the CPU cost of each copy a loopback transfer makes."""
+    src = torch.ones(16 * 2**20, device=device)  # 64 MiB
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    return src.numel() * src.element_size() / max(_median_time(lambda: dst.copy_(src), reps, device, only=0), 1e-12)
+
+
 def _small_kernel_time(args: argparse.Namespace, device: torch.device, reps: int) -> float:
     """Median time of the schedules' small kernels (merge, rescale, finalize of one state), on rank 0 alone."""
     q = torch.randn(1, args.heads, 1, args.head_dim, device=device)
@@ -182,9 +191,10 @@ def run_rank(args: argparse.Namespace) -> None:
     flops = [_matmul_flops(device, torch.float32, args.reps), _matmul_flops(device, torch.float64, args.reps)]
     concurrent = min(world, os.cpu_count() or 1)
     shared_bw = _shared_memory_bandwidth(args, device, concurrent)
+    copy_bw = _copy_bandwidth(device, args.reps)
     if rank == 0:
         text = _topology(args, world, pp, ring_s, big, allreduce_s, small, attend32, attend64, flops,
-                         (concurrent, shared_bw))
+                         (concurrent, shared_bw, copy_bw))
         write_text_atomic(Path(args.out), text)
         print(f"wrote {args.out}")
     dist.destroy_process_group()
@@ -201,7 +211,7 @@ def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[
 
 def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring_s: float, big: int,
               allreduce_s: float, small: float, attend32: list[tuple[float, float]],
-              attend64: list[tuple[float, float]], flops: list[float], shared: tuple[int, float]) -> str:
+              attend64: list[tuple[float, float]], flops: list[float], shared: tuple[int, float, float]) -> str:
     sizes = np.array([s for s, _ in pp], dtype=float)
     one_way = np.array([t for _, t in pp])
     overhead, inv_bw, r2_p2p, res_p2p = fit_linear(sizes, one_way)
@@ -215,7 +225,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     mem_bw, res_mem = _bandwidth_after(launch, attend32)
     mem_bw64, res_mem64 = _bandwidth_after(launch, attend64)
     cores = os.cpu_count() or 1
-    concurrent, shared_bw = shared
+    concurrent, shared_bw, copy_bw = shared
     host_mem_bw = min(shared_bw, cores * mem_bw)  # what several kernels at once get, at most a core each
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16e9
     lines = [
@@ -236,7 +246,8 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         " bf16/fp16 workloads run in fp32 on this backend, so they get the fp32 figures.",
         f"# host_cores: the {world} ranks share this machine's {cores} CPUs (one thread each). host_mem_bw: "
         f"{concurrent} attend kernels at once moved {shared_bw / 1e9:.3f} GB/s together "
-        f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone).",
+        f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone). host_copy_bw: one core copies "
+        f"{copy_bw / 1e9:.3f} GB/s (a loopback transfer's sender and receiver each copy every byte on a core).",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
         "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
     ]
@@ -259,6 +270,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         "comm_overhead": f"{comm_overhead * 1e6:.6g} us",
         "host_cores": {"local": cores},
         "host_mem_bw": {"local": f"{host_mem_bw:.6g} B/s"},
+        "host_copy_bw": {"local": f"{copy_bw:.6g} B/s"},
     }
     text = "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, width=120)
     for line in lines:

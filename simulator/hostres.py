@@ -1,0 +1,80 @@
+"""Virtual links for ranks that share a host's CPU cores and memory (processes on one machine, as in real runs).
+
+Per host with ``host_cores`` C, in units of bytes of copying (``host_copy_bw`` s per core; 1 when not given):
+
+* a host link of C x s: every kernel and, with ``host_copy_bw``, every byte copied by a transfer's sender and by
+  its receiver (the loopback transport copies through the kernel on the CPU) share the host's cores max-min;
+* a rank link of s: one rank's kernels run one at a time on at most one core;
+* with ``host_mem_bw``, a memory link of ``host_mem_bw / mem_bw`` x s that memory-bound kernels also cross.
+
+A kernel of roofline duration d is a flow of d x s: alone on the host it takes exactly d.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from simulator.devices import DeviceSpec
+from simulator.schedule import Op
+from simulator.topology import Cluster
+
+__all__ = ["HostResources"]
+
+
+class HostResources:
+    """Adds the virtual links to ``capacity`` (a list of link capacities) and says which a flow crosses."""
+
+    def __init__(self, cluster: Cluster, place: Sequence[str], capacity: list[float]) -> None:
+        self.cluster = cluster
+        self.place = place
+        self.scale: dict[int, float] = {}  # rank -> bytes of copying per core-second
+        self.rank_link: dict[int, int] = {}
+        self.host_link: dict[int, int] = {}  # rank -> its host's core link
+        self.mem_link: dict[int, int] = {}
+        self.copies: dict[int, bool] = {}  # rank -> do its transfers cost CPU
+        hosts: dict[str, tuple[int, int | None]] = {}
+        for r, node in enumerate(place):
+            host = cluster.host_of(node)
+            cores = cluster.host_cores.get(host)
+            if cores is None:
+                continue
+            s = cluster.host_copy_bw.get(host, 1.0)
+            if host not in hosts:
+                core = len(capacity)
+                capacity.append(cores * s)
+                mem = None
+                if host in cluster.host_mem_bw:
+                    mem = len(capacity)
+                    capacity.append(cluster.host_mem_bw[host] / cluster.specs[node].mem_bw_Bps * s)
+                hosts[host] = (core, mem)
+            core, mem = hosts[host]
+            self.scale[r] = s
+            self.host_link[r] = core
+            self.rank_link[r] = len(capacity)
+            capacity.append(s)
+            if mem is not None:
+                self.mem_link[r] = mem
+            self.copies[r] = host in cluster.host_copy_bw
+
+    def shares(self, rank: int) -> bool:
+        """Whether the rank's kernels run as flows over its host's cores."""
+        return rank in self.rank_link
+
+    def kernel(self, op: Op, duration: float) -> tuple[tuple[int, ...], float]:
+        """The links a kernel crosses and its size (duration in the host's unit)."""
+        r = op.rank
+        links: tuple[int, ...] = (self.rank_link[r], self.host_link[r])
+        if r in self.mem_link and _memory_bound(self.cluster.specs[self.place[r]], op):
+            links = (*links, self.mem_link[r])
+        return links, duration * self.scale[r]
+
+    def transfer(self, src: int, dst: int) -> tuple[int, ...]:
+        """The host core links a transfer's copies cross (sender's host, then receiver's; once each)."""
+        return tuple(self.host_link[r] for r in (src, dst) if self.copies.get(r))
+
+
+def _memory_bound(spec: DeviceSpec, op: Op) -> bool:
+    """Roofline memory time above both the compute time and the launch overhead."""
+    t_mem = op.nbytes / (spec.mem_bw_Bps * spec.eff_mem)
+    t_flops = op.flops / (spec.flops_for(op.dtype) * spec.eff_flops) if op.flops else 0.0
+    return t_mem > t_flops and t_mem > (0.0 if op.fused else spec.launch_s)
