@@ -144,16 +144,19 @@ def test_ecmp_spreads_flows_over_equal_paths():
     assert cluster.route("n0.gpu0", "n5.gpu0") == cluster.route("n0.gpu0", "n5.gpu0")
 
 
-def _shared_cores_cluster(ranks: int, cores: int):
+def _shared_cores_cluster(ranks: int, cores: int, mem_bw: str = "1 GB/s", launch: str | int = 0,
+                          link_bw: str = "1 GB/s", **host: object):
+    """``ranks`` CPU ranks on host ``box`` sharing ``cores`` cores (plus host_mem_bw / host_copy_bw in ``host``)."""
     from conftest import ZERO_COMPUTE
 
-    cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "1 GB/s", "mem": "8 GB", "launch_overhead": 0}
+    cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": mem_bw, "mem": "8 GB", "launch_overhead": launch}
     raw = {
         "devices": {"cpu": cpu, "zero": ZERO_COMPUTE},
         "nodes": [{"name": f"box.r{i}", "kind": "gpu", "device": "cpu"} for i in range(ranks)]
         + [{"name": "box.sw", "kind": "switch"}],
-        "links": [{"a": f"box.r{i}", "b": "box.sw", "bandwidth": "1 GB/s"} for i in range(ranks)],
+        "links": [{"a": f"box.r{i}", "b": "box.sw", "bandwidth": link_bw} for i in range(ranks)],
         "host_cores": {"box": cores},
+        **{key: {"box": value} for key, value in host.items()},
     }
     return build_cluster(raw, "<cores>")
 
@@ -190,18 +193,7 @@ def test_kernels_of_one_rank_still_run_one_at_a_time_with_shared_cores():
 
 
 def test_memory_bound_kernels_share_the_host_memory_bandwidth():
-    from conftest import ZERO_COMPUTE
-
-    cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "10 GB/s", "mem": "8 GB", "launch_overhead": "1 us"}
-    raw = {
-        "devices": {"cpu": cpu, "zero": ZERO_COMPUTE},
-        "nodes": [{"name": f"box.r{i}", "kind": "gpu", "device": "cpu"} for i in range(2)]
-        + [{"name": "box.sw", "kind": "switch"}],
-        "links": [{"a": f"box.r{i}", "b": "box.sw", "bandwidth": "1 GB/s"} for i in range(2)],
-        "host_cores": {"box": 2},
-        "host_mem_bw": {"box": "15 GB/s"},
-    }
-    cluster = build_cluster(raw, "<mem>")
+    cluster = _shared_cores_cluster(2, 2, mem_bw="10 GB/s", launch="1 us", host_mem_bw="15 GB/s")
     sched = Schedule(2, placement=cluster.ranks)
     big = [sched.add_compute(r, "attend", nbytes=1e7) for r in range(2)]  # 1 ms + 1 us alone
     ends = simulate(sched, cluster).op_ends()
@@ -216,18 +208,7 @@ def test_memory_bound_kernels_share_the_host_memory_bandwidth():
 
 
 def test_loopback_copies_share_the_host_cores_with_kernels():
-    from conftest import ZERO_COMPUTE
-
-    cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "10 GB/s", "mem": "8 GB", "launch_overhead": 0}
-    raw = {
-        "devices": {"cpu": cpu, "zero": ZERO_COMPUTE},
-        "nodes": [{"name": f"box.r{i}", "kind": "gpu", "device": "cpu"} for i in range(3)]
-        + [{"name": "box.sw", "kind": "switch"}],
-        "links": [{"a": f"box.r{i}", "b": "box.sw", "bandwidth": "100 GB/s"} for i in range(3)],
-        "host_cores": {"box": 2},
-        "host_copy_bw": {"box": "5 GB/s"},
-    }
-    cluster = build_cluster(raw, "<copy>")
+    cluster = _shared_cores_cluster(3, 2, mem_bw="10 GB/s", link_bw="100 GB/s", host_copy_bw="5 GB/s")
     alone = Schedule(3, placement=cluster.ranks)
     _, r = alone.add_transfer(0, 1, 1e9, "x")
     # sender and receiver each copy at up to 5 GB/s a core: two cores for 5 GB/s
