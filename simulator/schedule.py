@@ -105,13 +105,14 @@ class Schedule:
         return op.id
 
     def add_launch(self, rank: int, name: str, *, deps: Iterable[int] = (), coll: str = "", fn: str = "",
-                   out: str = "") -> int:
+                   out: str = "", root: int | None = None) -> int:
         """Append the start of a communication operation on ``rank`` (takes the cluster's ``comm_overhead``).
 
         For a collective, ``fn`` names it (``allreduce-sum``, ``reduce-max``, ``broadcast``...) and ``out`` its
-        buffer, so that a real runner can issue it as one native collective.
+        buffer and ``root`` (as ``peer``) the root of a reduce or broadcast, so that a real runner can issue it as
+        one native collective.
         """
-        op = Op(len(self.ops), rank, "launch", name, self._check(rank, deps), coll=coll, fn=fn, out=out)
+        op = Op(len(self.ops), rank, "launch", name, self._check(rank, deps), coll=coll, fn=fn, out=out, peer=root)
         self.ops.append(op)
         return op.id
 

@@ -105,3 +105,44 @@ def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
     text = out.read_text()
     assert "R^2" in text and "Raw one-way times" in text
     assert no_stray_ranks()
+
+
+def _native_collectives_rank(rank: int, world: int, store_path: str, results: str) -> None:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from simulator.collectives import allreduce, broadcast, reduce
+    from simulator.distributed.runner import RankRunner
+    from simulator.numeric import make_inputs
+    from simulator.schedule import Schedule
+    from simulator.workload import DecodeShape
+
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    sched = Schedule(world)
+    common = {"elem_bytes": 8, "dtype": "fp64", "deps": {}, "algo": "ring"}
+    ranks, hosts = list(range(world)), (0,) * world
+    allreduce(sched, ranks, hosts, "a", 5, op="max", tag="ar", **common)
+    reduce(sched, ranks, hosts, "r", 5, root=world - 1, op="sum", tag="red", **common)
+    broadcast(sched, ranks, hosts, "b", 5, root=1, tag="bc", **common)
+    inp = make_inputs(np.random.default_rng(0), 1, 1, 1, 1, 1).to(torch.from_numpy)
+    runner = RankRunner(sched, inp, rank, DecodeShape(1, 1, 1, 1, 1, "fp64"), {}, "native")
+    for name in ("a", "r", "b"):
+        runner.buf[rank][name] = torch.full((5,), float(rank + 1), dtype=torch.float64)
+    bufs = runner.run_rank()
+    torch.save({k: bufs[k] for k in ("a", "r", "b")}, f"{results}/{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_native_reduce_broadcast_and_allreduce(tmp_path):
+    import torch
+    import torch.multiprocessing as mp
+
+    world = 3
+    mp.start_processes(_native_collectives_rank, args=(world, str(tmp_path / "store"), str(tmp_path)),
+                       nprocs=world, join=True, start_method="fork")
+    out = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
+    for r in range(world):
+        assert torch.equal(out[r]["a"], torch.full((5,), 3.0, dtype=torch.float64))  # max of 1, 2, 3
+        assert torch.equal(out[r]["b"], torch.full((5,), 2.0, dtype=torch.float64))  # rank 1's
+    assert torch.equal(out[world - 1]["r"], torch.full((5,), 6.0, dtype=torch.float64))  # 1 + 2 + 3 at the root

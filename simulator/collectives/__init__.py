@@ -67,8 +67,8 @@ def _resolve(algo: str, ranks: Sequence[int], hosts: Sequence[int]) -> str:
 
 
 def _builder(sched: Schedule, ranks: Sequence[int], buf: str, n: int, elem_bytes: int, dtype: str, op: str,
-             tag: str, deps: Mapping[int, Iterable[int]], kind: str) -> CollBuilder:
-    return CollBuilder.start(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, kind)
+             tag: str, deps: Mapping[int, Iterable[int]], kind: str, root: int | None = None) -> CollBuilder:
+    return CollBuilder.start(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, kind, root)
 
 
 def allreduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str, n: int, *, op: str,
@@ -93,7 +93,7 @@ def allreduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: 
 def reduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str, n: int, *, root: int, op: str,
            algo: str, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]]) -> Frontier:
     """``root``'s ``buf`` becomes the elementwise ``op`` over all ranks (others' buffers are scratch)."""
-    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, "reduce")
+    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, "reduce", root)
     _rooted(b, ranks, hosts, root, algo, 0)
     return b.front
 
@@ -115,6 +115,6 @@ def _rooted(b: CollBuilder, ranks: Sequence[int], hosts: Sequence[int], root: in
 def broadcast(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str, n: int, *, root: int,
               algo: str, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]]) -> Frontier:
     """Every rank's ``buf`` becomes ``root``'s."""
-    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, "sum", tag, deps, "broadcast")
+    b = _builder(sched, ranks, buf, n, elem_bytes, dtype, "sum", tag, deps, "broadcast", root)
     _rooted(b, ranks, hosts, root, algo, 1)
     return b.front

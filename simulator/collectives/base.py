@@ -43,14 +43,15 @@ class CollBuilder:
 
     @classmethod
     def start(cls, sched: Schedule, ranks: Sequence[int], buf: str, n: int, elem_bytes: int, dtype: str,
-              op: str, tag: str, deps: Mapping[int, Iterable[int]], kind: str = "allreduce") -> CollBuilder:
+              op: str, tag: str, deps: Mapping[int, Iterable[int]], kind: str = "allreduce",
+              root: int | None = None) -> CollBuilder:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {REDUCE_OPS}, got {op!r}")
         fn = kind if kind == "broadcast" else f"{kind}-{op}"
         if len(ranks) < 2:  # nothing to communicate: no communication operation is launched
             return cls(sched, buf, n, elem_bytes, dtype, op, tag, {r: tuple(deps.get(r, ())) for r in ranks})
         front: dict[int, tuple[int, ...]] = {
-            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=fn, out=buf),)
+            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=fn, out=buf, root=root),)
             for r in ranks}
         return cls(sched, buf, n, elem_bytes, dtype, op, tag, front)
 

@@ -93,6 +93,10 @@ class RankRunner(Executor):
         self.native = collectives == "native"
         self.device = device or inp.q.device
         self.pending: dict[int, Any] = {}  # op id -> (work, buffer, op) of posted transfers not yet waited for
+        self.coll_ranks: dict[str, set[int]] = {}  # collective tag -> the ranks that take part
+        for o in sched.ops:
+            if o.kind == "launch" and o.coll:
+                self.coll_ranks.setdefault(o.coll, set()).add(o.rank)
 
     def _wait(self, op_id: int) -> None:
         entry = self.pending.pop(op_id, None)
@@ -118,11 +122,18 @@ class RankRunner(Executor):
 
     def collective(self, op: Op) -> None:
         """A collective's launch op: run it natively on the whole buffer (the decomposed ops are skipped)."""
+        members = self.coll_ranks[op.coll]
+        if len(members) != dist.get_world_size():
+            raise ValueError(f"collective {op.coll!r} spans ranks {sorted(members)}, not the whole group: run it "
+                             "with collectives=decomposed")
         kind, _, reduce_op = op.fn.partition("-")
-        if kind != "allreduce":
-            raise NotImplementedError(f"native {kind} is not used by any schedule; run with collectives=decomposed")
         buf = self.buf[self.rank][op.out]
-        dist.all_reduce(buf, op=_REDUCE[reduce_op])
+        if kind == "allreduce":
+            dist.all_reduce(buf, op=_REDUCE[reduce_op])
+        elif kind == "reduce":
+            dist.reduce(buf, dst=op.peer, op=_REDUCE[reduce_op])
+        else:
+            dist.broadcast(buf, src=op.peer)
 
     def run_rank(self) -> dict[str, Any]:
         """Execute this rank's ops; returns its buffers."""
