@@ -74,8 +74,13 @@ class FlowNetwork:
         self.updated[flow] = now
         self.rate[flow] = 0.0
         self.version[flow] = 0
+        on_link = self.on_link
         for link in route:
-            self.on_link.setdefault(link, set()).add(flow)
+            users = on_link.get(link)
+            if users is None:
+                on_link[link] = {flow}
+            else:
+                users.add(flow)
         self._touched.update(route)
 
     def remove(self, flow: int) -> None:
