@@ -27,7 +27,7 @@ from simulator.topology import Cluster, load_topology
 from simulator.workload import DecodeShape
 
 __all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
-           "point_runs", "run_point", "run_points", "timeline_frame"]
+           "point_runs", "run_point", "timeline_frame"]
 
 FLOW_COLUMNS = ["flow", "src", "dst", "bytes", "start_s", "finish_s"]
 DECODE_COLUMNS = ["scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim",
@@ -254,12 +254,4 @@ def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]]) -> pd.DataFr
     """The timelines of :func:`point_runs` as one table (algorithm, rank, kind, name, start_s, end_s, bytes)."""
     rows = [{"algorithm": label_, "rank": r.rank, "kind": r.kind, "name": r.name, "start_s": r.start,
              "end_s": r.end, "bytes": r.nbytes} for label_, _, result in runs for r in result.timeline]
-    return pd.DataFrame(rows)
-
-
-def run_points(points: Iterable[Point], numeric: bool = False) -> pd.DataFrame:
-    """All rows of all points, as one DataFrame (stable columns first, then one per swept key)."""
-    points = list(points)
-    check_points(points, numeric)
-    rows = [row for point in points for row in run_point(point, numeric)]
     return pd.DataFrame(rows)
