@@ -6,7 +6,8 @@
   drains at up to one core, the host's cores shared max-min fairly among the kernels running on it: the same
   progressive filling as the network, over virtual links (:mod:`simulator.hostres`): the host's cores, its
   memory bandwidth (``host_mem_bw``), and, with ``host_copy_bw``, the CPU time transfers spend copying.
-* Launch ops (the start of a collective on a rank) take ``comm_overhead``, off the compute stream.
+* Launch ops (the start of a collective on a rank) take ``collective_overhead`` (default: ``comm_overhead``), off
+  the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
   ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own),
   then drains over every directed link of the route at its max-min fair rate (:mod:`simulator.network`). Rates
@@ -187,7 +188,7 @@ class _Run:
             self._at(end - now, partial(self._done, op))
         elif kind == "launch":
             self.start[op.id] = now
-            self._at(self.cluster.comm_overhead_s, partial(self._done, op))
+            self._at(self.cluster.collective_start_s, partial(self._done, op))
         else:
             assert op.match is not None
             if self.ready[op.match]:  # both ends ready: the transfer starts

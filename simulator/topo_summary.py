@@ -53,7 +53,8 @@ def summarize(cluster: Cluster) -> str:
     lines = [f"topology {cluster.name}: {len(cluster.ranks)} GPUs on {cluster.num_hosts} node(s); "
              + ", ".join(f"{kinds[k]} {k}" for k in ("gpu", "cpu", "switch", "nic") if kinds[k])]
     lines.append(f"overheads: {_time(cluster.message_overhead_s)} per message, "
-                 f"{_time(cluster.comm_overhead_s)} per communication operation")
+                 f"{_time(cluster.comm_overhead_s)} per communication operation, "
+                 f"{_time(cluster.collective_start_s)} per collective")
     lines.append("devices:")
     by_spec = Counter(spec.name for spec in cluster.specs.values())
     for name, count in sorted(by_spec.items()):

@@ -7,7 +7,8 @@ devices, ``device`` (a spec name). Each directed edge is one direction of a link
 Two YAML forms are accepted (see docs/topology.md):
 
 * explicit: ``devices:`` (named specs), ``nodes:``, ``links:``, optional ``message_overhead`` (per message, at the
-  sender) and ``comm_overhead`` (per communication operation: one collective, or one standalone send/recv);
+  sender), ``comm_overhead`` (per communication operation: one collective, or one standalone send/recv) and
+  ``collective_overhead`` (a collective's start, when it differs from a standalone send's);
 * parametric: ``builder: cluster`` with ``params:`` defaults (see :mod:`simulator.builders`), which a scenario's
   ``topology_params`` override.
 """
@@ -45,6 +46,7 @@ class Cluster:
     ranks: tuple[str, ...]  # GPU node names, rank order
     message_overhead_s: float = 0.0
     comm_overhead_s: float = 0.0
+    collective_overhead_s: float | None = None  # a collective's start; None: comm_overhead
     host_cores: Mapping[str, int] = field(default_factory=dict)  # hosts whose ranks share CPU cores
     host_mem_bw: Mapping[str, float] = field(default_factory=dict)  # and their memory bandwidth (bytes/s)
     host_copy_bw: Mapping[str, float] = field(default_factory=dict)  # bytes/s one core copies for a transfer
@@ -68,6 +70,11 @@ class Cluster:
     def route_bandwidth(self, route: tuple[Edge, ...]) -> float:
         """Bottleneck bandwidth (bytes/s) of ``route``; infinite for an empty route."""
         return min((self.graph.edges[e]["bandwidth"] for e in route), default=float("inf"))
+
+    @property
+    def collective_start_s(self) -> float:
+        """What starting one collective costs on a rank (``collective_overhead``, else ``comm_overhead``)."""
+        return self.comm_overhead_s if self.collective_overhead_s is None else self.collective_overhead_s
 
     def host_of(self, node: str) -> str:
         """The server a node belongs to: its name up to the first dot (``n3.gpu1`` -> ``n3``)."""
@@ -142,8 +149,8 @@ def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict
     return {name: parse_device_spec(name, spec, _locator(src, tree, (*base, name))) for name, spec in raw.items()}
 
 
-_TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "host_cores", "host_mem_bw",
-             "host_copy_bw", "description"}
+_TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "collective_overhead",
+             "host_cores", "host_mem_bw", "host_copy_bw", "description"}
 
 
 def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster:
@@ -169,13 +176,16 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
         _add_link(graph, link, _locator(src, tree, ("links", i)))
     overhead = _quantity(parse_time, raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0)
     comm = _quantity(parse_time, raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0)
+    coll = (None if raw.get("collective_overhead") is None
+            else _quantity(parse_time, raw["collective_overhead"], locate, ("collective_overhead",), 0.0))
     ranks = tuple(n for n, k in graph.nodes(data="kind") if k == "gpu")
     if not ranks:
         raise locate(("nodes",), InputError("no node of kind gpu: a cluster needs at least one GPU"))
     _check_reachable(graph, locate)
     name = str(raw.get("name") or Path(src).stem)
     cluster = Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead,
-                      comm_overhead_s=comm, host_cores=_host_cores(raw.get("host_cores", {}), locate),
+                      comm_overhead_s=comm, collective_overhead_s=coll,
+                      host_cores=_host_cores(raw.get("host_cores", {}), locate),
                       host_mem_bw=_host_bandwidths("host_mem_bw", raw, locate),
                       host_copy_bw=_host_bandwidths("host_copy_bw", raw, locate))
     hosts = {cluster.host_of(r) for r in ranks}

@@ -137,3 +137,20 @@ def test_exact_trace_tree_p4():
     got = sorted(_trace(sched, cluster), key=key)
     want.sort(key=key)
     _assert_trace(got, want)
+
+
+def test_collective_overhead_can_differ_from_a_standalone_send():
+    from simulator.topology import build_cluster
+
+    raw = {"nodes": [{"name": f"h{i}", "kind": "gpu", "device": "zero"} for i in range(4)]
+           + [{"name": "s", "kind": "switch"}],
+           "devices": {"zero": {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "1e30 B/s", "launch_overhead": 0}},
+           "links": [{"a": f"h{i}", "b": "s", "bandwidth": "25 GB/s", "latency": "1.5 us"} for i in range(4)],
+           "message_overhead": "2 us", "comm_overhead": "3 us", "collective_overhead": "40 us"}
+    cluster = build_cluster(raw, "<t>")
+    n = 4_000_000
+    res = simulate(coll_schedule(4, "allreduce", "ring", n), cluster)
+    assert math.isclose(res.makespan, 40e-6 + 6 * (OVH + 2 * LAT + n / (4 * BW)), rel_tol=REL)
+    sched = Schedule(4, placement=cluster.ranks)
+    sched.add_transfer(0, 1, 1e6, "x")
+    assert math.isclose(simulate(sched, cluster).makespan, 3e-6 + OVH + 2 * LAT + 1e6 / BW, rel_tol=REL)

@@ -248,7 +248,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     aggregate = world * big / max(ring_s - overhead, 1e-12)
     aggregate = max(aggregate, flow_bw)  # a lone flow is never faster than all of them together
     # the model charges a ring allreduce 2(P-1) steps of the message overhead; the rest is per collective
-    comm_overhead = max(0.0, allreduce_s - 2 * (world - 1) * overhead)
+    collective_overhead = max(0.0, allreduce_s - 2 * (world - 1) * overhead)
     launch = small
     mem_bw, res_mem = _bandwidth_after(launch, attend32)
     mem_bw64, res_mem64 = _bandwidth_after(launch, attend64)
@@ -264,8 +264,9 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"# Aggregate bandwidth ({world} ranks each sending {big >> 20} MiB to the next at once): "
         f"{aggregate / 1e9:.3f} GB/s.",
         f"# A {args.heads}-element all_reduce right after every rank's attention kernel (last arrival to last "
-        f"return): {allreduce_s * 1e6:.1f} us -> comm_overhead {comm_overhead * 1e6:.1f} us per collective beyond "
-        f"2(P-1) message overheads.",
+        f"return): {allreduce_s * 1e6:.1f} us -> collective_overhead {collective_overhead * 1e6:.1f} us per "
+        "collective beyond 2(P-1) message overheads; a standalone send's whole cost is in the ping-pong fit "
+        "(comm_overhead 0).",
         f"# Small kernels (merge, rescale, finalize of one state; rank 0 alone): median {small * 1e6:.1f} us "
         "-> launch_overhead.",
         f"# Attend kernel ({args.heads} heads x {args.head_dim}, shards {SHARDS[0]}..{SHARDS[-1]} tokens, rank 0 "
@@ -296,7 +297,8 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         + [{"src": "local.rx", "dst": f"local.rank{r}", "bandwidth": f"{flow_bw:.6g} B/s", "latency": "0 s",
             "class": "loopback"} for r in range(world)],
         "message_overhead": f"{overhead * 1e6:.6g} us",
-        "comm_overhead": f"{comm_overhead * 1e6:.6g} us",
+        "comm_overhead": "0 us",
+        "collective_overhead": f"{collective_overhead * 1e6:.6g} us",
         "host_cores": {"local": cores},
         "host_mem_bw": {"local": f"{host_mem_bw:.6g} B/s"},
         "host_copy_bw": {"local": f"{copy_bw:.6g} B/s"},
