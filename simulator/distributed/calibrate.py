@@ -5,9 +5,9 @@ Measured:
 * point-to-point: a ping-pong between rank 0 and rank 1 over message sizes from 8 B to 32 MiB; the one-way time
   is fitted as ``overhead + bytes / bandwidth`` (the per-message software cost and the per-flow bandwidth);
 * aggregate bandwidth: every rank sends a large message to the next at once (what a ring step does);
-* per-collective overhead: a small ``all_reduce`` issued as schedules issue it, right after every rank ran an
-  attention kernel (from the last rank's arrival to the last return), less what the model already charges for
-  its steps;
+* per-operation overheads: a small ``all_reduce``, and a small send/receive with the ring neighbours, each issued
+  as schedules issue them, right after every rank ran an attention kernel (from the last rank's arrival to the
+  last return), less what the model already charges for their messages;
 * compute, on rank 0 alone (one core): the small kernels of the schedules (merge, rescale, finalize of one
   state: the per-kernel overhead, ``launch_overhead``), the decode attention kernel (partial attention merged
   into a running state, the ``attend`` op) on shards of several sizes, fitted as ``launch + bytes / mem_bw``,
@@ -148,11 +148,12 @@ def _shared_memory_bandwidth(args: argparse.Namespace, device: torch.device, ran
     return ranks * shape.attend_cost(t)[1] / float(elapsed.item())
 
 
-def _allreduce_after_compute(args: argparse.Namespace, device: torch.device, reps: int) -> float:
-    """Latency of a small all_reduce as schedules issue it: right after every rank ran an attention kernel.
+def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2p: bool) -> float:
+    """Latency of a small all_reduce (or, with ``p2p``, a send to the next rank and a receive from the previous)
+    as schedules issue it: right after every rank ran an attention kernel.
 
     Measured from the last rank's arrival to the last rank's return (a shared monotonic clock on one machine),
-    so the time spent waiting for slower ranks is not counted; in a tight loop of all_reduces alone the
+    so the time spent waiting for slower ranks is not counted; in a tight loop of operations alone the
     transport's threads stay awake and the figure is several times smaller than in a decode step.
     """
     t = 4096
@@ -160,14 +161,20 @@ def _allreduce_after_compute(args: argparse.Namespace, device: torch.device, rep
     k = torch.randn(1, args.heads, t, args.head_dim, device=device)
     acc = partial_attention(q, k[:, :, :1], k[:, :, :1], 0.1)
     x = torch.zeros(args.heads, device=device)
+    y = torch.zeros_like(x)
     stamps = torch.zeros(2, dtype=torch.float64)
-    world = dist.get_world_size()
+    rank, world = dist.get_rank(), dist.get_world_size()
     latencies = []
     for _ in range(reps):
         dist.barrier()
         merge(acc, partial_attention(q, k, k, 0.1))
         stamps[0] = time.monotonic()
-        dist.all_reduce(x)
+        if p2p:
+            for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % world),
+                                               dist.P2POp(dist.irecv, y, (rank - 1) % world)]):
+                req.wait()
+        else:
+            dist.all_reduce(x)
         stamps[1] = time.monotonic()
         every = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
         dist.all_gather(every, stamps)
@@ -212,7 +219,8 @@ def run_rank(args: argparse.Namespace) -> None:
     pp = _pingpong(args.reps, device)
     big = 16 * 2**20
     ring_s = _ring_exchange(big, args.reps, device)
-    allreduce_s = _allreduce_after_compute(args, device, args.reps)
+    allreduce_s = _after_compute(args, device, args.reps, p2p=False)
+    p2p_s = _after_compute(args, device, args.reps, p2p=True)
     small = _small_kernel_time(args, device, args.reps)
     attend32 = _attend_times(args, device, torch.float32)
     attend64 = _attend_times(args, device, torch.float64)
@@ -221,7 +229,7 @@ def run_rank(args: argparse.Namespace) -> None:
     shared_bw = _shared_memory_bandwidth(args, device, concurrent)
     copy_bw = _copy_bandwidth(device, args.reps)
     if rank == 0:
-        text = _topology(args, world, pp, ring_s, big, allreduce_s, small, attend32, attend64, flops,
+        text = _topology(args, world, pp, ring_s, big, (allreduce_s, p2p_s), small, attend32, attend64, flops,
                          (concurrent, shared_bw, copy_bw))
         write_text_atomic(Path(args.out), text)
         print(f"wrote {args.out}")
@@ -238,7 +246,7 @@ def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[
 
 
 def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring_s: float, big: int,
-              allreduce_s: float, small: float, attend32: list[tuple[float, float]],
+              after_compute: tuple[float, float], small: float, attend32: list[tuple[float, float]],
               attend64: list[tuple[float, float]], flops: list[float], shared: tuple[int, float, float]) -> str:
     sizes = np.array([s for s, _ in pp], dtype=float)
     one_way = np.array([t for _, t in pp])
@@ -248,7 +256,9 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     aggregate = world * big / max(ring_s - overhead, 1e-12)
     aggregate = max(aggregate, flow_bw)  # a lone flow is never faster than all of them together
     # the model charges a ring allreduce 2(P-1) steps of the message overhead; the rest is per collective
+    allreduce_s, p2p_s = after_compute
     collective_overhead = max(0.0, allreduce_s - 2 * (world - 1) * overhead)
+    comm_overhead = max(0.0, p2p_s - overhead)
     launch = small
     mem_bw, res_mem = _bandwidth_after(launch, attend32)
     mem_bw64, res_mem64 = _bandwidth_after(launch, attend64)
@@ -265,8 +275,9 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"{aggregate / 1e9:.3f} GB/s.",
         f"# A {args.heads}-element all_reduce right after every rank's attention kernel (last arrival to last "
         f"return): {allreduce_s * 1e6:.1f} us -> collective_overhead {collective_overhead * 1e6:.1f} us per "
-        "collective beyond 2(P-1) message overheads; a standalone send's whole cost is in the ping-pong fit "
-        "(comm_overhead 0).",
+        f"collective beyond 2(P-1) message overheads. A small send/receive with the ring neighbours, issued the "
+        f"same way: {p2p_s * 1e6:.1f} us -> comm_overhead {comm_overhead * 1e6:.1f} us per standalone transfer beyond "
+        "the ping-pong's message overhead.",
         f"# Small kernels (merge, rescale, finalize of one state; rank 0 alone): median {small * 1e6:.1f} us "
         "-> launch_overhead.",
         f"# Attend kernel ({args.heads} heads x {args.head_dim}, shards {SHARDS[0]}..{SHARDS[-1]} tokens, rank 0 "
@@ -297,7 +308,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         + [{"src": "local.rx", "dst": f"local.rank{r}", "bandwidth": f"{flow_bw:.6g} B/s", "latency": "0 s",
             "class": "loopback"} for r in range(world)],
         "message_overhead": f"{overhead * 1e6:.6g} us",
-        "comm_overhead": "0 us",
+        "comm_overhead": f"{comm_overhead * 1e6:.6g} us",
         "collective_overhead": f"{collective_overhead * 1e6:.6g} us",
         "host_cores": {"local": cores},
         "host_mem_bw": {"local": f"{host_mem_bw:.6g} B/s"},
