@@ -19,7 +19,7 @@ from typing import Any
 from simulator.schedule import Schedule
 from simulator.workload import DecodeShape
 
-__all__ = ["Descriptor", "component_shapes", "transfer_layouts"]
+__all__ = ["Descriptor", "component_shapes", "message_elements", "transfer_layouts"]
 
 Descriptor = tuple[Any, ...]
 

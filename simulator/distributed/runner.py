@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from simulator.merge import PartialState
 from simulator.numeric import Executor, Inputs, KVShard
-from simulator.payload import Descriptor, component_shapes
+from simulator.payload import Descriptor, component_shapes, message_elements
 from simulator.schedule import Op, Schedule
 from simulator.workload import DecodeShape
 
@@ -113,7 +113,7 @@ class RankRunner(Executor):
 
     def recv(self, op: Op) -> None:
         assert op.match is not None
-        n = sum(math.prod(s) for d in self.layouts[op.match] for s in component_shapes(d, self.shape))
+        n = message_elements(self.layouts[op.match], self.shape)
         key = (op.id,) if op.fn == "into" else (op.args, n)
         flat = self.pool.get(key)
         if flat is None:
