@@ -6,6 +6,10 @@
   drains at up to one core, the host's cores shared max-min fairly among the kernels running on it: the same
   progressive filling as the network, over virtual links (:mod:`simulator.hostres`): the host's cores, its
   memory bandwidth (``host_mem_bw``), and, with ``host_copy_bw``, the CPU time transfers spend copying.
+  Such a rank is also one host thread that issues its ops in program order (the order of the schedule): an op
+  starts once its dependencies are met *and* the op before it was issued: a kernel or a collective's launch
+  when it returns, a send or receive as soon as it is posted. (A GPU's host thread only enqueues kernels, so
+  GPU ranks run ops as soon as their dependencies allow.)
 * Launch ops (the start of a collective on a rank) take ``collective_overhead`` (default: ``comm_overhead``), off
   the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
@@ -110,6 +114,13 @@ class _Run:
             self.edge_names.append((u, v))
             capacity.append(bw)
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
+        # ranks on shared host cores are host threads that issue their ops in program order (see _ready)
+        self.program: list[list[int]] = [[] for _ in range(schedule.ranks)]
+        for op in schedule.ops:
+            if self.hosts.shares(op.rank):
+                self.program[op.rank].append(op.id)
+        self.cursor = [0] * schedule.ranks
+        self.held = [False] * len(schedule.ops)  # dependencies met, waiting for its turn in program order
         self.net = FlowNetwork(capacity)
         self._durations: dict[tuple[str, float, float, str, bool], float] = {}
         self._paths: dict[tuple[int, int], tuple[list[int], float]] = {}
@@ -173,10 +184,17 @@ class _Run:
         if now < op.not_before_s:
             self._at(op.not_before_s - now, partial(self._ready, op))
             return
-        self.ready[op.id] = True
         kind = op.kind
+        program = self.program[op.rank]
+        if program:
+            if program[self.cursor[op.rank]] != op.id:
+                self.held[op.id] = True
+                return
+            if kind in ("send", "recv"):  # posted: the thread goes on to its next op
+                self._issued(op.rank)
+        self.ready[op.id] = True
         if kind in COMPUTE_KINDS:
-            if self.hosts.shares(op.rank):
+            if program:
                 self.stream_queue[op.rank].append(op)
                 if not self.stream_busy[op.rank]:
                     self._next_kernel(op.rank)
@@ -188,12 +206,28 @@ class _Run:
             self._at(end - now, partial(self._done, op))
         elif kind == "launch":
             self.start[op.id] = now
-            self._at(self.cluster.collective_start_s, partial(self._done, op))
+            self._at(self.cluster.collective_start_s, partial(self._launched, op))
         else:
             assert op.match is not None
             if self.ready[op.match]:  # both ends ready: the transfer starts
                 send, recv = (op, self.ops[op.match]) if kind == "send" else (self.ops[op.match], op)
                 self._start_transfer(send, recv)
+
+    def _launched(self, op: Op) -> None:
+        self._done(op)
+        if self.program[op.rank]:
+            self._issued(op.rank)
+
+    def _issued(self, rank: int) -> None:
+        """A host thread is done issuing its current op (a kernel or a launch ran, a transfer was posted): its
+        next op in program order may start once its dependencies are met."""
+        self.cursor[rank] += 1
+        program = self.program[rank]
+        if self.cursor[rank] < len(program):
+            nxt = program[self.cursor[rank]]
+            if self.held[nxt]:
+                self.held[nxt] = False
+                self._at(0.0, partial(self._ready, self.ops[nxt]))
 
     def _next_kernel(self, rank: int) -> None:
         """Start the next queued kernel of a rank whose host's cores are shared: work drained as a flow."""
@@ -215,6 +249,7 @@ class _Run:
 
     def _kernel_done(self, op: Op) -> None:
         self._done(op)
+        self._issued(op.rank)
         self._next_kernel(op.rank)
 
     def _path(self, src: int, dst: int) -> tuple[list[int], float]:

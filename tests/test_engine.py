@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,7 +10,7 @@ from conftest import star
 
 from simulator.engine import simulate
 from simulator.schedule import Schedule
-from simulator.topology import build_cluster
+from simulator.topology import build_cluster, load_topology
 
 REL = 1e-9
 
@@ -135,8 +136,6 @@ def test_rendezvous_transfer_waits_for_the_receiver():
 
 
 def test_ecmp_spreads_flows_over_equal_paths():
-    from simulator.topology import load_topology
-
     cluster = load_topology("cluster", {"nodes": 8, "gpus_per_node": 1, "nodes_per_leaf": 1, "spines": 4})
     spines = {next(v for u, v in cluster.route(a, b) if v.startswith("spine"))
               for a in cluster.ranks for b in cluster.ranks if a != b}
@@ -219,3 +218,36 @@ def test_loopback_copies_share_the_host_cores_with_kernels():
     ends = simulate(both, cluster).op_ends()
     # two cores shared max-min by the transfer's two copies and the kernel: a third each, all end at 0.3 s
     assert math.isclose(ends[r], 0.3, rel_tol=REL) and math.isclose(ends[k], 0.3, rel_tol=REL)
+
+
+def test_a_cpu_rank_issues_its_ops_in_program_order():
+    """A CPU rank is one thread: a send written after a kernel is posted when the kernel returns, even though it
+    does not depend on it; a receive is only posted, so the kernel after it runs meanwhile."""
+    cluster = _shared_cores_cluster(2, 2)
+    sched = Schedule(2, placement=cluster.ranks)
+    k = sched.add_compute(0, "k", nbytes=1e6)  # 1 ms on a core
+    s, r = sched.add_transfer(0, 1, 1e6, "x")  # 1 ms at 1 GB/s; no dependency on k
+    k1 = sched.add_compute(1, "k1", nbytes=1e6)  # after rank 1's receive in program order, independent of it
+    ends = simulate(sched, cluster).op_ends()
+    assert math.isclose(ends[k], 1e-3, rel_tol=REL)
+    assert math.isclose(ends[s], 2e-3, rel_tol=REL) and math.isclose(ends[r], 2e-3, rel_tol=REL)
+    assert math.isclose(ends[k1], 1e-3, rel_tol=REL)
+    # on GPUs (no shared host cores) the same schedule overlaps the transfer with the kernel
+    gpus = load_topology("cluster", {"nodes": 1, "gpus_per_node": 2})
+    gsched = Schedule(2, placement=gpus.ranks)
+    gsched.add_compute(0, "k", nbytes=1e9)
+    gs, _ = gsched.add_transfer(0, 1, 1e6, "x")
+    result = simulate(gsched, gpus)
+    assert result.op_ends()[gs] < result.makespan
+
+
+def test_program_order_waits_for_a_collectives_launch():
+    cluster = dataclasses.replace(_shared_cores_cluster(2, 2), collective_overhead_s=1e-3)
+    sched = Schedule(2, placement=cluster.ranks)
+    launches = [sched.add_launch(r, "c") for r in range(2)]
+    after = [sched.add_compute(r, "k", nbytes=1e6) for r in range(2)]
+    result = simulate(sched, cluster)
+    starts = {rec.op: rec.start for rec in result.timeline}
+    ends = result.op_ends()
+    for launch, k in zip(launches, after, strict=True):  # the thread starts the collective, then the kernel
+        assert math.isclose(ends[launch], 1e-3, rel_tol=REL) and math.isclose(starts[k], 1e-3, rel_tol=REL)

@@ -42,31 +42,37 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
         return order[(pos[r] - step) % p]
 
     for step in range(p):
+        new_have: list[int | None] = [None] * p
+        new_sent: list[int | None] = [None] * p
+        if overlap and step < p - 1:
+            # posted before this step's attention (in program order too), so that the shard travels while the
+            # rank computes: a host thread that issues ops in order (as a CPU rank does) overlaps them as well
+            for r in range(p):
+                dst, shard = nxt_of[r], shard_at(r, step)
+                lo, hi = bounds[shard]
+                cur, nxt = f"kv{step % 2}", f"kv{(step + 1) % 2}"
+                # the receive buffer's previous shard (step - 1) has been attended to and sent on
+                recv_deps = _ids(*attend[dst][-1:], sent[dst])
+                alloc = [(nxt, max_kv)] if step == 0 else []
+                snd, recv = sched.add_transfer(r, dst, shape.kv_bytes(hi - lo), f"kv[{shard}]",
+                                               send_deps=_ids(have[r]), recv_deps=recv_deps, args=(cur,),
+                                               dst_args=(nxt,), alloc=alloc)
+                new_have[dst], new_sent[r] = recv, snd
         for r in range(p):
             buf = f"kv{step % 2}" if overlap else "kv0"
             deps = _ids(have[r], *attend[r][-1:])
             attend[r].append(add_attend(sched, shape, r, shard_at(r, step), buf, deps, first=step == 0))
         if step == p - 1:
             break
-        new_have: list[int | None] = [None] * p
-        new_sent: list[int | None] = [None] * p
-        for r in range(p):
-            dst, shard = nxt_of[r], shard_at(r, step)
-            lo, hi = bounds[shard]
-            nbytes = shape.kv_bytes(hi - lo)
-            if overlap:
-                cur, nxt = f"kv{step % 2}", f"kv{(step + 1) % 2}"
-                # the buffer's previous shard (step - 1) has been attended to and sent on
-                recv_deps = _ids(*attend[dst][-2:-1], sent[dst])
-                alloc = [(nxt, max_kv)] if step == 0 else []
-                snd, recv = sched.add_transfer(r, dst, nbytes, f"kv[{shard}]", send_deps=_ids(have[r]),
-                                               recv_deps=recv_deps, args=(cur,), dst_args=(nxt,), alloc=alloc)
-            else:
-                snd, recv = sched.add_transfer(r, dst, nbytes, f"kv[{shard}]", send_deps=[attend[r][-1]],
-                                               recv_deps=[attend[dst][-1]], args=("kv0",), dst_args=("kvin",))
-            new_have[dst], new_sent[r] = recv, snd
-        if not overlap:  # copy the staged shard over kv0 once this rank's own send has left
+        if not overlap:  # attend, then exchange in place
             for r in range(p):
+                dst, shard = nxt_of[r], shard_at(r, step)
+                lo, hi = bounds[shard]
+                snd, recv = sched.add_transfer(r, dst, shape.kv_bytes(hi - lo), f"kv[{shard}]",
+                                               send_deps=[attend[r][-1]], recv_deps=[attend[dst][-1]],
+                                               args=("kv0",), dst_args=("kvin",))
+                new_have[dst], new_sent[r] = recv, snd
+            for r in range(p):  # copy the staged shard over kv0 once this rank's own send has left
                 lo, hi = bounds[shard_at(r, step + 1)]
                 new_have[r] = sched.add_compute(r, "kv-copy", nbytes=2 * shape.kv_bytes(hi - lo), dtype=shape.dtype,
                                                 deps=_ids(new_have[r], new_sent[r]), fn="copy", out="kv0",

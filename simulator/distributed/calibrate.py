@@ -4,18 +4,21 @@ Measured:
 
 * point-to-point: a ping-pong between rank 0 and rank 1 over message sizes from 8 B to 32 MiB; the one-way time
   is fitted as ``overhead + bytes / bandwidth`` (the per-message software cost and the per-flow bandwidth);
-* aggregate bandwidth: every rank sends a large message to the next at once (what a ring step does);
+* aggregate bandwidth: every rank sends a large message to the next at once (what a ring step does), timed to
+  the last arrival (the slowest rank's time: one rank's own would credit the transport with the bandwidth of the
+  transfers that happened to finish first);
 * per-operation overheads: a small ``all_reduce``, and a small send/receive with the ring neighbours, each issued
   as schedules issue them, right after every rank ran an attention kernel (from the last rank's arrival to the
   last return), less what the model already charges for their messages;
-* compute, on rank 0 alone (one core): the small kernels of the schedules (merge, rescale, finalize of one
-  state: the per-kernel overhead, ``launch_overhead``), the decode attention kernel (partial attention merged
-  into a running state, the ``attend`` op) on shards of several sizes, fitted as ``launch + bytes / mem_bw``,
-  and a square matmul for peak FLOP/s. How P ranks slow each other down is not folded into these figures: the
-  file sets ``host_cores`` (this machine's CPUs), ``host_mem_bw`` (what min(P, CPUs) attend kernels running at
-  once move together) and ``host_copy_bw`` (what one core copies: loopback transfers copy every byte on the
-  sender's and on the receiver's side), and the engine shares those among the kernels and transfers that run at
-  once, which also gets right the schedules whose ranks compute one after another (``ring-q``).
+* compute, on rank 0 alone (one core): the small kernels of the schedules (merge, rescale, finalize of one state:
+  the per-kernel overhead, ``launch_overhead``), the decode attention kernel (partial attention merged into a
+  running state, the ``attend`` op) on shards of several sizes, fitted as ``launch + bytes / mem_bw`` (the median of
+  the sizes' bandwidths), and a square matmul for peak FLOP/s. How P ranks slow each other down is not folded into
+  these figures: the file sets ``host_cores`` (this machine's CPUs), ``host_mem_bw`` (what min(P, CPUs) attend
+  kernels running at once move together) and ``host_copy_bw`` (the CPU a loopback transfer costs per byte on the
+  sender's and on the receiver's side, from the CPU time all ranks spent in the ring exchange above), and the engine
+  shares those among the kernels and transfers that run at once, which also gets right the schedules whose ranks
+  compute one after another (``ring-q``).
 
 The topology is a star: each rank's device (``local.rankK``) sends into ``local.tx`` at the per-flow bandwidth,
 ``local.tx -> local.rx`` carries the aggregate bandwidth, ``local.rx`` delivers to each rank. Fit quality (R^2 and
@@ -101,7 +104,11 @@ def _pingpong(reps: int, device: torch.device) -> list[tuple[int, float]]:
     return out
 
 
-def _ring_exchange(nbytes: int, reps: int, device: torch.device) -> float:
+def _ring_exchange(nbytes: int, reps: int, device: torch.device) -> tuple[float, float]:
+    """Every rank sends ``nbytes`` to the next and receives from the previous at once. Returns the medians of the
+    step's time, to the last arrival (the max over ranks: one rank's own time would credit the transport with the
+    transfers that happened to finish first), and of the CPU time all ranks' processes (their transport threads
+    and the kernel's work for their sockets included) spent on it, summed."""
     rank, world = dist.get_rank(), dist.get_world_size()
     send = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
     recv = torch.empty_like(send)
@@ -113,7 +120,18 @@ def _ring_exchange(nbytes: int, reps: int, device: torch.device) -> float:
             r.wait()
 
     once()
-    return _median_time(once, reps, device)
+    walls, cpus = [], []
+    for _ in range(reps):
+        dist.barrier()
+        c0, t0 = time.process_time(), time.perf_counter()
+        once()
+        spent = torch.tensor([time.perf_counter() - t0, time.process_time() - c0], dtype=torch.float64)
+        wall, cpu = spent.clone(), spent.clone()
+        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
+        dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
+        walls.append(float(wall[0]))
+        cpus.append(float(cpu[1]))
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def _attend_times(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[tuple[float, float]]:
@@ -218,7 +236,7 @@ def run_rank(args: argparse.Namespace) -> None:
         raise RuntimeError("calibrate needs at least 2 ranks (--procs 2)")
     pp = _pingpong(args.reps, device)
     big = 16 * 2**20
-    ring_s = _ring_exchange(big, args.reps, device)
+    ring_s, ring_cpu = _ring_exchange(big, args.reps, device)
     allreduce_s = _after_compute(args, device, args.reps, p2p=False)
     p2p_s = _after_compute(args, device, args.reps, p2p=True)
     small = _small_kernel_time(args, device, args.reps)
@@ -227,25 +245,25 @@ def run_rank(args: argparse.Namespace) -> None:
     flops = [_matmul_flops(device, torch.float32, args.reps), _matmul_flops(device, torch.float64, args.reps)]
     concurrent = min(world, os.cpu_count() or 1)
     shared_bw = _shared_memory_bandwidth(args, device, concurrent)
-    copy_bw = _copy_bandwidth(device, args.reps)
+    memcpy_bw = _copy_bandwidth(device, args.reps)
     if rank == 0:
-        text = _topology(args, world, pp, ring_s, big, (allreduce_s, p2p_s), small, attend32, attend64, flops,
-                         (concurrent, shared_bw, copy_bw))
+        text = _topology(args, world, pp, (ring_s, ring_cpu), big, (allreduce_s, p2p_s), small, attend32, attend64,
+                         flops, (concurrent, shared_bw, memcpy_bw))
         write_text_atomic(Path(args.out), text)
         print(f"wrote {args.out}")
     dist.destroy_process_group()
 
 
 def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[float, float]:
-    """``bytes / (t - launch)`` fitted through the origin on relative error: (bytes/s, largest relative residual)."""
+    """``bytes / (t - launch)``: the median of the points' bandwidths (one point that cache or noise made fast or
+    slow does not move it), and the largest relative residual of ``launch + bytes / bandwidth``."""
     x = np.array([b for b, _ in points])
     y = np.array([t for _, t in points])
-    inv_bw = float(np.sum(x * (y - launch) / y**2) / np.sum(x * x / y**2))
-    inv_bw = max(inv_bw, 1e-15)
-    return 1.0 / inv_bw, float(np.max(np.abs(launch + x * inv_bw - y) / y))
+    bw = float(np.median(x / np.maximum(y - launch, 1e-12)))
+    return bw, float(np.max(np.abs(launch + x / bw - y) / y))
 
 
-def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring_s: float, big: int,
+def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring: tuple[float, float], big: int,
               after_compute: tuple[float, float], small: float, attend32: list[tuple[float, float]],
               attend64: list[tuple[float, float]], flops: list[float], shared: tuple[int, float, float]) -> str:
     sizes = np.array([s for s, _ in pp], dtype=float)
@@ -253,6 +271,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     overhead, inv_bw, r2_p2p, res_p2p = fit_linear(sizes, one_way)
     overhead = max(overhead, 0.0)
     flow_bw = 1.0 / inv_bw
+    ring_s, ring_cpu = ring
     aggregate = world * big / max(ring_s - overhead, 1e-12)
     aggregate = max(aggregate, flow_bw)  # a lone flow is never faster than all of them together
     # the model charges a ring allreduce 2(P-1) steps of the message overhead; the rest is per collective
@@ -263,7 +282,10 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     mem_bw, res_mem = _bandwidth_after(launch, attend32)
     mem_bw64, res_mem64 = _bandwidth_after(launch, attend64)
     cores = os.cpu_count() or 1
-    concurrent, shared_bw, copy_bw = shared
+    concurrent, shared_bw, memcpy_bw = shared
+    # the CPU a loopback transfer costs, per byte and side, from the CPU time the ring exchange took (sender's and
+    # receiver's processes, their transport threads and the kernel's socket work: several lone memcpys' worth)
+    copy_bw = 2 * world * big / ring_cpu if ring_cpu > 0 else memcpy_bw
     host_mem_bw = min(shared_bw, cores * mem_bw)  # what several kernels at once get, at most a core each
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16e9
     lines = [
@@ -272,7 +294,8 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"# Point-to-point (ping-pong, {len(pp)} sizes 8 B..32 MiB): one-way = {overhead * 1e6:.2f} us + "
         f"bytes / {flow_bw / 1e9:.3f} GB/s; R^2 = {r2_p2p:.4f}, largest relative residual {res_p2p:.1%}.",
         f"# Aggregate bandwidth ({world} ranks each sending {big >> 20} MiB to the next at once): "
-        f"{aggregate / 1e9:.3f} GB/s.",
+        f"{aggregate / 1e9:.3f} GB/s (to the last arrival), using {ring_cpu / ring_s:.2f} of {os.cpu_count()} CPUs "
+        f"({ring_cpu * 1e3:.1f} ms of CPU in {ring_s * 1e3:.1f} ms).",
         f"# A {args.heads}-element all_reduce right after every rank's attention kernel (last arrival to last "
         f"return): {allreduce_s * 1e6:.1f} us -> collective_overhead {collective_overhead * 1e6:.1f} us per "
         f"collective beyond 2(P-1) message overheads. A small send/receive with the ring neighbours, issued the "
@@ -287,8 +310,9 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         " bf16/fp16 workloads run in fp32 on this backend, so they get the fp32 figures.",
         f"# host_cores: the {world} ranks share this machine's {cores} CPUs (one thread each). host_mem_bw: "
         f"{concurrent} attend kernels at once moved {shared_bw / 1e9:.3f} GB/s together "
-        f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone). host_copy_bw: one core copies "
-        f"{copy_bw / 1e9:.3f} GB/s (a loopback transfer's sender and receiver each copy every byte on a core).",
+        f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone). host_copy_bw: a loopback transfer "
+        f"costs its sender and its receiver a core-second per {copy_bw / 1e9:.3f} GB each (the exchange's CPU "
+        f"time per byte and side; a lone memcpy moves {memcpy_bw / 1e9:.3f} GB/s on one core).",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
         "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
     ]
