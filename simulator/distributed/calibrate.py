@@ -237,8 +237,9 @@ def run_rank(args: argparse.Namespace) -> None:
     pp = _pingpong(args.reps, device)
     big = 16 * 2**20
     ring_s, ring_cpu = _ring_exchange(big, args.reps, device)
-    allreduce_s = _after_compute(args, device, args.reps, p2p=False)
-    p2p_s = _after_compute(args, device, args.reps, p2p=True)
+    # the per-operation overheads are the noisiest figures (scheduling delays): twice the repetitions
+    allreduce_s = _after_compute(args, device, 2 * args.reps, p2p=False)
+    p2p_s = _after_compute(args, device, 2 * args.reps, p2p=True)
     small = _small_kernel_time(args, device, args.reps)
     attend32 = _attend_times(args, device, torch.float32)
     attend64 = _attend_times(args, device, torch.float64)
