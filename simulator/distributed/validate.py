@@ -1,21 +1,18 @@
 """``treering validate``: run the schedules for real, time them, check them, and compare with the simulator.
 
 For each sweep point and algorithm every rank runs ``--warmup`` untimed then ``--iters`` timed iterations; an
-iteration starts on every rank at one instant (on one host; a barrier across hosts) and lasts until the last rank's
-end (all_reduce MAX); the median over iterations is ``measured_s``. Rank 0 then checks the outputs against
-single-device attention (``max_abs_err``) and against the simulator's numeric mode on the same torch inputs
-(``bitwise_equal_to_sim``: equal bit for bit; expected where the merge order is the same, i.e. with ``--collectives
-decomposed`` or schedules without collectives), simulates the same schedule on the topology (``predicted_s``) and
-writes ``validation.csv`` and ``summary.md``.
+iteration's time is the maximum over ranks (barrier, run, all_reduce MAX) and the median over iterations is
+``measured_s``. Rank 0 then checks the outputs against single-device attention (``max_abs_err``) and against the
+simulator's numeric mode on the same torch inputs (``bitwise_equal_to_sim``: equal bit for bit; expected where
+the merge order is the same, i.e. with ``--collectives decomposed`` or schedules without collectives), simulates
+the same schedule on the topology (``predicted_s``) and writes ``validation.csv`` and ``summary.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -41,8 +38,6 @@ from simulator.workload import DecodeShape
 
 __all__ = ["COLUMNS", "run_rank", "summarize", "summary_lines"]
 
-START_AHEAD_S = 0.03  # how far ahead rank 0 sets the common start: the broadcast reaches every rank before it
-
 COLUMNS = ["algorithm", "ranks", "context", "measured_s", "predicted_s", "error_pct", "max_abs_err",
            "bitwise_equal_to_sim"]
 
@@ -57,24 +52,6 @@ def _cluster(args: argparse.Namespace, point: Point, ranks: int) -> Cluster:
     return cluster
 
 
-def _start_together(device: torch.device) -> tuple[float, Callable[[], float]]:
-    """Start every rank at one instant, as the simulator does; returns (that instant, the clock it is on).
-
-    On one host the ranks share ``time.monotonic``: rank 0 names an instant a little ahead and every rank sleeps
-    until then (a barrier alone releases ranks one after another: 7-12 ms apart with 8 ranks on 2 CPUs, which
-    would count as decode time). Across hosts there is no shared clock: a barrier, and each rank's own clock.
-    """
-    if int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())) < dist.get_world_size():
-        dist.barrier()
-        return time.perf_counter(), time.perf_counter
-    dist.barrier()
-    go = torch.tensor([time.monotonic() + START_AHEAD_S], dtype=torch.float64, device=device)
-    dist.broadcast(go, 0)
-    at = float(go.item())
-    time.sleep(max(0.0, at - time.monotonic()))
-    return at, time.monotonic
-
-
 def _time_runs(args: argparse.Namespace, sched: Schedule, inp: Inputs, shape: DecodeShape,
                device: torch.device) -> tuple[float, dict[str, Any]]:
     rank = dist.get_rank()
@@ -87,11 +64,12 @@ def _time_runs(args: argparse.Namespace, sched: Schedule, inp: Inputs, shape: De
         if args.inject_fault == rank:
             raise RuntimeError(f"injected fault on rank {rank} (--inject-fault)")
         runner = RankRunner(sched, inp, rank, shape, layouts, args.collectives, device, pool)
-        t0, clock = _start_together(device)
+        dist.barrier()
+        t0 = time.perf_counter()
         bufs = runner.run_rank()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        elapsed = torch.tensor([clock() - t0], dtype=torch.float64, device=device)
+        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if it >= args.warmup:
             times.append(float(elapsed.item()))
