@@ -146,3 +146,21 @@ def test_native_reduce_broadcast_and_allreduce(tmp_path):
         assert torch.equal(out[r]["a"], torch.full((5,), 3.0, dtype=torch.float64))  # max of 1, 2, 3
         assert torch.equal(out[r]["b"], torch.full((5,), 2.0, dtype=torch.float64))  # rank 1's
     assert torch.equal(out[world - 1]["r"], torch.full((5,), 6.0, dtype=torch.float64))  # 1 + 2 + 3 at the root
+
+
+def _rows(times: dict[str, tuple[float, float, float, float]]) -> pd.DataFrame:
+    """Validation rows of one point: algorithm -> (measured, q1, q3, predicted)."""
+    return pd.DataFrame([{"algorithm": a, "ranks": 2, "context": 4096, "measured_s": m, "predicted_s": p,
+                          "error_pct": 100 * (p - m) / m, "max_abs_err": 0.0, "bitwise_equal_to_sim": True,
+                          "measured_q1_s": q1, "measured_q3_s": q3} for a, (m, q1, q3, p) in times.items()])
+
+
+def test_summary_counts_a_tie_only_where_the_iterations_overlap():
+    from simulator.distributed.validate import summary_lines
+
+    right = summary_lines(_rows({"ring": (2.0, 1.9, 2.1, 2.2), "tree": (1.0, 0.9, 1.1, 1.1)}))
+    assert "predicted right at 1 of 1 points (every point)" in right[2]
+    tie = summary_lines(_rows({"tree": (1.0, 0.9, 1.1, 1.05), "tree-p2p": (1.05, 1.0, 1.1, 1.0)}))
+    assert "right at 0 of 1 points; 1 more is a tie" in tie[2] and "tree 1e+03 ms [900, 1.1e+03]" in tie[2]
+    miss = summary_lines(_rows({"tree": (1.0, 0.95, 1.05, 1.2), "ring": (2.0, 1.9, 2.1, 1.1)}))
+    assert miss[2] == "- faster algorithm predicted right at 0 of 1 points"

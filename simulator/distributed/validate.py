@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ __all__ = ["COLUMNS", "run_rank", "summarize", "summary_lines"]
 
 COLUMNS = ["algorithm", "ranks", "context", "measured_s", "predicted_s", "error_pct", "max_abs_err",
            "bitwise_equal_to_sim"]
+SPREAD = ["measured_q1_s", "measured_q3_s"]  # quartiles of the per-iteration times (measured_s is their median)
 
 
 def _cluster(args: argparse.Namespace, point: Point, ranks: int) -> Cluster:
@@ -53,7 +55,7 @@ def _cluster(args: argparse.Namespace, point: Point, ranks: int) -> Cluster:
 
 
 def _time_runs(args: argparse.Namespace, sched: Schedule, inp: Inputs, shape: DecodeShape,
-               device: torch.device) -> tuple[float, dict[str, Any]]:
+               device: torch.device) -> tuple[list[float], dict[str, Any]]:
     rank = dist.get_rank()
     layouts = transfer_layouts(sched, shape)
     times: list[float] = []
@@ -73,7 +75,7 @@ def _time_runs(args: argparse.Namespace, sched: Schedule, inp: Inputs, shape: De
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if it >= args.warmup:
             times.append(float(elapsed.item()))
-    return statistics.median(times), bufs
+    return times, bufs
 
 
 def _point_rows(args: argparse.Namespace, point: Point, device: torch.device) -> list[dict[str, Any]]:
@@ -88,7 +90,9 @@ def _point_rows(args: argparse.Namespace, point: Point, device: torch.device) ->
     for entry in point.scenario.algorithms:
         name, params = resolve(entry)
         sched = build_schedule(name, params, shape, layout)
-        measured, bufs = _time_runs(args, sched, inp, shape, device)
+        times, bufs = _time_runs(args, sched, inp, shape, device)
+        measured = statistics.median(times)
+        q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (measured,) * 3
         mine = {r: bufs[b].cpu() for r, b in sched.meta["outputs"] if r == rank}
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
@@ -103,25 +107,49 @@ def _point_rows(args: argparse.Namespace, point: Point, device: torch.device) ->
             "algorithm": label(name, params), "ranks": sched.ranks, "context": shape.context,
             "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
             "max_abs_err": max_abs_error(outputs.values(), dense_attention(np_inputs)),
-            "bitwise_equal_to_sim": bitwise, **dict(point.swept),
+            "bitwise_equal_to_sim": bitwise, "measured_q1_s": q1, "measured_q3_s": q3, **dict(point.swept),
         })
     return rows
+
+
+def _spread(row: Mapping[Any, Any]) -> str:
+    ms = [float(row[c]) * 1e3 for c in ("measured_s", "measured_q1_s", "measured_q3_s")]
+    return f"{ms[0]:.3g} ms [{ms[1]:.3g}, {ms[2]:.3g}]"
+
+
+def _faster(frame: pd.DataFrame) -> tuple[int, list[str], int]:
+    """Points where the faster algorithm was predicted right, and the others: a tie where the measured times of
+    the predicted and the measured fastest overlap within their iterations' interquartile ranges (the machine
+    does not tell them apart), else a miss. Returns (right, ties described, points)."""
+    keys = [c for c in frame.columns if c not in COLUMNS + SPREAD or c in ("ranks", "context")]
+    right, ties, points = 0, [], 0
+    for _, grp in frame.groupby(keys, dropna=False) if keys else [((), frame)]:
+        points += 1
+        by_alg = {str(row["algorithm"]): row for row in grp.to_dict("records")}
+        measured = min(by_alg, key=lambda a: float(by_alg[a]["measured_s"]))
+        predicted = min(by_alg, key=lambda a: float(by_alg[a]["predicted_s"]))
+        a, b = by_alg[measured], by_alg[predicted]
+        if measured == predicted:
+            right += 1
+        elif "measured_q1_s" in b and float(b["measured_q1_s"]) <= float(a["measured_q3_s"]):
+            ties.append(f"{int(a['ranks'])} ranks, context {int(a['context'])}: {measured} {_spread(a)} vs "
+                        f"{predicted} {_spread(b)}")
+    return right, ties, points
 
 
 def summary_lines(frame: pd.DataFrame) -> list[str]:
     """Error statistics and whether the faster algorithm was predicted right at every point."""
     err = frame["error_pct"].abs()
-    keys = [c for c in frame.columns if c not in COLUMNS or c in ("ranks", "context")]
-    right, points = 0, 0
-    for _, grp in frame.groupby(keys, dropna=False) if keys else [((), frame)]:
-        points += 1
-        fastest = grp.set_index("algorithm")
-        right += int(fastest["measured_s"].idxmin() == fastest["predicted_s"].idxmin())
+    right, ties, points = _faster(frame)
+    faster = f"- faster algorithm predicted right at {right} of {points} points" + (
+        " (every point)" if right == points else "")
+    if ties:
+        faster += (f"; {len(ties)} more {'is a tie' if len(ties) == 1 else 'are ties'} (the measured times overlap "
+                   "within their iterations' interquartile ranges): " + "; ".join(ties))
     return [
         f"- points x algorithms: {len(frame)}",
         f"- median |error|: {err.median():.1f} %, max |error|: {err.max():.1f} %",
-        f"- faster algorithm predicted right at {right} of {points} points"
-        + (" (every point)" if right == points else ""),
+        faster,
         f"- max abs error against single-device attention: {frame['max_abs_err'].max():.3g}",
         f"- bitwise equal to the simulator's numeric mode: {int(frame['bitwise_equal_to_sim'].sum())} of {len(frame)}",
     ]
