@@ -27,7 +27,6 @@ schedules (P ranks finishing a step together) cost one event per instant rather 
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -104,8 +103,6 @@ class _Run:
         self.start: list[float | None] = [None] * len(schedule.ops)
         self.ready: list[bool] = [False] * len(schedule.ops)
         self.stream_free = [0.0] * schedule.ranks
-        self.stream_queue: list[deque[Op]] = [deque() for _ in range(schedule.ranks)]
-        self.stream_busy = [False] * schedule.ranks
         self.links: dict[tuple[str, str], int] = {}
         capacity: list[float] = []
         self.edge_names: list[tuple[str, str]] = []
@@ -194,10 +191,8 @@ class _Run:
                 self._issued(op.rank)
         self.ready[op.id] = True
         if kind in COMPUTE_KINDS:
-            if program:
-                self.stream_queue[op.rank].append(op)
-                if not self.stream_busy[op.rank]:
-                    self._next_kernel(op.rank)
+            if program:  # its turn in program order: the rank's previous kernel has returned
+                self._start_kernel(op)
                 return
             begin = max(now, self.stream_free[op.rank])
             end = begin + self._duration(op)
@@ -229,14 +224,8 @@ class _Run:
                 self.held[nxt] = False
                 self._at(0.0, partial(self._ready, self.ops[nxt]))
 
-    def _next_kernel(self, rank: int) -> None:
-        """Start the next queued kernel of a rank whose host's cores are shared: work drained as a flow."""
-        queue = self.stream_queue[rank]
-        if not queue:
-            self.stream_busy[rank] = False
-            return
-        op = queue.popleft()
-        self.stream_busy[rank] = True
+    def _start_kernel(self, op: Op) -> None:
+        """Start a kernel of a rank whose host's cores are shared: work drained as a flow."""
         self.start[op.id] = self.env.now
         duration = self._duration(op)
         if duration <= 0:
@@ -250,7 +239,6 @@ class _Run:
     def _kernel_done(self, op: Op) -> None:
         self._done(op)
         self._issued(op.rank)
-        self._next_kernel(op.rank)
 
     def _path(self, src: int, dst: int) -> tuple[list[int], float]:
         """Link ids a transfer between two ranks crosses (route, then host cores its copies use) and its latency."""
