@@ -25,10 +25,10 @@ import numpy as np
 import simpy
 
 from simulator.algorithms import build_schedule, resolve
-from simulator.engine import simulate
-from simulator.runner import layout_of
+from simulator.cluster.topology import load_topology
+from simulator.engine.core import simulate
+from simulator.points import layout_of
 from simulator.schedule import Schedule
-from simulator.topology import load_topology
 from simulator.workload import DecodeShape
 
 TOPO = {"nodes": 16, "gpus_per_node": 8, "inter": "fat-tree", "nodes_per_leaf": 4, "spines": 4,

@@ -4,10 +4,10 @@ Public API: load a cluster (:func:`load_topology`), build or load a :class:`Sche
 :func:`simulate`; the merge core lives in :mod:`simulator.merge`.
 """
 
+from simulator.cluster import Cluster, load_topology
 from simulator.engine import SimResult, simulate
 from simulator.errors import InputError
 from simulator.schedule import Op, Schedule
-from simulator.topology import Cluster, load_topology
 
 __version__ = "0.1.0"
 

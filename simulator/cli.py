@@ -14,21 +14,21 @@ from typing import Any, NoReturn
 import pandas as pd
 
 from simulator import __version__
+from simulator.cluster.summary import summarize
+from simulator.cluster.topology import load_topology
 from simulator.distributed.checks import check_scenario
 from simulator.distributed.cli_args import add_calibrate_args, add_validate_args
 from simulator.distributed.launch import RankFailure, spawn
 from simulator.errors import InputError
-from simulator.io import write_csv_atomic, write_text_atomic
+from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, parse_tokens, plan
-from simulator.report import META_FILE, TIMELINE_FILE, write_report
-from simulator.runner import check_points, cluster_for, point_runs, timeline_frame
+from simulator.points import check_points, cluster_for, point_runs, timeline_frame
+from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
+from simulator.report.trace import chrome_trace
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
 from simulator.sweep import run_sweep
-from simulator.topo_summary import summarize
-from simulator.topology import load_topology
-from simulator.trace import chrome_trace
 from simulator.units import parse_time
 
 __all__ = ["main"]

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from simulator.algorithms import Layout, build_schedule
+from simulator.cluster.topology import Cluster
 from simulator.collectives import allreduce
-from simulator.engine import SimResult, simulate
+from simulator.engine.core import SimResult, simulate
 from simulator.memory import peak_memory
 from simulator.models import ModelPreset
 from simulator.schedule import COMPUTE_KINDS, Schedule
-from simulator.topology import Cluster
 from simulator.workload import DecodeShape
 
 __all__ = ["StepResult", "attention_layer", "dense_layer", "model_step"]

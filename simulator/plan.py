@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from simulator.errors import InputError
-from simulator.runner import cluster_for, run_point
+from simulator.points import cluster_for, run_point
 from simulator.scenario import scenario_points
 
 __all__ = ["PlanRequest", "parse_tokens", "plan"]

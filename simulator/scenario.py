@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 from simulator.errors import InputError
 from simulator.models import PRESETS
 from simulator.units import parse_bytes, parse_time
-from simulator.yamlio import LineDict, LineList, line_of, load_yaml
+from simulator.yaml_lines import LineDict, LineList, line_of, load_yaml
 
 __all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario", "expand", "load_scenario",
            "parse_set", "scenario_points"]

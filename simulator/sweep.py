@@ -24,8 +24,8 @@ from typing import Any
 import pandas as pd
 
 from simulator.errors import InputError
-from simulator.io import write_csv_atomic
-from simulator.runner import run_point
+from simulator.files import write_csv_atomic
+from simulator.points import run_point
 from simulator.scenario import Point
 
 __all__ = ["SweepOutcome", "run_sweep"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from simulator.topology import Cluster, build_cluster
+from simulator.cluster.topology import Cluster, build_cluster
 
 ZERO_COMPUTE = {"peak_flops": {d: "1e30 FLOP/s" for d in ("fp64", "fp32", "bf16", "fp16", "fp8")},
                 "mem_bw": "1e30 B/s", "mem": "80 GB", "launch_overhead": 0}

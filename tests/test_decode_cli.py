@@ -10,7 +10,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.paths import SCENARIO_DIR
-from simulator.runner import DECODE_COLUMNS
+from simulator.points import DECODE_COLUMNS
 
 SHRINK = {  # keep every scenario small in the test suite
     "paper-scaling": ["--set", "sweep={topology_params.nodes: [1, 2], workload.context: [80000, 640000]}"],

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 
 from simulator.cli import main
-from simulator.topology import load_topology
+from simulator.cluster.topology import load_topology
 
 pytestmark = pytest.mark.slow
 

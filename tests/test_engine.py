@@ -8,9 +8,9 @@ import math
 import pytest
 from conftest import star
 
-from simulator.engine import simulate
+from simulator.cluster.topology import build_cluster, load_topology
+from simulator.engine.core import simulate
 from simulator.schedule import Schedule
-from simulator.topology import build_cluster, load_topology
 
 REL = 1e-9
 

@@ -6,7 +6,7 @@ import pytest
 from conftest import star
 
 from simulator.algorithms import Layout, build_schedule, resolve
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.memory import peak_memory
 from simulator.workload import DecodeShape
 

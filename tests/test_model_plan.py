@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.engine import simulate
+from simulator.cluster.topology import load_topology
+from simulator.engine.core import simulate
 from simulator.models import PRESETS
 from simulator.modelstep import attention_layer, dense_layer, model_step
-from simulator.topology import load_topology
 from simulator.workload import DecodeShape
 
 

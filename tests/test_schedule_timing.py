@@ -9,7 +9,7 @@ from conftest import star
 
 from simulator.algorithms import Layout, build_schedule, resolve
 from simulator.collectives import allreduce, broadcast, reduce
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.schedule import Schedule
 from simulator.workload import DecodeShape
 
@@ -140,7 +140,7 @@ def test_exact_trace_tree_p4():
 
 
 def test_collective_overhead_can_differ_from_a_standalone_send():
-    from simulator.topology import build_cluster
+    from simulator.cluster.topology import build_cluster
 
     raw = {"nodes": [{"name": f"h{i}", "kind": "gpu", "device": "zero"} for i in range(4)]
            + [{"name": "s", "kind": "switch"}],

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from simulator.cluster.summary import bisection_bandwidth, summarize
+from simulator.cluster.topology import list_presets, load_topology
 from simulator.errors import InputError
-from simulator.topo_summary import bisection_bandwidth, summarize
-from simulator.topology import list_presets, load_topology
 
 
 def test_presets_listed():

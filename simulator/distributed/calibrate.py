@@ -43,7 +43,7 @@ import torch.distributed as dist
 import yaml
 
 from simulator.distributed.common import device_for, init_group
-from simulator.io import write_text_atomic
+from simulator.files import write_text_atomic
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
 from simulator.workload import DecodeShape
 

@@ -22,19 +22,19 @@ import torch
 import torch.distributed as dist
 
 from simulator.algorithms import build_schedule, label, resolve
+from simulator.cluster.topology import Cluster, load_topology
 from simulator.distributed.checks import check_scenario, out_dir
 from simulator.distributed.common import device_for, init_group, rank_layout
 from simulator.distributed.runner import RankRunner
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.errors import InputError
-from simulator.io import write_csv_atomic, write_text_atomic
+from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.numeric import Inputs, dense_attention, make_inputs, max_abs_error, run_numeric
 from simulator.payload import transfer_layouts
-from simulator.runner import decode_shape
+from simulator.points import decode_shape
+from simulator.report.markdown import markdown_table
 from simulator.scenario import DecodeWorkload, Point
 from simulator.schedule import Schedule
-from simulator.tables import markdown_table
-from simulator.topology import Cluster, load_topology
 from simulator.workload import DecodeShape
 
 __all__ = ["COLUMNS", "run_rank", "summarize", "summary_lines"]

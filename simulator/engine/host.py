@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simulator.devices import DeviceSpec
+from simulator.cluster.devices import DeviceSpec
+from simulator.cluster.topology import Cluster
 from simulator.schedule import Op
-from simulator.topology import Cluster
 
 __all__ = ["HostResources"]
 

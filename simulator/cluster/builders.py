@@ -1,7 +1,7 @@
 """The parametric ``cluster`` builder: nodes x gpus_per_node, an intra-node fabric and an inter-node fabric.
 
 It expands a preset (``builder: cluster`` plus ``params:``) into the explicit form (``nodes:``/``links:``) that
-:func:`simulator.topology.build_cluster` validates, so presets and users' files share one code path.
+:func:`simulator.cluster.topology.build_cluster` validates, so presets and users' files share one code path.
 
 Node names: ``n{i}.gpu{j}``, ``n{i}.nvswitch`` (intra ``switch``), ``n{i}.host`` (intra ``pcie-host``),
 ``n{i}.nic{k}``; fabric switches ``leaf{i}``/``spine{s}`` (fat-tree), ``rail{k}``/``spine{s}`` (rail),
@@ -23,7 +23,7 @@ from typing import Any
 
 from simulator.errors import InputError
 from simulator.units import parse_bandwidth, parse_time
-from simulator.yamlio import line_of
+from simulator.yaml_lines import line_of
 
 __all__ = ["PARAMS", "expand_preset"]
 

@@ -9,7 +9,7 @@ Two YAML forms are accepted (see docs/topology.md):
 * explicit: ``devices:`` (named specs), ``nodes:``, ``links:``, optional ``message_overhead`` (per message, at the
   sender), ``comm_overhead`` (per communication operation: one collective, or one standalone send/recv) and
   ``collective_overhead`` (a collective's start, when it differs from a standalone send's);
-* parametric: ``builder: cluster`` with ``params:`` defaults (see :mod:`simulator.builders`), which a scenario's
+* parametric: ``builder: cluster`` with ``params:`` defaults (see :mod:`simulator.cluster.builders`), which a scenario's
   ``topology_params`` override.
 """
 
@@ -22,13 +22,13 @@ from typing import Any
 
 import networkx as nx
 
-from simulator.builders import expand_preset
-from simulator.devices import DeviceSpec, parse_device_spec
+from simulator.cluster.builders import expand_preset
+from simulator.cluster.devices import DeviceSpec, parse_device_spec
+from simulator.cluster.routing import Edge, Router
 from simulator.errors import InputError
 from simulator.paths import TOPOLOGY_DIR
-from simulator.routing import Edge, Router
 from simulator.units import parse_bandwidth, parse_time
-from simulator.yamlio import line_of, load_yaml
+from simulator.yaml_lines import line_of, load_yaml
 
 __all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from simulator.engine import SimResult
+from simulator.cluster.topology import Cluster
+from simulator.engine.core import SimResult
 from simulator.schedule import COMPUTE_KINDS
-from simulator.topology import Cluster
 
 __all__ = ["chrome_trace"]
 

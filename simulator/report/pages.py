@@ -22,8 +22,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from simulator.io import write_text_atomic
-from simulator.tables import markdown_table
+from simulator.files import write_text_atomic
+from simulator.report.markdown import markdown_table
 
 __all__ = ["META_FILE", "TIMELINE_FILE", "write_report"]
 

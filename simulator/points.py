@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from simulator.algorithms import Layout, build_schedule, label, resolve
-from simulator.engine import SimResult, simulate
+from simulator.cluster.topology import Cluster, load_topology
+from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
 from simulator.memory import peak_memory
 from simulator.models import PRESETS
@@ -23,7 +24,6 @@ from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
 from simulator.schedule import COMPUTE_KINDS, Schedule
-from simulator.topology import Cluster, load_topology
 from simulator.workload import DecodeShape
 
 __all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",

@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 
 import networkx as nx
 
-from simulator.topology import Cluster
+from simulator.cluster.topology import Cluster
 
 __all__ = ["bisection_bandwidth", "summarize"]
 

@@ -1,10 +1,10 @@
 """The event engine (the only simpy code): runs a :class:`Schedule` on a :class:`Cluster`, records a timeline.
 
-* Compute ops: roofline time on the rank's device (:func:`simulator.devices.compute_time`); one compute stream per
-  rank, FIFO in the order ops become ready. Where several ranks share a host's CPU cores (``host_cores`` in the
+* Compute ops: roofline time on the rank's device (:func:`simulator.cluster.devices.compute_time`); one compute stream
+  per rank, FIFO in the order ops become ready. Where several ranks share a host's CPU cores (``host_cores`` in the
   topology: CPU ranks, as in real runs on a small machine), a kernel is work of that many core-seconds that
   drains at up to one core, the host's cores shared max-min fairly among the kernels running on it: the same
-  progressive filling as the network, over virtual links (:mod:`simulator.hostres`): the host's cores, its
+  progressive filling as the network, over virtual links (:mod:`simulator.engine.host`): the host's cores, its
   memory bandwidth (``host_mem_bw``), and, with ``host_copy_bw``, the CPU time transfers spend copying.
   Such a rank is also one host thread that issues its ops in program order (the order of the schedule): an op
   starts once its dependencies are met *and* the op before it was issued: a kernel or a collective's launch
@@ -14,7 +14,7 @@
   the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
   ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own),
-  then drains over every directed link of the route at its max-min fair rate (:mod:`simulator.network`). Rates
+  then drains over every directed link of the route at its max-min fair rate (:mod:`simulator.engine.network`). Rates
   are recomputed once per simulated instant at which flows start or finish: the recomputation is an event of
   lower priority than everything else at that instant, scheduled at most once per instant.
 
@@ -36,11 +36,11 @@ from typing import NamedTuple
 import simpy
 from simpy.events import NORMAL, EventPriority
 
-from simulator.devices import compute_time
-from simulator.hostres import HostResources
-from simulator.network import FlowNetwork
+from simulator.cluster.devices import compute_time
+from simulator.cluster.topology import Cluster
+from simulator.engine.host import HostResources
+from simulator.engine.network import FlowNetwork
 from simulator.schedule import COMPUTE_KINDS, Op, Schedule
-from simulator.topology import Cluster
 
 __all__ = ["Record", "SimResult", "simulate"]
 

@@ -1,0 +1,2 @@
+"""The report room: results -> Markdown/HTML pages and figures (:mod:`.pages`), Chrome/Perfetto traces
+(:mod:`.trace`), Markdown tables (:mod:`.markdown`). Only this room draws."""
