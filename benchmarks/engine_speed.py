@@ -29,7 +29,7 @@ from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
 from simulator.points import layout_of
 from simulator.schedule import Schedule
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 TOPO = {"nodes": 16, "gpus_per_node": 8, "inter": "fat-tree", "nodes_per_leaf": 4, "spines": 4,
         "oversubscription": 2}

@@ -24,7 +24,7 @@ from simulator.engine.core import SimResult, simulate
 from simulator.memory import peak_memory
 from simulator.models import ModelPreset
 from simulator.schedule import COMPUTE_KINDS, Schedule
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 __all__ = ["StepResult", "attention_layer", "dense_layer", "model_step"]
 

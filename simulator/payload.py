@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from simulator.schedule import Schedule
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 __all__ = ["Descriptor", "component_shapes", "message_elements", "transfer_layouts"]
 

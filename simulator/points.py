@@ -24,7 +24,7 @@ from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
 from simulator.schedule import COMPUTE_KINDS, Schedule
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 __all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
            "point_runs", "run_point", "timeline_frame"]
@@ -71,14 +71,6 @@ def flows_schedule(workload: FlowsWorkload, cluster: Cluster) -> Schedule:
     return sched
 
 
-def decode_shape(wl: DecodeWorkload) -> DecodeShape:
-    """The attention shape of the whole model (a preset's, or the one given)."""
-    heads, kv_heads = wl.heads_kv()
-    head_dim = PRESETS[wl.model].head_dim if isinstance(wl.model, str) else wl.model.head_dim
-    return DecodeShape(batch=wl.batch, heads=heads, head_dim=head_dim, kv_heads=kv_heads, context=wl.context,
-                       dtype=wl.dtype)
-
-
 def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:
     """Ranks on the cluster's first ``ranks`` GPUs, with their server indices."""
     nodes = cluster.ranks[: ranks or len(cluster.ranks)]
@@ -100,7 +92,7 @@ def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int
     sc = point.scenario
     wl = sc.workload
     assert isinstance(wl, DecodeWorkload)
-    shape = decode_shape(wl)
+    shape = wl.shape()
     _check_decode(point, cluster, numeric)
     layout = layout_of(cluster)
     rows = []
@@ -228,7 +220,7 @@ def check_points(points: Sequence[Point], numeric: bool = False) -> None:
         _check_decode(point, cluster_for(point), numeric)
         if numeric:
             try:
-                _check_numeric_size(decode_shape(wl))
+                _check_numeric_size(wl.shape())
             except InputError as err:
                 raise point.locate(err) from None
 
@@ -240,7 +232,7 @@ def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Sche
     if isinstance(wl, FlowsWorkload):
         sched = flows_schedule(wl, cluster)
         return [("flows", sched, simulate(sched, cluster, record_links))]
-    shape, layout = decode_shape(wl), layout_of(cluster)
+    shape, layout = wl.shape(), layout_of(cluster)
     runs = []
     for entry in point.scenario.algorithms:  # for scope: model, one layer's attention
         name, params = resolve(entry)

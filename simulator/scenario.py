@@ -13,112 +13,21 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError
 
 from simulator.errors import InputError
-from simulator.models import PRESETS
-from simulator.units import parse_bytes, parse_time
+from simulator.workloads import DecodeWorkload, FlowSpec, FlowsWorkload, ModelShape, Workload
+from simulator.workloads.base import Strict
 from simulator.yaml_lines import LineDict, LineList, line_of, load_yaml
 
 __all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario", "expand", "load_scenario",
            "parse_set", "scenario_points"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class FlowSpec(_Strict):
-    """One transfer of the ``flows`` workload: ``bytes`` from ``src`` to ``dst`` starting at ``start``."""
-
-    src: str
-    dst: str
-    bytes: float = Field(description="payload, e.g. 1e9 or '1 GB'")
-    start: float = Field(0.0, description="start time, e.g. 0 or '2 us'")
-
-    @field_validator("bytes", mode="before")
-    @classmethod
-    def _bytes(cls, v: Any) -> float:
-        return _unit(parse_bytes, v)
-
-    @field_validator("start", mode="before")
-    @classmethod
-    def _start(cls, v: Any) -> float:
-        return _unit(parse_time, v)
-
-
-class FlowsWorkload(_Strict):
-    """The network model on its own: one result row per flow."""
-
-    kind: Literal["flows"]
-    flows: list[FlowSpec] = Field(min_length=1)
-
-
-class ModelShape(_Strict):
-    """Attention shape: ``heads`` query heads of ``head_dim``; ``kv_heads`` (GQA) defaults to ``heads``."""
-
-    heads: PositiveInt
-    head_dim: PositiveInt
-    kv_heads: PositiveInt | None = None
-
-    @model_validator(mode="after")
-    def _gqa(self) -> ModelShape:
-        if self.kv_heads is not None and self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
-        return self
-
-
-class DecodeWorkload(_Strict):
-    """One decode step: ``batch`` query tokens attend to ``context`` cached tokens sharded over every GPU.
-
-    ``model`` is an attention shape or a preset name (``llama-3.1-8b``...). ``scope: attention`` simulates one
-    attention layer; ``scope: model`` (presets only) a whole decode step: every layer's projections and MLP on the
-    roofline, its attention schedule, and the LM head; memory then holds the weights and every layer's KV cache.
-    ``tp`` splits heads and weights over groups of ``tp`` consecutive GPUs (tensor parallelism, with two
-    allreduces per layer); the context is sharded over the ``GPUs / tp`` groups (context parallelism).
-    """
-
-    kind: Literal["decode"]
-    model: ModelShape | str
-    scope: Literal["attention", "model"] = "attention"
-    tp: PositiveInt = 1
-    batch: PositiveInt = 1
-    context: PositiveInt
-    dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"
-
-    @field_validator("model")
-    @classmethod
-    def _preset(cls, v: ModelShape | str) -> ModelShape | str:
-        if isinstance(v, str) and v not in PRESETS:
-            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)}")
-        return v
-
-    @model_validator(mode="after")
-    def _scope(self) -> DecodeWorkload:
-        if self.scope == "model" and not isinstance(self.model, str):
-            raise ValueError(f"scope: model needs a model preset ({', '.join(PRESETS)}), not a bare shape")
-        heads, kv = self.heads_kv()
-        if heads % self.tp:
-            raise ValueError(f"tp ({self.tp}) must divide the {heads} attention heads")
-        if kv % self.tp and self.tp % kv:
-            raise ValueError(f"tp ({self.tp}) and the {kv} KV heads must divide one another")
-        return self
-
-    def heads_kv(self) -> tuple[int, int]:
-        """(query heads, KV heads) of the whole model."""
-        if isinstance(self.model, str):
-            preset = PRESETS[self.model]
-            return preset.heads, preset.kv_heads
-        return self.model.heads, self.model.kv_heads or self.model.heads
-
-
-Workload = Annotated[DecodeWorkload | FlowsWorkload, Field(discriminator="kind")]
-
-
-class Scenario(_Strict):
+class Scenario(Strict):
     """A scenario file (design.md, "Scenario YAML")."""
 
     name: str
@@ -128,17 +37,6 @@ class Scenario(_Strict):
     algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: list[str | dict[str, Any]](["ring", "tree"]))
     sweep: dict[str, Any] = Field(default_factory=dict, description=(
         "dotted key -> list of values (cartesian product); zip: [{key: [...], key2: [...]}] varies keys together"))
-
-
-def _unit(parse: Any, v: Any) -> float:
-    """A non-negative quantity; unit errors become pydantic's ValueError (located by the caller)."""
-    try:
-        x = float(parse(v))
-    except InputError as err:
-        raise ValueError(err.message) from None
-    if x < 0:
-        raise ValueError(f"must not be negative, got {v!r}")
-    return x
 
 
 _Origin = tuple[str, "int | None"]

@@ -8,7 +8,7 @@ from conftest import star
 from simulator.algorithms import Layout, build_schedule, resolve
 from simulator.engine.core import simulate
 from simulator.memory import peak_memory
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 
 @pytest.mark.parametrize(("b", "t", "n_h", "head_dim"), [(1, 1000, 16, 128), (2, 4096, 32, 64), (4, 333, 8, 256),

@@ -13,7 +13,7 @@ from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
 from simulator.models import PRESETS
 from simulator.modelstep import attention_layer, dense_layer, model_step
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 
 def test_model_step_composes_layers_and_holds_weights_and_every_layer_kv():

@@ -7,7 +7,7 @@ import pytest
 
 from simulator.algorithms import Layout, build_schedule, resolve
 from simulator.numeric import make_inputs, run_numeric
-from simulator.workload import DecodeShape, shard_bounds
+from simulator.workloads.shape import DecodeShape, shard_bounds
 
 ALGOS = [
     "ring", {"name": "ring", "overlap": False}, "ring-q", "tree",

@@ -11,7 +11,7 @@ from simulator.algorithms import Layout, build_schedule, resolve
 from simulator.collectives import allreduce, broadcast, reduce
 from simulator.engine.core import simulate
 from simulator.schedule import Schedule
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 REL = 1e-9
 BW, LAT, OVH = 25e9, 1.5e-6, 2e-6  # per link; a route crosses two links (host -> switch -> host)

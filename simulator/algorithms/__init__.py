@@ -17,7 +17,7 @@ from simulator.algorithms.tree import build_tree, build_tree_p2p
 from simulator.collectives import ALGORITHMS as COLLECTIVES
 from simulator.errors import InputError
 from simulator.schedule import Schedule
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 __all__ = ["REGISTRY", "AlgorithmSpec", "Layout", "build_schedule", "label", "resolve"]
 

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from simulator.schedule import Schedule
-from simulator.workload import DecodeShape, shard_bounds
+from simulator.workloads.shape import DecodeShape, shard_bounds
 
 __all__ = ["Layout", "add_attend", "add_finalize", "new_decode_schedule"]
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from simulator.algorithms.base import Layout, add_attend, add_finalize, new_decode_schedule
 from simulator.collectives import allreduce
 from simulator.schedule import Schedule
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 __all__ = ["build_tree", "build_tree_p2p"]
 

@@ -45,7 +45,7 @@ import yaml
 from simulator.distributed.common import device_for, init_group
 from simulator.files import write_text_atomic
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 __all__ = ["fit_linear", "run_rank"]
 

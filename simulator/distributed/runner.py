@@ -20,7 +20,7 @@ from simulator.merge import PartialState
 from simulator.numeric import Executor, Inputs, KVShard
 from simulator.payload import Descriptor, component_shapes, message_elements
 from simulator.schedule import Op, Schedule
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 __all__ = ["RankRunner"]
 

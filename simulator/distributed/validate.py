@@ -31,11 +31,10 @@ from simulator.errors import InputError
 from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.numeric import Inputs, dense_attention, make_inputs, max_abs_error, run_numeric
 from simulator.payload import transfer_layouts
-from simulator.points import decode_shape
 from simulator.report.markdown import markdown_table
 from simulator.scenario import DecodeWorkload, Point
 from simulator.schedule import Schedule
-from simulator.workload import DecodeShape
+from simulator.workloads.shape import DecodeShape
 
 __all__ = ["COLUMNS", "run_rank", "summarize", "summary_lines"]
 
@@ -82,7 +81,7 @@ def _point_rows(args: argparse.Namespace, point: Point, device: torch.device) ->
     rank, world = dist.get_rank(), dist.get_world_size()
     layout = rank_layout()
     assert isinstance(point.scenario.workload, DecodeWorkload)
-    shape = decode_shape(point.scenario.workload)
+    shape = point.scenario.workload.shape()
     np_inputs = make_inputs(np.random.default_rng(args.seed), shape.batch, shape.heads, shape.kv_heads,
                             shape.head_dim, shape.context, np.float64 if shape.dtype == "fp64" else np.float32)
     inp = np_inputs.to(lambda a: torch.from_numpy(a).to(device))

@@ -1,0 +1,16 @@
+"""Workload models of the scenario YAML (``workload:``), one module per kind, and the union the scenario validates
+against (discriminated by ``kind``). A new kind: a module here, and one member more in :data:`Workload`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from simulator.workloads.base import ModelShape
+from simulator.workloads.decode import DecodeWorkload
+from simulator.workloads.flows import FlowSpec, FlowsWorkload
+
+__all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Workload"]
+
+Workload = Annotated[DecodeWorkload | FlowsWorkload, Field(discriminator="kind")]

@@ -1,0 +1,42 @@
+"""What every workload model shares: strict frozen pydantic models, non-negative quantities with units, the
+attention shape of a model given inline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
+
+from simulator.errors import InputError
+
+__all__ = ["ModelShape", "Strict", "unit_value"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+
+def unit_value(parse: Any, v: Any) -> float:
+    """A non-negative quantity; unit errors become pydantic's ValueError (located by the caller)."""
+    try:
+        x = float(parse(v))
+    except InputError as err:
+        raise ValueError(err.message) from None
+    if x < 0:
+        raise ValueError(f"must not be negative, got {v!r}")
+    return x
+
+
+class ModelShape(Strict):
+    """Attention shape: ``heads`` query heads of ``head_dim``; ``kv_heads`` (GQA) defaults to ``heads``."""
+
+    heads: PositiveInt
+    head_dim: PositiveInt
+    kv_heads: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _gqa(self) -> ModelShape:
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        return self
