@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PRESETS", "ModelPreset"]
+__all__ = ["PRESETS", "ModelPreset", "custom_model"]
 
 
 @dataclass(frozen=True)
@@ -47,4 +47,17 @@ PRESETS: dict[str, ModelPreset] = {
     # meta-llama/Llama-3.1-70B config.json: 80 layers, hidden 8192, 64 heads, 8 KV heads, head_dim 128,
     # intermediate 28672, vocab 128256; 70.6B parameters.
     "llama-3.1-70b": ModelPreset("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, 70.6e9),
+    # meta-llama/Llama-3.1-405B config.json: 126 layers, hidden 16384, 128 heads, 8 KV heads, head_dim 128,
+    # intermediate 53248, vocab 128256, untied embeddings. The card says 405B; the shapes give 405.85e9
+    # (126 layers x 3.1877e9 + 2 x 128256 x 16384 + norms), used here.
+    "llama-3.1-405b": ModelPreset("llama-3.1-405b", 126, 16384, 128, 8, 128, 53248, 128256, 405.85e9),
 }
+
+
+def custom_model(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                 vocab: int, name: str = "custom") -> ModelPreset:
+    """A user-defined model (YAML ``model:`` block); its parameter count is computed from the shapes:
+    ``layers x layer_weights + 2 x vocab x hidden`` (untied embedding and LM head; norms neglected)."""
+    shell = ModelPreset(name, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, 0.0)
+    params = layers * shell.layer_weights + 2 * vocab * hidden
+    return ModelPreset(name, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, float(params))

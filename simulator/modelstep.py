@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from simulator.algorithms import Layout, build_schedule
+from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.topology import Cluster
 from simulator.collectives import allreduce
 from simulator.engine.core import SimResult, simulate
@@ -54,20 +55,24 @@ def _placed(part: tuple[Schedule, Sequence[str]]) -> Schedule:
     return sched
 
 
-def dense_layer(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluster) -> Schedule:
-    """One layer outside attention on every rank: QKV, O projection + allreduce, MLP + allreduce."""
+def dense_layer(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluster, weight_dtype: str | None = None
+                ) -> Schedule:
+    """One layer outside attention on every rank: QKV, O projection + allreduce, MLP + allreduce.
+
+    Weights are ``weight_dtype`` elements (default: the activations' ``shape.dtype``)."""
     p = len(cluster.ranks)
     sched = Schedule(p, placement=tuple(cluster.ranks), name="dense")
     b, h, eb = shape.batch, model.hidden, shape.elem_bytes
+    wb = DTYPE_BYTES[weight_dtype or shape.dtype]
     qkv = h * (model.heads + 2 * model.kv_heads) * model.head_dim // tp
     o_proj = model.heads * model.head_dim * h // tp
     mlp = 3 * h * model.intermediate // tp
     hosts = _hosts(cluster, cluster.ranks)
-    last = {r: sched.add_compute(r, "qkv", flops=2 * b * qkv, nbytes=(qkv + 2 * b * h) * eb, dtype=shape.dtype)
+    last = {r: sched.add_compute(r, "qkv", flops=2 * b * qkv, nbytes=qkv * wb + 2 * b * h * eb, dtype=shape.dtype)
             for r in range(p)}
     for stage, weights in (("o-proj", o_proj), ("mlp", mlp)):
         front: dict[int, tuple[int, ...]] = {
-            r: (sched.add_compute(r, stage, flops=2 * b * weights, nbytes=(weights + 2 * b * h) * eb,
+            r: (sched.add_compute(r, stage, flops=2 * b * weights, nbytes=weights * wb + 2 * b * h * eb,
                                   dtype=shape.dtype, deps=[last[r]]),) for r in range(p)}
         if tp > 1:
             for g in range(p // tp):
@@ -80,22 +85,28 @@ def dense_layer(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluste
     return sched
 
 
-def _head(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluster) -> Schedule:
+def _head(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluster, weight_bytes: int) -> Schedule:
     p = len(cluster.ranks)
     sched = Schedule(p, placement=tuple(cluster.ranks), name="lm-head")
     w = model.head_weights // tp
     for r in range(p):
-        sched.add_compute(r, "lm-head", flops=2 * shape.batch * w, nbytes=w * shape.elem_bytes, dtype=shape.dtype)
+        sched.add_compute(r, "lm-head", flops=2 * shape.batch * w, nbytes=w * weight_bytes, dtype=shape.dtype)
     return sched
 
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
+    """One decode step: its latency and, for explanations, its parts (seconds, summed over the layers)."""
+
     latency_s: float
     compute_s: float
     bytes_moved: float
     peaks: list[float]
     events: int
+    dense_s: float = 0.0  # every layer's projections, MLP and their allreduces
+    attention_s: float = 0.0  # every layer's attention schedule
+    attention_compute_s: float = 0.0  # of which kernels, on the rank that finishes attention last
+    head_s: float = 0.0  # the LM head
 
 
 def _compute_time(result: SimResult) -> float:
@@ -105,17 +116,18 @@ def _compute_time(result: SimResult) -> float:
 
 
 def model_step(model: ModelPreset, name: str, params: dict[str, Any], shape: DecodeShape, tp: int,
-               cluster: Cluster) -> StepResult:
+               cluster: Cluster, weight_dtype: str | None = None) -> StepResult:
     """Simulate one layer's dense part and attention, and the LM head; compose the decode step."""
+    wb = DTYPE_BYTES[weight_dtype or shape.dtype]
     attn = attention_layer(name, params, shape, tp, cluster)
-    runs = [simulate(s, cluster) for s in (dense_layer(model, shape, tp, cluster), attn)]
-    head = simulate(_head(model, shape, tp, cluster), cluster)
+    runs = [simulate(s, cluster) for s in (dense_layer(model, shape, tp, cluster, weight_dtype), attn)]
+    head = simulate(_head(model, shape, tp, cluster, wb), cluster)
     layer = sum(r.makespan for r in runs)
     times = {rec.op: (rec.start, rec.end) for rec in runs[1].timeline}
     place = attn.placement_on(cluster.ranks)
     attn_peak = dict(zip(place, peak_memory(attn, times), strict=True))
     kv = {place[r]: bufs.get("kv0", 0.0) for r, bufs in attn.initial.items()}
-    weights_bytes = model.params / tp * shape.elem_bytes  # the published count, split over the tp group
+    weights_bytes = model.params / tp * wb  # the published count, split over the tp group
     peaks = [weights_bytes + (model.layers - 1) * kv.get(n, 0.0) + attn_peak.get(n, 0.0) for n in cluster.ranks]
     return StepResult(
         latency_s=model.layers * layer + head.makespan,
@@ -123,4 +135,8 @@ def model_step(model: ModelPreset, name: str, params: dict[str, Any], shape: Dec
         bytes_moved=model.layers * sum(rec.nbytes for r in runs for rec in r.timeline if rec.kind == "send"),
         peaks=peaks,
         events=sum(r.events for r in runs) + head.events,
+        dense_s=model.layers * runs[0].makespan,
+        attention_s=model.layers * runs[1].makespan,
+        attention_compute_s=model.layers * _compute_time(runs[1]),
+        head_s=head.makespan,
     )

@@ -15,11 +15,10 @@ import numpy as np
 import pandas as pd
 
 from simulator.algorithms import Layout, build_schedule, label, resolve
-from simulator.cluster.topology import Cluster, load_topology
+from simulator.cluster.topology import Cluster, load_topology, override_devices
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
 from simulator.memory import peak_memory
-from simulator.models import PRESETS
 from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
@@ -41,10 +40,11 @@ _CLUSTERS: dict[tuple[str, str, str], Cluster] = {}
 def cluster_for(point: Point) -> Cluster:
     """The point's cluster (cached per topology and parameters); errors located in the scenario file."""
     sc = point.scenario
-    key = (sc.topology, repr(sorted(sc.topology_params.items())), str(point.base_dir))
+    devices = {name: o.model_dump(exclude_none=True) for name, o in sc.devices.items()}
+    key = (sc.topology, repr(sorted(sc.topology_params.items())), str(point.base_dir), repr(sorted(devices.items())))
     if key not in _CLUSTERS:
         try:
-            _CLUSTERS[key] = load_topology(sc.topology, sc.topology_params, point.base_dir)
+            _CLUSTERS[key] = override_devices(load_topology(sc.topology, sc.topology_params, point.base_dir), devices)
         except InputError as err:
             raise point.locate(err) from None
     return _CLUSTERS[key]
@@ -120,7 +120,7 @@ def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int
             "compute_s": compute_s, "comm_s": comm_s,
             "bytes_moved": sum(rec.nbytes for rec in result.timeline if rec.kind == "send"),
             "peak_mem_bytes": max(peaks),
-            "oom": any(peak > cluster.specs[place[r]].mem_bytes for r, peak in enumerate(peaks)),
+            "oom": any(peak > cluster.specs[place[r]].mem_bytes * sc.mem_fraction for r, peak in enumerate(peaks)),
             "events": result.events, "sim_wall_s": wall,
         }
         if numeric:
@@ -143,18 +143,20 @@ def _check_decode(point: Point, cluster: Cluster, numeric: bool) -> None:
 def _model_row(point: Point, cluster: Cluster, name: str, params: dict[str, Any], shape: DecodeShape
                ) -> dict[str, Any]:
     wl = point.scenario.workload
-    assert isinstance(wl, DecodeWorkload) and isinstance(wl.model, str)
+    assert isinstance(wl, DecodeWorkload)
     t0 = time.perf_counter()
-    step = model_step(PRESETS[wl.model], name, params, shape, wl.tp, cluster)
+    step = model_step(wl.model_preset(), name, params, shape, wl.tp, cluster, wl.weight_dtype)
     wall = time.perf_counter() - t0
+    usable = point.scenario.mem_fraction
     return {
         "scenario": point.scenario.name, "algorithm": label(name, params), "topology": cluster.name,
         "ranks": len(cluster.ranks), "nodes": cluster.num_hosts, "context": shape.context, "batch": shape.batch,
         "heads": shape.heads, "head_dim": shape.head_dim, "dtype": shape.dtype, "latency_s": step.latency_s,
         "compute_s": step.compute_s, "comm_s": step.latency_s - step.compute_s, "bytes_moved": step.bytes_moved,
         "peak_mem_bytes": max(step.peaks),
-        "oom": any(peak > cluster.specs[n].mem_bytes for n, peak in zip(cluster.ranks, step.peaks, strict=True)),
-        "events": step.events, "sim_wall_s": wall, "model": wl.model, "tp": wl.tp,
+        "oom": any(peak > cluster.specs[n].mem_bytes * usable
+                   for n, peak in zip(cluster.ranks, step.peaks, strict=True)),
+        "events": step.events, "sim_wall_s": wall, "model": wl.model_name, "tp": wl.tp,
     }
 
 

@@ -23,8 +23,15 @@ from simulator.workloads import DecodeWorkload, FlowSpec, FlowsWorkload, ModelSh
 from simulator.workloads.base import Strict
 from simulator.yaml_lines import LineDict, LineList, line_of, load_yaml
 
-__all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario", "expand", "load_scenario",
+__all__ = ["DecodeWorkload", "DeviceOverride", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario", "expand", "load_scenario",
            "parse_set", "scenario_points"]
+
+
+class DeviceOverride(Strict):
+    """What a scenario changes in a named device spec: its roofline efficiencies (fractions in (0, 1])."""
+
+    eff_mem: float | None = Field(None, gt=0, le=1, description="achievable fraction of the memory bandwidth")
+    eff_flops: float | None = Field(None, gt=0, le=1, description="achievable fraction of the peak FLOP/s")
 
 
 class Scenario(Strict):
@@ -33,6 +40,11 @@ class Scenario(Strict):
     name: str
     topology: str = Field(description="preset name in topologies/ or a path to a topology YAML")
     topology_params: dict[str, Any] = Field(default_factory=dict)
+    devices: dict[str, DeviceOverride] = Field(default_factory=dict, description=(
+        "device spec name -> efficiencies that replace the spec's, e.g. {h100-sxm: {eff_mem: 0.8}}"))
+    mem_fraction: float = Field(0.9, gt=0, le=1, description=(
+        "fraction of each device's memory a point may use before it is out of memory (the rest is the runtime's,"
+        " activations', fragmentation's; vLLM's gpu_memory_utilization defaults to 0.9)"))
     workload: Workload
     algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: list[str | dict[str, Any]](["ring", "tree"]))
     sweep: dict[str, Any] = Field(default_factory=dict, description=(

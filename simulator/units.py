@@ -23,7 +23,8 @@ from decimal import Decimal
 
 from simulator.errors import InputError
 
-__all__ = ["parse_bandwidth", "parse_bytes", "parse_flops", "parse_quantity", "parse_time"]
+__all__ = ["parse_bandwidth", "parse_bytes", "parse_flops", "parse_quantity", "parse_time", "parse_time_strict",
+           "parse_tokens"]
 
 _SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _IEC = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
@@ -99,3 +100,43 @@ def parse_time(value: object) -> float:
 def parse_flops(value: object) -> float:
     """FLOP/s: '989 TFLOP/s', '165 TFLOPS'."""
     return parse_quantity(value, "flops")
+
+
+def parse_time_strict(value: object) -> float:
+    """Seconds from a time that names its unit: '50ms', '50 ms', '0.05 s'. A bare number is refused (is 50 seconds
+    or milliseconds meant?)."""
+    match = _RE.match(value) if isinstance(value, str) else None
+    if match is not None and not match.group(2):
+        raise InputError(f"give a unit, e.g. {value.strip()}ms or {value.strip()}s, got {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise InputError(f"give a unit, e.g. {value}ms or {value}s, got {value!r}")
+    return parse_time(value)
+
+
+_TOKEN_SUFFIX = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def parse_tokens(value: object) -> int:
+    """Token counts: ``1048576``, ``128K`` (x 1024), ``1M`` (x 2^20), ``1.5M``; shared by the CLI and the YAML.
+
+    >>> parse_tokens("128K"), parse_tokens("1M"), parse_tokens(4096)
+    (131072, 1048576, 4096)
+    """
+    if isinstance(value, bool):
+        raise InputError(f"expected a token count such as 1048576, 128K or 1M, got {value!r}")
+    if isinstance(value, int):
+        number = float(value)
+    elif isinstance(value, float):
+        number = value
+    elif isinstance(value, str):
+        t = value.strip().lower()
+        suffix = t[-1] if t and t[-1] in "kmg" else ""
+        try:
+            number = float(t[: len(t) - len(suffix)].strip()) * _TOKEN_SUFFIX[suffix]
+        except ValueError:
+            raise InputError(f"expected a token count such as 1048576, 128K or 1M, got {value!r}") from None
+    else:
+        raise InputError(f"expected a token count such as 1048576, 128K or 1M, got {value!r}")
+    if not math.isfinite(number) or number < 1 or number != int(number):
+        raise InputError(f"must be a positive integer, got {value!r}")
+    return int(number)

@@ -15,6 +15,7 @@ Two YAML forms are accepted (see docs/topology.md):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from simulator.paths import TOPOLOGY_DIR
 from simulator.units import parse_bandwidth, parse_time
 from simulator.yaml_lines import line_of, load_yaml
 
-__all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology"]
+__all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology", "override_devices"]
 
 NODE_KINDS = ("gpu", "cpu", "switch", "nic")
 DEVICE_LIBRARY = "devices.yaml"
@@ -114,6 +115,23 @@ def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: P
         raise InputError(f"{src} is an explicit topology and takes no parameters",
                          field=f"topology_params.{next(iter(params))}")
     return build_cluster(raw, src)
+
+
+def override_devices(cluster: Cluster, overrides: Mapping[str, Mapping[str, float]]) -> Cluster:
+    """The cluster with some fields of named device specs replaced (``{"h100-sxm": {"eff_mem": 0.8}}``).
+
+    A name that no device of the cluster uses is an :class:`InputError` (field ``devices.NAME``) listing those used.
+    """
+    if not overrides:
+        return cluster
+    used = sorted({spec.name for spec in cluster.specs.values()})
+    for name in overrides:
+        if name not in used:
+            raise InputError(f"no device of topology {cluster.name!r} uses spec {name!r}; its devices: "
+                             f"{', '.join(used)}", field=f"devices.{name}")
+    specs = {node: dataclasses.replace(spec, **overrides[spec.name]) if spec.name in overrides else spec
+             for node, spec in cluster.specs.items()}
+    return dataclasses.replace(cluster, specs=specs)
 
 
 def _resolve(ref: str, base_dir: Path | None) -> Path:

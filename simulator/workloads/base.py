@@ -3,7 +3,7 @@ attention shape of a model given inline."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
@@ -29,11 +29,25 @@ def unit_value(parse: Any, v: Any) -> float:
 
 
 class ModelShape(Strict):
-    """Attention shape: ``heads`` query heads of ``head_dim``; ``kv_heads`` (GQA) defaults to ``heads``."""
+    """Attention shape: ``heads`` query heads of ``head_dim``; ``kv_heads`` (GQA) defaults to ``heads``.
+
+    With ``layers``, ``hidden``, ``intermediate`` and ``vocab`` as well it is a whole model of the Llama
+    architecture (GQA attention, gated MLP, untied LM head), usable with ``scope: model``.
+    """
 
     heads: PositiveInt
     head_dim: PositiveInt
     kv_heads: PositiveInt | None = None
+    layers: PositiveInt | None = None
+    hidden: PositiveInt | None = None
+    intermediate: PositiveInt | None = None
+    vocab: PositiveInt | None = None
+
+    WHOLE_MODEL_KEYS: ClassVar[tuple[str, ...]] = ("layers", "hidden", "intermediate", "vocab")
+
+    def missing_for_model(self) -> list[str]:
+        """The whole-model keys this block lacks (empty: usable with ``scope: model``)."""
+        return [k for k in self.WHOLE_MODEL_KEYS if getattr(self, k) is None]
 
     @model_validator(mode="after")
     def _gqa(self) -> ModelShape:

@@ -36,10 +36,15 @@ class DecodeShape:
     kv_heads: int
     context: int
     dtype: str
+    kv_dtype: str | None = None  # the KV cache's element type (default: dtype)
 
     @property
     def elem_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_elem_bytes(self) -> int:
+        return DTYPE_BYTES[self.kv_dtype or self.dtype]
 
     @property
     def model_dim(self) -> int:
@@ -47,8 +52,8 @@ class DecodeShape:
         return self.heads * self.head_dim
 
     def kv_bytes(self, tokens: int) -> float:
-        """Bytes of the K and V cache of ``tokens`` tokens: 2 b t n_kv head_dim elements."""
-        return 2.0 * self.batch * tokens * self.kv_heads * self.head_dim * self.elem_bytes
+        """Bytes of the K and V cache of ``tokens`` tokens: 2 b t n_kv head_dim elements of ``kv_dtype``."""
+        return 2.0 * self.batch * tokens * self.kv_heads * self.head_dim * self.kv_elem_bytes
 
     @property
     def q_bytes(self) -> float:
