@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -14,8 +15,9 @@ from typing import Any, NoReturn
 import pandas as pd
 
 from simulator import __version__
+from simulator.cluster.bottleneck import whatif_note
 from simulator.cluster.summary import summarize
-from simulator.cluster.topology import load_topology
+from simulator.cluster.topology import list_presets, load_topology, preset_description
 from simulator.distributed.checks import check_scenario
 from simulator.distributed.cli_args import add_calibrate_args, add_validate_args
 from simulator.distributed.launch import RankFailure, spawn
@@ -23,13 +25,13 @@ from simulator.errors import InputError
 from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
 from simulator.paths import DEFAULT_SCENARIO
-from simulator.plan import PlanRequest, parse_tokens, plan
+from simulator.plan import PlanRequest, PlanRow, plan
 from simulator.points import check_points, cluster_for, point_runs, timeline_frame
 from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
 from simulator.report.trace import chrome_trace
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
 from simulator.sweep import run_sweep
-from simulator.units import parse_time
+from simulator.units import parse_time_strict, parse_tokens
 
 __all__ = ["main"]
 
@@ -41,6 +43,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="treering", description="Ring vs Tree attention on simulated GPU clusters.")
+    p.add_argument("--version", action="version", version=f"treering {__version__}")
     sub = p.add_subparsers(dest="verb", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run a scenario or sweep; print a table; write DIR/results.csv")
     run.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO),
@@ -64,29 +67,43 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("results", help="a results.csv written by treering run (or its folder)")
     rep.add_argument("-o", "--out", default=None, help="output folder (default: the results' folder)")
     trace = sub.add_parser("trace", help="Chrome/Perfetto trace of one sweep point (ranks and link utilisation)")
-    trace.add_argument("scenario")
+    trace.add_argument("scenario", help="scenario YAML")
     trace.add_argument("--point", type=int, default=0, metavar="K", help="sweep point, 0-based (default 0)")
     trace.add_argument("-o", "--out", required=True, help="trace JSON to write")
-    trace.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    trace.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a dotted key of the scenario, as for run")
     sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
     pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target")
     pl.add_argument("--model", required=True, help=f"model preset: {', '.join(PRESETS)}")
     pl.add_argument("--context", required=True, help="tokens of context: 1048576, 128K, 1M (K = 1024)")
-    pl.add_argument("--tbt", required=True, help="time-between-tokens target, e.g. 50ms")
-    pl.add_argument("--topology", default="dgx-h100", help="preset or topology file (default dgx-h100)")
+    pl.add_argument("--tbt", required=True, help="time-between-tokens target with its unit, e.g. 50ms")
+    pl.add_argument("--topology", default="dgx-h100", help="parametric preset or topology file (default dgx-h100)")
     pl.add_argument("--algorithms", default="ring,tree,tree-p2p", help="comma-separated (default ring,tree,tree-p2p)")
-    pl.add_argument("--batch", type=int, default=1)
-    pl.add_argument("--dtype", default="bf16")
-    pl.add_argument("--tp", type=int, default=None, help="tensor parallel degree (default: GPUs per node)")
-    pl.add_argument("--max-nodes", type=int, default=64)
+    pl.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
+    pl.add_argument("--dtype", default="bf16", help="activations' dtype, and the kernels' FLOP rate (default bf16)")
+    pl.add_argument("--weight-dtype", default=None, help="weights' dtype, e.g. fp8 (default: --dtype)")
+    pl.add_argument("--kv-dtype", default=None, help="KV cache's dtype, e.g. fp8 (default: --dtype)")
+    pl.add_argument("--tp", type=int, default=None,
+                    help="tensor parallel degree (default: search the divisors of the GPUs per node)")
+    pl.add_argument("--max-nodes", type=int, default=64, help="largest node count searched (default 64)")
+    pl.add_argument("--mem-fraction", type=float, default=0.9,
+                    help="fraction of device memory a configuration may use (default 0.9, as vLLM's "
+                         "gpu_memory_utilization)")
+    pl.add_argument("--eff-mem", type=float, default=None,
+                    help="achievable fraction of HBM bandwidth, for every device (default: topologies/devices.yaml)")
+    pl.add_argument("--eff-flops", type=float, default=None,
+                    help="achievable fraction of peak FLOP/s, for every device (default: topologies/devices.yaml)")
+    pl.add_argument("-o", "--out", default=None, metavar="FILE", help="also write the plan to FILE.csv or FILE.json")
     pl.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                    help="what-if, e.g. --set topology_params.nic_bandwidth=800Gb/s")
+                    help="what-if, e.g. --set topology_params.nic_bandwidth=800Gb/s or "
+                         "--set devices.h100-sxm.eff_mem=0.8")
     topo = sub.add_parser("topo", help="inspect topologies")
     topo_sub = topo.add_subparsers(dest="topo_verb", required=True, parser_class=_Parser)
     show = topo_sub.add_parser("show", help="print a summary of a preset or topology file")
     show.add_argument("topology", help="preset name (dgx-h100, ...) or a topology YAML path")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
                       help="a parameter of a parametric preset, e.g. --set nodes=4")
+    topo_sub.add_parser("list", help="list the preset topologies, with their description")
     add_validate_args(sub.add_parser("validate", help="run the schedules for real (torch.distributed) and compare "
                                                       "with the simulator; writes DIR/validation.csv"))
     add_calibrate_args(sub.add_parser("calibrate", help="measure this machine with real ranks; write a topology"))
@@ -107,6 +124,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise InputError(f"must be at least 1, got {args.jobs}", field="--jobs")
     check_points(points, args.numeric)
+    if args.sets:
+        base = load_scenario(args.scenario)[0]
+        for note in _whatif_notes(base.scenario.topology, args.sets, dict(base.scenario.topology_params),
+                                  base.base_dir):
+            print(f"treering: note: {note}", file=sys.stderr)
     outcome = run_sweep(points, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                         resume=args.resume, numeric=args.numeric, progress=sys.stderr.isatty())
     frame = outcome.frame
@@ -175,18 +197,87 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     if args.model not in PRESETS:
         raise InputError(f"unknown model preset {args.model!r}; presets: {', '.join(PRESETS)}", field="--model")
-    tbt = parse_time(args.tbt.replace("ms", " ms").replace("us", " us")) if isinstance(args.tbt, str) else args.tbt
+    try:
+        tbt = parse_time_strict(args.tbt)
+        context = parse_tokens(args.context)
+    except InputError as err:
+        raise err.located(field="--tbt" if "time" in err.message or "unit" in err.message else "--context") \
+            from None
     if tbt <= 0:
         raise InputError(f"must be positive, got {args.tbt!r}", field="--tbt")
-    req = PlanRequest(model=args.model, context=parse_tokens(args.context), tbt_s=tbt, topology=args.topology,
+    for flag, value in (("--mem-fraction", args.mem_fraction), ("--eff-mem", args.eff_mem),
+                        ("--eff-flops", args.eff_flops)):
+        if value is not None and not 0 < value <= 1:
+            raise InputError(f"must be in (0, 1], got {value}", field=flag)
+    if args.out and Path(args.out).suffix not in (".csv", ".json"):
+        raise InputError("must end in .csv or .json", file=args.out, field="-o")
+    req = PlanRequest(model=args.model, context=context, tbt_s=tbt, topology=args.topology,
                       algorithms=[a.strip() for a in args.algorithms.split(",") if a.strip()], batch=args.batch,
-                      dtype=args.dtype, tp=args.tp, max_nodes=args.max_nodes, sets=args.sets)
-    table = plan(req)
-    print(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, "
-          f"on {args.topology}" + (f" ({', '.join(args.sets)})" if args.sets else ""))
-    with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
-        print(table.to_string(index=False))
+                      dtype=args.dtype, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp,
+                      max_nodes=args.max_nodes, mem_fraction=args.mem_fraction, eff_mem=args.eff_mem,
+                      eff_flops=args.eff_flops, sets=args.sets)
+    tty = sys.stderr.isatty()
+    rows = plan(req, progress=(lambda line: print(f"\rplan: {line}\033[K", end="", file=sys.stderr)) if tty else None)
+    if tty:
+        print("\r\033[K", end="", file=sys.stderr)
+    for note in _whatif_notes(args.topology, args.sets):
+        print(f"treering: note: {note}", file=sys.stderr)
+    table = plan_frame(rows, req)
+    print(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, on "
+          f"{args.topology}, up to {req.max_nodes} nodes, memory fraction {req.mem_fraction:g}"
+          + (f" ({', '.join(args.sets)})" if args.sets else ""))
+    shown = table.drop(columns=["usable_mem_GB", "bottleneck", "evaluated"])
+    with pd.option_context("display.width", 250, "display.max_colwidth", 200, "display.float_format",
+                           "{:.4g}".format):
+        print(shown.to_string(index=False))
+    if args.out:
+        out = Path(args.out)
+        if out.suffix == ".csv":
+            write_csv_atomic(table, out)
+        else:
+            doc = {"request": {k: (list(v) if isinstance(v, (list, tuple)) else v)
+                               for k, v in dataclasses.asdict(req).items()},
+                   "version": __version__, "rows": table.to_dict(orient="records")}
+            write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {out}")
     return 0
+
+
+def plan_frame(rows: Sequence[PlanRow], req: PlanRequest) -> pd.DataFrame:
+    """The plan as a table: the answer per algorithm (or its fastest fitting configuration, ``met`` False)."""
+    records = []
+    for row in rows:
+        e = row.best
+        records.append({"algorithm": row.algorithm, "met": row.met, "nodes": e.nodes if e else None,
+                        "gpus": e.gpus if e else None, "tp": e.tp if e else None,
+                        "tbt_ms": e.latency_s * 1e3 if e else None,
+                        "peak_mem_GB": e.peak_mem_bytes / 1e9 if e else None,
+                        "usable_mem_GB": e.usable_mem_bytes / 1e9 if e else None,
+                        "binding": row.binding, "bottleneck": e.bottleneck() if e else None,
+                        "evaluated": row.evaluated})
+    return pd.DataFrame.from_records(records)
+
+
+def _whatif_notes(topology: str, sets: Sequence[str], base_params: dict[str, Any] | None = None,
+                  base_dir: Path | None = None) -> list[str]:
+    """For each ``--set topology_params.X=V``: a note when it is capped by a slower link or changes no route
+    (compared on two nodes of the topology, or on ``base_params``)."""
+    notes = []
+    params = dict(base_params if base_params is not None else {"nodes": 2})
+    where = base_dir or Path.cwd()
+    for item in sets:
+        key, value = parse_set(item)
+        if not key.startswith("topology_params.") or key == "topology_params.nodes":
+            continue
+        try:
+            base = load_topology(topology, params, where)
+            changed = load_topology(topology, {**params, key.removeprefix("topology_params."): value}, where)
+        except InputError:
+            continue  # the run itself reports bad parameters, located
+        note = whatif_note(base, changed, f"--set {item}")
+        if note:
+            notes.append(note)
+    return notes
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
@@ -218,6 +309,10 @@ def format_table(frame: pd.DataFrame) -> str:
 
 
 def _cmd_topo(args: argparse.Namespace) -> int:
+    if args.topo_verb == "list":
+        for name in list_presets():
+            print(f"{name:<14} {preset_description(name)}")
+        return 0
     params = dict(parse_set(s) for s in args.sets)
     cluster = load_topology(args.topology, params, Path.cwd())
     print(summarize(cluster))

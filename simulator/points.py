@@ -34,7 +34,7 @@ DECODE_COLUMNS = ["scenario", "algorithm", "topology", "ranks", "nodes", "contex
                   "sim_wall_s"]
 NUMERIC_MAX_ELEMS = 200_000_000  # numeric mode holds q, K and V in memory
 
-_CLUSTERS: dict[tuple[str, str, str], Cluster] = {}
+_CLUSTERS: dict[tuple[str, str, str, str], Cluster] = {}
 
 
 def cluster_for(point: Point) -> Cluster:

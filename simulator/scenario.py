@@ -23,8 +23,8 @@ from simulator.workloads import DecodeWorkload, FlowSpec, FlowsWorkload, ModelSh
 from simulator.workloads.base import Strict
 from simulator.yaml_lines import LineDict, LineList, line_of, load_yaml
 
-__all__ = ["DecodeWorkload", "DeviceOverride", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario", "expand", "load_scenario",
-           "parse_set", "scenario_points"]
+__all__ = ["DecodeWorkload", "DeviceOverride", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario",
+           "expand", "load_scenario", "parse_set", "scenario_points"]
 
 
 class DeviceOverride(Strict):

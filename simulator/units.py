@@ -107,7 +107,7 @@ def parse_time_strict(value: object) -> float:
     or milliseconds meant?)."""
     match = _RE.match(value) if isinstance(value, str) else None
     if match is not None and not match.group(2):
-        raise InputError(f"give a unit, e.g. {value.strip()}ms or {value.strip()}s, got {value!r}")
+        raise InputError(f"give a unit, e.g. {str(value).strip()}ms or {str(value).strip()}s, got {value!r}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         raise InputError(f"give a unit, e.g. {value}ms or {value}s, got {value!r}")
     return parse_time(value)

@@ -18,7 +18,9 @@ from simulator.workloads.shape import DecodeShape
 
 def test_model_step_composes_layers_and_holds_weights_and_every_layer_kv():
     model = PRESETS["llama-3.1-8b"]
-    cluster = override_devices(load_topology("dgx-h100", {"nodes": 2}), {"h100-sxm": {"eff_mem": 1.0, "eff_flops": 1.0}})
+    # the closed form below is the roofline at datasheet rates: efficiencies 1
+    cluster = override_devices(load_topology("dgx-h100", {"nodes": 2}),
+                               {"h100-sxm": {"eff_mem": 1.0, "eff_flops": 1.0}})
     shape = DecodeShape(1, model.heads, model.head_dim, model.kv_heads, 1 << 20, "bf16")
     step = model_step(model, "tree", {"allreduce": "auto"}, shape, 8, cluster)
     dense = simulate(dense_layer(model, shape, 8, cluster), cluster).makespan

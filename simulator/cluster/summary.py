@@ -1,4 +1,5 @@
-"""Text summary of a :class:`Cluster`: devices, links by class, bisection bandwidth."""
+"""Text summary of a :class:`Cluster`: devices (with their efficiencies), links by class, the link bounding each
+route class, bisection bandwidth."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections import Counter, defaultdict
 
 import networkx as nx
 
+from simulator.cluster.bottleneck import describe, route_classes
 from simulator.cluster.topology import Cluster
 
 __all__ = ["bisection_bandwidth", "summarize"]
@@ -62,6 +64,8 @@ def summarize(cluster: Cluster) -> str:
         flops = ", ".join(f"{d} {_si(f, 'FLOP/s')}" for d, f in spec.peak_flops.items())
         lines.append(f"  {count} x {name}: {_si(spec.mem_bytes, 'B')} at {_si(spec.mem_bw_Bps, 'B/s')}; "
                      f"{flops}; launch {_time(spec.launch_s)}")
+        lines.append(f"    achievable: eff_mem {spec.eff_mem:g} ({_si(spec.mem_bw_Bps * spec.eff_mem, 'B/s')}), "
+                     f"eff_flops {spec.eff_flops:g} (topologies/devices.yaml cites the measurements)")
     lines.append("links by class (directed edges):")
     classes: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for _, _, data in g.edges(data=True):
@@ -72,5 +76,9 @@ def summarize(cluster: Cluster) -> str:
         bw = _si(bws[0], "B/s") if len(bws) == 1 else f"{_si(bws[0], 'B/s')} .. {_si(bws[-1], 'B/s')}"
         lat = _time(lats[0]) if len(lats) == 1 else f"{_time(lats[0])} .. {_time(lats[-1])}"
         lines.append(f"  {cls:<16} {len(vals):>6} x {bw} per direction, latency {lat}")
+    classes_ = route_classes(cluster)
+    if classes_:
+        lines.append("routes by class (the slowest of each, per direction; the link that bounds it):")
+        lines.extend(f"  {describe(rc)}" for rc in classes_)
     lines.append(f"bisection bandwidth (first half of GPUs -> second half): {_si(bisection_bandwidth(cluster), 'B/s')}")
     return "\n".join(lines)

@@ -31,7 +31,8 @@ from simulator.paths import TOPOLOGY_DIR
 from simulator.units import parse_bandwidth, parse_time
 from simulator.yaml_lines import line_of, load_yaml
 
-__all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology", "override_devices"]
+__all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology", "override_devices",
+           "preset_description"]
 
 NODE_KINDS = ("gpu", "cpu", "switch", "nic")
 DEVICE_LIBRARY = "devices.yaml"
@@ -91,6 +92,17 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml") if p.name != DEVICE_LIBRARY)
 
 
+def preset_description(name: str) -> str:
+    """The first sentence of a preset's leading comment (its description)."""
+    lines = []
+    for line in (TOPOLOGY_DIR / f"{name}.yaml").read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").strip())
+    text = " ".join(lines)
+    return text.split(". ")[0].rstrip(".") if text else ""
+
+
 def device_library() -> dict[str, DeviceSpec]:
     """The named device specs of ``topologies/devices.yaml`` (datasheet values, cited there)."""
     path = TOPOLOGY_DIR / DEVICE_LIBRARY
@@ -129,8 +141,9 @@ def override_devices(cluster: Cluster, overrides: Mapping[str, Mapping[str, floa
         if name not in used:
             raise InputError(f"no device of topology {cluster.name!r} uses spec {name!r}; its devices: "
                              f"{', '.join(used)}", field=f"devices.{name}")
-    specs = {node: dataclasses.replace(spec, **overrides[spec.name]) if spec.name in overrides else spec
-             for node, spec in cluster.specs.items()}
+    replaced = {name: dataclasses.replace(spec, **dict(overrides[name]))  # type: ignore[arg-type]
+                for name, spec in {s.name: s for s in cluster.specs.values()}.items() if name in overrides}
+    specs = {node: replaced.get(spec.name, spec) for node, spec in cluster.specs.items()}
     return dataclasses.replace(cluster, specs=specs)
 
 
