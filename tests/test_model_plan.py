@@ -1,4 +1,4 @@
-"""Whole-model decode steps (scope: model, tensor parallelism) and treering plan."""
+"""Whole-model decode steps (scope: model, tensor parallelism); treering plan is in test_plan.py."""
 
 from __future__ import annotations
 
@@ -72,18 +72,3 @@ def test_model_scope_rows(tmp_path):
     df = pd.read_csv(tmp_path / "o" / "results.csv")
     assert list(df["model"]) == ["llama-3.2-1b"] * 2 and (df["tp"] == 8).all()
     assert (df["latency_s"] > 0).all() and not df["oom"].any()
-
-
-def test_plan_finds_the_smallest_cluster_and_the_binding_constraint(capsys):
-    assert main(["plan", "--model", "llama-3.1-70b", "--context", "4M", "--tbt", "50ms", "--algorithms",
-                 "ring,tree", "--max-nodes", "8"]) == 0
-    out = capsys.readouterr().out
-    lines = {line.split()[0]: line for line in out.splitlines()[2:]}
-    assert lines["tree"].split()[1:3] == ["4", "32"] and lines["tree"].endswith("memory")
-    assert "latency (not met up to 8 nodes)" in lines["ring"]
-
-
-def test_plan_errors(capsys):
-    assert main(["plan", "--model", "gpt-5", "--context", "1M", "--tbt", "50ms"]) == 2
-    assert main(["plan", "--model", "llama-3.1-8b", "--context", "lots", "--tbt", "50ms"]) == 2
-    assert "--context: expected a token count" in capsys.readouterr().err
