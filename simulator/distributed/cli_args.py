@@ -22,12 +22,13 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
                    help="topology the prediction runs on (e.g. one written by treering calibrate); "
                         "default: the scenario's")
     p.add_argument("-o", "--out", default=None, help="output folder (default: out/<scenario name>-validation)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted key of the scenario, as for run")
     p.add_argument("--iters", type=int, default=10, help="timed iterations per point (median is reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
     p.add_argument("--collectives", choices=["native", "decomposed"], default="native",
                    help="native: one dist.all_reduce per collective; decomposed: the schedule's own sends")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random q, K, V (default 0)")
     p.add_argument("--inject-fault", type=int, default=None, metavar="RANK",
                    help="testing aid: this rank raises an error at its first op")
 
@@ -36,7 +37,7 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("-o", "--out", required=True, help="topology YAML to write")
     p.add_argument("--heads", type=int, default=16, help="attention shape of the compute measurement")
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--head-dim", type=int, default=128, help="head dimension of the compute measurement")
     p.add_argument("--reps", type=int, default=15, help="repetitions per measured size (median)")
 
 
