@@ -47,7 +47,7 @@ def test_the_oom_flag_of_scenarios_uses_mem_fraction(tmp_path):
     assert main(["run", str(path), "-o", str(tmp_path / "o"), "--no-report", "--jobs", "1"]) == 0
     df = pd.read_csv(tmp_path / "o" / "results.csv")
     assert list(df["oom"]) == [True, False] and (df["context"] == 4 * 2**20).all()
-    assert (72e9 < df["peak_mem_bytes"]).all() and (df["peak_mem_bytes"] <= 80e9).all()
+    assert (df["peak_mem_bytes"] > 72e9).all() and (df["peak_mem_bytes"] <= 80e9).all()
 
 
 def test_best_configuration_and_floor_when_the_target_is_not_met(capsys):
