@@ -8,9 +8,12 @@ import math
 import pytest
 from conftest import star
 
-from simulator.cluster.topology import build_cluster, load_topology
+from simulator.cluster.topology import build_cluster, load_topology, override_devices
 from simulator.engine.core import simulate
 from simulator.schedule import Schedule
+
+# the closed forms below are the roofline at datasheet rates (efficiencies 1)
+DATASHEET_RATES = {"h100-sxm": {"eff_mem": 1.0, "eff_flops": 1.0}}
 
 REL = 1e-9
 
@@ -95,7 +98,7 @@ def test_rates_recomputed_once_per_instant():
 
 def test_compute_roofline_and_exact_trace():
     """Exact (rank, op, start, end) trace of a small dependent schedule on a star with one compute stream."""
-    cluster = star(2, bw="10 GB/s", lat="1 us", overhead="1 us")
+    cluster = override_devices(star(2, bw="10 GB/s", lat="1 us", overhead="1 us"), DATASHEET_RATES)
     spec = cluster.specs["h0"]
     sched = Schedule(2, placement=("h0", "h1"))
     flops = 989.4e12 * 1e-3  # 1 ms of bf16 at peak
@@ -116,7 +119,7 @@ def test_compute_roofline_and_exact_trace():
 
 
 def test_compute_ops_of_one_rank_share_one_stream():
-    cluster = star(1)
+    cluster = override_devices(star(1), DATASHEET_RATES)
     sched = Schedule(1, placement=("h0",))
     a = sched.add_compute(0, "a", flops=989.4e12 * 1e-3, dtype="bf16")
     b = sched.add_compute(0, "b", flops=989.4e12 * 1e-3, dtype="bf16")

@@ -28,6 +28,7 @@ class RouteClass:
     latency_s: float
     bound_by: tuple[str, float]
     capped: tuple[tuple[str, float], ...]
+    tied: tuple[str, ...] = ()  # other link classes on the route at the bottleneck's bandwidth
 
 
 def _gb(x: float) -> str:
@@ -80,14 +81,15 @@ def route_classes(cluster: Cluster) -> list[RouteClass]:
             links[label] = min(links.get(label, float("inf")), cluster.graph.edges[u, v]["bandwidth"])
         bound = min(links.items(), key=lambda kv: (kv[1], kv[0]))
         capped = tuple(sorted(((lab, b) for lab, b in links.items() if b > bound[1]), key=lambda kv: kv[1]))
-        out.append(RouteClass(name, src, dst, bw, -neg_lat, bound, capped))
+        tied = tuple(sorted(lab for lab, b in links.items() if b == bound[1] and lab != bound[0]))
+        out.append(RouteClass(name, src, dst, bw, -neg_lat, bound, capped, tied))
     return sorted(out, key=lambda rc: rc.name)
 
 
 def describe(rc: RouteClass) -> str:
     """One line: ``GPU -> GPU across nodes ...: 64 GB/s, 3.4 us; bound by pcie (gpu-nic) 64 GB/s, which caps ...``."""
     line = (f"{rc.name}: {_gb(rc.bandwidth_Bps)}, {rc.latency_s * 1e6:.3g} us "
-            f"({rc.src} -> {rc.dst}); bound by {rc.bound_by[0]} {_gb(rc.bound_by[1])}")
+            f"({rc.src} -> {rc.dst}); bound by {' and '.join((rc.bound_by[0], *rc.tied))} {_gb(rc.bound_by[1])}")
     if rc.capped:
         line += ", which caps " + ", ".join(f"{lab} {_gb(b)}" for lab, b in rc.capped)
     return line
