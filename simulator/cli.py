@@ -24,7 +24,7 @@ from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, parse_tokens, plan
-from simulator.points import check_points, cluster_for, point_runs, timeline_frame
+from simulator.points import PreparedPoint, check_points, point_runs, prepare_point, timeline_frame
 from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
 from simulator.report.trace import chrome_trace
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
@@ -103,12 +103,13 @@ def _out_dir(arg: str | None, name: str) -> Path:
 def _cmd_run(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets)
     out = _out_dir(args.out, points[0].scenario.name)
-    point = _pick(points, args.timeline_point, "--timeline-point")
+    _pick(points, args.timeline_point, "--timeline-point")
     if args.jobs < 1:
         raise InputError(f"must be at least 1, got {args.jobs}", field="--jobs")
-    check_points(points, args.numeric)
+    prepared = check_points(points, args.numeric)
+    keep = None if args.no_report else args.timeline_point
     outcome = run_sweep(points, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
-                        resume=args.resume, numeric=args.numeric, progress=sys.stderr.isatty())
+                        resume=args.resume, numeric=args.numeric, progress=sys.stderr.isatty(), timeline_point=keep)
     frame = outcome.frame
     print(format_table(frame))
     resumed = f", {outcome.resumed} resumed" if outcome.resumed else ""
@@ -117,12 +118,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"treering: {outcome.failed} point(s) failed: see the error column of {out / 'results.csv'}",
               file=sys.stderr)
     if not args.no_report and "error" not in frame:
-        timeline = timeline_frame(point_runs(point))
+        prep = prepared[args.timeline_point]
+        timeline = outcome.timeline  # from the sweep's own simulation; a resumed point is simulated again
+        if timeline is None:
+            timeline = timeline_frame(point_runs(prep))
         write_csv_atomic(timeline, out / TIMELINE_FILE)
-        sc = point.scenario
+        sc = prep.point.scenario
         meta: dict[str, Any] = {"scenario": sc.name, "source": args.scenario, "topology": _topology_label(points),
                 "version": __version__, "command": shlex.join(["treering", *args.argv]),
-                "timeline_point": dict(point.swept), "capacity_bytes": _capacity(points)}
+                "timeline_point": dict(prep.point.swept), "capacity_bytes": _capacity(prepared),
+                "baseline": sc.baseline or (prep.algorithms[0].label if prep.algorithms else None)}
         write_report(frame, out, meta, timeline, meta["capacity_bytes"])
         print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 1 if outcome.failed else 0
@@ -147,8 +152,8 @@ def _topology_label(points: list[Point]) -> str:
     return "; ".join([names, *(f"{k}: {', '.join(map(str, v))}" for k, v in params.items())])
 
 
-def _capacity(points: list[Point]) -> float | None:
-    caps = {spec.mem_bytes for p in points for spec in cluster_for(p).specs.values()}
+def _capacity(prepared: list[PreparedPoint]) -> float | None:
+    caps = {spec.mem_bytes for p in prepared for spec in p.cluster.specs.values()}
     return min(caps) if caps else None
 
 
@@ -191,9 +196,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_trace(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets)
-    point = _pick(points, args.point, "--point")
-    runs = point_runs(point, record_links=True)
-    cluster = cluster_for(point)
+    prep = prepare_point(_pick(points, args.point, "--point"))
+    runs = point_runs(prep, record_links=True)
+    cluster = prep.cluster
     trace = chrome_trace([(lab, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs], cluster)
     write_text_atomic(Path(args.out), json.dumps(trace))
     print(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")

@@ -20,18 +20,13 @@ from typing import Any
 from simulator.algorithms import Layout, build_schedule
 from simulator.cluster.topology import Cluster
 from simulator.collectives import allreduce
-from simulator.engine.core import SimResult, simulate
+from simulator.engine.core import simulate
 from simulator.memory import peak_memory
 from simulator.models import ModelPreset
-from simulator.schedule import COMPUTE_KINDS, Schedule
+from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["StepResult", "attention_layer", "dense_layer", "model_step"]
-
-
-def _hosts(cluster: Cluster, nodes: Sequence[str]) -> tuple[int, ...]:
-    index: dict[str, int] = {}
-    return tuple(index.setdefault(cluster.host_of(n), len(index)) for n in nodes)
 
 
 def attention_layer(name: str, params: dict[str, Any], shape: DecodeShape, tp: int, cluster: Cluster) -> Schedule:
@@ -44,7 +39,7 @@ def attention_layer(name: str, params: dict[str, Any], shape: DecodeShape, tp: i
     parts = []
     for j in range(tp):
         nodes = [ranks[g * tp + j] for g in range(cp)]
-        parts.append((build_schedule(name, params, part_shape, Layout(_hosts(cluster, nodes))), nodes))
+        parts.append((build_schedule(name, params, part_shape, Layout(cluster.host_indices(nodes))), nodes))
     return Schedule.combine(parts, name=name) if tp > 1 else _placed(parts[0])
 
 
@@ -62,7 +57,7 @@ def dense_layer(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluste
     qkv = h * (model.heads + 2 * model.kv_heads) * model.head_dim // tp
     o_proj = model.heads * model.head_dim * h // tp
     mlp = 3 * h * model.intermediate // tp
-    hosts = _hosts(cluster, cluster.ranks)
+    hosts = cluster.host_indices(cluster.ranks)
     last = {r: sched.add_compute(r, "qkv", flops=2 * b * qkv, nbytes=(qkv + 2 * b * h) * eb, dtype=shape.dtype)
             for r in range(p)}
     for stage, weights in (("o-proj", o_proj), ("mlp", mlp)):
@@ -98,12 +93,6 @@ class StepResult:
     events: int
 
 
-def _compute_time(result: SimResult) -> float:
-    """Kernel time of the rank that finishes last."""
-    rank = max(result.end_time, key=lambda r: (result.end_time[r], -r)) if result.end_time else 0
-    return sum(rec.end - rec.start for rec in result.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
-
-
 def model_step(model: ModelPreset, name: str, params: dict[str, Any], shape: DecodeShape, tp: int,
                cluster: Cluster) -> StepResult:
     """Simulate one layer's dense part and attention, and the LM head; compose the decode step."""
@@ -119,8 +108,8 @@ def model_step(model: ModelPreset, name: str, params: dict[str, Any], shape: Dec
     peaks = [weights_bytes + (model.layers - 1) * kv.get(n, 0.0) + attn_peak.get(n, 0.0) for n in cluster.ranks]
     return StepResult(
         latency_s=model.layers * layer + head.makespan,
-        compute_s=model.layers * sum(_compute_time(r) for r in runs) + _compute_time(head),
-        bytes_moved=model.layers * sum(rec.nbytes for r in runs for rec in r.timeline if rec.kind == "send"),
+        compute_s=model.layers * sum(r.critical_split()[0] for r in runs) + head.critical_split()[0],
+        bytes_moved=model.layers * sum(r.bytes_sent() for r in runs),
         peaks=peaks,
         events=sum(r.events for r in runs) + head.events,
     )

@@ -35,6 +35,9 @@ class Scenario(Strict):
     topology_params: dict[str, Any] = Field(default_factory=dict)
     workload: Workload
     algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: list[str | dict[str, Any]](["ring", "tree"]))
+    baseline: str | None = Field(None, description=(
+        "the algorithm (its result label, e.g. ring or ring[overlap=False]) that reports measure speedups against; "
+        "default: the first of algorithms"))
     sweep: dict[str, Any] = Field(default_factory=dict, description=(
         "dotted key -> list of values (cartesian product); zip: [{key: [...], key2: [...]}] varies keys together"))
 

@@ -85,6 +85,25 @@ class SimResult:
         """End time of every op, by op id."""
         return {r.op: r.end for r in self.timeline}
 
+    def critical_rank(self) -> int | None:
+        """The rank that finishes last (the lowest such rank on a tie); None for an empty schedule."""
+        if not self.end_time:
+            return None
+        return max(self.end_time, key=lambda r: (self.end_time[r], -r))
+
+    def critical_split(self) -> tuple[float, float]:
+        """(compute_s, comm_s) of the critical rank: its kernel time, and the rest of its latency (time waiting on
+        transfers and other ranks that its compute did not hide)."""
+        rank = self.critical_rank()
+        if rank is None:
+            return 0.0, 0.0
+        compute = sum(rec.end - rec.start for rec in self.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
+        return compute, self.end_time[rank] - compute
+
+    def bytes_sent(self) -> float:
+        """Every byte every send moved."""
+        return sum(rec.nbytes for rec in self.timeline if rec.kind == "send")
+
 
 class _Run:
     def __init__(self, schedule: Schedule, cluster: Cluster, record_links: bool = False) -> None:
