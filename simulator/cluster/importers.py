@@ -91,7 +91,7 @@ def _nic_speed(servers: list[ServerGraph], opts: ImportOptions) -> tuple[float, 
 
 
 def _bw(x: float) -> str:
-    return f"{x / 1e9:.10g} GB/s"
+    return f"{x / 1e9:.12g} GB/s"
 
 
 def _lat(x: float) -> str:
