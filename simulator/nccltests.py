@@ -146,8 +146,8 @@ def _row(cells: list[str], columns: list[str], src: str, i: int) -> NcclTestsRow
     if len(cells) != len(columns):
         raise InputError(f"expected {len(columns)} columns ({' '.join(columns)}), got {len(cells)}",
                          file=src, line=i + 1, field="row")
-    first = {}
-    second = {}
+    first: dict[str, str] = {}
+    second: dict[str, str] = {}  # the in-place run's columns
     for name, cell in zip(columns, cells, strict=True):
         (second if name in first and name in ("time", "algbw", "busbw", "#wrong", "error") else first)[name] = cell
     wrong_key = "#wrong" if "#wrong" in first else "error"
