@@ -22,6 +22,7 @@ DGX_H100_NVSMI = FIX / "dgx-h100-12nic_mooncake-2039.txt"
 H20_NVSMI = FIX / "h20-8gpu-8nic_sglang-31046.txt"
 A100_XML = FIX / "a100-8gpu-4nic_simai.xml"
 H100_XML = FIX / "h100-8gpu-8nic-vm_ibm-cloud.xml"
+MI300X_XML = FIX / "mi300x-8gpu-8nic-vm_rccl.xml"
 # DGX H100: 8 ConnectX-7 compute NICs; mlx5_1, 2, 7, 8 are the storage/ethernet ports (ibstat in the cited issue)
 DGX_H100_COMPUTE = ("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11")
 GEN4_X16 = 16e9 * 16 * (128 / 130) / 8
@@ -96,6 +97,19 @@ def test_xml_h100_vm_counts_and_assumed_width():
     assert bws(c, "nvlink") == {450_000}  # nvlink counts 5 + 5 + 4 + 4 to four NVSwitches
     assert c.route_bandwidth(c.route("n0.gpu0", "n0.nic0")) == pytest.approx(GEN5_X16)
     assert c.specs["n0.gpu7"].name == "h100-sxm"
+
+
+def test_rccl_mi300x_fully_connected_like_the_preset():
+    c = imported(MI300X_XML, nodes=2)
+    assert c.specs["n0.gpu0"].name == "mi300x" and len(c.ranks) == 16
+    assert sum(1 for *_, d in c.graph.edges(data=True) if d["cls"] == "infinity-fabric") == 2 * 2 * 28
+    assert bws(c, "infinity-fabric") == {64_000} and bws(c, "net") == {50_000}  # <net speed="400000">
+    preset = load_topology("mi300x")
+    for a, b in (("n0.gpu0", "n0.gpu7"), ("n0.gpu3", "n0.gpu4")):
+        assert len(c.route(a, b)) == 1
+        assert c.route_bandwidth(c.route(a, b)) == preset.route_bandwidth(preset.route(a, b)) == 64e9
+    # ranks follow the dump's dev numbers, not its file order (dev 1 comes first in the file)
+    assert "<gpu dev=0 gcn=gfx942> at 0011:00:00.0" in import_topology([str(MI300X_XML)])
 
 
 def test_cli_writes_a_topology_that_shows_and_runs(tmp_path, capsys):

@@ -38,6 +38,11 @@ __all__ = ["Element", "looks_like_xml", "nccl_xml_server", "parse_xml"]
 # CUDA compute capability (the dump's sm) -> (device spec, NVLink generation); Hopper covers H100/H200/H20/H800
 _SM: dict[int, tuple[str | None, int]] = {60: (None, 1), 70: (None, 2), 80: ("a100-sxm", 3), 86: (None, 3),
                                          89: (None, 4), 90: ("h100-sxm", 4), 100: (None, 5)}
+# RCCL dumps: AMD gfx target (gcn) -> (device spec, bytes/s per xGMI link per direction). MI300X: 7 Infinity Fabric
+# links per GPU at 128 GB/s peak bidirectional each (AMD Instinct MI300X specifications; 64 GB/s per direction per
+# pair, as the mi300x preset); MI250X: 100 GB/s peak per link (AMD Instinct MI250X specifications).
+_GCN: dict[str, tuple[str | None, float]] = {"gfx942": ("mi300x", 64e9), "gfx90a": (None, 50e9)}
+XGMI_LATENCY_S = 936e-9  # not published: the mi300x preset's assumption for one direct link
 _GTS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s")
 
 
@@ -130,6 +135,9 @@ def nccl_xml_server(root: Element, src: str, opts: ImportOptions) -> ServerGraph
         raise InputError("no <gpu> element in the topology", file=src, line=root.line, field="gpu")
     _add_nics(w)
     _nvlinks(w)
+    _xgmi(w)
+    gpus = sorted((n for n in sg.nodes if n.kind == "gpu"), key=lambda n: int(n.name[3:]))
+    sg.nodes = gpus + [n for n in sg.nodes if n.kind != "gpu"]  # ranks in device order
     names = [n.name for n in sg.nodes if n.kind == "cpu"]
     for i, a in enumerate(names):
         for b in names[i + 1:]:
@@ -162,11 +170,14 @@ def _walk(w: _Walk, el: Element, parent: str, up_bw: float | None) -> bool:
     bw, how = _pci_bw(w, el)
     gpu = next((c for c in el.children if c.tag == "gpu"), None)
     if gpu is not None:
-        name = f"gpu{len(w.gpu_el)}"
+        name = f"gpu{int(gpu.number('dev', w.src))}"
+        if name in w.gpu_el:
+            raise InputError(f"two GPUs with dev={gpu.attrs['dev']}", file=w.src, line=gpu.line, field="gpu.dev")
         w.gpu_bus[el.need("busid", w.src).lower()] = name
         w.gpu_el[name] = gpu
         device = _gpu_device(w, gpu)
-        w.sg.add_node(Node(name, "gpu", device, note=f"<gpu dev={gpu.attrs.get('dev')} sm={gpu.attrs.get('sm')}> "
+        arch = f"gcn={gpu.attrs['gcn']}" if "gcn" in gpu.attrs else f"sm={gpu.attrs.get('sm')}"
+        w.sg.add_node(Node(name, "gpu", device, note=f"<gpu dev={gpu.attrs.get('dev')} {arch}> "
                                                       f"at {el.attrs['busid']}, line {gpu.line}"))
         w.sg.link(name, parent, bw, PCIE_LATENCY_S, "pcie", f"{el.attrs['busid']}: {how}")
         return True
@@ -189,14 +200,17 @@ def _walk(w: _Walk, el: Element, parent: str, up_bw: float | None) -> bool:
 
 
 def _gpu_device(w: _Walk, gpu: Element) -> str:
-    sm = int(gpu.number("sm", w.src))
     if w.opts.device:
         return w.opts.device
-    device = _SM.get(sm, (None, 0))[0]
+    if "gcn" in gpu.attrs:
+        what, device = f"gcn={gpu.attrs['gcn']}", _GCN.get(gpu.attrs["gcn"], (None, 0.0))[0]
+    else:
+        sm = int(gpu.number("sm", w.src))
+        what, device = f"sm={sm}", _SM.get(sm, (None, 0))[0]
     if device is None:
-        raise InputError(f"no device spec is known for sm={sm}; pass --device", file=w.src, line=gpu.line,
-                         field="gpu.sm")
-    note = f"GPU model: {device}, assumed from sm={sm} (the dump names no model; pass --device for another)"
+        raise InputError(f"no device spec is known for {what}; pass --device", file=w.src, line=gpu.line,
+                         field=f"gpu.{what.split('=')[0]}")
+    note = f"GPU model: {device}, assumed from {what} (the dump names no model; pass --device for another)"
     if note not in w.sg.notes:
         w.sg.notes.append(note)
     return device
@@ -235,6 +249,8 @@ def _nvlinks(w: _Walk) -> None:
     pairs: dict[tuple[str, str], int] = {}
     gen = w.opts.nvlink_gen
     for name, gpu in w.gpu_el.items():
+        if "gcn" in gpu.attrs:
+            continue  # AMD: xGMI, below
         for nv in (c for c in gpu.children if c.tag == "nvlink"):
             target = nv.need("target", w.src).lower()
             count = int(nv.number("count", w.src))
@@ -260,3 +276,23 @@ def _nvlinks(w: _Walk) -> None:
     for (a, b), count in sorted(pairs.items()):
         w.sg.link(a, b, nvlink_bandwidth(gen, count), NVLINK_LATENCY_S, "nvlink",
                   f"<nvlink count={count}>: {count} x NVLink{gen} at {lane:g} GB/s per direction")
+
+
+def _xgmi(w: _Walk) -> None:
+    """RCCL's ``<xgmi target count>``: Infinity Fabric links between AMD GPUs (one link per bonded pair)."""
+    pairs: dict[tuple[str, str], tuple[int, float, str]] = {}
+    for name, gpu in w.gpu_el.items():
+        for link in (c for c in gpu.children if c.tag == "xgmi"):
+            gcn = gpu.attrs.get("gcn", "")
+            if gcn not in _GCN:
+                raise InputError(f"the Infinity Fabric link rate of gcn={gcn!r} is not known; known: "
+                                 f"{', '.join(_GCN)}", file=w.src, line=gpu.line, field="gpu.gcn")
+            target = link.need("target", w.src).lower()
+            if target not in w.gpu_bus:
+                raise InputError(f"xgmi target {target} is not a GPU of this dump", file=w.src, line=link.line,
+                                 field="xgmi.target")
+            pair = (min(name, w.gpu_bus[target]), max(name, w.gpu_bus[target]))
+            pairs.setdefault(pair, (int(link.number("count", w.src)), _GCN[gcn][1], gcn))
+    for (a, b), (count, rate, gcn) in sorted(pairs.items()):
+        w.sg.link(a, b, count * rate, XGMI_LATENCY_S, "infinity-fabric",
+                  f"<xgmi count={count}> of {gcn}: {count} x {rate / 1e9:g} GB/s per direction")

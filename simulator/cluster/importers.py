@@ -111,8 +111,8 @@ def _render(name: str, servers: list[ServerGraph], per_node: list[ServerGraph], 
     notes = dict.fromkeys(f"{s.source}: {note}" if len(servers) > 1 else note for s in servers for note in s.notes)
     out += [f"#   - {note}" for note in notes]
     out += [f"#   - {fab_note}",
-            "#   - latencies: NVLink hop 468 ns (ASTRA-sim HGX-H100 fit, as the presets), PCIe and SMP hops 0.5 us "
-            "(assumed)",
+            "#   - latencies: NVLink hop 468 ns (ASTRA-sim HGX-H100 fit, as the presets), Infinity Fabric link 936 ns "
+            "and PCIe and SMP hops 0.5 us (assumed, as the presets)",
             f"name: {name}",
             "# NCCL's base latency per operation (src/graph/tuning.cc, Ring/LL), as the presets use",
             f"comm_overhead: {COMM_OVERHEAD}",
