@@ -20,6 +20,7 @@ FIX = Path(__file__).parent / "fixtures" / "topo"
 A100_NVSMI = FIX / "a100-8gpu-8nic_deepep-13.txt"
 DGX_H100_NVSMI = FIX / "dgx-h100-12nic_mooncake-2039.txt"
 H20_NVSMI = FIX / "h20-8gpu-8nic_sglang-31046.txt"
+DGX1_NVSMI = FIX / "dgx1-v100_msccl-tools.txt"
 A100_XML = FIX / "a100-8gpu-4nic_simai.xml"
 H100_XML = FIX / "h100-8gpu-8nic-vm_ibm-cloud.xml"
 MI300X_XML = FIX / "mi300x-8gpu-8nic-vm_rccl.xml"
@@ -79,6 +80,20 @@ def test_nvsmi_h20_device_and_pcie_grouping():
     # GPU0 shares a switch with NIC0 and NIC1; GPU1 is NODE to every NIC: straight to its CPU
     assert {v for _, v in c.graph.out_edges("n0.gpu1")} == {"n0.nvswitch", "n0.cpu0"}
     assert bws(c, "net") == {25_000}
+
+
+def test_nvsmi_dgx1_older_format_direct_nvlink_pairs():
+    """Tab-separated, NICs named mlx5_* in the header, no NUMA column, and a hybrid cube mesh of NV1/NV2 bonds."""
+    with pytest.raises(InputError, match="pass --device"):
+        imported(DGX1_NVSMI)  # NV1/NV2 name no GPU model
+    c = imported(DGX1_NVSMI, opts=ImportOptions(device="a100-sxm", nvlink_gen=2, pcie_Bps=15.75e9))
+    nvlinks = {tuple(sorted((u, v))): d["bandwidth"] for u, v, d in c.graph.edges(data=True) if d["cls"] == "nvlink"}
+    assert len(nvlinks) == 16 and sorted(set(nvlinks.values())) == [25e9, 50e9]  # NV1, NV2 x NVLink2
+    assert nvlinks[("n0.gpu0", "n0.gpu3")] == 50e9 and ("n0.gpu0", "n0.gpu5") not in nvlinks
+    # no NVLink between them: two NVLink hops, not PCIe across the sockets
+    assert [c.graph.edges[e]["cls"] for e in c.route("n0.gpu0", "n0.gpu5")] == ["nvlink", "nvlink"]
+    assert kinds(c)["cpu"] == 2 and kinds(c)["switch"] == 4  # CPU affinity groups; GPU pairs + NIC per PCIe switch
+    assert bws(c, "pcie") == {15_750}
 
 
 def test_xml_a100_nvswitch_links_summed_and_nic_speed_read():

@@ -36,7 +36,7 @@ from simulator.errors import InputError
 __all__ = ["CELL_CODES", "TopoMatrix", "looks_like_nvsmi", "nvsmi_server", "parse_nvsmi"]
 
 CELL_CODES = ("X", "NV#", "PIX", "PXB", "PHB", "NODE", "SYS")
-_CELL = re.compile(r"^(?:X|PIX|PXB|PHB|NODE|SYS|NV(\d+))$")
+_CELL = re.compile(r"^(?:X|PIX|PXB|PHB|NODE|SYS|SOC|NV(\d+))$")  # SOC: older drivers' name for SYS
 _GPU = re.compile(r"^GPU\d+$")
 _LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _AFFINITY_WORDS = ("CPU", "NUMA", "GPU")
@@ -258,7 +258,7 @@ def _numa_of(m: TopoMatrix, gpus: list[str], nics: list[str], sg: ServerGraph) -
     numa = {g: order.index(k) for g, k in zip(gpus, keys, strict=True)}
     for nic in nics:
         near = min(gpus, key=lambda g: _rank(m.cells[nic][g]))
-        if m.cells[nic][near] == "SYS":
+        if _rank(m.cells[nic][near]) == _PCI_RANK["SYS"]:
             sg.notes.append(f"{m.nic_names[nic]} is SYS to every GPU: placed on NUMA node {order[0]} (assumed)")
             numa[nic] = 0
         else:
@@ -266,7 +266,7 @@ def _numa_of(m: TopoMatrix, gpus: list[str], nics: list[str], sg: ServerGraph) -
     return numa
 
 
-_PCI_RANK = {"X": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5}
+_PCI_RANK = {"X": 0, "PIX": 1, "PXB": 2, "PHB": 3, "NODE": 4, "SYS": 5, "SOC": 5}
 
 
 def _rank(code: str) -> int:
