@@ -127,6 +127,14 @@ def test_rccl_mi300x_fully_connected_like_the_preset():
     assert "<gpu dev=0 gcn=gfx942> at 0011:00:00.0" in import_topology([str(MI300X_XML)])
 
 
+def test_one_node_per_file():
+    text = import_topology([str(H100_XML), str(H20_NVSMI)], opts=ImportOptions(device="h100-sxm"))
+    assert "200 Gb/s per NIC (the slowest NIC speed stated in the input; assumed the same for " in text
+    c = build_cluster(load_yaml_text(text, "<x>"), "<x>")
+    assert c.num_hosts == 2 and bws(c, "net") == {25_000}
+    assert "n0.pcie7" in c.graph and "n1.pcie3" in c.graph and "n1.pcie7" not in c.graph  # each node its own file
+
+
 def test_cli_writes_a_topology_that_shows_and_runs(tmp_path, capsys):
     out = tmp_path / "dgx.yaml"
     assert main(["topo", "import", str(DGX_H100_NVSMI), "--nodes", "2", "--nics", ",".join(DGX_H100_COMPUTE),

@@ -80,9 +80,11 @@ def import_topology(paths: Sequence[str | Path], *, nodes: int | None = None, fa
 def _nic_speed(servers: list[ServerGraph], opts: ImportOptions) -> tuple[float, str]:
     if opts.nic_Bps:
         return opts.nic_Bps, "--nic-bandwidth"
-    stated = [s.nic_bandwidth_Bps for s in servers if s.nic_bandwidth_Bps]
-    if len(stated) == len(servers):
-        return min(stated), "the NICs' speed in the input"
+    stated = {s.source: s.nic_bandwidth_Bps for s in servers if s.nic_bandwidth_Bps}
+    if stated:
+        unstated = sorted({s.source for s in servers} - set(stated))
+        rest = f"; assumed the same for {', '.join(unstated)}" if unstated else ""
+        return min(stated.values()), f"the slowest NIC speed stated in the input{rest}"
     devices = {g.device for s in servers for g in s.gpus}
     guess = {device_nic_bps(d or "") for d in devices}
     if len(guess) == 1 and (bw := guess.pop()):
