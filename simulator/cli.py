@@ -14,6 +14,8 @@ from typing import Any, NoReturn
 import pandas as pd
 
 from simulator import __version__
+from simulator.cluster.hostgraph import ImportOptions
+from simulator.cluster.importers import FABRICS, import_topology
 from simulator.cluster.summary import summarize
 from simulator.cluster.topology import load_topology
 from simulator.distributed.checks import check_scenario
@@ -29,7 +31,7 @@ from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
 from simulator.report.trace import chrome_trace
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
 from simulator.sweep import run_sweep
-from simulator.units import parse_time
+from simulator.units import parse_bandwidth, parse_time
 
 __all__ = ["main"]
 
@@ -87,10 +89,52 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("topology", help="preset name (dgx-h100, ...) or a topology YAML path")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
                       help="a parameter of a parametric preset, e.g. --set nodes=4")
+    _add_import_args(topo_sub.add_parser("import", help="write a topology YAML from nvidia-smi topo -m output or "
+                                                        "NCCL topology XML dumps (one file per server)"))
     add_validate_args(sub.add_parser("validate", help="run the schedules for real (torch.distributed) and compare "
                                                       "with the simulator; writes DIR/validation.csv"))
     add_calibrate_args(sub.add_parser("calibrate", help="measure this machine with real ranks; write a topology"))
     return p
+
+
+def _add_import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE", help="nvidia-smi topo -m output or NCCL_TOPO_DUMP_FILE XML")
+    p.add_argument("-o", "--out", required=True, help="topology YAML to write")
+    p.add_argument("--nodes", type=int, default=None, help="servers (default: one per FILE)")
+    p.add_argument("--fabric", default="rail", help=f"inter-node fabric: {', '.join(FABRICS)} (default rail)")
+    p.add_argument("--name", default=None, help="topology name (default: the output file's stem)")
+    p.add_argument("--device", default=None, help="GPU device spec (default: inferred from the file, and said so)")
+    p.add_argument("--nvlink-gen", type=int, default=None, help="NVLink generation 1-5 (default: from the GPU)")
+    p.add_argument("--pcie-bandwidth", default=None, help="PCIe links, when the file has no PCIe generation")
+    p.add_argument("--nic-bandwidth", default=None, help="NIC port speed, e.g. 400Gb/s (default: the file's)")
+    p.add_argument("--smp-bandwidth", default="40 GB/s", help="CPU socket to socket (default 40 GB/s, assumed)")
+    p.add_argument("--nics", default=None, help="comma-separated NIC names joining the fabric (default: all)")
+
+
+def _cmd_topo_import(args: argparse.Namespace) -> int:
+    def bandwidth(value: str | None, flag: str) -> float | None:
+        if value is None:
+            return None
+        try:
+            bw = parse_bandwidth(value)
+        except InputError as err:
+            raise err.located(field=flag) from None
+        if bw <= 0:
+            raise InputError(f"must be positive, got {value!r}", field=flag)
+        return bw
+
+    opts = ImportOptions(device=args.device, nvlink_gen=args.nvlink_gen,
+                         pcie_Bps=bandwidth(args.pcie_bandwidth, "--pcie-bandwidth"),
+                         nic_Bps=bandwidth(args.nic_bandwidth, "--nic-bandwidth"),
+                         smp_Bps=bandwidth(args.smp_bandwidth, "--smp-bandwidth") or 0.0,
+                         nics=tuple(n.strip() for n in args.nics.split(",") if n.strip()) if args.nics else None)
+    out = Path(args.out)
+    text = import_topology(args.files, nodes=args.nodes, fabric_kind=args.fabric, name=args.name or out.stem,
+                           opts=opts)
+    write_text_atomic(out, text)
+    print(f"wrote {out}")
+    print(summarize(load_topology(str(out))))
+    return 0
 
 
 def _out_dir(arg: str | None, name: str) -> Path:
@@ -223,6 +267,8 @@ def format_table(frame: pd.DataFrame) -> str:
 
 
 def _cmd_topo(args: argparse.Namespace) -> int:
+    if args.topo_verb == "import":
+        return _cmd_topo_import(args)
     params = dict(parse_set(s) for s in args.sets)
     cluster = load_topology(args.topology, params, Path.cwd())
     print(summarize(cluster))
