@@ -294,6 +294,8 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``treering`` with ``argv`` (default: the process's); returns the exit status (0, 1 failed points, 2 bad
+    input, 130 interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.argv = argv

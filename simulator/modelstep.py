@@ -86,6 +86,8 @@ def _head(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluster) -> 
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
+    """A whole decode step of a model: its latency, the critical compute, bytes moved, per-rank peaks, events."""
+
     latency_s: float
     compute_s: float
     bytes_moved: float

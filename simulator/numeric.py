@@ -43,6 +43,8 @@ class Inputs:
 
 @dataclass(frozen=True)
 class NumericResult:
+    """The outputs of a numeric execution (rank -> array) and their largest error against dense attention."""
+
     outputs: dict[int, Any]  # rank -> final output (b, heads, 1, head_dim), numpy or torch
     max_abs_err: float
 

@@ -40,6 +40,8 @@ def parse_tokens(text: str) -> int:
 
 @dataclass(frozen=True)
 class PlanRequest:
+    """What ``treering plan`` is asked: the model, context, target and the search bounds."""
+
     model: str
     context: int
     tbt_s: float

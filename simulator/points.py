@@ -5,9 +5,9 @@ labelled schedules to run) and is the only place where point-level checks happen
 ``check_points`` (fail fast before a sweep), :func:`run_point` (the sweep), :func:`point_runs` (timeline and
 trace), ``plan`` and ``validate`` all start from it.
 
-Decode rows carry the stable columns of design.md (:mod:`simulator.rows`). ``compute_s`` and ``comm_s`` describe
-the critical rank (the one that finishes last): its kernel time, and the rest of the latency, i.e. time spent
-waiting on transfers (and on other ranks) that its compute did not hide.
+Decode rows carry the stable columns (docs/architecture.md, :mod:`simulator.rows`). ``compute_s`` and
+``comm_s`` describe the critical rank (the one that finishes last): its kernel time, and the rest of the latency,
+i.e. time spent waiting on transfers (and on other ranks) that its compute did not hide.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Result rows: the documented column list of every workload kind, and the one function that builds a row.
 
-design.md, "Results": decode rows carry the stable columns (:data:`DECODE_COLUMNS`), flows rows one row per flow
-(:data:`FLOW_COLUMNS`); a workload kind registers its column list in :data:`COLUMNS`. A row is its kind's columns,
-in order, then any extra columns (``max_abs_err``, ``model``, ``tp``...), then one column per swept key.
+docs/architecture.md, "Contracts": decode rows carry the stable columns (:data:`DECODE_COLUMNS`), flows rows
+one row per flow (:data:`FLOW_COLUMNS`); a workload kind registers its column list in :data:`COLUMNS`. A row is
+its kind's columns, in order, then any extra columns (``max_abs_err``, ``model``, ``tp``...), then one column per
+swept key.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ __all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Point",
 
 
 class Scenario(Strict):
-    """A scenario file (design.md, "Scenario YAML")."""
+    """A scenario file (docs/scenarios.md; docs/architecture.md for where it goes)."""
 
     name: str
     topology: str = Field(description="preset name in topologies/ or a path to a topology YAML")

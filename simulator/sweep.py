@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from simulator.errors import InputError
-from simulator.files import write_csv_atomic
+from simulator.files import write_csv_atomic, write_parquet_atomic
 from simulator.points import simulate_point
 from simulator.scenario import Point
 
@@ -80,9 +80,7 @@ def _write(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
     if len(frame):
         frame = frame.sort_values("point", kind="stable").reset_index(drop=True)
     write_csv_atomic(frame, out / "results.csv")
-    tmp = out / ".results.parquet.tmp"
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, out / "results.parquet")
+    write_parquet_atomic(frame, out / "results.parquet")
     return frame
 
 

@@ -27,6 +27,10 @@ def _ids(*ops: int | None) -> list[int]:
 
 
 def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Schedule:
+    """Ring Attention decode: the KV shards rotate around the ring (``layout.ring_order()``); in each of P steps
+    every rank attends the query to the shard it holds and merges it into its running state, then passes the
+    shard on. ``overlap`` double-buffers (the next shard's transfer runs during this step's attention); without
+    it, each step attends, then exchanges in place through a staging buffer. Every rank ends with the output."""
     p = layout.ranks
     sched = new_decode_schedule("ring", shape, p)
     bounds = sched.meta["shards"]
@@ -84,6 +88,8 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
 
 
 def build_ring_q(shape: DecodeShape, layout: Layout) -> Schedule:
+    """Ring with the query moving instead of the KV cache: the query and running state hop rank to rank (P - 1
+    sequential small hops), each rank merging its own shard's partial; the last rank holds the output."""
     p = layout.ranks
     sched = new_decode_schedule("ring-q", shape, p, q_on=[0])
     prev = add_attend(sched, shape, 0, 0, "kv0", [], first=True)

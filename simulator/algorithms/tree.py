@@ -23,6 +23,9 @@ __all__ = ["build_tree", "build_tree_p2p"]
 
 
 def build_tree(shape: DecodeShape, layout: Layout, allreduce_algo: str = "auto") -> Schedule:
+    """Tree Attention decode (the paper's reference code): every rank computes its local partial state, then an
+    allreduce(max) of m, a local rescale, and an allreduce(sum) of (o, l) over ``allreduce_algo``; every rank
+    ends with the output."""
     p = layout.ranks
     sched = new_decode_schedule("tree", shape, p)
     ranks = layout.ring_order()  # the order ring collectives pass data in
@@ -55,6 +58,9 @@ def _kary_rounds(members: Sequence[int], arity: int) -> list[list[tuple[int, int
 
 
 def build_tree_p2p(shape: DecodeShape, layout: Layout, arity: int = 2, topology_aware: bool = False) -> Schedule:
+    """Explicit k-ary reduction of the partial states (o, l, m) to rank 0 by point-to-point transfers, merged at each
+    parent, then the output broadcast back down the same edges. ``topology_aware`` reduces inside each server
+    first, then across servers' leaders."""
     p = layout.ranks
     sched = new_decode_schedule("tree-p2p", shape, p)
     last = {r: add_attend(sched, shape, r, r, "kv0", [], first=True) for r in range(p)}

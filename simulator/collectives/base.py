@@ -16,7 +16,7 @@ import numpy as np
 
 from simulator.schedule import Schedule
 
-__all__ = ["REDUCE_OPS", "CollBuilder", "chunk_bounds"]
+__all__ = ["REDUCE_OPS", "CollBuilder", "chunk_bounds", "rotated_to"]
 
 REDUCE_OPS = ("sum", "max")
 
@@ -25,6 +25,16 @@ def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous element ranges of ``n`` elements (numpy.array_split sizes)."""
     edges = np.cumsum([0] + [len(a) for a in np.array_split(np.empty(n), parts)])
     return [(int(a), int(b)) for a, b in itertools.pairwise(edges)]
+
+
+def rotated_to(ranks: Sequence[int], root: int) -> list[int]:
+    """``ranks`` in their order, rotated to start at ``root`` (a ring or tree around a root).
+
+    >>> rotated_to([4, 5, 6, 7], 6)
+    [6, 7, 4, 5]
+    """
+    i = list(ranks).index(root)
+    return [*ranks[i:], *ranks[:i]]
 
 
 @dataclass

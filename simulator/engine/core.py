@@ -34,7 +34,6 @@ from operator import attrgetter
 from typing import NamedTuple
 
 import simpy
-from simpy.events import NORMAL, EventPriority
 
 from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import Cluster
@@ -44,7 +43,6 @@ from simulator.schedule import COMPUTE_KINDS, Op, Schedule
 
 __all__ = ["Record", "SimResult", "simulate"]
 
-_REALLOCATE = EventPriority(NORMAL + 1)  # lower priority than every ordinary event of the same instant
 Callback = Callable[[], None]
 
 
@@ -287,13 +285,21 @@ class _Run:
     def _mark_dirty(self) -> None:
         if not self.dirty:
             self.dirty = True
-            ev = simpy.Event(self.env)
-            ev.callbacks.append(self._reallocate)  # type: ignore[union-attr]
-            ev._ok, ev._value = True, None  # what Event.succeed() sets, here with a lower priority
-            self.env.schedule(ev, _REALLOCATE, 0.0)
-            self.simpy_events += 1
+            self._after_instant()
 
-    def _reallocate(self, _e: object) -> None:
+    def _after_instant(self) -> None:
+        """Reallocate once every other event of this instant has run (whatever they start or finish)."""
+        ev = self.env.timeout(0.0)
+        ev.callbacks.append(self._settled)  # type: ignore[union-attr]
+        self.simpy_events += 1
+
+    def _settled(self, _e: object) -> None:
+        if self.env.peek() == self.env.now:  # more of this instant is queued: go behind it
+            self._after_instant()
+        else:
+            self._reallocate()
+
+    def _reallocate(self) -> None:
         self.dirty = False
         self.events += 1
         changed = self.net.allocate(self.env.now)
