@@ -16,6 +16,8 @@ import pandas as pd
 
 from simulator import __version__
 from simulator.cluster.bottleneck import whatif_note
+from simulator.cluster.hostgraph import ImportOptions
+from simulator.cluster.importers import FABRICS, import_topology
 from simulator.cluster.summary import summarize
 from simulator.cluster.topology import list_presets, load_topology, preset_description
 from simulator.distributed.checks import check_scenario
@@ -26,12 +28,12 @@ from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, PlanRow, plan
-from simulator.points import check_points, cluster_for, point_runs, timeline_frame
+from simulator.points import PreparedPoint, check_points, point_runs, prepare_point, timeline_frame
 from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
 from simulator.report.trace import chrome_trace
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
 from simulator.sweep import run_sweep
-from simulator.units import parse_time_strict, parse_tokens
+from simulator.units import parse_bandwidth, parse_time_strict, parse_tokens
 
 __all__ = ["main"]
 
@@ -104,10 +106,52 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
                       help="a parameter of a parametric preset, e.g. --set nodes=4")
     topo_sub.add_parser("list", help="list the preset topologies, with their description")
+    _add_import_args(topo_sub.add_parser("import", help="write a topology YAML from nvidia-smi topo -m output or "
+                                                        "NCCL topology XML dumps (one file per server)"))
     add_validate_args(sub.add_parser("validate", help="run the schedules for real (torch.distributed) and compare "
                                                       "with the simulator; writes DIR/validation.csv"))
     add_calibrate_args(sub.add_parser("calibrate", help="measure this machine with real ranks; write a topology"))
     return p
+
+
+def _add_import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE", help="nvidia-smi topo -m output or NCCL_TOPO_DUMP_FILE XML")
+    p.add_argument("-o", "--out", required=True, help="topology YAML to write")
+    p.add_argument("--nodes", type=int, default=None, help="servers (default: one per FILE)")
+    p.add_argument("--fabric", default="rail", help=f"inter-node fabric: {', '.join(FABRICS)} (default rail)")
+    p.add_argument("--name", default=None, help="topology name (default: the output file's stem)")
+    p.add_argument("--device", default=None, help="GPU device spec (default: inferred from the file, and said so)")
+    p.add_argument("--nvlink-gen", type=int, default=None, help="NVLink generation 1-5 (default: from the GPU)")
+    p.add_argument("--pcie-bandwidth", default=None, help="PCIe links, when the file has no PCIe generation")
+    p.add_argument("--nic-bandwidth", default=None, help="NIC port speed, e.g. 400Gb/s (default: the file's)")
+    p.add_argument("--smp-bandwidth", default="40 GB/s", help="CPU socket to socket (default 40 GB/s, assumed)")
+    p.add_argument("--nics", default=None, help="comma-separated NIC names joining the fabric (default: all)")
+
+
+def _cmd_topo_import(args: argparse.Namespace) -> int:
+    def bandwidth(value: str | None, flag: str) -> float | None:
+        if value is None:
+            return None
+        try:
+            bw = parse_bandwidth(value)
+        except InputError as err:
+            raise err.located(field=flag) from None
+        if bw <= 0:
+            raise InputError(f"must be positive, got {value!r}", field=flag)
+        return bw
+
+    opts = ImportOptions(device=args.device, nvlink_gen=args.nvlink_gen,
+                         pcie_Bps=bandwidth(args.pcie_bandwidth, "--pcie-bandwidth"),
+                         nic_Bps=bandwidth(args.nic_bandwidth, "--nic-bandwidth"),
+                         smp_Bps=bandwidth(args.smp_bandwidth, "--smp-bandwidth") or 0.0,
+                         nics=tuple(n.strip() for n in args.nics.split(",") if n.strip()) if args.nics else None)
+    out = Path(args.out)
+    text = import_topology(args.files, nodes=args.nodes, fabric_kind=args.fabric, name=args.name or out.stem,
+                           opts=opts)
+    write_text_atomic(out, text)
+    print(f"wrote {out}")
+    print(summarize(load_topology(str(out))))
+    return 0
 
 
 def _out_dir(arg: str | None, name: str) -> Path:
@@ -120,17 +164,18 @@ def _out_dir(arg: str | None, name: str) -> Path:
 def _cmd_run(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets)
     out = _out_dir(args.out, points[0].scenario.name)
-    point = _pick(points, args.timeline_point, "--timeline-point")
+    _pick(points, args.timeline_point, "--timeline-point")
     if args.jobs < 1:
         raise InputError(f"must be at least 1, got {args.jobs}", field="--jobs")
-    check_points(points, args.numeric)
+    prepared = check_points(points, args.numeric)
     if args.sets:
         base = load_scenario(args.scenario)[0]
         for note in _whatif_notes(base.scenario.topology, args.sets, dict(base.scenario.topology_params),
                                   base.base_dir):
             print(f"treering: note: {note}", file=sys.stderr)
+    keep = None if args.no_report else args.timeline_point
     outcome = run_sweep(points, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
-                        resume=args.resume, numeric=args.numeric, progress=sys.stderr.isatty())
+                        resume=args.resume, numeric=args.numeric, progress=sys.stderr.isatty(), timeline_point=keep)
     frame = outcome.frame
     print(format_table(frame))
     resumed = f", {outcome.resumed} resumed" if outcome.resumed else ""
@@ -139,12 +184,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"treering: {outcome.failed} point(s) failed: see the error column of {out / 'results.csv'}",
               file=sys.stderr)
     if not args.no_report and "error" not in frame:
-        timeline = timeline_frame(point_runs(point))
+        prep = prepared[args.timeline_point]
+        timeline = outcome.timeline  # from the sweep's own simulation; a resumed point is simulated again
+        if timeline is None:
+            timeline = timeline_frame(point_runs(prep))
         write_csv_atomic(timeline, out / TIMELINE_FILE)
-        sc = point.scenario
+        sc = prep.point.scenario
         meta: dict[str, Any] = {"scenario": sc.name, "source": args.scenario, "topology": _topology_label(points),
                 "version": __version__, "command": shlex.join(["treering", *args.argv]),
-                "timeline_point": dict(point.swept), "capacity_bytes": _capacity(points)}
+                "timeline_point": dict(prep.point.swept), "capacity_bytes": _capacity(prepared),
+                "baseline": sc.baseline or (prep.algorithms[0].label if prep.algorithms else None)}
         write_report(frame, out, meta, timeline, meta["capacity_bytes"])
         print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 1 if outcome.failed else 0
@@ -169,8 +218,8 @@ def _topology_label(points: list[Point]) -> str:
     return "; ".join([names, *(f"{k}: {', '.join(map(str, v))}" for k, v in params.items())])
 
 
-def _capacity(points: list[Point]) -> float | None:
-    caps = {spec.mem_bytes for p in points for spec in cluster_for(p).specs.values()}
+def _capacity(prepared: list[PreparedPoint]) -> float | None:
+    caps = {spec.mem_bytes for p in prepared for spec in p.cluster.specs.values()}
     return min(caps) if caps else None
 
 
@@ -282,9 +331,9 @@ def _whatif_notes(topology: str, sets: Sequence[str], base_params: dict[str, Any
 
 def _cmd_trace(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets)
-    point = _pick(points, args.point, "--point")
-    runs = point_runs(point, record_links=True)
-    cluster = cluster_for(point)
+    prep = prepare_point(_pick(points, args.point, "--point"))
+    runs = point_runs(prep, record_links=True)
+    cluster = prep.cluster
     trace = chrome_trace([(lab, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs], cluster)
     write_text_atomic(Path(args.out), json.dumps(trace))
     print(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
@@ -313,6 +362,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         for name in list_presets():
             print(f"{name:<14} {preset_description(name)}")
         return 0
+    if args.topo_verb == "import":
+        return _cmd_topo_import(args)
     params = dict(parse_set(s) for s in args.sets)
     cluster = load_topology(args.topology, params, Path.cwd())
     print(summarize(cluster))
@@ -338,6 +389,8 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``treering`` with ``argv`` (default: the process's); returns the exit status (0, 1 failed points, 2 bad
+    input, 130 interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.argv = argv

@@ -21,18 +21,13 @@ from simulator.algorithms import Layout, build_schedule
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.topology import Cluster
 from simulator.collectives import allreduce
-from simulator.engine.core import SimResult, simulate
+from simulator.engine.core import simulate
 from simulator.memory import peak_memory
 from simulator.models import ModelPreset
-from simulator.schedule import COMPUTE_KINDS, Schedule
+from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["StepResult", "attention_layer", "dense_layer", "model_step"]
-
-
-def _hosts(cluster: Cluster, nodes: Sequence[str]) -> tuple[int, ...]:
-    index: dict[str, int] = {}
-    return tuple(index.setdefault(cluster.host_of(n), len(index)) for n in nodes)
 
 
 def attention_layer(name: str, params: dict[str, Any], shape: DecodeShape, tp: int, cluster: Cluster) -> Schedule:
@@ -45,7 +40,7 @@ def attention_layer(name: str, params: dict[str, Any], shape: DecodeShape, tp: i
     parts = []
     for j in range(tp):
         nodes = [ranks[g * tp + j] for g in range(cp)]
-        parts.append((build_schedule(name, params, part_shape, Layout(_hosts(cluster, nodes))), nodes))
+        parts.append((build_schedule(name, params, part_shape, Layout(cluster.host_indices(nodes))), nodes))
     return Schedule.combine(parts, name=name) if tp > 1 else _placed(parts[0])
 
 
@@ -67,7 +62,7 @@ def dense_layer(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluste
     qkv = h * (model.heads + 2 * model.kv_heads) * model.head_dim // tp
     o_proj = model.heads * model.head_dim * h // tp
     mlp = 3 * h * model.intermediate // tp
-    hosts = _hosts(cluster, cluster.ranks)
+    hosts = cluster.host_indices(cluster.ranks)
     last = {r: sched.add_compute(r, "qkv", flops=2 * b * qkv, nbytes=qkv * wb + 2 * b * h * eb, dtype=shape.dtype)
             for r in range(p)}
     for stage, weights in (("o-proj", o_proj), ("mlp", mlp)):
@@ -96,7 +91,8 @@ def _head(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluster, wei
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """One decode step: its latency and, for explanations, its parts (seconds, summed over the layers)."""
+    """A whole decode step of a model: its latency, the critical compute, bytes moved, per-rank peaks, events,
+    and, for explanations, its parts (seconds, summed over the layers)."""
 
     latency_s: float
     compute_s: float
@@ -107,12 +103,6 @@ class StepResult:
     attention_s: float = 0.0  # every layer's attention schedule
     attention_compute_s: float = 0.0  # of which kernels, on the rank that finishes attention last
     head_s: float = 0.0  # the LM head
-
-
-def _compute_time(result: SimResult) -> float:
-    """Kernel time of the rank that finishes last."""
-    rank = max(result.end_time, key=lambda r: (result.end_time[r], -r)) if result.end_time else 0
-    return sum(rec.end - rec.start for rec in result.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
 
 
 def model_step(model: ModelPreset, name: str, params: dict[str, Any], shape: DecodeShape, tp: int,
@@ -131,12 +121,12 @@ def model_step(model: ModelPreset, name: str, params: dict[str, Any], shape: Dec
     peaks = [weights_bytes + (model.layers - 1) * kv.get(n, 0.0) + attn_peak.get(n, 0.0) for n in cluster.ranks]
     return StepResult(
         latency_s=model.layers * layer + head.makespan,
-        compute_s=model.layers * sum(_compute_time(r) for r in runs) + _compute_time(head),
-        bytes_moved=model.layers * sum(rec.nbytes for r in runs for rec in r.timeline if rec.kind == "send"),
+        compute_s=model.layers * sum(r.critical_split()[0] for r in runs) + head.critical_split()[0],
+        bytes_moved=model.layers * sum(r.bytes_sent() for r in runs),
         peaks=peaks,
         events=sum(r.events for r in runs) + head.events,
         dense_s=model.layers * runs[0].makespan,
         attention_s=model.layers * runs[1].makespan,
-        attention_compute_s=model.layers * _compute_time(runs[1]),
+        attention_compute_s=model.layers * runs[1].critical_split()[0],
         head_s=head.makespan,
     )

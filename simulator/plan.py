@@ -45,6 +45,8 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class PlanRequest:
+    """What ``treering plan`` is asked: the model, context, target and the search bounds."""
+
     model: str
     context: int
     tbt_s: float

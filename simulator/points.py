@@ -1,37 +1,42 @@
-"""Run sweep points: build the cluster and the schedule of each point, simulate, derive result rows.
+"""One path through a sweep point: prepare it once (every point-level check, located), run it, derive its rows.
 
-Decode rows carry the stable columns of design.md. ``compute_s`` and ``comm_s`` describe the critical rank (the
-one that finishes last): its kernel time, and the rest of the latency, i.e. time spent waiting on transfers (and
-on other ranks) that its compute did not hide.
+:func:`prepare_point` turns a :class:`Point` into everything a run needs (the cluster, the workload shape, the
+labelled schedules to run) and is the only place where point-level checks happen and errors get their file:line.
+``check_points`` (fail fast before a sweep), :func:`run_point` (the sweep), :func:`point_runs` (timeline and
+trace), ``plan`` and ``validate`` all start from it.
+
+Decode rows carry the stable columns (docs/architecture.md, :mod:`simulator.rows`). ``compute_s`` and
+``comm_s`` describe the critical rank (the one that finishes last): its kernel time, and the rest of the latency,
+i.e. time spent waiting on transfers (and on other ranks) that its compute did not hide.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from simulator.algorithms import Layout, build_schedule, label, resolve
-from simulator.cluster.topology import Cluster, load_topology, override_devices
-from simulator.engine.core import SimResult, simulate
+from simulator.cluster import Cluster, load_topology
+from simulator.cluster.topology import override_devices
+from simulator.engine import SimResult, simulate
 from simulator.errors import InputError
 from simulator.memory import peak_memory
 from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
+from simulator.rows import make_row
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
-from simulator.schedule import COMPUTE_KINDS, Schedule
+from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
-           "point_runs", "run_point", "timeline_frame"]
+__all__ = ["NUMERIC_MAX_ELEMS", "Algorithm", "PointOutcome", "PreparedPoint", "RunResult", "check_points",
+           "cluster_for", "flows_schedule", "layout_of", "point_runs", "prepare_point", "run_algorithm", "run_point",
+           "simulate_point", "timeline_frame"]
 
-FLOW_COLUMNS = ["flow", "src", "dst", "bytes", "start_s", "finish_s"]
-DECODE_COLUMNS = ["scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim",
-                  "dtype", "latency_s", "compute_s", "comm_s", "bytes_moved", "peak_mem_bytes", "oom", "events",
-                  "sim_wall_s"]
 NUMERIC_MAX_ELEMS = 200_000_000  # numeric mode holds q, K and V in memory
 
 _CLUSTERS: dict[tuple[str, str, str, str], Cluster] = {}
@@ -48,6 +53,91 @@ def cluster_for(point: Point) -> Cluster:
         except InputError as err:
             raise point.locate(err) from None
     return _CLUSTERS[key]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One schedule of a point: its registry name, validated parameters and result label."""
+
+    name: str
+    params: dict[str, Any]
+    label: str
+
+
+@dataclass(frozen=True)
+class PreparedPoint:
+    """A checked sweep point: its cluster, workload shape (decode) and the algorithms to run.
+
+    ``flows`` is the flows workload's schedule (built once, while checking its endpoints).
+    """
+
+    point: Point
+    cluster: Cluster
+    numeric: bool
+    shape: DecodeShape | None = None
+    algorithms: tuple[Algorithm, ...] = ()
+    flows: Schedule | None = None
+
+    @property
+    def workload(self) -> Any:
+        return self.point.scenario.workload
+
+    def capacity(self, node: str) -> float:
+        """Bytes a device may use before the point is out of memory: its memory x the scenario's mem_fraction."""
+        return self.cluster.specs[node].mem_bytes * self.point.scenario.mem_fraction
+
+    def schedule(self, algo: Algorithm) -> Schedule:
+        """The attention schedule of ``algo`` (for ``scope: model``, one layer's attention)."""
+        wl, shape = self.workload, self.shape
+        assert isinstance(wl, DecodeWorkload) and shape is not None
+        if wl.tp > 1:
+            return attention_layer(algo.name, algo.params, shape, wl.tp, self.cluster)
+        return build_schedule(algo.name, algo.params, shape, layout_of(self.cluster))
+
+
+def prepare_point(point: Point, numeric: bool = False) -> PreparedPoint:
+    """Check ``point`` and everything it names; raise a located :class:`InputError` on bad input."""
+    cluster = cluster_for(point)
+    wl = point.scenario.workload
+    try:
+        if isinstance(wl, FlowsWorkload):
+            if numeric:
+                raise InputError("--numeric needs a decode workload", field="workload.kind")
+            return PreparedPoint(point, cluster, numeric, flows=flows_schedule(wl, cluster))
+        assert isinstance(wl, DecodeWorkload)
+        algos = []
+        for i, entry in enumerate(point.scenario.algorithms):
+            name, params = resolve(entry, field=f"algorithms.{i}")
+            algos.append(Algorithm(name, params, label(name, params)))
+        labels = [a.label for a in algos]
+        if point.scenario.baseline is not None and point.scenario.baseline not in labels:
+            raise InputError(f"must be one of the algorithms ({', '.join(labels)}), got {point.scenario.baseline!r}",
+                             field="baseline")
+        shape = wl.shape()
+        _check_decode(wl, shape, cluster, numeric)
+    except InputError as err:
+        raise point.locate(err) from None
+    return PreparedPoint(point, cluster, numeric, shape, tuple(algos))
+
+
+def _check_decode(wl: DecodeWorkload, shape: DecodeShape, cluster: Cluster, numeric: bool) -> None:
+    if len(cluster.ranks) % wl.tp:
+        raise InputError(f"tp ({wl.tp}) must divide the {len(cluster.ranks)} GPUs of the topology", field="workload.tp")
+    if not numeric:
+        return
+    if wl.tp > 1 or wl.scope == "model":
+        raise InputError("--numeric checks one attention layer without tensor parallelism (tp: 1, scope: attention)",
+                         field="workload.scope")
+    elems = shape.batch * shape.context * shape.kv_heads * shape.head_dim
+    if elems > NUMERIC_MAX_ELEMS:
+        raise InputError(f"--numeric holds K and V in memory: batch x context x kv_heads x head_dim = {elems:.3g} "
+                         f"elements is over {NUMERIC_MAX_ELEMS:.0e}; shrink it, e.g. --set workload.context=65536",
+                         field="workload.context")
+
+
+def check_points(points: Sequence[Point], numeric: bool = False) -> list[PreparedPoint]:
+    """Fail fast on bad input in any point (topology, algorithm names, numeric size), before simulating."""
+    return [prepare_point(point, numeric) for point in points]
 
 
 def flows_schedule(workload: FlowsWorkload, cluster: Cluster) -> Schedule:
@@ -73,175 +163,140 @@ def flows_schedule(workload: FlowsWorkload, cluster: Cluster) -> Schedule:
 
 def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:
     """Ranks on the cluster's first ``ranks`` GPUs, with their server indices."""
-    nodes = cluster.ranks[: ranks or len(cluster.ranks)]
-    index: dict[str, int] = {}
-    return Layout(tuple(index.setdefault(cluster.host_of(n), len(index)) for n in nodes))
+    return Layout(cluster.host_indices(cluster.ranks[: ranks or len(cluster.ranks)]))
 
 
-def _critical_split(result: SimResult) -> tuple[float, float]:
-    """(compute_s, comm_s) of the rank that finishes last."""
-    if not result.end_time:
-        return 0.0, 0.0
-    rank = max(result.end_time, key=lambda r: (result.end_time[r], -r))
-    compute = sum(rec.end - rec.start for rec in result.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
-    return compute, result.end_time[rank] - compute
+@dataclass(frozen=True)
+class RunResult:
+    """What one algorithm of a decode point gave: a decode step (one layer's attention, or the whole model)."""
+
+    algorithm: str
+    ranks: int
+    nodes: int
+    latency_s: float
+    compute_s: float
+    bytes_moved: float
+    peaks: tuple[float, ...]  # per rank, bytes
+    capacities: tuple[float, ...]  # per rank: its device's memory x mem_fraction, bytes
+    events: int
+    sim_wall_s: float
+    extra: dict[str, Any] = field(default_factory=dict)  # max_abs_err; model and tp for scope: model
+
+    @property
+    def comm_s(self) -> float:
+        return self.latency_s - self.compute_s
+
+    @property
+    def peak_mem_bytes(self) -> float:
+        return max(self.peaks)
+
+    @property
+    def oom(self) -> bool:
+        return any(peak > cap for peak, cap in zip(self.peaks, self.capacities, strict=True))
 
 
-def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int = 0) -> list[dict[str, Any]]:
-    """One row per algorithm of a decode point."""
-    sc = point.scenario
-    wl = sc.workload
-    assert isinstance(wl, DecodeWorkload)
-    shape = wl.shape()
-    _check_decode(point, cluster, numeric)
-    layout = layout_of(cluster)
-    rows = []
-    for i, entry in enumerate(sc.algorithms):
-        try:
-            name, params = resolve(entry, field=f"algorithms.{i}")
-        except InputError as err:
-            raise point.locate(err) from None
-        if wl.scope == "model":
-            rows.append(_model_row(point, cluster, name, params, shape))
-            continue
-        sched = (attention_layer(name, params, shape, wl.tp, cluster) if wl.tp > 1
-                 else build_schedule(name, params, shape, layout))
+def run_algorithm(prep: PreparedPoint, algo: Algorithm, seed: int = 0) -> RunResult:
+    """Simulate one algorithm of a prepared decode point."""
+    return _simulate(prep, algo, seed)[0]
+
+
+def _simulate(prep: PreparedPoint, algo: Algorithm, seed: int = 0, record_links: bool = False
+              ) -> tuple[RunResult, tuple[Schedule, SimResult] | None]:
+    """The run's result, and the attention schedule with its simulation (None for ``scope: model``)."""
+    wl, shape, cluster = prep.workload, prep.shape, prep.cluster
+    assert isinstance(wl, DecodeWorkload) and shape is not None
+    if wl.scope == "model":
         t0 = time.perf_counter()
-        result = simulate(sched, cluster)
+        step = model_step(wl.model_preset(), algo.name, algo.params, shape, wl.tp, cluster, wl.weight_dtype)
         wall = time.perf_counter() - t0
-        times = {rec.op: (rec.start, rec.end) for rec in result.timeline}
-        peaks = peak_memory(sched, times)
-        place = sched.placement_on(cluster.ranks)
-        compute_s, comm_s = _critical_split(result)
-        row: dict[str, Any] = {
-            "scenario": sc.name, "algorithm": label(name, params), "topology": cluster.name, "ranks": sched.ranks,
-            "nodes": len({cluster.host_of(n) for n in place}), "context": shape.context, "batch": shape.batch,
-            "heads": shape.heads, "head_dim": shape.head_dim, "dtype": shape.dtype, "latency_s": result.makespan,
-            "compute_s": compute_s, "comm_s": comm_s,
-            "bytes_moved": sum(rec.nbytes for rec in result.timeline if rec.kind == "send"),
-            "peak_mem_bytes": max(peaks),
-            "oom": any(peak > cluster.specs[place[r]].mem_bytes * sc.mem_fraction for r, peak in enumerate(peaks)),
-            "events": result.events, "sim_wall_s": wall,
-        }
-        if numeric:
-            row["max_abs_err"] = _numeric_error(sched, shape, seed)
-        rows.append(row)
-    return rows
-
-
-def _check_decode(point: Point, cluster: Cluster, numeric: bool) -> None:
-    wl = point.scenario.workload
-    assert isinstance(wl, DecodeWorkload)
-    if len(cluster.ranks) % wl.tp:
-        raise point.locate(InputError(f"tp ({wl.tp}) must divide the {len(cluster.ranks)} GPUs of the topology",
-                                      field="workload.tp"))
-    if numeric and (wl.tp > 1 or wl.scope == "model"):
-        raise point.locate(InputError("--numeric checks one attention layer without tensor parallelism (tp: 1, "
-                                      "scope: attention)", field="workload.scope"))
-
-
-def _model_row(point: Point, cluster: Cluster, name: str, params: dict[str, Any], shape: DecodeShape
-               ) -> dict[str, Any]:
-    wl = point.scenario.workload
-    assert isinstance(wl, DecodeWorkload)
+        return RunResult(algo.label, len(cluster.ranks), cluster.num_hosts, step.latency_s, step.compute_s,
+                         step.bytes_moved, tuple(step.peaks), tuple(prep.capacity(n) for n in cluster.ranks),
+                         step.events, wall, {"model": wl.model_name, "tp": wl.tp}), None
+    sched = prep.schedule(algo)
     t0 = time.perf_counter()
-    step = model_step(wl.model_preset(), name, params, shape, wl.tp, cluster, wl.weight_dtype)
+    result = simulate(sched, cluster, record_links)
     wall = time.perf_counter() - t0
-    usable = point.scenario.mem_fraction
-    return {
-        "scenario": point.scenario.name, "algorithm": label(name, params), "topology": cluster.name,
-        "ranks": len(cluster.ranks), "nodes": cluster.num_hosts, "context": shape.context, "batch": shape.batch,
-        "heads": shape.heads, "head_dim": shape.head_dim, "dtype": shape.dtype, "latency_s": step.latency_s,
-        "compute_s": step.compute_s, "comm_s": step.latency_s - step.compute_s, "bytes_moved": step.bytes_moved,
-        "peak_mem_bytes": max(step.peaks),
-        "oom": any(peak > cluster.specs[n].mem_bytes * usable
-                   for n, peak in zip(cluster.ranks, step.peaks, strict=True)),
-        "events": step.events, "sim_wall_s": wall, "model": wl.model_name, "tp": wl.tp,
-    }
-
-
-def _check_numeric_size(shape: DecodeShape) -> None:
-    elems = shape.batch * shape.context * shape.kv_heads * shape.head_dim
-    if elems > NUMERIC_MAX_ELEMS:
-        raise InputError(f"--numeric holds K and V in memory: batch x context x kv_heads x head_dim = {elems:.3g} "
-                         f"elements is over {NUMERIC_MAX_ELEMS:.0e}; shrink it, e.g. --set workload.context=65536",
-                         field="workload.context")
+    place = sched.placement_on(cluster.ranks)
+    peaks = peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in result.timeline})
+    compute_s, _ = result.critical_split()
+    extra = {"max_abs_err": _numeric_error(sched, shape, seed)} if prep.numeric else {}
+    run = RunResult(algo.label, sched.ranks, len(set(cluster.host_indices(place))), result.makespan, compute_s,
+                    result.bytes_sent(), tuple(peaks), tuple(prep.capacity(n) for n in place),
+                    result.events, wall, extra)
+    return run, (sched, result)
 
 
 def _numeric_error(sched: Schedule, shape: DecodeShape, seed: int) -> float:
-    _check_numeric_size(shape)
     dtype = np.float64 if shape.dtype == "fp64" else np.float32
     inp = make_inputs(np.random.default_rng(seed), shape.batch, shape.heads, shape.kv_heads, shape.head_dim,
                       shape.context, dtype)
     return run_numeric(sched, inp).max_abs_err
 
 
-def flow_rows(point: Point, cluster: Cluster) -> list[dict[str, Any]]:
-    wl = point.scenario.workload
-    assert isinstance(wl, FlowsWorkload)
-    try:
-        sched = flows_schedule(wl, cluster)
-    except InputError as err:
-        raise point.locate(err) from None
-    ends = simulate(sched, cluster).op_ends()
-    return [{"flow": i, "src": f.src, "dst": f.dst, "bytes": f.bytes, "start_s": f.start, "finish_s": ends[2 * i + 1]}
+def _decode_row(prep: PreparedPoint, run: RunResult) -> dict[str, Any]:
+    sc, shape = prep.point.scenario, prep.shape
+    assert shape is not None
+    values = {"scenario": sc.name, "algorithm": run.algorithm, "topology": prep.cluster.name, "ranks": run.ranks,
+              "nodes": run.nodes, "context": shape.context, "batch": shape.batch, "heads": shape.heads,
+              "head_dim": shape.head_dim, "dtype": shape.dtype, "latency_s": run.latency_s,
+              "compute_s": run.compute_s, "comm_s": run.comm_s, "bytes_moved": run.bytes_moved,
+              "peak_mem_bytes": run.peak_mem_bytes, "oom": run.oom, "events": run.events,
+              "sim_wall_s": run.sim_wall_s}
+    return make_row("decode", values, run.extra, dict(prep.point.swept))
+
+
+def _flow_rows(prep: PreparedPoint, result: SimResult) -> list[dict[str, Any]]:
+    wl, sched = prep.workload, prep.flows
+    assert isinstance(wl, FlowsWorkload) and sched is not None
+    ends = result.op_ends()
+    recv_of = [op.id for op in sched.ops if op.kind == "recv"]  # flow i's receive, in flow order
+    return [make_row("flows", {"flow": i, "src": f.src, "dst": f.dst, "bytes": f.bytes, "start_s": f.start,
+                               "finish_s": ends[recv_of[i]]}, swept=dict(prep.point.swept))
             for i, f in enumerate(wl.flows)]
 
 
-def run_point(point: Point, numeric: bool = False) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class PointOutcome:
+    """The rows of one point and, when asked for, the per-rank timelines of its schedules (one simulation each)."""
+
+    rows: list[dict[str, Any]]
+    timeline: pd.DataFrame | None = None
+
+
+def simulate_point(point: Point | PreparedPoint, numeric: bool = False, timeline: bool = False) -> PointOutcome:
+    """Simulate every algorithm of one point once: its rows (one extra column per swept key) and, with
+    ``timeline``, the timelines of the same simulations (for ``scope: model``, one layer's attention)."""
+    prep = point if isinstance(point, PreparedPoint) else prepare_point(point, numeric)
+    if prep.flows is not None:
+        result = simulate(prep.flows, prep.cluster)
+        runs = [("flows", prep.flows, result)]
+        return PointOutcome(_flow_rows(prep, result), timeline_frame(runs) if timeline else None)
+    rows, runs = [], []
+    for algo in prep.algorithms:
+        run, sim = _simulate(prep, algo)
+        rows.append(_decode_row(prep, run))
+        if timeline:
+            sched, result = sim if sim is not None else _attention_run(prep, algo)
+            runs.append((algo.label, sched, result))
+    return PointOutcome(rows, timeline_frame(runs) if timeline else None)
+
+
+def run_point(point: Point | PreparedPoint, numeric: bool = False) -> list[dict[str, Any]]:
     """Simulate one sweep point; its rows carry one extra column per swept key."""
-    cluster = cluster_for(point)
-    if isinstance(point.scenario.workload, FlowsWorkload):
-        if numeric:
-            raise InputError("--numeric needs a decode workload", field="workload.kind")
-        rows = flow_rows(point, cluster)
-    else:
-        rows = decode_rows(point, cluster, numeric)
-    swept = dict(point.swept)
-    return [{**row, **swept} for row in rows]
+    return simulate_point(point, numeric).rows
 
 
-def check_points(points: Sequence[Point], numeric: bool = False) -> None:
-    """Fail fast on bad input in any point (topology, algorithm names, numeric size), before simulating."""
-    for point in points:
-        cluster_for(point)
-        wl = point.scenario.workload
-        if not isinstance(wl, DecodeWorkload):
-            if numeric:
-                raise InputError("--numeric needs a decode workload", file=point.source, field="workload.kind")
-            try:
-                flows_schedule(wl, cluster_for(point))  # every endpoint exists
-            except InputError as err:
-                raise point.locate(err) from None
-            continue
-        for i, entry in enumerate(point.scenario.algorithms):
-            try:
-                resolve(entry, field=f"algorithms.{i}")
-            except InputError as err:
-                raise point.locate(err) from None
-        _check_decode(point, cluster_for(point), numeric)
-        if numeric:
-            try:
-                _check_numeric_size(wl.shape())
-            except InputError as err:
-                raise point.locate(err) from None
+def _attention_run(prep: PreparedPoint, algo: Algorithm, record_links: bool = False) -> tuple[Schedule, SimResult]:
+    sched = prep.schedule(algo)
+    return sched, simulate(sched, prep.cluster, record_links)
 
 
-def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Schedule, SimResult]]:
-    """Every algorithm of one point simulated again, with its schedule and full result (for timelines, traces)."""
-    cluster = cluster_for(point)
-    wl = point.scenario.workload
-    if isinstance(wl, FlowsWorkload):
-        sched = flows_schedule(wl, cluster)
-        return [("flows", sched, simulate(sched, cluster, record_links))]
-    shape, layout = wl.shape(), layout_of(cluster)
-    runs = []
-    for entry in point.scenario.algorithms:  # for scope: model, one layer's attention
-        name, params = resolve(entry)
-        sched = (attention_layer(name, params, shape, wl.tp, cluster) if wl.tp > 1
-                 else build_schedule(name, params, shape, layout))
-        runs.append((label(name, params), sched, simulate(sched, cluster, record_links)))
-    return runs
+def point_runs(prep: PreparedPoint, record_links: bool = False) -> list[tuple[str, Schedule, SimResult]]:
+    """Every algorithm of one point simulated with its schedule and full result (for traces); for ``scope: model``,
+    one layer's attention."""
+    if prep.flows is not None:
+        return [("flows", prep.flows, simulate(prep.flows, prep.cluster, record_links))]
+    return [(algo.label, *_attention_run(prep, algo, record_links)) for algo in prep.algorithms]
 
 
 def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]]) -> pd.DataFrame:

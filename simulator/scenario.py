@@ -35,7 +35,7 @@ class DeviceOverride(Strict):
 
 
 class Scenario(Strict):
-    """A scenario file (design.md, "Scenario YAML")."""
+    """A scenario file (docs/scenarios.md; docs/architecture.md for where it goes)."""
 
     name: str
     topology: str = Field(description="preset name in topologies/ or a path to a topology YAML")
@@ -47,6 +47,9 @@ class Scenario(Strict):
         " activations', fragmentation's; vLLM's gpu_memory_utilization defaults to 0.9)"))
     workload: Workload
     algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: list[str | dict[str, Any]](["ring", "tree"]))
+    baseline: str | None = Field(None, description=(
+        "the algorithm (its result label, e.g. ring or ring[overlap=False]) that reports measure speedups against; "
+        "default: the first of algorithms"))
     sweep: dict[str, Any] = Field(default_factory=dict, description=(
         "dotted key -> list of values (cartesian product); zip: [{key: [...], key2: [...]}] varies keys together"))
 

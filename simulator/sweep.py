@@ -24,8 +24,8 @@ from typing import Any
 import pandas as pd
 
 from simulator.errors import InputError
-from simulator.files import write_csv_atomic
-from simulator.points import run_point
+from simulator.files import write_csv_atomic, write_parquet_atomic
+from simulator.points import simulate_point
 from simulator.scenario import Point
 
 __all__ = ["SweepOutcome", "run_sweep"]
@@ -33,21 +33,28 @@ __all__ = ["SweepOutcome", "run_sweep"]
 EXECUTORS = ("process", "dask")
 
 
-def _run_one(index: int, point: Point, numeric: bool) -> list[dict[str, Any]]:
+_Done = tuple[list[dict[str, Any]], pd.DataFrame | None]  # a point's rows, and its timeline if it was asked for
+
+
+def _run_one(index: int, point: Point, numeric: bool, timeline: bool = False) -> _Done:
+    frame = None
     try:
-        rows = run_point(point, numeric)
+        outcome = simulate_point(point, numeric, timeline)
+        rows, frame = outcome.rows, outcome.timeline
     except Exception as err:  # a failing point is a row, and the sweep goes on
         where = traceback.extract_tb(err.__traceback__)[-1]
         rows = [{"error": f"{type(err).__name__}: {err} ({Path(where.filename).name}:{where.lineno})",
                  **dict(point.swept)}]
-    return [{**row, "point": index} for row in rows]
+    return [{**row, "point": index} for row in rows], frame
 
 
 class SweepOutcome:
     """The rows of a sweep and how it went."""
 
-    def __init__(self, frame: pd.DataFrame, ran: int, resumed: int, failed: int) -> None:
+    def __init__(self, frame: pd.DataFrame, ran: int, resumed: int, failed: int,
+                 timeline: pd.DataFrame | None = None) -> None:
         self.frame, self.ran, self.resumed, self.failed = frame, ran, resumed, failed
+        self.timeline = timeline  # of the timeline point, from the sweep's own simulation (None if it did not run)
 
 
 class _Progress:
@@ -73,9 +80,7 @@ def _write(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
     if len(frame):
         frame = frame.sort_values("point", kind="stable").reset_index(drop=True)
     write_csv_atomic(frame, out / "results.csv")
-    tmp = out / ".results.parquet.tmp"
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, out / "results.parquet")
+    write_parquet_atomic(frame, out / "results.parquet")
     return frame
 
 
@@ -96,30 +101,31 @@ def _resumed_rows(out: Path, total: int) -> list[dict[str, Any]]:
             for row in old.to_dict("records")]
 
 
-def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool
-                  ) -> Iterator[list[dict[str, Any]]]:
+def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int | None
+                  ) -> Iterator[_Done]:
     if jobs <= 1 or len(todo) <= 1:
         for index, point in todo:
-            yield _run_one(index, point, numeric)
+            yield _run_one(index, point, numeric, index == keep)
         return
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-        pending = {pool.submit(_run_one, index, point, numeric) for index, point in todo}
+        pending = {pool.submit(_run_one, index, point, numeric, index == keep) for index, point in todo}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
                 yield fut.result()
 
 
-def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, scheduler: str | None
-          ) -> Iterator[list[dict[str, Any]]]:
+def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int | None, scheduler: str | None
+          ) -> Iterator[_Done]:
     from dask.distributed import Client, LocalCluster, as_completed  # optional dependency: imported when used
 
     cluster = None if scheduler else LocalCluster(n_workers=max(1, jobs), threads_per_worker=1, processes=True,
                                                   dashboard_address=None)
     try:
         with Client(scheduler or cluster) as client:
-            futures = [client.submit(_run_one, index, point, numeric, pure=False) for index, point in todo]
+            futures = [client.submit(_run_one, index, point, numeric, index == keep, pure=False)
+                       for index, point in todo]
             for fut in as_completed(futures):
                 yield fut.result()
     finally:
@@ -129,8 +135,10 @@ def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, scheduler
 
 def run_sweep(points: Sequence[Point], out: Path, *, jobs: int = 1, executor: str = "process",
               scheduler: str | None = None, resume: bool = False, numeric: bool = False, progress: bool = True,
-              flush_s: float = 1.0, on_rows: Callable[[int], None] | None = None) -> SweepOutcome:
-    """Run every point not already in ``out/results.csv`` (with ``resume``), writing results as they come."""
+              flush_s: float = 1.0, on_rows: Callable[[int], None] | None = None,
+              timeline_point: int | None = None) -> SweepOutcome:
+    """Run every point not already in ``out/results.csv`` (with ``resume``), writing results as they come;
+    the timeline of point ``timeline_point`` is kept from its simulation."""
     if executor not in EXECUTORS:
         raise InputError(f"must be one of {', '.join(EXECUTORS)}, got {executor!r}", field="--executor")
     out.mkdir(parents=True, exist_ok=True)
@@ -138,11 +146,14 @@ def run_sweep(points: Sequence[Point], out: Path, *, jobs: int = 1, executor: st
     finished = {int(r["point"]) for r in rows}
     todo = [(i, p) for i, p in enumerate(points) if i not in finished]
     bar = _Progress(len(points), len(finished), progress)
-    source = _dask(todo, jobs, numeric, scheduler) if executor == "dask" else _process_pool(todo, jobs, numeric)
+    source = (_dask(todo, jobs, numeric, timeline_point, scheduler) if executor == "dask"
+              else _process_pool(todo, jobs, numeric, timeline_point))
+    timeline = None
     last_flush = time.monotonic()
     failed = 0
-    for point_rows in source:
+    for point_rows, kept in source:
         rows.extend(point_rows)
+        timeline = kept if kept is not None else timeline
         failed += any("error" in r for r in point_rows)
         bar.step()
         if on_rows is not None:
@@ -151,4 +162,4 @@ def run_sweep(points: Sequence[Point], out: Path, *, jobs: int = 1, executor: st
             _write(rows, out)
             last_flush = time.monotonic()
     frame = _write(rows, out)
-    return SweepOutcome(frame, ran=len(todo), resumed=len(finished), failed=failed)
+    return SweepOutcome(frame, ran=len(todo), resumed=len(finished), failed=failed, timeline=timeline)

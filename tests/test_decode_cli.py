@@ -10,7 +10,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.paths import SCENARIO_DIR
-from simulator.points import DECODE_COLUMNS
+from simulator.rows import DECODE_COLUMNS
 
 SHRINK = {  # keep every scenario small in the test suite
     "paper-scaling": ["--set", "sweep={topology_params.nodes: [1, 2], workload.context: [80000, 640000]}"],
@@ -23,7 +23,7 @@ def test_every_scenario_file_runs(path, tmp_path, capsys):
     df = pd.read_csv(tmp_path / "results.csv")
     assert len(df) > 0
     if "latency_s" in df:
-        assert list(df.columns[: len(DECODE_COLUMNS)]) == DECODE_COLUMNS
+        assert list(df.columns[: len(DECODE_COLUMNS)]) == list(DECODE_COLUMNS)
         assert (df["latency_s"] > 0).all()
         assert ((df["compute_s"] + df["comm_s"] - df["latency_s"]).abs() < 1e-12).all()
 

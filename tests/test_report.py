@@ -46,3 +46,32 @@ def test_trace_has_rank_spans_and_link_counters(tmp_path):
     assert counters and all(0 <= e["args"]["utilisation"] <= 1 + 1e-9 for e in counters)
     names = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
     assert any(n.startswith("ring: rank 0") for n in names) and any(n == "tree: links" for n in names)
+
+
+def test_speedups_are_over_the_first_algorithm_or_the_named_baseline(tmp_path, capsys):
+    one = ["--set", "sweep={}", "--set", "workload.context=4096", "--jobs", "1"]
+    assert main(["run", str(DEFAULT_SCENARIO), "-o", str(tmp_path / "a"), *one,
+                 "--set", "algorithms=[tree, ring]"]) == 0
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert "tree/ring" in md and "ring/tree" not in md
+    assert json.loads((tmp_path / "a" / "meta.json").read_text())["baseline"] == "tree"
+    assert main(["run", str(DEFAULT_SCENARIO), "-o", str(tmp_path / "b"), *one, "--set", "baseline=tree"]) == 0
+    assert "tree/ring" in (tmp_path / "b" / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["run", str(DEFAULT_SCENARIO), "-o", str(tmp_path / "c"), *one, "--set", "baseline=ring-q"]) == 2
+    err = capsys.readouterr().err
+    assert "baseline: must be one of the algorithms (ring, tree), got 'ring-q'" in err
+    assert not (tmp_path / "c").exists()
+
+
+def test_the_timeline_comes_from_the_sweeps_own_simulation(tmp_path, monkeypatch):
+    import simulator.cli as cli
+
+    def no_second_simulation(*args, **kwargs):
+        raise AssertionError("the timeline point was simulated twice")
+
+    monkeypatch.setattr(cli, "point_runs", no_second_simulation)
+    out = tmp_path / "o"
+    assert main(["run", str(DEFAULT_SCENARIO), "-o", str(out), "--set", "sweep={}", "--jobs", "1"]) == 0
+    timeline = pd.read_csv(out / "timeline.csv")
+    assert set(timeline["algorithm"]) == {"ring", "tree"} and timeline["rank"].max() == 7

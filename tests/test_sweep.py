@@ -85,21 +85,21 @@ def test_a_sweep_killed_mid_way_resumes_to_the_rows_of_an_uninterrupted_run(tmp_
 
 def test_a_failing_point_becomes_an_error_row(tmp_path, monkeypatch):
     points = load_scenario(scenario(tmp_path, 2))
-    real = sweep.run_point
+    real = sweep.simulate_point
 
-    def flaky(point, numeric=False):
+    def flaky(point, numeric=False, timeline=False):
         if dict(point.swept)["topology_params.nodes"] == 2 and dict(point.swept)["workload.context"] == 1100:
             raise RuntimeError("boom")
-        return real(point, numeric)
+        return real(point, numeric, timeline)
 
-    monkeypatch.setattr(sweep, "run_point", flaky)
+    monkeypatch.setattr(sweep, "simulate_point", flaky)
     outcome = sweep.run_sweep(points, tmp_path / "o", jobs=1, progress=False)
     assert outcome.failed == 1
     df = pd.read_csv(tmp_path / "o" / "results.csv")
     bad = df[df["error"].notna()]
     assert len(bad) == 1 and "RuntimeError: boom" in bad.iloc[0]["error"]
     assert df["error"].isna().sum() == 5 * 2  # the other points ran
-    monkeypatch.setattr(sweep, "run_point", real)  # resume reruns only the failed point
+    monkeypatch.setattr(sweep, "simulate_point", real)  # resume reruns only the failed point
     again = sweep.run_sweep(points, tmp_path / "o", jobs=1, progress=False, resume=True)
     assert again.ran == 1 and again.failed == 0 and "error" not in again.frame
 

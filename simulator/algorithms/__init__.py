@@ -1,4 +1,4 @@
-"""Decode schedules by name (design.md): ``ring``, ``ring-q``, ``tree``, ``tree-p2p``, ``single``.
+"""Decode schedules by name (docs/algorithms.md): ``ring``, ``ring-q``, ``tree``, ``tree-p2p``, ``single``.
 
 Each entry is an :class:`AlgorithmSpec`: a builder ``(shape, layout, **params) -> Schedule`` and its parameters
 with defaults. Add an algorithm by adding an entry to :data:`REGISTRY` (see docs/algorithms.md).

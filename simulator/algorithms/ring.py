@@ -15,7 +15,7 @@ rank to rank, each merging its own shard: P - 1 sequential small transfers; the 
 
 from __future__ import annotations
 
-from simulator.algorithms.base import Layout, add_attend, add_finalize, new_decode_schedule
+from simulator.algorithms.base import Layout, add_attend, add_finalize, add_kernel, new_decode_schedule
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
@@ -27,6 +27,10 @@ def _ids(*ops: int | None) -> list[int]:
 
 
 def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Schedule:
+    """Ring Attention decode: the KV shards rotate around the ring (``layout.ring_order()``); in each of P steps
+    every rank attends the query to the shard it holds and merges it into its running state, then passes the
+    shard on. ``overlap`` double-buffers (the next shard's transfer runs during this step's attention); without
+    it, each step attends, then exchanges in place through a staging buffer. Every rank ends with the output."""
     p = layout.ranks
     sched = new_decode_schedule("ring", shape, p)
     bounds = sched.meta["shards"]
@@ -74,9 +78,8 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
                 new_have[dst], new_sent[r] = recv, snd
             for r in range(p):  # copy the staged shard over kv0 once this rank's own send has left
                 lo, hi = bounds[shard_at(r, step + 1)]
-                new_have[r] = sched.add_compute(r, "kv-copy", nbytes=2 * shape.kv_bytes(hi - lo), dtype=shape.dtype,
-                                                deps=_ids(new_have[r], new_sent[r]), fn="copy", out="kv0",
-                                                args=("kvin",))
+                new_have[r] = add_kernel(sched, shape, r, "copy", hi - lo, name="kv-copy",
+                                         deps=_ids(new_have[r], new_sent[r]), out="kv0", args=("kvin",))
         have, sent = new_have, new_sent
     sched.meta["outputs"] = [(r, "out") for r in range(p)]
     for r in range(p):
@@ -85,6 +88,8 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
 
 
 def build_ring_q(shape: DecodeShape, layout: Layout) -> Schedule:
+    """Ring with the query moving instead of the KV cache: the query and running state hop rank to rank (P - 1
+    sequential small hops), each rank merging its own shard's partial; the last rank holds the output."""
     p = layout.ranks
     sched = new_decode_schedule("ring-q", shape, p, q_on=[0])
     prev = add_attend(sched, shape, 0, 0, "kv0", [], first=True)

@@ -10,6 +10,7 @@ __all__ = ["build_single"]
 
 
 def build_single(shape: DecodeShape, layout: Layout) -> Schedule:
+    """One device holds the whole KV cache and attends to it: the reference, and what runs out of memory first."""
     del layout  # one rank, whatever the cluster
     sched = new_decode_schedule("single", shape, 1)
     add_finalize(sched, shape, 0, [add_attend(sched, shape, 0, 0, "kv0", [], first=True)])

@@ -25,7 +25,7 @@ from simulator.errors import InputError
 from simulator.units import parse_bandwidth, parse_time
 from simulator.yaml_lines import line_of
 
-__all__ = ["PARAMS", "expand_preset"]
+__all__ = ["PARAMS", "expand_preset", "fabric"]
 
 
 def _int(v: Any) -> int:
@@ -149,6 +149,23 @@ def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -
     if "devices" in raw:
         out["devices"] = raw["devices"]
     return out
+
+
+def fabric(n_nodes: int, nics: int, overrides: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The inter-node fabric alone, as :func:`expand_preset` wires it: the switch nodes and the links from NICs
+    ``n{i}.nic{k}`` (which the caller provides) up to the spines. ``overrides`` are builder parameters (``inter``,
+    ``nic_bandwidth``, ...); a bad value raises :class:`InputError` with the field ``--KEY``."""
+    p = {k: None if d is None else PARAMS[k][0](d) for k, (_, d) in PARAMS.items()}
+    for key, val in overrides.items():
+        try:
+            p[key] = PARAMS[key][0](val)
+        except InputError as err:
+            raise err.located(field=f"--{key.replace('_', '-')}") from None
+    nodes: list[dict[str, Any]] = []
+    links: list[dict[str, Any]] = []
+    if n_nodes > 1:
+        _inter(n_nodes, nics, p, nodes, links)
+    return nodes, links
 
 
 def _link(a: str, b: str, bw: float, lat: float, cls: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 from simulator.errors import InputError
 from simulator.units import parse_bandwidth, parse_bytes, parse_flops, parse_time
 
-__all__ = ["DTYPE_BYTES", "DeviceSpec", "compute_time", "parse_device_spec"]
+__all__ = ["DTYPE_BYTES", "DeviceSpec", "compute_time", "parse_device_spec", "roofline"]
 
 DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -41,11 +41,16 @@ class DeviceSpec:
                 from None
 
 
-def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, launch: bool = True) -> float:
-    """Roofline time of one kernel in seconds (launch overhead included unless ``launch`` is False)."""
+def roofline(spec: DeviceSpec, flops: float, nbytes: float, dtype: str) -> tuple[float, float]:
+    """(compute time, memory time) of a kernel on ``spec``, in seconds: the two sides of the roofline."""
     t_flops = flops / (spec.flops_for(dtype) * spec.eff_flops) if flops > 0 else 0.0
     t_mem = nbytes / (spec.mem_bw_Bps * spec.eff_mem) if nbytes > 0 else 0.0
-    return (spec.launch_s if launch else 0.0) + max(t_flops, t_mem)
+    return t_flops, t_mem
+
+
+def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, launch: bool = True) -> float:
+    """Roofline time of one kernel in seconds (launch overhead included unless ``launch`` is False)."""
+    return (spec.launch_s if launch else 0.0) + max(roofline(spec, flops, nbytes, dtype))
 
 
 _SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "eff_mem"}

@@ -16,7 +16,7 @@ Two YAML forms are accepted (see docs/topology.md):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,9 +82,14 @@ class Cluster:
         """The server a node belongs to: its name up to the first dot (``n3.gpu1`` -> ``n3``)."""
         return node.split(".", 1)[0]
 
+    def host_indices(self, nodes: Sequence[str]) -> tuple[int, ...]:
+        """The server index of each of ``nodes``, servers numbered in order of first appearance."""
+        index: dict[str, int] = {}
+        return tuple(index.setdefault(self.host_of(n), len(index)) for n in nodes)
+
     @property
     def num_hosts(self) -> int:
-        return len({self.host_of(r) for r in self.ranks})
+        return len(set(self.host_indices(self.ranks)))
 
 
 def list_presets() -> list[str]:

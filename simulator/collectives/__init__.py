@@ -1,9 +1,9 @@
 """Collectives by name: allreduce, reduce and broadcast decompositions into sends, receives and reductions.
 
-Names (design.md): ``ring``, ``double-binary-tree``, ``recursive-doubling``, ``hierarchical`` (inside each node,
-then across node leaders, then inside again) and ``auto`` (NCCL's choice for these small messages: ring inside
-one node, a tree across nodes, i.e. ``hierarchical``). Reduce and broadcast have no double-tree or doubling form of
-their own: those names give the binomial tree (ceil(log2 P) rounds).
+Names (docs/architecture.md): ``ring``, ``double-binary-tree``, ``recursive-doubling``, ``hierarchical``
+(inside each node, then across node leaders, then inside again) and ``auto`` (NCCL's choice for these small
+messages: ring inside one node, a tree across nodes, i.e. ``hierarchical``). Reduce and broadcast have no
+double-tree or doubling form of their own: those names give the binomial tree (ceil(log2 P) rounds).
 
 Each function appends ops to a schedule and returns the frontier: for every rank, the op ids after which the
 buffer holds the result.

@@ -16,7 +16,7 @@ import numpy as np
 
 from simulator.schedule import Schedule
 
-__all__ = ["REDUCE_OPS", "CollBuilder", "chunk_bounds"]
+__all__ = ["REDUCE_OPS", "CollBuilder", "chunk_bounds", "rotated_to"]
 
 REDUCE_OPS = ("sum", "max")
 
@@ -25,6 +25,16 @@ def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous element ranges of ``n`` elements (numpy.array_split sizes)."""
     edges = np.cumsum([0] + [len(a) for a in np.array_split(np.empty(n), parts)])
     return [(int(a), int(b)) for a, b in itertools.pairwise(edges)]
+
+
+def rotated_to(ranks: Sequence[int], root: int) -> list[int]:
+    """``ranks`` in their order, rotated to start at ``root`` (a ring or tree around a root).
+
+    >>> rotated_to([4, 5, 6, 7], 6)
+    [6, 7, 4, 5]
+    """
+    i = list(ranks).index(root)
+    return [*ranks[i:], *ranks[:i]]
 
 
 @dataclass
@@ -47,11 +57,11 @@ class CollBuilder:
               root: int | None = None) -> CollBuilder:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {REDUCE_OPS}, got {op!r}")
-        fn = kind if kind == "broadcast" else f"{kind}-{op}"
         if len(ranks) < 2:  # nothing to communicate: no communication operation is launched
             return cls(sched, buf, n, elem_bytes, dtype, op, tag, {r: tuple(deps.get(r, ())) for r in ranks})
         front: dict[int, tuple[int, ...]] = {
-            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=fn, out=buf, root=root),)
+            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=kind, out=buf, root=root,
+                                 redop="" if kind == "broadcast" else op),)
             for r in ranks}
         return cls(sched, buf, n, elem_bytes, dtype, op, tag, front)
 
@@ -87,7 +97,7 @@ class CollBuilder:
             snd, recv = self.sched.add_transfer(
                 src, dst, self.nbytes(lo, hi), self.tag, send_deps=before[src], recv_deps=before[dst],
                 args=(self.buf,), dst_args=(tmp,) if reduce else None, lo=lo, hi=hi, coll=self.tag,
-                recv_fn="" if reduce else "into")
+                into=not reduce)
             sends.setdefault(src, []).append((snd, lo, hi))
             received.append((recv, dst, lo, hi, tmp))
         for src, items in sends.items():

@@ -10,7 +10,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from simulator.collectives.base import CollBuilder, chunk_bounds
+from simulator.collectives.base import CollBuilder, chunk_bounds, rotated_to
 
 __all__ = ["MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce"]
 
@@ -34,14 +34,8 @@ def ring_allreduce(b: CollBuilder, ranks: Sequence[int]) -> None:
         b.step([(ranks[i], ranks[(i + 1) % p], *chunks[(i + 1 - k) % p]) for i in range(p)], reduce=False)
 
 
-def _chain(ranks: Sequence[int], root: int) -> list[int]:
-    """The ring order starting at ``root``."""
-    i = list(ranks).index(root)
-    return [*ranks[i:], *ranks[:i]]
-
-
 def ring_broadcast(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
-    chain = _chain(ranks, root)
+    chain = rotated_to(ranks, root)
     if len(chain) < 2 or b.n == 0:
         return
     for lo, hi in _slices(b):
@@ -50,7 +44,7 @@ def ring_broadcast(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
 
 
 def ring_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
-    chain = _chain(ranks, root)
+    chain = rotated_to(ranks, root)
     if len(chain) < 2 or b.n == 0:
         return
     back = chain[::-1]  # towards the root: last rank first

@@ -13,18 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simulator.collectives.base import CollBuilder
+from simulator.collectives.base import CollBuilder, rotated_to
 
 __all__ = ["binomial_broadcast", "binomial_reduce", "double_binary_tree_allreduce", "recursive_doubling_allreduce"]
 
 
-def _rotated(ranks: Sequence[int], root: int) -> list[int]:
-    i = list(ranks).index(root)
-    return [*ranks[i:], *ranks[:i]]
-
-
 def binomial_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
-    order = _rotated(ranks, root)
+    order = rotated_to(ranks, root)
     p, mask = len(order), 1
     while mask < p:
         b.step([(order[v], order[v - mask], 0, b.n) for v in range(mask, p, 2 * mask)], reduce=True)
@@ -32,7 +27,7 @@ def binomial_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
 
 
 def binomial_broadcast(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
-    order = _rotated(ranks, root)
+    order = rotated_to(ranks, root)
     p = len(order)
     mask = 1
     while mask * 2 < p:

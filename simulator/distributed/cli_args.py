@@ -16,6 +16,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def add_validate_args(p: argparse.ArgumentParser) -> None:
+    """The options of ``treering validate``."""
     p.add_argument("scenario", help="a decode scenario YAML")
     _common(p)
     p.add_argument("--topology", default=None,
@@ -34,6 +35,7 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:
+    """The options of ``treering calibrate``."""
     _common(p)
     p.add_argument("-o", "--out", required=True, help="topology YAML to write")
     p.add_argument("--heads", type=int, default=16, help="attention shape of the compute measurement")
@@ -42,6 +44,7 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    """The parser the ranks use to read the launcher's command line."""
     p = argparse.ArgumentParser(prog="python -m simulator.distributed")
     sub = p.add_subparsers(dest="verb", required=True)
     add_validate_args(sub.add_parser("validate"))

@@ -23,6 +23,7 @@ def init_group(backend: str, timeout_s: float) -> None:
 
 
 def device_for(backend: str) -> torch.device:
+    """The torch device of this rank: its CUDA device with NCCL, the CPU with gloo."""
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from simulator.algorithms import build_schedule, label, resolve
+from simulator.algorithms import build_schedule
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.distributed.checks import check_scenario, out_dir
 from simulator.distributed.common import device_for, init_group, rank_layout
@@ -31,8 +31,9 @@ from simulator.errors import InputError
 from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.numeric import Inputs, dense_attention, make_inputs, max_abs_error, run_numeric
 from simulator.payload import transfer_layouts
+from simulator.points import PreparedPoint
 from simulator.report.markdown import markdown_table
-from simulator.scenario import DecodeWorkload, Point
+from simulator.scenario import Point
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
@@ -77,18 +78,17 @@ def _time_runs(args: argparse.Namespace, sched: Schedule, inp: Inputs, shape: De
     return times, bufs
 
 
-def _point_rows(args: argparse.Namespace, point: Point, device: torch.device) -> list[dict[str, Any]]:
+def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.device) -> list[dict[str, Any]]:
     rank, world = dist.get_rank(), dist.get_world_size()
     layout = rank_layout()
-    assert isinstance(point.scenario.workload, DecodeWorkload)
-    shape = point.scenario.workload.shape()
+    point, shape = prep.point, prep.shape
+    assert shape is not None
     np_inputs = make_inputs(np.random.default_rng(args.seed), shape.batch, shape.heads, shape.kv_heads,
                             shape.head_dim, shape.context, np.float64 if shape.dtype == "fp64" else np.float32)
     inp = np_inputs.to(lambda a: torch.from_numpy(a).to(device))
     rows = []
-    for entry in point.scenario.algorithms:
-        name, params = resolve(entry)
-        sched = build_schedule(name, params, shape, layout)
+    for algo in prep.algorithms:
+        sched = build_schedule(algo.name, algo.params, shape, layout)
         times, bufs = _time_runs(args, sched, inp, shape, device)
         measured = statistics.median(times)
         q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (measured,) * 3
@@ -103,7 +103,7 @@ def _point_rows(args: argparse.Namespace, point: Point, device: torch.device) ->
         bitwise = all(torch.equal(outputs[r], sim.outputs[r]) for r in sim.outputs)
         predicted = simulate(sched, _cluster(args, point, sched.ranks)).makespan
         rows.append({
-            "algorithm": label(name, params), "ranks": sched.ranks, "context": shape.context,
+            "algorithm": algo.label, "ranks": sched.ranks, "context": shape.context,
             "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
             "max_abs_err": max_abs_error(outputs.values(), dense_attention(np_inputs)),
             "bitwise_equal_to_sim": bitwise, "measured_q1_s": q1, "measured_q3_s": q3, **dict(point.swept),
@@ -162,14 +162,14 @@ def summarize(frame: pd.DataFrame, command: str) -> str:
 
 def run_rank(args: argparse.Namespace) -> None:
     """One rank of ``treering validate`` (rank 0 writes the outputs)."""
-    points = check_scenario(args)
+    prepared = check_scenario(args)
     init_group(args.backend, args.timeout)
     # no try/finally: on an error the rank exits at once (destroying the group could wait on failed peers)
     device = device_for(args.backend)
-    rows = [row for point in points for row in _point_rows(args, point, device)]
+    rows = [row for prep in prepared for row in _point_rows(args, prep, device)]
     if dist.get_rank() == 0:
         frame = pd.DataFrame(rows)
-        out = out_dir(args, points)
+        out = out_dir(args, prepared)
         write_csv_atomic(frame, out / "validation.csv")
         command = "treering " + " ".join(getattr(args, "argv", []))
         write_text_atomic(out / "summary.md", summarize(frame, command))

@@ -34,7 +34,6 @@ from operator import attrgetter
 from typing import NamedTuple
 
 import simpy
-from simpy.events import NORMAL, EventPriority
 
 from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import Cluster
@@ -44,7 +43,6 @@ from simulator.schedule import COMPUTE_KINDS, Op, Schedule
 
 __all__ = ["Record", "SimResult", "simulate"]
 
-_REALLOCATE = EventPriority(NORMAL + 1)  # lower priority than every ordinary event of the same instant
 Callback = Callable[[], None]
 
 
@@ -84,6 +82,25 @@ class SimResult:
     def op_ends(self) -> dict[int, float]:
         """End time of every op, by op id."""
         return {r.op: r.end for r in self.timeline}
+
+    def critical_rank(self) -> int | None:
+        """The rank that finishes last (the lowest such rank on a tie); None for an empty schedule."""
+        if not self.end_time:
+            return None
+        return max(self.end_time, key=lambda r: (self.end_time[r], -r))
+
+    def critical_split(self) -> tuple[float, float]:
+        """(compute_s, comm_s) of the critical rank: its kernel time, and the rest of its latency (time waiting on
+        transfers and other ranks that its compute did not hide)."""
+        rank = self.critical_rank()
+        if rank is None:
+            return 0.0, 0.0
+        compute = sum(rec.end - rec.start for rec in self.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
+        return compute, self.end_time[rank] - compute
+
+    def bytes_sent(self) -> float:
+        """Every byte every send moved."""
+        return sum(rec.nbytes for rec in self.timeline if rec.kind == "send")
 
 
 class _Run:
@@ -268,13 +285,21 @@ class _Run:
     def _mark_dirty(self) -> None:
         if not self.dirty:
             self.dirty = True
-            ev = simpy.Event(self.env)
-            ev.callbacks.append(self._reallocate)  # type: ignore[union-attr]
-            ev._ok, ev._value = True, None  # what Event.succeed() sets, here with a lower priority
-            self.env.schedule(ev, _REALLOCATE, 0.0)
-            self.simpy_events += 1
+            self._after_instant()
 
-    def _reallocate(self, _e: object) -> None:
+    def _after_instant(self) -> None:
+        """Reallocate once every other event of this instant has run (whatever they start or finish)."""
+        ev = self.env.timeout(0.0)
+        ev.callbacks.append(self._settled)  # type: ignore[union-attr]
+        self.simpy_events += 1
+
+    def _settled(self, _e: object) -> None:
+        if self.env.peek() == self.env.now:  # more of this instant is queued: go behind it
+            self._after_instant()
+        else:
+            self._reallocate()
+
+    def _reallocate(self) -> None:
         self.dirty = False
         self.events += 1
         changed = self.net.allocate(self.env.now)

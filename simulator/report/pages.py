@@ -69,13 +69,22 @@ def _panels(frame: pd.DataFrame, column: str, ylabel: str, *, log_y: bool = True
     return fig
 
 
-def _with_speedup(frame: pd.DataFrame) -> pd.DataFrame:
-    """``speedup``: the latency of ``ring`` at the same point over each row's latency."""
+def _with_speedup(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """``speedup``: the latency of the ``baseline`` algorithm at the same point over each row's latency."""
     keys = ["context", "ranks", *[k for k in _series_keys(frame) if k != "algorithm"]]
-    ring = frame[frame["algorithm"] == "ring"][[*keys, "latency_s"]].rename(columns={"latency_s": "ring_s"})
-    merged = frame.merge(ring.drop_duplicates(keys), on=keys, how="left")
-    merged["speedup"] = merged["ring_s"] / merged["latency_s"]
+    base = frame[frame["algorithm"] == baseline][[*keys, "latency_s"]].rename(columns={"latency_s": "_base_s"})
+    merged = frame.merge(base.drop_duplicates(keys), on=keys, how="left")
+    merged["speedup"] = merged["_base_s"] / merged["latency_s"]
     return merged
+
+
+def baseline_of(frame: pd.DataFrame, meta: dict[str, Any]) -> str | None:
+    """The algorithm speedups are measured against: the scenario's ``baseline`` or first algorithm (meta.json),
+    else the first algorithm in the results."""
+    named = meta.get("baseline")
+    if named is not None:
+        return str(named)
+    return str(frame["algorithm"].iloc[0]) if "algorithm" in frame and len(frame) else None
 
 
 def _gantt(timeline: pd.DataFrame) -> plt.Figure:
@@ -107,13 +116,13 @@ def _png(fig: plt.Figure) -> bytes:
     return buf.getvalue()
 
 
-def _pivot(frame: pd.DataFrame, column: str, scale: float, ratios: bool) -> pd.DataFrame:
+def _pivot(frame: pd.DataFrame, column: str, scale: float, baseline: str | None) -> pd.DataFrame:
     """``column`` (times ``scale``) by point (context, ranks, other swept keys) and algorithm."""
     index = ["context", "ranks", *[k for k in _series_keys(frame) if k != "algorithm"]]
     table = frame.pivot_table(index=index, columns="algorithm", values=column, aggfunc="first") * scale
-    if ratios and "ring" in table:
-        for algo in [c for c in table.columns if c != "ring"]:
-            table[f"ring/{algo}"] = table["ring"] / table[algo]
+    if baseline is not None and baseline in table:
+        for algo in [c for c in table.columns if c != baseline]:
+            table[f"{baseline}/{algo}"] = table[baseline] / table[algo]
     return table.reset_index()
 
 
@@ -124,15 +133,17 @@ def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
     if "latency_s" in frame and len(frame):
         ok = frame[frame["latency_s"].notna()]
         figures["latency.png"] = _png(_panels(ok, "latency_s", "decode step latency (s)"))
-        if (ok["algorithm"] == "ring").any() and ok["algorithm"].nunique() > 1:
-            figures["speedup.png"] = _png(_panels(_with_speedup(ok), "speedup", "speedup over ring (x)"))
+        baseline = baseline_of(frame, meta)
+        if baseline is not None and (ok["algorithm"] == baseline).any() and ok["algorithm"].nunique() > 1:
+            figures["speedup.png"] = _png(_panels(_with_speedup(ok, baseline), "speedup",
+                                                  f"speedup over {baseline} (x)"))
         figures["memory.png"] = _png(_panels(ok, "peak_mem_bytes", "peak memory per rank (bytes)",
                                              capacity=capacity_bytes))
         moved = ok[ok["bytes_moved"] > 0]
         if len(moved):
             figures["bytes.png"] = _png(_panels(moved, "bytes_moved", "bytes moved (all ranks)"))
-        tables = {"Latency (ms)": _pivot(ok, "latency_s", 1e3, True),
-                  "Peak memory per rank (MB)": _pivot(ok, "peak_mem_bytes", 1e-6, False)}
+        tables = {"Latency (ms)": _pivot(ok, "latency_s", 1e3, baseline),
+                  "Peak memory per rank (MB)": _pivot(ok, "peak_mem_bytes", 1e-6, None)}
     else:
         tables = {"Results": frame}
     if timeline is not None and len(timeline):

@@ -5,6 +5,7 @@ Open the JSON in https://ui.perfetto.dev or chrome://tracing. Times are in micro
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,27 +15,24 @@ from simulator.schedule import COMPUTE_KINDS
 
 __all__ = ["chrome_trace"]
 
-_LINKS_PID = 1_000_000  # the process that holds the link counters
-
-
 def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: Cluster) -> dict[str, Any]:
     """Trace of several simulations (one per algorithm): ``(label, result, placement)`` each."""
     events: list[dict[str, Any]] = []
-    for k, (label, result, place) in enumerate(runs):
-        base = k * 10_000
-        for rank in range(result.ranks):
-            pid = base + rank
+    pids = itertools.count()  # one trace process per (run, rank), then one per run for its links
+    for label, result, place in runs:
+        rank_pid = [next(pids) for _ in range(result.ranks)]
+        for rank, pid in enumerate(rank_pid):
             events.append({"name": "process_name", "ph": "M", "pid": pid,
                            "args": {"name": f"{label}: rank {rank} ({place[rank]})"}})
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "compute"}})
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "transfers"}})
         for rec in result.timeline:
             events.append({
-                "name": rec.name, "cat": rec.kind, "ph": "X", "pid": base + rec.rank,
+                "name": rec.name, "cat": rec.kind, "ph": "X", "pid": rank_pid[rec.rank],
                 "tid": 0 if rec.kind in COMPUTE_KINDS else 1, "ts": rec.start * 1e6,
                 "dur": (rec.end - rec.start) * 1e6, "args": {"op": rec.op, "bytes": rec.nbytes, "flops": rec.flops},
             })
-        pid = _LINKS_PID + k
+        pid = next(pids)
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{label}: links"}})
         for t, u, v, load in result.link_load:
             bw = cluster.graph.edges[u, v]["bandwidth"]

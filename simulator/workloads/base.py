@@ -13,6 +13,8 @@ __all__ = ["ModelShape", "Strict", "unit_value"]
 
 
 class Strict(BaseModel):
+    """A strict, frozen scenario model: unknown keys are errors."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

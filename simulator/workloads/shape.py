@@ -2,7 +2,7 @@
 
 One query token per sequence (``batch`` sequences) attends to ``context`` cached tokens split over the ranks in
 contiguous shards (the first ``context % P`` ranks get one token more). Decode attention of one query against t
-cached tokens (design.md, "Compute"): F = 4 b n_heads t head_dim FLOPs; it reads the K and V shard,
+cached tokens (docs/architecture.md): F = 4 b n_heads t head_dim FLOPs; it reads the K and V shard,
 2 b t n_kv_heads head_dim elements, plus q and writes o.
 """
 

@@ -1,0 +1,177 @@
+"""Parse the result tables of NVIDIA's nccl-tests (``all_reduce_perf``, ``all_gather_perf``, ...) into typed rows.
+
+A run prints a banner (``# nThread 1 nGpus 1 minBytes ...``), one ``#  Rank  N Group ...`` line per rank, a
+two-line header naming the columns (``size count type redop root time algbw busbw #wrong`` for the out-of-place and
+again ``time algbw busbw #wrong`` for the in-place run; older versions lack ``redop``/``root`` or say ``error``),
+then one row per size, and ``# Avg bus bandwidth``. Times are in microseconds, bandwidths in GB/s (1e9 bytes/s);
+this module returns SI units: seconds and bytes/s. The collective's name comes from ``# Collective test starting:
+all_gather_perf`` (newer versions) or from the ``*_perf`` command line in the log; lines tagged by ``mpirun
+--tag-output`` (``[1,0]<stdout>:``) are untagged first. A log may hold several runs.
+
+>>> run = parse_nccl_tests(open("tests/fixtures/nccltests/all_gather_gb10_2x1.log").read(), "gb10.log")[0]
+>>> run.collective, run.ranks, run.rows[0].nbytes, run.rows[0].out_of_place.busbw_Bps
+('allgather', 2, 17179869184, 22940000000.0)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from simulator.errors import InputError
+
+__all__ = ["COLLECTIVES", "Measurement", "NcclTestsRow", "NcclTestsRun", "parse_nccl_tests", "read_nccl_tests"]
+
+# nccl-tests binary stem -> collective name as treering spells it (design.md)
+COLLECTIVES: dict[str, str] = {
+    "all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce-scatter",
+    "alltoall": "alltoall", "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "sendrecv",
+    "gather": "gather", "scatter": "scatter", "hypercube": "hypercube",
+}
+_TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
+_BINARY = re.compile(r"\b(" + "|".join(sorted(COLLECTIVES, key=len, reverse=True)) + r")_perf(?:_mpi)?\b")
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\b")
+_FIRST_COLS = ("size", "count", "type")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One of a row's two runs (out-of-place or in-place); ``wrong`` is the #wrong (or error) column as printed."""
+
+    time_s: float
+    algbw_Bps: float
+    busbw_Bps: float
+    wrong: str
+
+
+@dataclass(frozen=True)
+class NcclTestsRow:
+    nbytes: int  # nccl-tests' size: the per-rank buffer
+    count: int  # elements
+    dtype: str
+    redop: str | None
+    root: int | None
+    out_of_place: Measurement
+    in_place: Measurement | None  # None where the test prints N/A (alltoall has no in-place run)
+    line: int
+
+
+@dataclass(frozen=True)
+class NcclTestsRun:
+    collective: str
+    ranks: int
+    rows: tuple[NcclTestsRow, ...]
+    avg_busbw_Bps: float | None
+    source: str
+    line: int  # where its table header is
+
+
+def read_nccl_tests(path: str) -> list[NcclTestsRun]:
+    """:func:`parse_nccl_tests` of a file."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return parse_nccl_tests(fh.read(), path)
+    except FileNotFoundError:
+        raise InputError("no such file", file=path) from None
+
+
+def parse_nccl_tests(text: str, src: str) -> list[NcclTestsRun]:
+    """All runs in a nccl-tests log; :class:`InputError` located at the first malformed line."""
+    lines = [_TAG.sub("", line) for line in text.splitlines()]
+    runs: list[NcclTestsRun] = []
+    collective: str | None = None
+    ranks: set[int] = set()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("# Collective test starting:") or (not line.startswith("#") and _BINARY.search(line)):
+            m = _BINARY.search(line)
+            if m:
+                collective, ranks = COLLECTIVES[m.group(1)], set()
+        elif m := _RANK.match(line):
+            ranks.add(int(m.group(1)))
+        elif _is_header(line):
+            columns = line.lstrip("#").split()
+            if collective is None:
+                raise InputError("cannot tell which collective this table is: no '# Collective test starting' "
+                                 "line and no *_perf command line before it", file=src, line=i + 1, field="collective")
+            if not ranks:
+                raise InputError("no '#  Rank N ...' lines before the table: the rank count is unknown",
+                                 file=src, line=i + 1, field="ranks")
+            run, i = _table(lines, i, columns, collective, len(ranks), src)
+            runs.append(run)
+            continue
+        i += 1
+    if not runs:
+        raise InputError("no nccl-tests result table (a '#  size  count  type ...' header) found", file=src, line=1)
+    return runs
+
+
+def _is_header(line: str) -> bool:
+    return line.startswith("#") and tuple(line.lstrip("#").split()[:3]) == _FIRST_COLS
+
+
+def _table(lines: list[str], head: int, columns: list[str], collective: str, ranks: int,
+           src: str) -> tuple[NcclTestsRun, int]:
+    if columns.count("time") != 2 or columns.count("busbw") != 2 or columns.count("algbw") != 2:
+        raise InputError("expected the columns time, algbw, busbw twice (out-of-place, in-place)",
+                         file=src, line=head + 1, field="header")
+    rows: list[NcclTestsRow] = []
+    avg: float | None = None
+    i = head + 1
+    while i < len(lines):
+        line = lines[i].strip()
+        if line.startswith("# Avg bus bandwidth"):
+            avg = _number(line.split(":", 1)[1], src, i, "avg_busbw") * 1e9
+            i += 1
+            break
+        if line.startswith("#"):
+            if rows and (_is_header(line) or line.startswith("# Collective test")):
+                break
+            i += 1
+            continue
+        if not line:
+            if rows:
+                break
+            i += 1
+            continue
+        rows.append(_row(line.split(), columns, src, i))
+        i += 1
+    if not rows:
+        raise InputError("the table has no rows", file=src, line=head + 1, field="rows")
+    return NcclTestsRun(collective, ranks, tuple(rows), avg, src, head + 1), i
+
+
+def _row(cells: list[str], columns: list[str], src: str, i: int) -> NcclTestsRow:
+    if len(cells) != len(columns):
+        raise InputError(f"expected {len(columns)} columns ({' '.join(columns)}), got {len(cells)}",
+                         file=src, line=i + 1, field="row")
+    first: dict[str, str] = {}
+    second: dict[str, str] = {}  # the in-place run's columns
+    for name, cell in zip(columns, cells, strict=True):
+        (second if name in first and name in ("time", "algbw", "busbw", "#wrong", "error") else first)[name] = cell
+    wrong_key = "#wrong" if "#wrong" in first else "error"
+    oop = _measurement(first, wrong_key, src, i)
+    ip = None if second.get("time") == "N/A" else _measurement(second, wrong_key, src, i)
+    root = first.get("root")
+    return NcclTestsRow(nbytes=int(_number(first["size"], src, i, "size")),
+                        count=int(_number(first["count"], src, i, "count")), dtype=first["type"],
+                        redop=first.get("redop"), root=None if root is None else int(_number(root, src, i, "root")),
+                        out_of_place=oop, in_place=ip, line=i + 1)
+
+
+def _measurement(cols: dict[str, str], wrong_key: str, src: str, i: int) -> Measurement:
+    return Measurement(time_s=_number(cols["time"], src, i, "time") * 1e-6,
+                       algbw_Bps=_number(cols["algbw"], src, i, "algbw") * 1e9,
+                       busbw_Bps=_number(cols["busbw"], src, i, "busbw") * 1e9,
+                       wrong=cols.get(wrong_key, ""))
+
+
+def _number(cell: str, src: str, i: int, name: str) -> float:
+    try:
+        x = float(cell)
+    except ValueError:
+        raise InputError(f"{cell.strip()!r} is not a number", file=src, line=i + 1, field=name) from None
+    if x < 0 and name != "root":
+        raise InputError(f"must not be negative, got {cell.strip()}", file=src, line=i + 1, field=name)
+    return x
