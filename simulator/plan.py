@@ -30,12 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.algorithms import label, resolve
 from simulator.cluster.devices import DTYPE_BYTES
-from simulator.cluster.topology import Cluster, override_devices
 from simulator.errors import InputError
 from simulator.modelstep import model_step
-from simulator.points import cluster_for
+from simulator.points import PreparedPoint, cluster_for, prepare_point
 from simulator.scenario import DecodeWorkload, Point, scenario_points
 
 __all__ = ["Evaluation", "PlanRequest", "PlanRow", "memory_lower_bound", "ms", "plan", "tp_candidates"]
@@ -75,6 +73,7 @@ class Evaluation:
     latency_s: float
     peak_mem_bytes: float
     usable_mem_bytes: float  # the smallest device memory x mem_fraction
+    oom: bool  # some GPU's peak is over its device memory x mem_fraction (as the scenarios' oom column)
     dense_s: float
     attention_s: float
     attention_compute_s: float
@@ -83,7 +82,7 @@ class Evaluation:
 
     @property
     def fits(self) -> bool:
-        return self.peak_mem_bytes <= self.usable_mem_bytes
+        return not self.oom
 
     def bottleneck(self) -> str:
         """The largest part of the step, named for a reader."""
@@ -131,49 +130,50 @@ class _Search:
         self.req = req
         self.progress = progress
         self.cache: dict[tuple[str, int, int], Evaluation] = {}
-        self._clusters: dict[int, Cluster] = {}
+        self._device_names: list[str] | None = None
 
-    def point(self, algorithm: str, tp: int, nodes: int) -> Point:
+    def _tree(self, algorithm: str, tp: int, nodes: int) -> dict[str, Any]:
         r = self.req
         workload: dict[str, Any] = {"kind": "decode", "model": r.model, "scope": "model", "tp": tp,
                                     "batch": r.batch, "context": r.context, "dtype": r.dtype}
         for key in ("weight_dtype", "kv_dtype"):
             if getattr(r, key):
                 workload[key] = getattr(r, key)
-        tree: dict[str, Any] = {"name": "plan", "topology": r.topology, "topology_params": {"nodes": nodes},
-                                "workload": workload, "algorithms": [algorithm], "mem_fraction": r.mem_fraction}
-        return scenario_points(tree, "treering plan", Path.cwd(), r.sets)[0]
+        return {"name": "plan", "topology": r.topology, "topology_params": {"nodes": nodes}, "workload": workload,
+                "algorithms": [algorithm], "mem_fraction": r.mem_fraction}
 
-    def cluster(self, point: Point) -> Cluster:
-        """The point's cluster, with ``--eff-mem`` / ``--eff-flops`` applied to every device."""
-        base = cluster_for(point)
+    def point(self, algorithm: str, tp: int, nodes: int) -> Point:
+        """The scenario point of a configuration; ``--eff-mem`` / ``--eff-flops`` become its ``devices:`` key
+        (for every device spec of the topology), the request's ``--set`` items apply last."""
+        tree = self._tree(algorithm, tp, nodes)
         effs = {k: v for k, v in (("eff_mem", self.req.eff_mem), ("eff_flops", self.req.eff_flops)) if v is not None}
-        if not effs:
-            return base
-        if id(base) not in self._clusters:
-            names = {spec.name for spec in base.specs.values()}
-            self._clusters[id(base)] = override_devices(base, dict.fromkeys(names, effs))
-        return self._clusters[id(base)]
+        if effs:
+            if self._device_names is None:
+                probe = scenario_points(self._tree(algorithm, tp, 1), "treering plan", Path.cwd(), self.req.sets)[0]
+                self._device_names = sorted({spec.name for spec in cluster_for(probe).specs.values()})
+            tree["devices"] = {name: dict(effs) for name in self._device_names}
+        return scenario_points(tree, "treering plan", Path.cwd(), self.req.sets)[0]
+
+    def prepare(self, algorithm: str, tp: int, nodes: int) -> PreparedPoint:
+        return prepare_point(self.point(algorithm, tp, nodes))
 
     def evaluate(self, algorithm: str, tp: int, nodes: int) -> Evaluation:
         key = (algorithm, tp, nodes)
         if key in self.cache:
             return self.cache[key]
-        point = self.point(algorithm, tp, nodes)
-        cluster = self.cluster(point)
-        wl = point.scenario.workload
-        assert isinstance(wl, DecodeWorkload)
-        name, params = resolve(point.scenario.algorithms[0], field="--algorithms")
+        prep = self.prepare(algorithm, tp, nodes)
+        cluster, wl, algo = prep.cluster, prep.workload, prep.algorithms[0]
+        assert isinstance(wl, DecodeWorkload) and prep.shape is not None
         if self.progress:
             self.progress(f"{algorithm}: tp {tp}, {nodes} node(s) ({len(self.cache) + 1} simulated)")
-        step = model_step(wl.model_preset(), name, params, wl.shape(), tp, cluster, wl.weight_dtype)
+        step = model_step(wl.model_preset(), algo.name, algo.params, prep.shape, tp, cluster, wl.weight_dtype)
         intra = {d["cls"] for u, v, d in cluster.graph.edges(data=True)
                  if cluster.host_of(u) == cluster.host_of(v) and "gpu" in (cluster.graph.nodes[u]["kind"],
                                                                           cluster.graph.nodes[v]["kind"])}
         ev = Evaluation(
-            algorithm=label(name, params), nodes=nodes, gpus=len(cluster.ranks), tp=tp, latency_s=step.latency_s,
-            peak_mem_bytes=max(step.peaks),
-            usable_mem_bytes=min(spec.mem_bytes for spec in cluster.specs.values()) * point.scenario.mem_fraction,
+            algorithm=algo.label, nodes=nodes, gpus=len(cluster.ranks), tp=tp, latency_s=step.latency_s,
+            peak_mem_bytes=max(step.peaks), usable_mem_bytes=min(prep.capacity(n) for n in cluster.ranks),
+            oom=any(peak > prep.capacity(n) for n, peak in zip(cluster.ranks, step.peaks, strict=True)),
             dense_s=step.dense_s, attention_s=step.attention_s, attention_compute_s=step.attention_compute_s,
             head_s=step.head_s, intra_class="/".join(sorted(intra)) or "the node")
         self.cache[key] = ev
@@ -207,10 +207,10 @@ def _monotone(values: Sequence[float]) -> bool:
 def _search_tp(s: _Search, algorithm: str, tp: int, gpn: int) -> tuple[list[Evaluation], int | None]:
     """(the evaluations that matter, the smallest fitting node count) for one algorithm and tp."""
     req = s.req
-    point = s.point(algorithm, tp, 1)
-    wl = point.scenario.workload
+    prep = s.prepare(algorithm, tp, 1)
+    wl = prep.workload
     assert isinstance(wl, DecodeWorkload)
-    usable = min(spec.mem_bytes for spec in s.cluster(point).specs.values()) * point.scenario.mem_fraction
+    usable = max(prep.capacity(n) for n in prep.cluster.ranks)  # the bound must hold on some GPU
     lo = next((n for n in range(1, req.max_nodes + 1) if memory_lower_bound(wl, tp, n * gpn) <= usable), None)
     if lo is None:
         return [], None
@@ -249,13 +249,13 @@ def _search_tp(s: _Search, algorithm: str, tp: int, gpn: int) -> tuple[list[Eval
 def plan(req: PlanRequest, progress: Progress | None = None) -> list[PlanRow]:
     """One :class:`PlanRow` per algorithm."""
     s = _Search(req, progress)
-    probe = s.point(req.algorithms[0], 1, 1)
-    cluster = s.cluster(probe)
+    probe = s.prepare(req.algorithms[0], 1, 1)
+    cluster = probe.cluster
     if cluster.num_hosts != 1:
         raise InputError(f"plan varies topology_params.nodes; {req.topology} has {cluster.num_hosts} nodes with "
                          "nodes: 1 (use a parametric preset)", field="--topology")
     gpn = len(cluster.ranks)
-    wl = probe.scenario.workload
+    wl = probe.workload
     assert isinstance(wl, DecodeWorkload)
     heads, kv = wl.heads_kv()
     tps = [req.tp] if req.tp else tp_candidates(gpn, heads, kv)
