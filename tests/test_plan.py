@@ -3,10 +3,13 @@ that name their unit, plan files, what-if notes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.cli import main
 from simulator.plan import PlanRequest, _Search, memory_lower_bound, plan, tp_candidates
@@ -177,3 +180,16 @@ def test_a_what_if_in_run_that_changes_no_route_says_so(tmp_path, capsys):
                  "-o", str(out), "--no-report", "--jobs", "1"]) == 0
     assert ("note: --set topology_params.nic_bandwidth=800Gb/s makes no GPU-to-GPU route of dgx-h100 faster or "
             "slower") in capsys.readouterr().err
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b"]), st.sampled_from([1, 2, 4, 8]),
+       st.integers(1, 2**24))
+def test_memory_lower_bound_never_grows_with_the_node_count(model, tp, context):
+    point = _Search(PlanRequest(model=model, context=context, tbt_s=1.0, topology="dgx-h100", algorithms=["tree"]),
+                    None).point("tree", tp, 1)
+    wl = point.scenario.workload
+    assert isinstance(wl, DecodeWorkload)
+    bounds = [memory_lower_bound(wl, tp, 8 * n) for n in range(1, 65)]
+    assert all(a >= b for a, b in itertools.pairwise(bounds))
+    assert bounds[-1] >= wl.model_preset().params / tp * 2  # the weights stay

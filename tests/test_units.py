@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from simulator.errors import InputError
-from simulator.units import parse_bandwidth, parse_bytes, parse_flops, parse_time
+from simulator.units import parse_bandwidth, parse_bytes, parse_flops, parse_time, parse_time_strict, parse_tokens
 
 
 @pytest.mark.parametrize(("text", "value"), [
@@ -49,3 +51,23 @@ def test_bad_bandwidth_is_an_input_error(bad):
 def test_time_rejects_bandwidth_units():
     with pytest.raises(InputError, match="write it like '2 us'"):
         parse_time("5 GB/s")
+
+
+@given(st.integers(1, 10**7))
+def test_token_counts_with_suffixes(k):
+    assert parse_tokens(k) == k and parse_tokens(str(k)) == k
+    assert parse_tokens(f"{k}K") == k * 1024 and parse_tokens(f"{k} k") == k * 1024
+    assert parse_tokens(f"{k}M") == k * 2**20
+
+
+@pytest.mark.parametrize("bad", ["", "M", "1.2.3K", "0", "-1K", "0.3", True, None, "1e400"])
+def test_token_counts_refused(bad):
+    with pytest.raises(InputError):
+        parse_tokens(bad)
+
+
+@pytest.mark.parametrize("bare", ["50", " 50 ", 50, 0.05])
+def test_a_strict_time_names_its_unit(bare):
+    with pytest.raises(InputError, match="give a unit"):
+        parse_time_strict(bare)
+    assert parse_time_strict("50ms") == pytest.approx(0.05) and parse_time_strict("50 us") == pytest.approx(5e-5)
