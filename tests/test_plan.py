@@ -193,3 +193,11 @@ def test_memory_lower_bound_never_grows_with_the_node_count(model, tp, context):
     bounds = [memory_lower_bound(wl, tp, 8 * n) for n in range(1, 65)]
     assert all(a >= b for a, b in itertools.pairwise(bounds))
     assert bounds[-1] >= wl.model_preset().params / tp * 2  # the weights stay
+
+
+def test_progress_reports_each_simulated_configuration():
+    lines: list[str] = []
+    req = PlanRequest(model="llama-3.2-1b", context=1 << 16, tbt_s=1.0, topology="dgx-h100", algorithms=["tree"],
+                      tp=8, max_nodes=2)
+    (row,) = plan(req, progress=lines.append)
+    assert lines == ["tree: tp 8, 1 node(s) (1 simulated)"] and row.evaluated == 1 and row.met
