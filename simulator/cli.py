@@ -266,7 +266,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                       max_nodes=args.max_nodes, mem_fraction=args.mem_fraction, eff_mem=args.eff_mem,
                       eff_flops=args.eff_flops, sets=args.sets)
     tty = sys.stderr.isatty()
-    rows = plan(req, progress=(lambda line: print(f"\rplan: {line}\033[K", end="", file=sys.stderr)) if tty else None)
+    try:
+        rows = plan(req, progress=(lambda line: print(f"\rplan: {line}\033[K", end="", file=sys.stderr))
+                    if tty else None)
+    except InputError as err:
+        raise _plan_flag(err) from None
     if tty:
         print("\r\033[K", end="", file=sys.stderr)
     for note in _whatif_notes(args.topology, args.sets):
@@ -290,6 +294,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
         print(f"wrote {out}")
     return 0
+
+
+_PLAN_FLAGS = {"algorithms": "--algorithms", "topology": "--topology", "topology_params": "--topology",
+               "workload.model": "--model", "workload.dtype": "--dtype", "workload.weight_dtype": "--weight-dtype",
+               "workload.kv_dtype": "--kv-dtype", "workload.batch": "--batch", "workload.tp": "--tp",
+               "workload.context": "--context", "mem_fraction": "--mem-fraction"}
+
+
+def _plan_flag(err: InputError) -> InputError:
+    """An error in the scenario plan builds from its flags, told as the flag's (``--dtype: ...``)."""
+    if err.file != "treering plan" or not err.field:
+        return err
+    for key, flag in _PLAN_FLAGS.items():
+        if err.field == key or err.field.startswith(key + "."):
+            return InputError(err.message, field=flag)
+    return InputError(err.message, file="--set", field=err.field)  # the other keys come from --set only
 
 
 def plan_frame(rows: Sequence[PlanRow], req: PlanRequest) -> pd.DataFrame:

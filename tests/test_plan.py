@@ -127,6 +127,10 @@ def test_a_target_must_name_its_unit(tbt, message, capsys):
     (["--eff-mem", "0"], "--eff-mem: must be in (0, 1], got 0.0"),
     (["--tp", "3"], "--tp: must divide the 8 GPUs per node"),
     (["-o", "plan.txt"], "plan.txt: -o: must end in .csv or .json"),
+    (["--algorithms", "tree,nope"], "--algorithms: unknown algorithm 'nope'; valid: ring"),
+    (["--dtype", "fp9"], "--dtype: must be one of"),
+    (["--topology", "nope"], "--topology: unknown topology preset 'nope'"),
+    (["--set", "devices.x.eff_mem=0.5"], "--set: devices.x: no device of topology 'dgx-h100' uses spec 'x'"),
 ])
 def test_plan_errors(args, message, capsys):
     base = {"--model": "llama-3.1-8b", "--context": "1M", "--tbt": "50ms"}
