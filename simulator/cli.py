@@ -27,7 +27,7 @@ from simulator.plan import PlanRequest, parse_tokens, plan
 from simulator.points import check_points, cluster_for, point_runs, timeline_frame
 from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
 from simulator.report.trace import chrome_trace
-from simulator.scenario import Point, Scenario, load_scenario, parse_set
+from simulator.scenario import DecodeWorkload, Point, Scenario, load_scenario, parse_set
 from simulator.sweep import run_sweep
 from simulator.units import parse_time
 
@@ -122,10 +122,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sc = point.scenario
         meta: dict[str, Any] = {"scenario": sc.name, "source": args.scenario, "topology": _topology_label(points),
                 "version": __version__, "command": shlex.join(["treering", *args.argv]),
-                "timeline_point": dict(point.swept), "capacity_bytes": _capacity(points)}
+                "timeline_point": dict(point.swept), "capacity_bytes": _capacity(points),
+                **_report_meta(point)}
         write_report(frame, out, meta, timeline, meta["capacity_bytes"])
         print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 1 if outcome.failed else 0
+
+
+def _report_meta(point: Point) -> dict[str, Any]:
+    """Targets and scope for the report: target lines, and what the timeline of a ``scope: model`` point shows."""
+    sc, meta = point.scenario, dict[str, Any]()
+    if sc.targets.latency is not None:
+        meta["targets"] = {"latency_s": sc.targets.latency}
+    wl = sc.workload
+    if isinstance(wl, DecodeWorkload) and wl.scope == "model":
+        meta["scope"] = "model"
+        meta["layers"] = PRESETS[wl.model].layers if isinstance(wl.model, str) else None
+    return meta
 
 
 def _pick(points: list[Point], k: int, flag: str) -> Point:
