@@ -56,7 +56,8 @@ class Scenario(Strict):
     algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: list[str | dict[str, Any]](["ring", "tree"]))
     sweep: dict[str, Any] = Field(default_factory=dict, description=(
         "dotted key -> list of values (cartesian product); zip: [{key: [...], key2: [...]}] varies keys together"))
-    targets: Targets = Field(default_factory=lambda: Targets(latency=None), description="optional targets, e.g. {latency: 50 ms}")
+    targets: Targets = Field(default_factory=lambda: Targets(latency=None),
+                             description="optional targets, e.g. {latency: 50 ms}")
 
 
 _Origin = tuple[str, "int | None"]
