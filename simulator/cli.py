@@ -207,9 +207,19 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     point = _pick(points, args.point, "--point")
     runs = point_runs(point, record_links=True)
     cluster = cluster_for(point)
-    trace = chrome_trace([(lab, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs], cluster)
+    meta = _report_meta(point)
+    note, suffix = None, ""
+    if meta.get("scope") == "model":  # the runs are one layer's attention, not the whole step
+        layers = meta.get("layers")
+        suffix = f" (one attention layer{f' of {layers}' if layers else ''})"
+        note = (f"scope: model; this trace shows ONE attention layer{f' of {layers}' if layers else ''} of the "
+                "decode step, not the whole step (projections, MLP and LM head are not traced)")
+    trace = chrome_trace([(lab + suffix, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs],
+                         cluster, note)
     write_text_atomic(Path(args.out), json.dumps(trace))
     print(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
+    if note:
+        print(f"note: {note}")
     return 0
 
 
