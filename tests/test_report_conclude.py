@@ -149,3 +149,23 @@ def test_html_has_code_and_tables_without_empty_columns() -> None:
     assert "<tr><th>context</th><th>tree</th><th>note</th></tr>" in page
     md = to_markdown(blocks)
     assert "| context | tree | note |" in md and "a \\| b" in md and "```\ntreering run s.yaml\n```" in md
+
+
+def test_plan_report_states_the_answer(tmp_path: Path) -> None:
+    from simulator.plan import PlanRequest, plan
+    from simulator.report.plan_report import write_plan_report
+
+    req = PlanRequest(model="llama-3.2-1b", context=65536, tbt_s=0.01, topology="dgx-h100",
+                      algorithms=["ring", "tree"], max_nodes=2)
+    table = plan(req)
+    meta = {"model": req.model, "context": req.context, "target_s": req.tbt_s, "topology": req.topology,
+            "command": "treering plan --model llama-3.2-1b --context 64K --tbt 10ms --max-nodes 2", "version": "x"}
+    written = write_plan_report(table, tmp_path / "p", meta)
+    assert {p.name for p in written} == {"report.md", "report.html", "plan.csv", "meta.json"}
+    md = (tmp_path / "p" / "report.md").read_text()
+    assert table["nodes"].tolist() == [1, 1]  # both meet 10 ms on one node: the faster is the answer
+    best = table.sort_values("tbt_ms").iloc[0]
+    assert (f"Smallest configuration that meets a time between tokens of 10 ms: `{best['algorithm']}` on 1 node(s), "
+            f"8 GPUs, 8 way tensor parallel, {best['tbt_ms']:.4g} ms, {best['peak_mem_GB']:.4g} GB per GPU.") in md
+    assert "# treering plan: llama-3.2-1b, context 65,536 tokens" in md
+    assert pd.read_csv(tmp_path / "p" / "plan.csv")["algorithm"].tolist() == ["ring", "tree"]

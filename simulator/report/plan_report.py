@@ -44,7 +44,8 @@ def plan_conclusion(frame: pd.DataFrame, meta: dict[str, Any]) -> list[str]:
     if len(met):
         order = [c for c in ("gpus", "tbt_ms") if c in met]
         best = met.assign(**{c: pd.to_numeric(met[c], errors="coerce") for c in order}).sort_values(order).iloc[0]
-        where = ", ".join(f"{best[c]} {c}" for c in ("nodes", "gpus", "tp") if c in best)
+        names = {"nodes": "node(s)", "gpus": "GPUs", "tp": "way tensor parallel"}
+        where = ", ".join(f"{best[c]} {names[c]}" for c in names if c in best)
         lines.append(f"Smallest configuration that meets {goal}: `{best['algorithm']}` on {where}"
                      + (f", {float(best['tbt_ms']):.4g} ms" if "tbt_ms" in best else "")
                      + (f", {float(best['peak_mem_GB']):.4g} GB per GPU" if "peak_mem_GB" in best else "") + ".")

@@ -7,6 +7,7 @@ descriptors 3 and 4), so that it needs nothing beyond Debian's ``chromium`` pack
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -143,10 +144,8 @@ def open_page(path: Path, timeout_s: float = 60.0, screenshot: Path | None = Non
                 screenshot.write_bytes(base64.b64decode(shot["data"]))
             return PageCheck(images, _errors(pipe.events), str(title["result"]["value"]))
         finally:
-            try:
+            with contextlib.suppress(RuntimeError, TimeoutError, OSError):
                 pipe.send("Browser.close", timeout_s=10)
-            except (RuntimeError, TimeoutError, OSError):
-                pass
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
