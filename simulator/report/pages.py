@@ -76,6 +76,8 @@ def _cells(frame: pd.DataFrame, column: str, scale: float, fmt: str = ".4g") -> 
             both = ok[BASELINE].astype(bool) & ok[algo].astype(bool)
             text[f"{BASELINE}/{algo}"] = ratio.map(lambda v: format(v, fmt)).where(both, "")
     text.columns.name = None
+    if "ranks" not in keys:  # the point's GPUs (``single`` uses one of them)
+        text.insert(0, "ranks", view.groupby(keys)["ranks"].max())
     return text.reset_index()
 
 
