@@ -71,7 +71,7 @@ def test_summary_names_the_fastest_feasible_and_lists_oom(oom_run: Path) -> None
     md = (oom_run / "report.md").read_text()
     assert md.index("## Conclusions") < md.index("## Figures") < md.index("## Latency (ms)")
     assert "Out of device memory: 2 rows at 1 points" in md
-    assert f"| 40000000 | {big.loc['ring', 'latency_s'] * 1e3:.4g} OOM |" in md
+    assert f"| 40000000 | 8 | {big.loc['ring', 'latency_s'] * 1e3:.4g} OOM |" in md
     assert json.loads((oom_run / "meta.json").read_text())["targets"] == {"latency_s": 0.001}
 
 
