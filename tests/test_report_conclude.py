@@ -169,3 +169,14 @@ def test_plan_report_states_the_answer(tmp_path: Path) -> None:
             f"8 GPUs, 8 way tensor parallel, {best['tbt_ms']:.4g} ms, {best['peak_mem_GB']:.4g} GB per GPU.") in md
     assert "# treering plan: llama-3.2-1b, context 65,536 tokens" in md
     assert pd.read_csv(tmp_path / "p" / "plan.csv")["algorithm"].tolist() == ["ring", "tree"]
+
+
+def test_speedups_are_over_the_first_algorithm_unless_a_baseline_is_named(oom_run: Path) -> None:
+    frame = pd.read_csv(oom_run / "results.csv")
+    assert "x over ring" in summary(frame).columns  # ring is the scenario's first algorithm
+    flipped = pd.concat([frame[frame["algorithm"] == "tree"], frame[frame["algorithm"] != "tree"]])
+    table = summary(flipped).set_index("context")
+    assert table.loc[80_000, "x over tree"] == "1x"  # tree is the fastest: 1x over itself
+    assert "over `tree`" in headline(summary(flipped), flipped)[1]
+    assert summary(frame, baseline="single").set_index("context").loc[40_000_000, "x over single"] == \
+        "(single out of memory)"

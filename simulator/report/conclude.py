@@ -13,9 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["BASELINE", "feasible", "headline", "point_columns", "point_view", "summary", "swept_keys", "times"]
+__all__ = ["feasible", "headline", "point_columns", "point_view", "summary", "swept_keys", "times"]
 
-BASELINE = "ring"  # speedups are over this algorithm when the results have it
 _IDENTITY = ("ranks", "nodes", "context")
 
 
@@ -82,22 +81,22 @@ def _bound(row: pd.Series) -> str:
     return f"communication ({comm:.0%} of the step)" if comm > 0.5 else f"compute ({1 - comm:.0%} of the step)"
 
 
-def _point_row(keys: dict[str, object], part: pd.DataFrame, ok: pd.Series, target_s: float | None
-               ) -> dict[str, object]:
+def _point_row(keys: dict[str, object], part: pd.DataFrame, ok: pd.Series, target_s: float | None,
+               baseline: str) -> dict[str, object]:
     row: dict[str, object] = dict(keys)
     good = part[ok].sort_values("latency_s", kind="stable")
     oom = [str(a) for a in part.loc[~ok & part["latency_s"].notna(), "algorithm"]]
     if good.empty:
         row.update({"fastest": "none (all out of memory)", "ranks": "", "latency_ms": float("nan"),
-                    f"x over {BASELINE}": "",
+                    f"x over {baseline}": "",
                     "next best": "", "bound by": "memory"})
     else:
         best = good.iloc[0]
-        base = good[good["algorithm"] == BASELINE]
-        if BASELINE not in set(part["algorithm"]):
+        base = good[good["algorithm"] == baseline]
+        if baseline not in set(part["algorithm"]):
             speedup = ""
         elif base.empty:
-            speedup = f"({BASELINE} out of memory)"
+            speedup = f"({baseline} out of memory)"
         else:
             speedup = times(float(base["latency_s"].iloc[0]) / float(best["latency_s"]))
         runner = ""
@@ -106,7 +105,7 @@ def _point_row(keys: dict[str, object], part: pd.DataFrame, ok: pd.Series, targe
             runner = f"{good.iloc[1]['algorithm']} ({f'+{ratio - 1:.1%}' if ratio < 2 else times(ratio)})"
         row.update({"fastest": str(best["algorithm"]), "ranks": int(best["ranks"]),
                     "latency_ms": float(best["latency_s"]) * 1e3,
-                    f"x over {BASELINE}": speedup, "next best": runner, "bound by": _bound(best)})
+                    f"x over {baseline}": speedup, "next best": runner, "bound by": _bound(best)})
     row["out of memory"] = ", ".join(oom) if oom else "-"
     if target_s is not None:
         lat = row["latency_ms"]
@@ -117,16 +116,18 @@ def _point_row(keys: dict[str, object], part: pd.DataFrame, ok: pd.Series, targe
     return row
 
 
-def summary(frame: pd.DataFrame, target_s: float | None = None) -> pd.DataFrame:
-    """One row per sweep point: the fastest feasible algorithm, its latency (ms), its speedup over ``ring``, the
-    runner-up, what bounds the winner (communication or compute, by the critical rank's split), the algorithms
-    that ran out of memory, and the latency target's verdict when there is one."""
+def summary(frame: pd.DataFrame, target_s: float | None = None, baseline: str | None = None) -> pd.DataFrame:
+    """One row per sweep point: the fastest feasible algorithm, its latency (ms), its speedup over ``baseline``
+    (default: the first algorithm of the results), the runner-up, what bounds the winner (communication or
+    compute, by the critical rank's split), the algorithms that ran out of memory, and the latency target's
+    verdict when there is one."""
+    baseline = baseline if baseline is not None else str(frame["algorithm"].iloc[0])
     view, keys = point_view(frame)
     ok = feasible(view)
     rows = []
     for values, part in view.groupby(keys, sort=True) if keys else [((), view)]:
         vals = values if isinstance(values, tuple) else (values,)
-        rows.append(_point_row(dict(zip(keys, vals, strict=True)), part, ok.loc[part.index], target_s))
+        rows.append(_point_row(dict(zip(keys, vals, strict=True)), part, ok.loc[part.index], target_s, baseline))
     return pd.DataFrame(rows)
 
 
@@ -144,11 +145,13 @@ def headline(table: pd.DataFrame, frame: pd.DataFrame, target_s: float | None = 
     counts = won["fastest"].value_counts()
     wins = ", ".join(f"`{a}` at {c} of {n}" for a, c in counts.items())
     lines.append(f"Fastest algorithm that fits in memory: {wins or 'none'} sweep points.")
-    sp = pd.to_numeric(won[f"x over {BASELINE}"].str.removesuffix("x").str.replace(",", ""), errors="coerce")
+    column = next(c for c in table.columns if str(c).startswith("x over "))
+    baseline = str(column).removeprefix("x over ")
+    sp = pd.to_numeric(won[column].str.removesuffix("x").str.replace(",", ""), errors="coerce")
     if sp.notna().any():
         values = sp.to_numpy(dtype=float)
         hi, lo = won.iloc[int(np.nanargmax(values))], won.iloc[int(np.nanargmin(values))]
-        lines.append(f"Speedup of the fastest over `{BASELINE}`: from {times(sp.min())} at {_where(lo, keys)} "
+        lines.append(f"Speedup of the fastest over `{baseline}`: from {times(sp.min())} at {_where(lo, keys)} "
                      f"(`{lo['fastest']}`) to {times(sp.max())} at {_where(hi, keys)} (`{hi['fastest']}`).")
     bound = won["bound by"].str.split(" ").str[0].value_counts()
     lines.append("The fastest is bound by " + ", ".join(f"{b} at {c}" for b, c in bound.items()) + " points "

@@ -1,10 +1,11 @@
 """Results -> figures + ``report.md`` + a self-contained ``report.html``.
 
 A decode report opens with its conclusions (:mod:`.conclude`: per sweep point the fastest algorithm that fits in
-memory, its speedup over ``ring``, what bounds it, what ran out of memory, the latency target's verdict), then the
-figures (:mod:`.figures`: latency with the target, speedup over ``ring``, peak memory per rank in GB with the device
-capacity, bytes moved; out-of-memory points hollow and crossed), the tables, and the per-rank timeline of one
-chosen point. It states the scenario, the topology, the package version and the command that reproduces it.
+memory, its speedup over the baseline (the scenario's ``baseline``, else the first algorithm), what bounds it, what
+ran out of memory, the latency target's verdict), then the figures (:mod:`.figures`: latency with the target,
+speedup over the baseline, peak memory per rank in GB with the device capacity, bytes moved; out-of-memory points
+hollow and crossed), the tables, and the per-rank timeline of one chosen point. It states the scenario, the
+topology, the package version and the command that reproduces it.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from simulator.files import write_text_atomic
-from simulator.report.conclude import BASELINE, feasible, headline, point_view, summary
+from simulator.report.conclude import feasible, headline, point_view, summary
 from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table, to_html, to_markdown
 from simulator.report.figures import HLine, facet_figure, png
 
-__all__ = ["META_FILE", "TIMELINE_FILE", "timeline_caption", "write_pages", "write_report"]
+__all__ = ["META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages", "write_report"]
 
 META_FILE = "meta.json"
 TIMELINE_FILE = "timeline.csv"
-_MAX_RATIOS = 5  # beyond this many algorithms the latency table has no ring/x columns (the speedup figure has them)
+_MAX_RATIOS = 5  # beyond this many algorithms the latency table has no baseline/x columns (the speedup figure has)
 
 
 def _gantt(timeline: pd.DataFrame) -> plt.Figure:
@@ -61,8 +62,10 @@ def _png(fig: plt.Figure) -> bytes:
     return buf.getvalue()
 
 
-def _cells(frame: pd.DataFrame, column: str, scale: float, fmt: str = ".4g") -> pd.DataFrame:
-    """``column`` (times ``scale``) by point and algorithm, as text; out-of-memory cells end in ``OOM``."""
+def _cells(frame: pd.DataFrame, column: str, scale: float, baseline: str | None = None, fmt: str = ".4g"
+           ) -> pd.DataFrame:
+    """``column`` (times ``scale``) by point and algorithm, as text; out-of-memory cells end in ``OOM``; with a
+    ``baseline``, its ratio to each other algorithm (``ring/tree``) where both fit."""
     view, keys = point_view(frame)
     algos = list(dict.fromkeys(frame["algorithm"]))
     marked = view.assign(_v=view[column] * scale, _ok=feasible(view))
@@ -70,11 +73,11 @@ def _cells(frame: pd.DataFrame, column: str, scale: float, fmt: str = ".4g") -> 
     ok = marked.pivot_table(index=keys, columns="algorithm", values="_ok", aggfunc="first")[algos]
     text = table.map(lambda v: format(v, fmt) if v == v else "")
     text = text.where(ok.astype(bool), text + " OOM")
-    if column == "latency_s" and BASELINE in algos and len(algos) <= _MAX_RATIOS:
-        for algo in [a for a in algos if a != BASELINE]:
-            ratio = table[BASELINE] / table[algo]
-            both = ok[BASELINE].astype(bool) & ok[algo].astype(bool)
-            text[f"{BASELINE}/{algo}"] = ratio.map(lambda v: format(v, fmt)).where(both, "")
+    if baseline in algos and len(algos) <= _MAX_RATIOS:
+        for algo in [a for a in algos if a != baseline]:
+            ratio = table[baseline] / table[algo]
+            both = ok[baseline].astype(bool) & ok[algo].astype(bool)
+            text[f"{baseline}/{algo}"] = ratio.map(lambda v: format(v, fmt)).where(both, "")
     text.columns.name = None
     if "ranks" not in keys:  # the point's GPUs (``single`` uses one of them)
         text.insert(0, "ranks", view.groupby(keys)["ranks"].max())
@@ -85,19 +88,29 @@ def _where(point: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in point.items()) or "the only point"
 
 
-def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None) -> list[Block]:
+def baseline_of(frame: pd.DataFrame, meta: dict[str, Any]) -> str | None:
+    """The algorithm speedups are measured against: the scenario's ``baseline`` (meta.json), else the first
+    algorithm in the results."""
+    named = meta.get("baseline")
+    if named is not None:
+        return str(named)
+    return str(frame["algorithm"].iloc[0]) if "algorithm" in frame and len(frame) else None
+
+
+def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, baseline: str | None
+             ) -> list[Block]:
     target = (meta.get("targets") or {}).get("latency_s")
     algos = list(dict.fromkeys(frame["algorithm"]))
     lat_lines = (HLine(target * 1e3, f"target {target * 1e3:g} ms", "crimson"),) if target else ()
     blocks: list[Block] = [Heading("Figures"), Image("latency.png", png(facet_figure(
         frame, "latency_s", "decode step latency (ms)", scale=1e3, lines=lat_lines, algorithms=algos)),
         "Decode step latency." + (f" Target {target * 1e3:g} ms drawn." if target else ""))]
-    if BASELINE in algos and len(algos) > 1:
-        sp = _with_speedup(frame)
-        sp = sp[sp["algorithm"] != BASELINE]
+    if baseline is not None and baseline in algos and len(algos) > 1:
+        sp = _with_speedup(frame, baseline)
+        sp = sp[sp["algorithm"] != baseline]
         blocks.append(Image("speedup.png", png(facet_figure(
-            sp, "speedup", f"speedup over {BASELINE} (x)", lines=(HLine(1.0, f"{BASELINE} (1x)", "gray", ":"),),
-            algorithms=algos)), f"Latency of `{BASELINE}` over each algorithm's, at the same point (hollow: the "
+            sp, "speedup", f"speedup over {baseline} (x)", lines=(HLine(1.0, f"{baseline} (1x)", "gray", ":"),),
+            algorithms=algos)), f"Latency of `{baseline}` over each algorithm's, at the same point (hollow: the "
                                 "algorithm or the baseline runs out of memory)."))
     mem_lines = []
     if capacity:
@@ -117,12 +130,12 @@ def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None) 
     return blocks
 
 
-def _with_speedup(frame: pd.DataFrame) -> pd.DataFrame:
-    """``speedup``: the latency of ``ring`` at the same point over each row's; a row is out of memory when it or
-    the baseline is."""
+def _with_speedup(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """``speedup``: the latency of ``baseline`` at the same point over each row's; a row is out of memory when it
+    or the baseline is."""
     view, keys = point_view(frame)
     view["_key"] = view[keys].astype(str).agg("|".join, axis=1)
-    base = view.assign(_ok=feasible(view))[view["algorithm"] == BASELINE]
+    base = view.assign(_ok=feasible(view))[view["algorithm"] == baseline]
     base = base[["_key", "latency_s", "_ok"]].rename(columns={"latency_s": "_base_s", "_ok": "_base_ok"})
     merged = frame.assign(_key=view["_key"]).merge(base.drop_duplicates("_key"), on="_key", how="left")
     merged["speedup"] = merged["_base_s"] / merged["latency_s"]
@@ -143,13 +156,14 @@ def timeline_caption(meta: dict[str, Any]) -> str:
 
 def _decode_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None) -> list[Block]:
     target = (meta.get("targets") or {}).get("latency_s")
-    table = summary(frame, target)
+    baseline = baseline_of(frame, meta)
+    table = summary(frame, target, baseline)
     blocks: list[Block] = [Heading("Conclusions"), Items(tuple(headline(table, frame, target))),
                            Para("Per sweep point (out-of-memory rows never count as fastest):"),
                            Table(table)]
-    blocks += _figures(frame, meta, capacity)
+    blocks += _figures(frame, meta, capacity, baseline)
     blocks += [Heading("Latency (ms)"), Para("`OOM`: the algorithm runs out of device memory at that point."),
-               Table(_cells(frame, "latency_s", 1e3)),
+               Table(_cells(frame, "latency_s", 1e3, baseline)),
                Heading("Peak memory per rank (GB)"), Table(_cells(frame, "peak_mem_bytes", 1e-9))]
     return blocks
 
