@@ -180,3 +180,20 @@ def test_speedups_are_over_the_first_algorithm_unless_a_baseline_is_named(oom_ru
     assert "over `tree`" in headline(summary(flipped), flipped)[1]
     assert summary(frame, baseline="single").set_index("context").loc[40_000_000, "x over single"] == \
         "(single out of memory)"
+
+
+def test_plan_report_when_nothing_meets_the_target_shows_the_fastest_that_fits() -> None:
+    from simulator.report.plan_report import plan_conclusion
+
+    # the planner's table: nodes is None where nothing fits; met False with the fastest fitting configuration
+    frame = pd.DataFrame.from_records([
+        {"algorithm": "ring", "met": False, "nodes": None, "gpus": None, "tp": None, "tbt_ms": None,
+         "peak_mem_GB": None, "binding": "memory", "bottleneck": None},
+        {"algorithm": "tree", "met": False, "nodes": 3, "gpus": 24, "tp": 8, "tbt_ms": 61.5, "peak_mem_GB": 70.2,
+         "binding": "latency", "bottleneck": "attention over NICs"}])
+    lines = plan_conclusion(frame, {"target_s": 0.05})
+    assert lines == ["No algorithm meets a time between tokens of 50 ms within the search.",
+                     "The fastest configuration that fits: `tree` on 3 node(s), 24 GPUs, 8 way tensor parallel, "
+                     "61.5 ms, 70.2 GB per GPU.",
+                     "`ring` does not meet it (binding: memory).",
+                     "`tree` does not meet it (binding: latency; bottleneck: attention over NICs)."]

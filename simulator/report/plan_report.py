@@ -35,26 +35,44 @@ def _met(row: pd.Series) -> bool:
     return True
 
 
+def _num(value: Any) -> str:
+    return f"{int(value)}" if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _config(row: pd.Series) -> str:
+    """``tree on 4 node(s), 32 GPUs, 8 way tensor parallel, 25.09 ms, 60.6 GB per GPU``."""
+    names = {"nodes": "node(s)", "gpus": "GPUs", "tp": "way tensor parallel"}
+    where = ", ".join(f"{_num(row[c])} {names[c]}" for c in names if c in row and pd.notna(row[c]))
+    text = f"`{row['algorithm']}` on {where}"
+    if "tbt_ms" in row and pd.notna(row["tbt_ms"]):
+        text += f", {float(row['tbt_ms']):.4g} ms"
+    if "peak_mem_GB" in row and pd.notna(row["peak_mem_GB"]):
+        text += f", {float(row['peak_mem_GB']):.4g} GB per GPU"
+    return text
+
+
 def plan_conclusion(frame: pd.DataFrame, meta: dict[str, Any]) -> list[str]:
-    """The answer in sentences: the smallest configuration that meets the target, and each algorithm's verdict."""
+    """The answer in sentences: the smallest configuration that meets the target (or, when none does, the fastest
+    one that fits), and each algorithm's verdict with its binding constraint."""
     target = meta.get("target_s")
     goal = f"a time between tokens of {target * 1e3:g} ms" if target else "the target"
     met = frame[frame.apply(_met, axis=1)] if len(frame) else frame
+    order = [c for c in ("gpus", "tbt_ms") if c in frame]
     lines = []
     if len(met):
-        order = [c for c in ("gpus", "tbt_ms") if c in met]
         best = met.assign(**{c: pd.to_numeric(met[c], errors="coerce") for c in order}).sort_values(order).iloc[0]
-        names = {"nodes": "node(s)", "gpus": "GPUs", "tp": "way tensor parallel"}
-        where = ", ".join(f"{best[c]} {names[c]}" for c in names if c in best)
-        lines.append(f"Smallest configuration that meets {goal}: `{best['algorithm']}` on {where}"
-                     + (f", {float(best['tbt_ms']):.4g} ms" if "tbt_ms" in best else "")
-                     + (f", {float(best['peak_mem_GB']):.4g} GB per GPU" if "peak_mem_GB" in best else "") + ".")
+        lines.append(f"Smallest configuration that meets {goal}: {_config(best)}.")
     else:
         lines.append(f"No algorithm meets {goal} within the search.")
+        if "tbt_ms" in frame:
+            fits = frame.assign(tbt_ms=pd.to_numeric(frame["tbt_ms"], errors="coerce")).dropna(subset=["tbt_ms"])
+            if len(fits):
+                lines.append(f"The fastest configuration that fits: {_config(fits.sort_values('tbt_ms').iloc[0])}.")
     for _, row in frame.iterrows():
         verdict = "meets it" if _met(row) else "does not meet it"
-        why = f" (binding: {row['binding']})" if "binding" in row else ""
-        lines.append(f"`{row['algorithm']}` {verdict}{why}.")
+        why = [f"binding: {row[c]}" if c == "binding" else f"bottleneck: {row[c]}"
+               for c in ("binding", "bottleneck") if c in row and pd.notna(row[c]) and str(row[c])]
+        lines.append(f"`{row['algorithm']}` {verdict}" + (f" ({'; '.join(why)})" if why else "") + ".")
     return lines
 
 
