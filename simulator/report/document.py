@@ -98,11 +98,13 @@ def _inline(text: str) -> str:
     return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
 
 
+_NUMBER = re.compile(r"^\(?[-+]?[\d.,]+(e[-+]?\d+)?(x| OOM)?\)?$")  # right-aligned: 1.358, 4,519x, 649.4 OOM
+
+
 def _html_table(t: Table) -> str:
-    numeric = [pd.api.types.is_numeric_dtype(t.frame[c]) for c in t.frame.columns]
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in t.frame.columns)
-    body = "".join("<tr>" + "".join(f'<td{" class=num" if num else ""}>{html.escape(v)}</td>'
-                                    for v, num in zip(row, numeric, strict=True)) + "</tr>"
+    body = "".join("<tr>" + "".join(f'<td{" class=num" if _NUMBER.match(v) else ""}>{html.escape(v)}</td>'
+                                    for v in row) + "</tr>"
                    for row in _rows(t.frame, t.floatfmt))
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
