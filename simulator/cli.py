@@ -30,8 +30,9 @@ from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, PlanRow, plan
 from simulator.points import PreparedPoint, check_points, point_runs, prepare_point, timeline_frame
 from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
+from simulator.report.plan_report import write_plan_report
 from simulator.report.trace import chrome_trace
-from simulator.scenario import Point, Scenario, load_scenario, parse_set
+from simulator.scenario import DecodeWorkload, Point, Scenario, load_scenario, parse_set
 from simulator.sweep import run_sweep
 from simulator.units import parse_bandwidth, parse_time_strict, parse_tokens
 
@@ -95,7 +96,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="achievable fraction of HBM bandwidth, for every device (default: topologies/devices.yaml)")
     pl.add_argument("--eff-flops", type=float, default=None,
                     help="achievable fraction of peak FLOP/s, for every device (default: topologies/devices.yaml)")
-    pl.add_argument("-o", "--out", default=None, metavar="FILE", help="also write the plan to FILE.csv or FILE.json")
+    pl.add_argument("-o", "--out", default=None, metavar="PATH",
+                    help="also write the plan: PATH.csv, PATH.json, or a folder (report.md, report.html, plan.csv)")
     pl.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="what-if, e.g. --set topology_params.nic_bandwidth=800Gb/s or "
                          "--set devices.h100-sxm.eff_mem=0.8")
@@ -193,10 +195,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
         meta: dict[str, Any] = {"scenario": sc.name, "source": args.scenario, "topology": _topology_label(points),
                 "version": __version__, "command": shlex.join(["treering", *args.argv]),
                 "timeline_point": dict(prep.point.swept), "capacity_bytes": _capacity(prepared),
-                "baseline": sc.baseline or (prep.algorithms[0].label if prep.algorithms else None)}
+                "baseline": sc.baseline or (prep.algorithms[0].label if prep.algorithms else None),
+                **_report_meta(prep.point)}
         write_report(frame, out, meta, timeline, meta["capacity_bytes"])
         print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 1 if outcome.failed else 0
+
+
+def _report_meta(point: Point) -> dict[str, Any]:
+    """Targets and scope for the report: target lines, and what the timeline of a ``scope: model`` point shows."""
+    sc, meta = point.scenario, dict[str, Any]()
+    if sc.targets.latency is not None:
+        meta["targets"] = {"latency_s": sc.targets.latency}
+    wl = sc.workload
+    if isinstance(wl, DecodeWorkload) and wl.scope == "model":
+        meta["scope"] = "model"
+        meta["layers"] = PRESETS[wl.model].layers if isinstance(wl.model, str) else None
+    return meta
 
 
 def _pick(points: list[Point], k: int, flag: str) -> Point:
@@ -258,8 +273,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                         ("--eff-flops", args.eff_flops)):
         if value is not None and not 0 < value <= 1:
             raise InputError(f"must be in (0, 1], got {value}", field=flag)
-    if args.out and Path(args.out).suffix not in (".csv", ".json"):
-        raise InputError("must end in .csv or .json", file=args.out, field="-o")
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir() \
+            and Path(args.out).suffix not in (".csv", ".json"):
+        raise InputError("exists and is not a folder (a report folder), a .csv or a .json", file=args.out, field="-o")
     req = PlanRequest(model=args.model, context=context, tbt_s=tbt, topology=args.topology,
                       algorithms=[a.strip() for a in args.algorithms.split(",") if a.strip()], batch=args.batch,
                       dtype=args.dtype, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp,
@@ -285,6 +301,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(shown.to_string(index=False))
     if args.out:
         out = Path(args.out)
+        if out.suffix not in (".csv", ".json"):  # a folder: the plan's report
+            meta = {"model": args.model, "context": req.context, "target_s": tbt, "topology": args.topology,
+                    "command": shlex.join(["treering", *args.argv]), "version": __version__,
+                    "sets": list(args.sets), "mem_fraction": req.mem_fraction}
+            write_plan_report(table, out, meta)
+            print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'plan.csv'}")
+            return 0
         if out.suffix == ".csv":
             write_csv_atomic(table, out)
         else:
@@ -354,9 +377,19 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     prep = prepare_point(_pick(points, args.point, "--point"))
     runs = point_runs(prep, record_links=True)
     cluster = prep.cluster
-    trace = chrome_trace([(lab, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs], cluster)
+    meta = _report_meta(prep.point)
+    note, suffix = None, ""
+    if meta.get("scope") == "model":  # the runs are one layer's attention, not the whole step
+        layers = meta.get("layers")
+        suffix = f" (one attention layer{f' of {layers}' if layers else ''})"
+        note = (f"scope: model; this trace shows ONE attention layer{f' of {layers}' if layers else ''} of the "
+                "decode step, not the whole step (projections, MLP and LM head are not traced)")
+    trace = chrome_trace([(lab + suffix, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs],
+                         cluster, note)
     write_text_atomic(Path(args.out), json.dumps(trace))
     print(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
+    if note:
+        print(f"note: {note}")
     return 0
 
 

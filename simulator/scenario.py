@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from simulator.errors import InputError
+from simulator.units import parse_time
 from simulator.workloads import DecodeWorkload, FlowSpec, FlowsWorkload, ModelShape, Workload
-from simulator.workloads.base import Strict
+from simulator.workloads.base import Strict, unit_value
 from simulator.yaml_lines import LineDict, LineList, line_of, load_yaml
 
 __all__ = ["DecodeWorkload", "DeviceOverride", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario",
-           "expand", "load_scenario", "parse_set", "scenario_points"]
+           "Targets", "expand", "load_scenario", "parse_set", "scenario_points"]
 
 
 class DeviceOverride(Strict):
@@ -32,6 +33,24 @@ class DeviceOverride(Strict):
 
     eff_mem: float | None = Field(None, gt=0, le=1, description="achievable fraction of the memory bandwidth")
     eff_flops: float | None = Field(None, gt=0, le=1, description="achievable fraction of the peak FLOP/s")
+
+
+class Targets(Strict):
+    """What the scenario must meet; reports draw it and say where it is met. Times need a unit (``50 ms``)."""
+
+    latency: float | None = Field(None, description="decode step latency target, e.g. '50 ms'")
+
+    @field_validator("latency", mode="before")
+    @classmethod
+    def _time(cls, v: Any) -> float | None:
+        if v is None:
+            return None
+        if not isinstance(v, str):
+            raise ValueError(f"give a unit, e.g. '{v} ms', got {v!r}")
+        x = unit_value(parse_time, v)
+        if x <= 0:
+            raise ValueError(f"must be positive, got {v!r}")
+        return x
 
 
 class Scenario(Strict):
@@ -52,6 +71,8 @@ class Scenario(Strict):
         "default: the first of algorithms"))
     sweep: dict[str, Any] = Field(default_factory=dict, description=(
         "dotted key -> list of values (cartesian product); zip: [{key: [...], key2: [...]}] varies keys together"))
+    targets: Targets = Field(default_factory=lambda: Targets(latency=None),
+                             description="optional targets, e.g. {latency: 50 ms}")
 
 
 _Origin = tuple[str, "int | None"]

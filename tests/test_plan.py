@@ -126,7 +126,7 @@ def test_a_target_must_name_its_unit(tbt, message, capsys):
     (["--mem-fraction", "1.5"], "--mem-fraction: must be in (0, 1], got 1.5"),
     (["--eff-mem", "0"], "--eff-mem: must be in (0, 1], got 0.0"),
     (["--tp", "3"], "--tp: must divide the 8 GPUs per node"),
-    (["-o", "plan.txt"], "plan.txt: -o: must end in .csv or .json"),
+    (["-o", "/dev/null"], "/dev/null: -o: exists and is not a folder (a report folder), a .csv or a .json"),
     (["--algorithms", "tree,nope"], "--algorithms: unknown algorithm 'nope'; valid: ring"),
     (["--dtype", "fp9"], "--dtype: must be one of"),
     (["--topology", "nope"], "--topology: unknown topology preset 'nope'"),
@@ -155,6 +155,10 @@ def test_plan_writes_csv_and_json(tmp_path, capsys):
     assert doc["request"]["context"] == 131072 and doc["request"]["mem_fraction"] == 0.9
     assert [r["nodes"] for r in doc["rows"]] == list(csv["nodes"])
     assert {"binding", "bottleneck", "usable_mem_GB", "evaluated"} <= set(csv.columns)
+    assert main([*common, "-o", str(tmp_path / "report")]) == 0  # a folder: the plan's report
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Conclusion" in md and "tree" in md
+    assert list(pd.read_csv(tmp_path / "report" / "plan.csv")["algorithm"]) == ["tree", "ring"]
 
 
 def test_efficiencies_on_plan_change_the_answer():

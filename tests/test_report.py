@@ -75,3 +75,19 @@ def test_the_timeline_comes_from_the_sweeps_own_simulation(tmp_path, monkeypatch
     assert main(["run", str(DEFAULT_SCENARIO), "-o", str(out), "--set", "sweep={}", "--jobs", "1"]) == 0
     timeline = pd.read_csv(out / "timeline.csv")
     assert set(timeline["algorithm"]) == {"ring", "tree"} and timeline["rank"].max() == 7
+
+def test_scope_model_timeline_and_trace_say_they_show_one_layer(tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text("name: m\ntopology: dgx-h100\nworkload: {kind: decode, model: llama-3.2-1b, scope: model, tp: 8, "
+                    "batch: 1, context: 65536, dtype: bf16}\nalgorithms: [ring, tree]\n")
+    out = tmp_path / "o"
+    assert main(["run", str(path), "-o", str(out), "--jobs", "1"]) == 0
+    md = (out / "report.md").read_text()
+    assert "Scope `model`: this is ONE attention layer (of 16) of the decode step, not the whole step" in md
+    assert json.loads((out / "meta.json").read_text())["layers"] == 16
+    assert main(["trace", str(path), "-o", str(tmp_path / "t.json")]) == 0
+    assert "note: scope: model; this trace shows ONE attention layer of 16" in capsys.readouterr().out
+    trace = json.loads((tmp_path / "t.json").read_text())
+    assert "ONE attention layer of 16" in trace["otherData"]["note"]
+    names = [e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"]
+    assert "tree (one attention layer of 16): links" in names

@@ -1,18 +1,17 @@
-"""Results -> figures + ``report.md`` + a self-contained ``report.html`` (the only module that draws).
+"""Results -> figures + ``report.md`` + a self-contained ``report.html``.
 
-Figures of a decode sweep: latency against ranks per algorithm (log axes, one panel per context), speedup of each
-algorithm over ``ring``, peak memory per rank with the device capacity drawn, bytes moved, and a per-rank timeline
-(Gantt) of one chosen point. The report states the scenario, the topology, the package version and the command
-that reproduces it.
+A decode report opens with its conclusions (:mod:`.conclude`: per sweep point the fastest algorithm that fits in
+memory, its speedup over the baseline (the scenario's ``baseline``, else the first algorithm), what bounds it, what
+ran out of memory, the latency target's verdict), then the figures (:mod:`.figures`: latency with the target,
+speedup over the baseline, peak memory per rank in GB with the device capacity, bytes moved; out-of-memory points
+hollow and crossed), the tables, and the per-rank timeline of one chosen point. It states the scenario, the
+topology, the package version and the command that reproduces it.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,68 +22,15 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from simulator.files import write_text_atomic
-from simulator.report.markdown import markdown_table
+from simulator.report.conclude import feasible, headline, point_view, summary
+from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table, to_html, to_markdown
+from simulator.report.figures import HLine, facet_figure, png
 
-__all__ = ["META_FILE", "TIMELINE_FILE", "write_report"]
+__all__ = ["META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages", "write_report"]
 
 META_FILE = "meta.json"
 TIMELINE_FILE = "timeline.csv"
-_IDENTITY = ("ranks", "nodes", "context")
-
-
-def _series_keys(frame: pd.DataFrame) -> list[str]:
-    """Columns besides the x axis and the panel that distinguish result lines (algorithm, other swept keys)."""
-    swept = [c for c in frame.columns if "." in c and frame[c].nunique() > 1]
-    skip = {c for c in swept if any(frame[c].astype(str).equals(frame[k].astype(str)) for k in _IDENTITY)}
-    return ["algorithm", *[c for c in swept if c not in skip]]
-
-
-def _label(keys: Sequence[str], values: Any) -> str:
-    values = values if isinstance(values, tuple) else (values,)
-    parts = [str(values[0])] + [f"{k.split('.')[-1]}={v}" for k, v in zip(keys[1:], values[1:], strict=True)]
-    return " ".join(parts)
-
-
-def _panels(frame: pd.DataFrame, column: str, ylabel: str, *, log_y: bool = True,
-            capacity: float | None = None) -> plt.Figure:
-    contexts = sorted(frame["context"].unique())
-    fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 3.6), squeeze=False, sharey=log_y)
-    keys = _series_keys(frame)
-    for ax, ctx in zip(axes[0], contexts, strict=True):
-        part = frame[frame["context"] == ctx]
-        for values, grp in part.groupby(keys, sort=True):
-            grp = grp.sort_values("ranks")
-            ax.plot(grp["ranks"], grp[column], marker="o", label=_label(keys, values))
-        if capacity:
-            ax.axhline(capacity, color="black", linestyle="--", linewidth=1, label="device memory")
-        ax.set_xscale("log", base=2)
-        if log_y:
-            ax.set_yscale("log")
-        ax.set_title(f"context {ctx:,}")
-        ax.set_xlabel("ranks (GPUs)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def _with_speedup(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """``speedup``: the latency of the ``baseline`` algorithm at the same point over each row's latency."""
-    keys = ["context", "ranks", *[k for k in _series_keys(frame) if k != "algorithm"]]
-    base = frame[frame["algorithm"] == baseline][[*keys, "latency_s"]].rename(columns={"latency_s": "_base_s"})
-    merged = frame.merge(base.drop_duplicates(keys), on=keys, how="left")
-    merged["speedup"] = merged["_base_s"] / merged["latency_s"]
-    return merged
-
-
-def baseline_of(frame: pd.DataFrame, meta: dict[str, Any]) -> str | None:
-    """The algorithm speedups are measured against: the scenario's ``baseline`` or first algorithm (meta.json),
-    else the first algorithm in the results."""
-    named = meta.get("baseline")
-    if named is not None:
-        return str(named)
-    return str(frame["algorithm"].iloc[0]) if "algorithm" in frame and len(frame) else None
+_MAX_RATIOS = 5  # beyond this many algorithms the latency table has no baseline/x columns (the speedup figure has)
 
 
 def _gantt(timeline: pd.DataFrame) -> plt.Figure:
@@ -116,67 +62,143 @@ def _png(fig: plt.Figure) -> bytes:
     return buf.getvalue()
 
 
-def _pivot(frame: pd.DataFrame, column: str, scale: float, baseline: str | None) -> pd.DataFrame:
-    """``column`` (times ``scale``) by point (context, ranks, other swept keys) and algorithm."""
-    index = ["context", "ranks", *[k for k in _series_keys(frame) if k != "algorithm"]]
-    table = frame.pivot_table(index=index, columns="algorithm", values=column, aggfunc="first") * scale
-    if baseline is not None and baseline in table:
-        for algo in [c for c in table.columns if c != baseline]:
-            table[f"{baseline}/{algo}"] = table[baseline] / table[algo]
-    return table.reset_index()
+def _cells(frame: pd.DataFrame, column: str, scale: float, baseline: str | None = None, fmt: str = ".4g"
+           ) -> pd.DataFrame:
+    """``column`` (times ``scale``) by point and algorithm, as text; out-of-memory cells end in ``OOM``; with a
+    ``baseline``, its ratio to each other algorithm (``ring/tree``) where both fit."""
+    view, keys = point_view(frame)
+    algos = list(dict.fromkeys(frame["algorithm"]))
+    marked = view.assign(_v=view[column] * scale, _ok=feasible(view))
+    table = marked.pivot_table(index=keys, columns="algorithm", values="_v", aggfunc="first")[algos]
+    ok = marked.pivot_table(index=keys, columns="algorithm", values="_ok", aggfunc="first")[algos]
+    text = table.map(lambda v: format(v, fmt) if v == v else "")
+    text = text.where(ok.astype(bool), text + " OOM")
+    if baseline in algos and len(algos) <= _MAX_RATIOS:
+        for algo in [a for a in algos if a != baseline]:
+            ratio = table[baseline] / table[algo]
+            both = ok[baseline].astype(bool) & ok[algo].astype(bool)
+            text[f"{baseline}/{algo}"] = ratio.map(lambda v: format(v, fmt)).where(both, "")
+    text.columns.name = None
+    if "ranks" not in keys:  # the point's GPUs (``single`` uses one of them)
+        text.insert(0, "ranks", view.groupby(keys)["ranks"].max())
+    return text.reset_index()
+
+
+def _where(point: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in point.items()) or "the only point"
+
+
+def baseline_of(frame: pd.DataFrame, meta: dict[str, Any]) -> str | None:
+    """The algorithm speedups are measured against: the scenario's ``baseline`` (meta.json), else the first
+    algorithm in the results."""
+    named = meta.get("baseline")
+    if named is not None:
+        return str(named)
+    return str(frame["algorithm"].iloc[0]) if "algorithm" in frame and len(frame) else None
+
+
+def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, baseline: str | None
+             ) -> list[Block]:
+    target = (meta.get("targets") or {}).get("latency_s")
+    algos = list(dict.fromkeys(frame["algorithm"]))
+    lat_lines = (HLine(target * 1e3, f"target {target * 1e3:g} ms", "crimson"),) if target else ()
+    blocks: list[Block] = [Heading("Figures"), Image("latency.png", png(facet_figure(
+        frame, "latency_s", "decode step latency (ms)", scale=1e3, lines=lat_lines, algorithms=algos)),
+        "Decode step latency." + (f" Target {target * 1e3:g} ms drawn." if target else ""))]
+    if baseline is not None and baseline in algos and len(algos) > 1:
+        sp = _with_speedup(frame, baseline)
+        sp = sp[sp["algorithm"] != baseline]
+        blocks.append(Image("speedup.png", png(facet_figure(
+            sp, "speedup", f"speedup over {baseline} (x)", lines=(HLine(1.0, f"{baseline} (1x)", "gray", ":"),),
+            algorithms=algos)), f"Latency of `{baseline}` over each algorithm's, at the same point (hollow: the "
+                                "algorithm or the baseline runs out of memory)."))
+    mem_lines = []
+    if capacity:
+        mem_lines.append(HLine(capacity / 1e9, f"device memory {capacity / 1e9:.4g} GB"))
+        frac = meta.get("mem_fraction")
+        if frac and frac < 1:
+            mem_lines.append(HLine(capacity * frac / 1e9, f"usable ({frac:.0%}) {capacity * frac / 1e9:.4g} GB",
+                                   "gray"))
+    blocks.append(Image("memory.png", png(facet_figure(frame, "peak_mem_bytes", "peak memory per rank (GB)",
+                                                       scale=1e-9, lines=tuple(mem_lines), algorithms=algos)),
+                        "Peak memory of the fullest rank, in GB (1e9 bytes)."))
+    moved = frame[frame["bytes_moved"] > 0]
+    if len(moved):
+        blocks.append(Image("bytes.png", png(facet_figure(moved, "bytes_moved", "bytes moved, all ranks (GB)",
+                                                          scale=1e-9, algorithms=algos)),
+                            "Bytes sent by all ranks together, in GB."))
+    return blocks
+
+
+def _with_speedup(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """``speedup``: the latency of ``baseline`` at the same point over each row's; a row is out of memory when it
+    or the baseline is."""
+    view, keys = point_view(frame)
+    view["_key"] = view[keys].astype(str).agg("|".join, axis=1)
+    base = view.assign(_ok=feasible(view))[view["algorithm"] == baseline]
+    base = base[["_key", "latency_s", "_ok"]].rename(columns={"latency_s": "_base_s", "_ok": "_base_ok"})
+    merged = frame.assign(_key=view["_key"]).merge(base.drop_duplicates("_key"), on="_key", how="left")
+    merged["speedup"] = merged["_base_s"] / merged["latency_s"]
+    merged["oom"] = ~(feasible(merged) & merged["_base_ok"].fillna(False).astype(bool))
+    return merged.drop(columns=["_key", "_base_s", "_base_ok"])
+
+
+def timeline_caption(meta: dict[str, Any]) -> str:
+    """What the timeline draws: which sweep point, and (``scope: model``) that it is one layer's attention."""
+    text = f"Per-rank timeline of sweep point {_where(meta.get('timeline_point') or {})}, every algorithm."
+    if meta.get("scope") == "model":
+        layers = meta.get("layers")
+        text += (f" Scope `model`: this is ONE attention layer{f' (of {layers})' if layers else ''} of the decode "
+                 "step, not the whole step; the step's latency in the tables adds every layer's projections, MLP "
+                 "and attention and the LM head.")
+    return text
+
+
+def _decode_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None) -> list[Block]:
+    target = (meta.get("targets") or {}).get("latency_s")
+    baseline = baseline_of(frame, meta)
+    table = summary(frame, target, baseline)
+    blocks: list[Block] = [Heading("Conclusions"), Items(tuple(headline(table, frame, target))),
+                           Para("Per sweep point (out-of-memory rows never count as fastest):"),
+                           Table(table)]
+    blocks += _figures(frame, meta, capacity, baseline)
+    blocks += [Heading("Latency (ms)"), Para("`OOM`: the algorithm runs out of device memory at that point."),
+               Table(_cells(frame, "latency_s", 1e3, baseline)),
+               Heading("Peak memory per rank (GB)"), Table(_cells(frame, "peak_mem_bytes", 1e-9))]
+    return blocks
+
+
+def write_pages(out: Path, title: str, blocks: list[Block], figures: dict[str, bytes]) -> list[Path]:
+    """``report.md`` and ``report.html`` from ``blocks``, the PNG files beside them; returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in figures.items():
+        (out / name).write_bytes(data)
+        written.append(out / name)
+    write_text_atomic(out / "report.md", to_markdown(blocks))
+    write_text_atomic(out / "report.html", to_html(blocks, title))
+    return [*written, out / "report.md", out / "report.html"]
+
+
+def _intro(title: str, meta: dict[str, Any], rows: int) -> list[Block]:
+    return [Heading(title, 1),
+            Items((f"scenario: `{meta.get('source', '?')}`", f"topology: `{meta.get('topology', '?')}`",
+                   f"treering version: {meta.get('version', '?')}", f"rows: {rows}", "reproduce:")),
+            Code(str(meta.get("command", "?")))]
 
 
 def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline: pd.DataFrame | None = None,
                  capacity_bytes: float | None = None) -> list[Path]:
     """Write ``report.md``, ``report.html`` and the figures (PNG) into ``out``; returns the files written."""
-    figures: dict[str, bytes] = {}
-    if "latency_s" in frame and len(frame):
-        ok = frame[frame["latency_s"].notna()]
-        figures["latency.png"] = _png(_panels(ok, "latency_s", "decode step latency (s)"))
-        baseline = baseline_of(frame, meta)
-        if baseline is not None and (ok["algorithm"] == baseline).any() and ok["algorithm"].nunique() > 1:
-            figures["speedup.png"] = _png(_panels(_with_speedup(ok, baseline), "speedup",
-                                                  f"speedup over {baseline} (x)"))
-        figures["memory.png"] = _png(_panels(ok, "peak_mem_bytes", "peak memory per rank (bytes)",
-                                             capacity=capacity_bytes))
-        moved = ok[ok["bytes_moved"] > 0]
-        if len(moved):
-            figures["bytes.png"] = _png(_panels(moved, "bytes_moved", "bytes moved (all ranks)"))
-        tables = {"Latency (ms)": _pivot(ok, "latency_s", 1e3, baseline),
-                  "Peak memory per rank (MB)": _pivot(ok, "peak_mem_bytes", 1e-6, None)}
+    title = f"treering report: {meta.get('scenario', '?')}"
+    blocks = _intro(title, meta, len(frame))
+    if "latency_s" in frame and frame["latency_s"].notna().any():
+        blocks += _decode_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes)
     else:
-        tables = {"Results": frame}
+        blocks += [Heading("Results"), Table(frame)]
     if timeline is not None and len(timeline):
-        figures["timeline.png"] = _png(_gantt(timeline))
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, data in figures.items():
-        path = out / name
-        path.write_bytes(data)
-        written.append(path)
-    intro = [f"# treering report: {meta.get('scenario', '?')}", "",
-             f"- scenario: `{meta.get('source', '?')}`", f"- topology: `{meta.get('topology', '?')}`",
-             f"- treering version: {meta.get('version', '?')}", f"- reproduce: `{meta.get('command', '?')}`",
-             f"- rows: {len(frame)}", ""]
-    md = list(intro)
-    for title, table in tables.items():
-        md += [f"## {title}", "", markdown_table(table), ""]
-    md += [f"![{name}]({name})\n" for name in figures]
-    write_text_atomic(out / "report.md", "\n".join(md))
-    written.append(out / "report.md")
-    body = [f"<h1>{html.escape(intro[0][2:])}</h1>", "<ul>"]
-    body += [f"<li>{html.escape(line[2:])}</li>" for line in intro[2:7]]
-    body.append("</ul>")
-    for title, table in tables.items():
-        body += [f"<h2>{html.escape(title)}</h2>", table.to_html(index=False, float_format=lambda x: f"{x:.4g}")]
-    for name, data in figures.items():
-        b64 = base64.b64encode(data).decode()
-        body.append(f'<h3>{html.escape(name[:-4])}</h3><img alt="{name}" src="data:image/png;base64,{b64}">')
-    page = ("<!doctype html><html><head><meta charset='utf-8'><title>treering report</title><style>body{font-family:"
-            "sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-            "padding:2px 6px;font-size:12px}img{max-width:100%}</style></head><body>"
-            + "\n".join(body) + "</body></html>")
-    write_text_atomic(out / "report.html", page)
-    written.append(out / "report.html")
+        blocks += [Heading("Timeline"), Image("timeline.png", _png(_gantt(timeline)), timeline_caption(meta))]
+    figures = {b.name: b.data for b in blocks if isinstance(b, Image)}
+    written = write_pages(out, title, blocks, figures)
     write_text_atomic(out / META_FILE, json.dumps(meta, indent=2))
-    return written
+    return [*written, out / META_FILE]

@@ -15,8 +15,10 @@ from simulator.schedule import COMPUTE_KINDS
 
 __all__ = ["chrome_trace"]
 
-def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: Cluster) -> dict[str, Any]:
-    """Trace of several simulations (one per algorithm): ``(label, result, placement)`` each."""
+def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: Cluster,
+                 note: str | None = None) -> dict[str, Any]:
+    """Trace of several simulations (one per algorithm): ``(label, result, placement)`` each; ``note`` (what the
+    trace shows, e.g. one layer of a whole decode step) goes into ``otherData``."""
     events: list[dict[str, Any]] = []
     pids = itertools.count()  # one trace process per (run, rank), then one per run for its links
     for label, result, place in runs:
@@ -38,5 +40,5 @@ def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: 
             bw = cluster.graph.edges[u, v]["bandwidth"]
             events.append({"name": f"{u}->{v}", "ph": "C", "pid": pid, "ts": t * 1e6,
                            "args": {"utilisation": load / bw}})
-    return {"traceEvents": events, "displayTimeUnit": "ns",
-            "otherData": {"topology": cluster.name, "generator": "treering"}}
+    other = {"topology": cluster.name, "generator": "treering", **({"note": note} if note else {})}
+    return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": other}

@@ -1,0 +1,138 @@
+"""A report as a list of blocks, rendered twice: GitHub Markdown (``report.md``) and self-contained HTML.
+
+Writing the blocks once and rendering each format directly avoids a Markdown parser: inline ``code`` in text is
+the only markup, tables are plain header + rows (no index column), images are embedded in the HTML as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+__all__ = ["Block", "Code", "Heading", "Image", "Items", "Para", "Table", "to_html", "to_markdown"]
+
+
+@dataclass(frozen=True)
+class Heading:
+    text: str
+    level: int = 2
+
+
+@dataclass(frozen=True)
+class Para:
+    text: str  # `backticks` mark inline code
+
+
+@dataclass(frozen=True)
+class Items:
+    items: tuple[str, ...]  # a bullet list; `backticks` mark inline code
+
+
+@dataclass(frozen=True)
+class Code:
+    text: str  # a preformatted block (a command)
+
+
+@dataclass(frozen=True)
+class Table:
+    frame: pd.DataFrame  # rendered without its index; floats with ``floatfmt``
+    floatfmt: str = ".4g"
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str  # the PNG's file name beside the report
+    data: bytes
+    caption: str = ""
+
+
+Block = Heading | Para | Items | Code | Table | Image
+
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def _cell(value: object, floatfmt: str) -> str:
+    if isinstance(value, float):
+        return "" if value != value else format(value, floatfmt)  # NaN: an empty cell
+    return str(value)
+
+
+def _rows(frame: pd.DataFrame, floatfmt: str) -> list[list[str]]:
+    return [[_cell(v, floatfmt) for v in row] for row in frame.itertuples(index=False)]
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def to_markdown(blocks: Sequence[Block]) -> str:
+    """GitHub-flavoured Markdown; images are links to the PNG files beside it."""
+    out: list[str] = []
+    for b in blocks:
+        if isinstance(b, Heading):
+            out.append("#" * b.level + " " + b.text)
+        elif isinstance(b, Para):
+            out.append(b.text)
+        elif isinstance(b, Items):
+            out.append("\n".join(f"- {item}" for item in b.items))
+        elif isinstance(b, Code):
+            out.append(f"```\n{b.text}\n```")
+        elif isinstance(b, Table):
+            head = "| " + " | ".join(_md_escape(str(c)) for c in b.frame.columns) + " |"
+            rule = "|" + "|".join("---" for _ in b.frame.columns) + "|"
+            body = ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in _rows(b.frame, b.floatfmt)]
+            out.append("\n".join([head, rule, *body]))
+        else:
+            out.append(f"![{b.name}]({b.name})" + (f"\n\n{b.caption}" if b.caption else ""))
+    return "\n\n".join(out) + "\n"
+
+
+def _inline(text: str) -> str:
+    """HTML of a line of text whose `backticks` mark code."""
+    parts = _CODE.split(text)
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+
+
+_NUMBER = re.compile(r"^\(?[-+]?[\d.,]+(e[-+]?\d+)?(x| OOM)?\)?$")  # right-aligned: 1.358, 4,519x, 649.4 OOM
+
+
+def _html_table(t: Table) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in t.frame.columns)
+    body = "".join("<tr>" + "".join(f'<td{" class=num" if _NUMBER.match(v) else ""}>{html.escape(v)}</td>'
+                                    for v in row) + "</tr>"
+                   for row in _rows(t.frame, t.floatfmt))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;line-height:1.4}"
+          "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}"
+          "th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}"
+          "code,pre{background:#f6f6f6;font-size:90%}pre{padding:0.6em;overflow-x:auto}"
+          "img{max-width:100%;height:auto}figure{margin:1em 0}figcaption{font-size:90%;color:#444}")
+
+
+def to_html(blocks: Sequence[Block], title: str) -> str:
+    """A self-contained HTML page (images inline as base64, no script, no external resource)."""
+    body: list[str] = []
+    for b in blocks:
+        if isinstance(b, Heading):
+            body.append(f"<h{b.level}>{_inline(b.text)}</h{b.level}>")
+        elif isinstance(b, Para):
+            body.append(f"<p>{_inline(b.text)}</p>")
+        elif isinstance(b, Items):
+            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b.items) + "</ul>")
+        elif isinstance(b, Code):
+            body.append(f"<pre><code>{html.escape(b.text)}</code></pre>")
+        elif isinstance(b, Table):
+            body.append(_html_table(b))
+        else:
+            b64 = base64.b64encode(b.data).decode()
+            cap = f"<figcaption>{_inline(b.caption)}</figcaption>" if b.caption else ""
+            body.append(f'<figure><img alt="{html.escape(b.name)}" src="data:image/png;base64,{b64}">{cap}</figure>')
+    return (f"<!doctype html>\n<html lang=en><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
