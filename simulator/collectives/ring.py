@@ -12,13 +12,15 @@ from collections.abc import Sequence
 
 from simulator.collectives.base import CollBuilder, chunk_bounds
 
-__all__ = ["MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce"]
+__all__ = ["MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce",
+           "ring_slices"]
 
 PIPELINE_SLICE_BYTES = 512 * 1024
 MAX_SLICES = 64
 
 
-def _slices(b: CollBuilder) -> list[tuple[int, int]]:
+def ring_slices(b: CollBuilder) -> list[tuple[int, int]]:
+    """The pipeline slices of ``b``'s elements (relative to its range)."""
     count = min(MAX_SLICES, max(1, math.ceil(b.n * b.elem_bytes / PIPELINE_SLICE_BYTES)))
     return [(lo, hi) for lo, hi in chunk_bounds(b.n, count) if hi > lo]
 
@@ -44,7 +46,7 @@ def ring_broadcast(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
     chain = _chain(ranks, root)
     if len(chain) < 2 or b.n == 0:
         return
-    for lo, hi in _slices(b):
+    for lo, hi in ring_slices(b):
         for src, dst in itertools.pairwise(chain):
             b.send_copy(src, dst, lo, hi)
 
@@ -54,6 +56,6 @@ def ring_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
     if len(chain) < 2 or b.n == 0:
         return
     back = chain[::-1]  # towards the root: last rank first
-    for lo, hi in _slices(b):
+    for lo, hi in ring_slices(b):
         for src, dst in itertools.pairwise(back):
             b.send_reduce(src, dst, lo, hi)
