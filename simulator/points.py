@@ -16,6 +16,8 @@ import pandas as pd
 
 from simulator.algorithms import Layout, build_schedule, label, resolve
 from simulator.cluster.topology import Cluster, load_topology
+from simulator.collective_rows import check_collective, collective_rows, collective_runs
+from simulator.collectives.fabric import fabric_of
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
 from simulator.memory import peak_memory
@@ -24,6 +26,7 @@ from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
 from simulator.schedule import COMPUTE_KINDS, Schedule
+from simulator.workloads import CollectiveWorkload
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
@@ -75,7 +78,7 @@ def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:
     """Ranks on the cluster's first ``ranks`` GPUs, with their server indices."""
     nodes = cluster.ranks[: ranks or len(cluster.ranks)]
     index: dict[str, int] = {}
-    return Layout(tuple(index.setdefault(cluster.host_of(n), len(index)) for n in nodes))
+    return Layout(tuple(index.setdefault(cluster.host_of(n), len(index)) for n in nodes), fabric_of(cluster))
 
 
 def _critical_split(result: SimResult) -> tuple[float, float]:
@@ -189,7 +192,9 @@ def flow_rows(point: Point, cluster: Cluster) -> list[dict[str, Any]]:
 def run_point(point: Point, numeric: bool = False) -> list[dict[str, Any]]:
     """Simulate one sweep point; its rows carry one extra column per swept key."""
     cluster = cluster_for(point)
-    if isinstance(point.scenario.workload, FlowsWorkload):
+    if isinstance(point.scenario.workload, CollectiveWorkload) and not numeric:
+        rows = collective_rows(point, cluster)
+    elif isinstance(point.scenario.workload, FlowsWorkload | CollectiveWorkload):
         if numeric:
             raise InputError("--numeric needs a decode workload", field="workload.kind")
         rows = flow_rows(point, cluster)
@@ -207,6 +212,9 @@ def check_points(points: Sequence[Point], numeric: bool = False) -> None:
         if not isinstance(wl, DecodeWorkload):
             if numeric:
                 raise InputError("--numeric needs a decode workload", file=point.source, field="workload.kind")
+            if isinstance(wl, CollectiveWorkload):
+                check_collective(point, cluster_for(point))
+                continue
             try:
                 flows_schedule(wl, cluster_for(point))  # every endpoint exists
             except InputError as err:
@@ -229,6 +237,9 @@ def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Sche
     """Every algorithm of one point simulated again, with its schedule and full result (for timelines, traces)."""
     cluster = cluster_for(point)
     wl = point.scenario.workload
+    if isinstance(wl, CollectiveWorkload):
+        return [(label_, sched, simulate(sched, cluster, record_links))
+                for label_, sched, _, _ in collective_runs(point, cluster)]
     if isinstance(wl, FlowsWorkload):
         sched = flows_schedule(wl, cluster)
         return [("flows", sched, simulate(sched, cluster, record_links))]

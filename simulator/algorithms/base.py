@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from simulator.collectives.fabric import Fabric
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape, shard_bounds
 
@@ -13,9 +14,14 @@ __all__ = ["Layout", "add_attend", "add_finalize", "new_decode_schedule"]
 
 @dataclass(frozen=True)
 class Layout:
-    """The ranks a schedule runs on: ``hosts[r]`` is the server (node) index of rank r."""
+    """The ranks a schedule runs on: ``hosts[r]`` is the server (node) index of rank r.
+
+    ``fabric``: the cluster as collectives see it (channels, protocols, NCCL's choice); None runs them as one
+    channel without protocol costs.
+    """
 
     hosts: tuple[int, ...]
+    fabric: Fabric | None = field(default=None, compare=False)
 
     @property
     def ranks(self) -> int:

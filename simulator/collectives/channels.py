@@ -165,7 +165,8 @@ def _hierarchical_allreduce(b: CollBuilder, ring: list[int], fabric: Fabric) -> 
 
 def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
     """NVLink SHARP: each slice of every GPU's buffer goes up once, the switch reduces it (no time: it reduces at
-    line rate), and multicasts the result down once; slices pipeline (up and down use the two link directions)."""
+    line rate), and multicasts the result down once; slices pipeline (up and down use the two link directions), the
+    protocol's latency paid by the first (the fill, as in :func:`simulator.collectives.ring.ring_broadcast`)."""
     sched, size = b.sched, b.elem_bytes * b.wire
     up = {r: b.front[r] for r in ranks}
     down = dict(up)
@@ -175,7 +176,7 @@ def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
         for r in ranks:
             snd, rcv = sched.add_transfer(r, switch, (hi - lo) * size, b.tag, send_deps=up[r], args=(b.buf,),
                                           dst_args=(f"{b.tag}.nvls{k}.{r}",), lo=lo, hi=hi, coll=b.tag,
-                                          floor_s=b.hop_s(r, switch) if b.hop_s else 0.0)
+                                          floor_s=b.hop_s(r, switch) if b.hop_s and k == 0 else 0.0)
             up[r] = (snd,)
             recvs.append(rcv)
         red = sched.add_compute(switch, f"{b.tag}.reduce", flops=0.0, dtype=b.dtype, deps=recvs,
@@ -183,7 +184,7 @@ def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
         for r in ranks:
             _, rcv = sched.add_transfer(switch, r, (hi - lo) * size, b.tag, send_deps=(red,), recv_deps=down[r],
                                         args=(b.buf,), lo=lo, hi=hi, coll=b.tag, recv_fn="into",
-                                        floor_s=b.hop_s(switch, r) if b.hop_s else 0.0)
+                                        floor_s=b.hop_s(switch, r) if b.hop_s and k == 0 else 0.0)
             down[r] = (rcv,)
     for r in ranks:
         b.front[r] = (*down[r], *up[r])

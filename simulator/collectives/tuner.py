@@ -118,7 +118,7 @@ class _Predictor:
             depth = max(len(chain) for chain in chains[0])
             # one slice: a chain is busy on one hop at a time, and the channels' rotated chains on different links
             busy = [ch for k in range(c if slices > 1 else 1) for ch in chains[k] if ch]
-            t += 2 * (slices + depth - 1) * (hop + share / slices / self.shared_bw(busy))
+            t += 2 * (depth * hop + (slices + depth - 1) * share / slices / self.shared_bw(busy))
         if len(groups) > 1:
             pairs = []
             for k in range(c):
@@ -136,9 +136,11 @@ class _Predictor:
             pairs = [[(self.ranks[i], self.ranks[(i + k) % p])] for k in range(1, p) for i in range(p)]
             hop = max(self.hop(a, b) for (a, b), in pairs)
             return self.launch + (p - 1) * (hop + nbytes / p / self.shared_bw(pairs[:p]))
-        if algo == "nvls":
+        if algo == "nvls":  # a pipeline of slices, each up to the switch and down again; latency paid once
             hop = self.hop(self.ranks[0], self.ranks[-1])
-            return self.launch + 2 * hop + nbytes / self.shared_bw([[(self.ranks[0], self.ranks[1])]])
+            slices = min(MAX_SLICES, max(1, math.ceil(nbytes / PIPELINE_SLICE_BYTES)))
+            bw = self.shared_bw([[(self.ranks[0], self.ranks[1])]])
+            return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw
         rings = self.fabric.rings(self.ranks, c)
         hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
         bw = self.shared_bw(hops) * c

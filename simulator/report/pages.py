@@ -2,8 +2,8 @@
 
 Figures of a decode sweep: latency against ranks per algorithm (log axes, one panel per context), speedup of each
 algorithm over ``ring``, peak memory per rank with the device capacity drawn, bytes moved, and a per-rank timeline
-(Gantt) of one chosen point. The report states the scenario, the topology, the package version and the command
-that reproduces it.
+(Gantt) of one chosen point. Of a collective sweep: bus bandwidth against message size (log x) per rank count.
+The report states the scenario, the topology, the package version and the command that reproduces it.
 """
 
 from __future__ import annotations
@@ -69,6 +69,24 @@ def _panels(frame: pd.DataFrame, column: str, ylabel: str, *, log_y: bool = True
     return fig
 
 
+def _busbw(frame: pd.DataFrame) -> plt.Figure:
+    """Collective rows: bus bandwidth against message size (log x), one panel per rank count."""
+    ranks = sorted(frame["ranks"].unique())
+    fig, axes = plt.subplots(1, len(ranks), figsize=(4.2 * len(ranks), 3.6), squeeze=False, sharey=True)
+    for ax, p in zip(axes[0], ranks, strict=True):
+        for algo, grp in frame[frame["ranks"] == p].groupby("algorithm", sort=True):
+            grp = grp.sort_values("bytes")
+            ax.plot(grp["bytes"], grp["busbw_GBps"], marker="o", label=str(algo))
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{p} ranks")
+        ax.set_xlabel("bytes per rank")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("bus bandwidth (GB/s)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 def _with_speedup(frame: pd.DataFrame) -> pd.DataFrame:
     """``speedup``: the latency of ``ring`` at the same point over each row's latency."""
     keys = ["context", "ranks", *[k for k in _series_keys(frame) if k != "algorithm"]]
@@ -121,7 +139,11 @@ def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
                  capacity_bytes: float | None = None) -> list[Path]:
     """Write ``report.md``, ``report.html`` and the figures (PNG) into ``out``; returns the files written."""
     figures: dict[str, bytes] = {}
-    if "latency_s" in frame and len(frame):
+    if "busbw_GBps" in frame and len(frame):  # a collective workload
+        figures["busbw.png"] = _png(_busbw(frame))
+        tables = {"Bus bandwidth (GB/s)": frame.pivot_table(index=["ranks", "bytes"], columns="algorithm",
+                                                            values="busbw_GBps", aggfunc="first").reset_index()}
+    elif "latency_s" in frame and len(frame):
         ok = frame[frame["latency_s"].notna()]
         figures["latency.png"] = _png(_panels(ok, "latency_s", "decode step latency (s)"))
         if (ok["algorithm"] == "ring").any() and ok["algorithm"].nunique() > 1:
