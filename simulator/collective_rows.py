@@ -16,7 +16,7 @@ from typing import Any
 
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.topology import Cluster
-from simulator.collectives import COLLECTIVE_ALGORITHMS, collective, fabric_of
+from simulator.collectives import COLLECTIVE_ALGORITHMS, collective, fabric_of, operation_algorithm
 from simulator.collectives.protocols import PROTOCOLS
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
@@ -61,11 +61,13 @@ def _entry(raw: str | Mapping[str, Any], field: str) -> tuple[str, str, int | No
 
 def check_collective(point: Point, cluster: Cluster) -> None:
     """Fail fast on a bad algorithm entry, or on a cluster too small for a collective."""
+    wl = point.scenario.workload
+    assert isinstance(wl, CollectiveWorkload)
     for i, raw in enumerate(point.scenario.algorithms):
         try:
-            _entry(raw, f"algorithms.{i}")
+            operation_algorithm(wl.collective, _entry(raw, f"algorithms.{i}")[0])
         except InputError as err:
-            raise point.locate(err) from None
+            raise point.locate(err.located(field=f"algorithms.{i}")) from None
     if len(cluster.ranks) < 2:
         raise point.locate(InputError("a collective needs at least 2 GPUs", field="topology"))
 

@@ -34,7 +34,7 @@ from simulator.errors import InputError
 from simulator.schedule import Schedule
 
 __all__ = ["ALGORITHMS", "COLLECTIVE_ALGORITHMS", "OPERATIONS", "REDUCE_OPS", "Choice", "Fabric", "Frontier",
-           "allreduce", "broadcast", "chunk_bounds", "collective", "fabric_of", "reduce"]
+           "allreduce", "broadcast", "chunk_bounds", "collective", "fabric_of", "operation_algorithm", "reduce"]
 
 ALGORITHMS = ("ring", "double-binary-tree", "recursive-doubling", "hierarchical", "auto")
 COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "nvls", "hierarchical", "double-binary-tree", "recursive-doubling",
@@ -93,12 +93,7 @@ def collective(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, 
     ``algo`` / ``protocol``: a name or ``auto``; ``channels``: None for the fabric's count. ``switch_rank``: a rank
     placed on the server's NVSwitch, needed for ``nvls``.
     """
-    algo = _FABRIC_NAMES.get(algo, algo)
-    if operation == "alltoall" and algo in ("auto", "ring"):
-        algo = "pairwise"
-    if algo != "auto" and algo not in _channels.SUPPORTED[operation]:
-        raise InputError(f"{operation} has no algorithm {algo!r}; valid: auto, "
-                         f"{', '.join(_channels.SUPPORTED[operation])}", field="algorithms")
+    algo = operation_algorithm(operation, algo)
     if operation in ("broadcast", "reduce") and root is None:
         root = ranks[0]
     choice = _tuner.choose(operation, ranks, n, fabric, algo=algo, protocol=protocol, channels=channels,
@@ -106,6 +101,17 @@ def collective(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, 
     front = _channels.build(sched, operation, ranks, buf, n, choice, fabric, elem_bytes=elem_bytes, dtype=dtype,
                             tag=tag, deps=deps, op=op, root=root, switch_rank=switch_rank)
     return front, choice
+
+
+def operation_algorithm(operation: str, algo: str) -> str:
+    """The algorithm ``algo`` (a name of :data:`COLLECTIVE_ALGORITHMS`) names for ``operation``, or InputError."""
+    algo = _FABRIC_NAMES.get(algo, algo)
+    if operation == "alltoall" and algo in ("auto", "ring"):
+        algo = "pairwise"
+    if algo != "auto" and algo not in _channels.SUPPORTED[operation]:
+        raise InputError(f"{operation} has no algorithm {algo!r}; valid: auto, "
+                         f"{', '.join(_channels.SUPPORTED[operation])}")
+    return algo
 
 
 def allreduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str, n: int, *, op: str,

@@ -1,0 +1,69 @@
+"""The collective workload end to end: nccl-tests columns, bus factors, the report, located errors."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+import pytest
+
+from simulator.cli import main
+from simulator.collective_rows import COLLECTIVE_COLUMNS
+
+COLL = """
+name: c
+topology: dgx-h100
+topology_params: {nodes: 1}
+workload: {kind: collective, collective: allreduce, bytes: 1 MiB, dtype: bf16}
+algorithms: [auto, ring, {name: ring, protocol: LL128, channels: 2}]
+sweep:
+  workload.bytes: [64 KiB, 16 MiB]
+"""
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+@pytest.mark.parametrize(("collective", "factor"), [("allreduce", 2 * 7 / 8), ("allgather", 7 / 8),
+                                                    ("reduce-scatter", 7 / 8), ("alltoall", 7 / 8),
+                                                    ("broadcast", 1.0), ("reduce", 1.0)])
+def test_rows_carry_nccl_tests_columns_and_bus_factors(collective, factor, tmp_path, capsys):
+    text = COLL.replace("collective: allreduce", f"collective: {collective}")
+    if collective == "alltoall":
+        text = text.replace("{name: ring, protocol: LL128, channels: 2}", "pairwise")
+    assert main(["run", str(write(tmp_path, text)), "-o", str(tmp_path / "o")]) == 0
+    df = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert list(df.columns[: len(COLLECTIVE_COLUMNS)]) == COLLECTIVE_COLUMNS
+    assert (df["algbw_GBps"] * 1e9 * df["time_s"] - df["bytes"]).abs().max() < 1e-3
+    assert ((df["busbw_GBps"] - df["algbw_GBps"] * factor).abs() < 1e-9).all()
+    assert set(df["bytes"]) == {64 * 1024, 16 * 1024 * 1024}
+    assert (tmp_path / "o" / "busbw.png").exists()
+    if collective == "allreduce":
+        fixed = df[df["algorithm"] == "ring[protocol=LL128,channels=2]"]
+        assert set(fixed["protocol"]) == {"LL128"} and set(fixed["channels"]) == {2}
+        small = df[(df["algorithm"] == "auto") & (df["bytes"] == 64 * 1024)].iloc[0]
+        assert small["chosen"] == "ring/LL"  # inside one node, small: NCCL's ring with LL
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (("collective: allreduce", "collective: allsum"),
+     "c.yaml:4: workload.collective: unknown collective 'allsum'; valid: allreduce, allgather"),
+    (("bytes: 1 MiB", "bytes: 0"), "c.yaml:4: workload.bytes: must be positive, got 0"),
+    (("bytes: 1 MiB", "bytes: -5"), "c.yaml:4: workload.bytes: must not be negative, got -5"),
+    (("[auto, ring,", "[auto, rign,"), "c.yaml:5: algorithms.1: unknown collective algorithm 'rign'; valid: auto"),
+    (("protocol: LL128", "protocol: LL64"), "c.yaml:5: algorithms.2.protocol: must be one of auto, LL, LL128"),
+    (("channels: 2", "channels: 0"), "c.yaml:5: algorithms.2.channels: must be a positive integer, got 0"),
+    (("collective: allreduce", "collective: allgather"),
+     "c.yaml:5: algorithms.2: allgather has no algorithm 'tree'; valid: auto, ring"),
+])
+def test_collective_errors_are_located(change, expected, tmp_path, capsys):
+    text = COLL.replace(*change)
+    if "allgather" in change[1]:
+        text = text.replace("{name: ring, protocol: LL128, channels: 2}", "tree")
+    assert main(["run", str(write(tmp_path, text)), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"treering: error: {tmp_path}/{expected}"), err
