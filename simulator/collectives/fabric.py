@@ -9,8 +9,9 @@ distinct GPU-to-GPU links. We follow that rule on the cluster graph:
 * several servers: one channel per NIC of a server (``rails``); channel ``c`` enters server ``i`` at the GPU of NIC
   ``c`` and leaves it at its neighbour, servers visited as a snake so that every server-to-server hop joins GPUs of
   the same local index (one rail);
-* one server whose GPUs are all directly linked (a mesh: MI300X's Infinity Fabric): one ring per step ``s``
-  coprime with the GPU count (``i -> i + s``), which use pairwise distinct directed links (4 rings on 8 GPUs);
+* one server whose GPUs are all directly linked (a mesh: MI300X's Infinity Fabric): rings of pairwise distinct
+  directed links, as many as the links allow (:func:`mesh_rings`: 7 rings on 8 GPUs, every xGMI link used once in
+  each direction);
 * one server whose GPUs hang off one switch or host bridge (NVSwitch, PCIe): every ring crosses the same GPU
   links, so there is one ring of distinct links: 1 channel.
 
@@ -20,15 +21,17 @@ that exceeds the distinct rings reuses them (channels then share links, which th
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from simulator.cluster.topology import Cluster
 
-__all__ = ["MAX_CHANNELS", "NVLS_DEVICES", "Fabric", "fabric_of"]
+__all__ = ["MAX_CHANNELS", "NVLS_DEVICES", "Fabric", "fabric_of", "mesh_rings"]
 
 MAX_CHANNELS = 64  # NCCL src/include/device.h MAXCHANNELS
+_SEARCH_MAX = 8  # GPUs up to which mesh rings come from a search (beyond: steps coprime with the count)
 NVLS_DEVICES = ("h100", "h200", "gh200", "b200", "gb200")  # NVSwitch gen 3+ with NVLink SHARP (Hopper and later)
 _NVLINK_CLASSES = ("nvlink", "infinity-fabric", "xgmi", "mesh")  # NCCL's "NVL" hardware class (RCCL: xGMI)
 
@@ -83,7 +86,7 @@ class Fabric:
         if len(groups) > 1:
             return max(1, min(self.rails or 1, MAX_CHANNELS))
         if self.mesh and len(ranks) > 2:
-            return min(len(_coprime_steps(len(ranks))), MAX_CHANNELS)
+            return min(len(mesh_rings(len(ranks))), MAX_CHANNELS)
         return 1
 
     def rings(self, ranks: Sequence[int], channels: int) -> list[list[int]]:
@@ -94,8 +97,7 @@ class Fabric:
         for c in range(channels):
             k = c % distinct
             if len(groups) == 1 and self.mesh and len(ranks) > 2:
-                g, step = groups[0], _coprime_steps(len(ranks))[k]
-                out.append([g[(i * step) % len(g)] for i in range(len(g))])
+                out.append([groups[0][i] for i in mesh_rings(len(ranks))[k]])
                 continue
             order: list[int] = []
             for i, g in enumerate(groups):
@@ -108,8 +110,48 @@ class Fabric:
         return out
 
 
-def _coprime_steps(n: int) -> list[int]:
-    return [s for s in range(1, n) if math.gcd(s, n) == 1]
+@functools.cache
+def mesh_rings(n: int) -> tuple[tuple[int, ...], ...]:
+    """Rings over ``n`` fully connected GPUs that use pairwise distinct directed links.
+
+    Where one exists (every ``n`` but 4 and 6: Tillson, "A Hamiltonian decomposition of K*_2m", 1980), the complete
+    digraph split into ``n - 1`` Hamiltonian cycles, found by depth-first search for ``n <= 8`` (a fraction of a
+    millisecond); otherwise one ring ``i -> i + s`` per step ``s`` coprime with ``n``.
+    """
+    if 2 < n <= _SEARCH_MAX and n not in (4, 6):
+        found = _hamiltonian_decomposition(n)
+        if found:
+            return found
+    return tuple(tuple((i * s) % n for i in range(n)) for s in range(1, n) if math.gcd(s, n) == 1) or ((0,),)
+
+
+def _hamiltonian_decomposition(n: int) -> tuple[tuple[int, ...], ...]:
+    used: set[tuple[int, int]] = set()
+    cycles: list[tuple[int, ...]] = []
+
+    def cycles_from(path: list[int]) -> Iterator[tuple[int, ...]]:
+        if len(path) == n:
+            if (path[-1], 0) not in used:
+                yield tuple(path)
+            return
+        for v in range(n):
+            if v not in path and (path[-1], v) not in used:
+                yield from cycles_from([*path, v])
+
+    def search() -> bool:
+        if len(cycles) == n - 1:
+            return True
+        for cyc in cycles_from([0]):
+            arcs = {(cyc[i], cyc[(i + 1) % n]) for i in range(n)}
+            used.update(arcs)
+            cycles.append(cyc)
+            if search():
+                return True
+            used.difference_update(arcs)
+            cycles.pop()
+        return False
+
+    return tuple(cycles) if search() else ()
 
 
 def fabric_of(cluster: Cluster) -> Fabric:
