@@ -63,9 +63,13 @@ def check_collective(point: Point, cluster: Cluster) -> None:
     """Fail fast on a bad algorithm entry, or on a cluster too small for a collective."""
     wl = point.scenario.workload
     assert isinstance(wl, CollectiveWorkload)
+    fabric = fabric_of(cluster)
     for i, raw in enumerate(point.scenario.algorithms):
         try:
-            operation_algorithm(wl.collective, _entry(raw, f"algorithms.{i}")[0])
+            algo = operation_algorithm(wl.collective, _entry(raw, f"algorithms.{i}")[0])
+            if algo == "nvls" and not (fabric.nvls and fabric.nodes == 1):
+                raise InputError(f"nvls needs one NVSwitch server with NVLink SHARP (H100, H200); topology "
+                                 f"{cluster.name!r} has {fabric.nodes} server(s), NVLink SHARP: {fabric.nvls}")
         except InputError as err:
             raise point.locate(err.located(field=f"algorithms.{i}")) from None
     if len(cluster.ranks) < 2:

@@ -16,6 +16,7 @@ from simulator.collectives.channels import Choice, build
 from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
 from simulator.collectives.tuner import candidates, predict
 from simulator.engine.core import simulate
+from simulator.errors import InputError
 from simulator.numeric import Executor, make_inputs
 from simulator.schedule import Schedule
 
@@ -102,7 +103,7 @@ def test_auto_is_the_candidate_with_the_lowest_predicted_time():
     cluster = load_topology("dgx-h100", {"nodes": 2})
     fabric = fabric_of(cluster)
     for n in (1 << 12, 1 << 20, 1 << 26):
-        options = candidates("allreduce", "auto", "auto", list(range(16)), fabric, None, n)
+        options = candidates("allreduce", "auto", "auto", list(range(16)), fabric, None, n, switch=False)
         assert {c.algo for c in options} == {"ring", "tree"}
         best = min(options, key=lambda c: predict("allreduce", list(range(16)), n, c, fabric, elem_bytes=1))
         assert run(cluster, "allreduce", n, algo="auto", protocol="auto")[1] == best
@@ -180,6 +181,15 @@ def test_memory_and_ops_do_not_grow_with_the_message_size():
         counts.append(len(sched.ops))
         assert math.isclose(sum(op.nbytes for op in sched.ops if op.kind == "send"), 2 * 7 * nbytes, rel_tol=1e-9)
     assert counts[0] == counts[1]
+
+
+def test_auto_needs_the_switch_as_a_rank_to_pick_nvls():
+    cluster = load_topology("dgx-h100")
+    options = candidates("allreduce", "auto", "auto", list(range(8)), fabric_of(cluster), None, 1 << 30, switch=False)
+    assert "nvls" not in {c.algo for c in options}
+    assert run(cluster, "allreduce", 1 << 30, algo="auto", protocol="auto")[1].algo == "ring"
+    with pytest.raises(InputError, match="nvls needs one NVSwitch server"):
+        run(load_topology("dgx-a100"), "allreduce", 1 << 20, algo="nvls")
 
 
 def test_nvls_reduces_in_the_switch_and_beats_the_ring_on_large_messages():

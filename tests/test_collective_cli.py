@@ -58,9 +58,12 @@ def test_rows_carry_nccl_tests_columns_and_bus_factors(collective, factor, tmp_p
     (("channels: 2", "channels: 0"), "c.yaml:5: algorithms.2.channels: must be a positive integer, got 0"),
     (("collective: allreduce", "collective: allgather"),
      "c.yaml:5: algorithms.2: allgather has no algorithm 'tree'; valid: auto, ring"),
+    (("[auto, ring,", "[auto, nvls,"), "c.yaml:5: algorithms.1: nvls needs one NVSwitch server with NVLink SHARP"),
 ])
 def test_collective_errors_are_located(change, expected, tmp_path, capsys):
     text = COLL.replace(*change)
+    if "nvls" in change[1]:
+        text = text.replace("topology_params: {nodes: 1}", "topology_params: {nodes: 2}")
     if "allgather" in change[1]:
         text = text.replace("{name: ring, protocol: LL128, channels: 2}", "tree")
     assert main(["run", str(write(tmp_path, text)), "-o", str(tmp_path / "o")]) == 2

@@ -97,7 +97,7 @@ def collective(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, 
     if operation in ("broadcast", "reduce") and root is None:
         root = ranks[0]
     choice = _tuner.choose(operation, ranks, n, fabric, algo=algo, protocol=protocol, channels=channels,
-                           elem_bytes=elem_bytes, dtype=dtype, root=root)
+                           elem_bytes=elem_bytes, dtype=dtype, root=root, switch=switch_rank is not None)
     front = _channels.build(sched, operation, ranks, buf, n, choice, fabric, elem_bytes=elem_bytes, dtype=dtype,
                             tag=tag, deps=deps, op=op, root=root, switch_rank=switch_rank)
     return front, choice

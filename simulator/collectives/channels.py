@@ -31,6 +31,7 @@ from simulator.collectives.fabric import Fabric
 from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
 from simulator.collectives.trees import double_binary_tree_allreduce, recursive_doubling_allreduce
+from simulator.errors import InputError
 from simulator.schedule import Schedule
 
 __all__ = ["OPERATIONS", "SUPPORTED", "Choice", "build", "protocol_family"]
@@ -74,8 +75,8 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
     b.hop_s = lambda a, c: hop_latency(family, choice.protocol, fabric.hw(a, c) if max(a, c) < len(fabric.hosts)
                                        else fabric.intra)
     if choice.algo == "nvls":
-        if switch_rank is None:
-            raise ValueError("nvls needs the NVSwitch as a rank (switch_rank)")
+        if switch_rank is None or not (fabric.nvls and fabric.nodes == 1):
+            raise InputError("nvls needs one NVSwitch server with NVLink SHARP (H100, H200), the switch as a rank")
         _nvls_allreduce(b, ranks, switch_rank)
         return b.front
     if choice.algo == "pairwise":

@@ -30,13 +30,15 @@ _CACHE: dict[tuple[object, ...], tuple[object, float]] = {}
 
 
 def candidates(operation: str, algo: str, protocol: str, ranks: Sequence[int], fabric: Fabric,
-               channels: int | None, nbytes: float) -> list[Choice]:
-    """Every (algorithm, protocol, channels) that ``algo`` and ``protocol`` (names or ``auto``) allow."""
+               channels: int | None, nbytes: float, *, switch: bool = True) -> list[Choice]:
+    """Every (algorithm, protocol, channels) that ``algo`` and ``protocol`` (names or ``auto``) allow.
+
+    ``switch``: the schedule has the NVSwitch as a rank (without it, ``auto`` cannot pick NVLS)."""
     algos = [a for a in _AUTO.get(operation, SUPPORTED[operation])] if algo == "auto" else [algo]
     one_server = len(fabric.groups(ranks)) == 1
     out = []
     for a in algos:
-        if a == "nvls" and not (fabric.nvls and one_server and fabric.cluster is not None):
+        if a == "nvls" and algo == "auto" and not (fabric.nvls and one_server and switch):
             continue
         protos = PROTOCOLS if protocol == "auto" else (protocol,)
         for p in protos:
@@ -156,9 +158,9 @@ class _Predictor:
 
 def choose(operation: str, ranks: Sequence[int], n: int, fabric: Fabric, *, algo: str = "auto",
            protocol: str = "auto", channels: int | None = None, elem_bytes: int = 1, dtype: str = "fp32",
-           root: int | None = None) -> Choice:
+           root: int | None = None, switch: bool = True) -> Choice:
     """The fastest candidate (the first in NCCL's order on ties); a single candidate is not simulated."""
-    options = candidates(operation, algo, protocol, ranks, fabric, channels, n * elem_bytes)
+    options = candidates(operation, algo, protocol, ranks, fabric, channels, n * elem_bytes, switch=switch)
     if not options:
         raise ValueError(f"no algorithm for {operation} with algo={algo!r}, protocol={protocol!r}")
     if len(options) == 1:
