@@ -65,8 +65,7 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
           root: int | None = None, switch_rank: int | None = None) -> dict[int, tuple[int, ...]]:
     """Append one collective; returns every rank's frontier (the ops after which its buffer holds the result)."""
     family = _PROTO_FAMILY[choice.algo]
-    kind = {"allgather": "broadcast", "alltoall": "broadcast"}.get(operation, operation.replace("-scatter", ""))
-    b = CollBuilder.start(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, kind,
+    b = CollBuilder.start(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, operation,
                           root if operation in ("broadcast", "reduce") else None,
                           launch_s=base_latency(family, choice.protocol))
     if len(ranks) < 2 or n == 0:

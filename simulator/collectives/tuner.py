@@ -160,6 +160,9 @@ def choose(operation: str, ranks: Sequence[int], n: int, fabric: Fabric, *, algo
            protocol: str = "auto", channels: int | None = None, elem_bytes: int = 1, dtype: str = "fp32",
            root: int | None = None, switch: bool = True) -> Choice:
     """The fastest candidate (the first in NCCL's order on ties); a single candidate is not simulated."""
+    if len(ranks) < 2:  # nothing moves: no prediction needed
+        return Choice(SUPPORTED[operation][0] if algo == "auto" else algo, "Simple" if protocol == "auto" else protocol,
+                      channels or 1)
     options = candidates(operation, algo, protocol, ranks, fabric, channels, n * elem_bytes, switch=switch)
     if not options:
         raise ValueError(f"no algorithm for {operation} with algo={algo!r}, protocol={protocol!r}")
