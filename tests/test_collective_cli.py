@@ -27,25 +27,26 @@ def write(tmp_path, text):
     return path
 
 
-@pytest.mark.parametrize(("collective", "factor"), [("allreduce", 2 * 7 / 8), ("allgather", 7 / 8),
-                                                    ("reduce-scatter", 7 / 8), ("alltoall", 7 / 8),
-                                                    ("broadcast", 1.0), ("reduce", 1.0)])
-def test_rows_carry_nccl_tests_columns_and_bus_factors(collective, factor, tmp_path, capsys):
-    text = COLL.replace("collective: allreduce", f"collective: {collective}")
-    if collective == "alltoall":
-        text = text.replace("{name: ring, protocol: LL128, channels: 2}", "pairwise")
+FACTORS = {"allreduce": 2 * 7 / 8, "allgather": 7 / 8, "reduce-scatter": 7 / 8, "alltoall": 7 / 8, "broadcast": 1.0,
+           "reduce": 1.0}
+
+
+def test_rows_carry_nccl_tests_columns_and_bus_factors(tmp_path, capsys):
+    text = COLL.replace("workload.bytes: [64 KiB, 16 MiB]",
+                        f"workload.bytes: [64 KiB, 16 MiB]\n  workload.collective: [{', '.join(FACTORS)}]")
     assert main(["run", str(write(tmp_path, text)), "-o", str(tmp_path / "o")]) == 0
     df = pd.read_csv(tmp_path / "o" / "results.csv")
     assert list(df.columns[: len(COLLECTIVE_COLUMNS)]) == COLLECTIVE_COLUMNS
+    assert set(df["collective"]) == set(FACTORS) and set(df["bytes"]) == {64 * 1024, 16 * 1024 * 1024}
     assert (df["algbw_GBps"] * 1e9 * df["time_s"] - df["bytes"]).abs().max() < 1e-3
+    factor = df["collective"].map(FACTORS)
     assert ((df["busbw_GBps"] - df["algbw_GBps"] * factor).abs() < 1e-9).all()
-    assert set(df["bytes"]) == {64 * 1024, 16 * 1024 * 1024}
     assert (tmp_path / "o" / "busbw.png").exists()
-    if collective == "allreduce":
-        fixed = df[df["algorithm"] == "ring[protocol=LL128,channels=2]"]
-        assert set(fixed["protocol"]) == {"LL128"} and set(fixed["channels"]) == {2}
-        small = df[(df["algorithm"] == "auto") & (df["bytes"] == 64 * 1024)].iloc[0]
-        assert small["chosen"] == "ring/LL"  # inside one node, small: NCCL's ring with LL
+    fixed = df[df["algorithm"] == "ring[protocol=LL128,channels=2]"]
+    assert set(fixed["protocol"]) == {"LL128"} and set(fixed["channels"]) == {2}
+    assert set(df[df["collective"] == "alltoall"]["chosen"].str.split("/").str[0]) == {"pairwise"}
+    small = df[(df["algorithm"] == "auto") & (df["bytes"] == 64 * 1024) & (df["collective"] == "allreduce")]
+    assert small.iloc[0]["chosen"] == "ring/LL"  # inside one node, small: NCCL's ring with LL
 
 
 @pytest.mark.parametrize(("change", "expected"), [
