@@ -238,8 +238,8 @@ def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Sche
     cluster = cluster_for(point)
     wl = point.scenario.workload
     if isinstance(wl, CollectiveWorkload):
-        return [(label_, sched, simulate(sched, cluster, record_links))
-                for label_, sched, _, _ in collective_runs(point, cluster)]
+        return [(label_, sched, simulate(sched, cluster, True) if record_links else result)
+                for label_, sched, result, _ in collective_runs(point, cluster)]
     if isinstance(wl, FlowsWorkload):
         sched = flows_schedule(wl, cluster)
         return [("flows", sched, simulate(sched, cluster, record_links))]
