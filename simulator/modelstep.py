@@ -20,7 +20,7 @@ from typing import Any
 from simulator.algorithms import Layout, build_schedule
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.topology import Cluster
-from simulator.collectives import allreduce
+from simulator.collectives import allreduce, fabric_of
 from simulator.engine.core import simulate
 from simulator.memory import peak_memory
 from simulator.models import ModelPreset
@@ -63,6 +63,7 @@ def dense_layer(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluste
     o_proj = model.heads * model.head_dim * h // tp
     mlp = 3 * h * model.intermediate // tp
     hosts = cluster.host_indices(cluster.ranks)
+    fabric = fabric_of(cluster)
     last = {r: sched.add_compute(r, "qkv", flops=2 * b * qkv, nbytes=qkv * wb + 2 * b * h * eb, dtype=shape.dtype)
             for r in range(p)}
     for stage, weights in (("o-proj", o_proj), ("mlp", mlp)):
@@ -72,7 +73,7 @@ def dense_layer(model: ModelPreset, shape: DecodeShape, tp: int, cluster: Cluste
         if tp > 1:
             for g in range(p // tp):
                 group = list(range(g * tp, (g + 1) * tp))
-                front.update(allreduce(sched, group, hosts, f"h.{stage}", b * h, op="sum", algo="auto",
+                front.update(allreduce(sched, group, hosts, f"h.{stage}", b * h, op="sum", algo="auto", fabric=fabric,
                                        elem_bytes=eb, dtype=shape.dtype, tag=f"{stage}.allreduce",
                                        deps={r: front[r] for r in group}))
         last = {r: sched.add_compute(r, f"{stage}.done", dtype=shape.dtype, deps=front[r], fused=True)

@@ -23,6 +23,8 @@ import pandas as pd
 from simulator.algorithms import Layout, build_schedule, label, resolve
 from simulator.cluster import Cluster, load_topology
 from simulator.cluster.topology import override_devices
+from simulator.collective_rows import check_collective, collective_runs
+from simulator.collectives.fabric import fabric_of
 from simulator.engine import SimResult, simulate
 from simulator.errors import InputError
 from simulator.memory import peak_memory
@@ -31,6 +33,7 @@ from simulator.numeric import make_inputs, run_numeric
 from simulator.rows import make_row
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
 from simulator.schedule import Schedule
+from simulator.workloads import CollectiveWorkload
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["NUMERIC_MAX_ELEMS", "Algorithm", "PointOutcome", "PreparedPoint", "RunResult", "check_points",
@@ -68,7 +71,8 @@ class Algorithm:
 class PreparedPoint:
     """A checked sweep point: its cluster, workload shape (decode) and the algorithms to run.
 
-    ``flows`` is the flows workload's schedule (built once, while checking its endpoints).
+    ``flows`` is the flows workload's schedule (built once, while checking its endpoints); ``collective`` marks a
+    collective workload (its algorithms are collective algorithms, checked by :mod:`simulator.collective_rows`).
     """
 
     point: Point
@@ -77,6 +81,7 @@ class PreparedPoint:
     shape: DecodeShape | None = None
     algorithms: tuple[Algorithm, ...] = ()
     flows: Schedule | None = None
+    collective: bool = False
 
     @property
     def workload(self) -> Any:
@@ -104,6 +109,14 @@ def prepare_point(point: Point, numeric: bool = False) -> PreparedPoint:
             if numeric:
                 raise InputError("--numeric needs a decode workload", field="workload.kind")
             return PreparedPoint(point, cluster, numeric, flows=flows_schedule(wl, cluster))
+        if isinstance(wl, CollectiveWorkload) and numeric:
+            raise InputError("--numeric needs a decode workload", field="workload.kind")
+    except InputError as err:
+        raise point.locate(err) from None
+    if isinstance(wl, CollectiveWorkload):
+        check_collective(point, cluster)  # located there
+        return PreparedPoint(point, cluster, numeric, collective=True)
+    try:
         assert isinstance(wl, DecodeWorkload)
         algos = []
         for i, entry in enumerate(point.scenario.algorithms):
@@ -163,7 +176,7 @@ def flows_schedule(workload: FlowsWorkload, cluster: Cluster) -> Schedule:
 
 def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:
     """Ranks on the cluster's first ``ranks`` GPUs, with their server indices."""
-    return Layout(cluster.host_indices(cluster.ranks[: ranks or len(cluster.ranks)]))
+    return Layout(cluster.host_indices(cluster.ranks[: ranks or len(cluster.ranks)]), fabric_of(cluster))
 
 
 @dataclass(frozen=True)
@@ -267,6 +280,11 @@ def simulate_point(point: Point | PreparedPoint, numeric: bool = False, timeline
     """Simulate every algorithm of one point once: its rows (one extra column per swept key) and, with
     ``timeline``, the timelines of the same simulations (for ``scope: model``, one layer's attention)."""
     prep = point if isinstance(point, PreparedPoint) else prepare_point(point, numeric)
+    if prep.collective:
+        done = collective_runs(prep.point, prep.cluster)
+        rows = [make_row("collective", values, swept=dict(prep.point.swept)) for _, _, _, values in done]
+        frame = timeline_frame((lab, sched, res) for lab, sched, res, _ in done) if timeline else None
+        return PointOutcome(rows, frame)
     if prep.flows is not None:
         result = simulate(prep.flows, prep.cluster)
         runs = [("flows", prep.flows, result)]
@@ -294,6 +312,9 @@ def _attention_run(prep: PreparedPoint, algo: Algorithm, record_links: bool = Fa
 def point_runs(prep: PreparedPoint, record_links: bool = False) -> list[tuple[str, Schedule, SimResult]]:
     """Every algorithm of one point simulated with its schedule and full result (for traces); for ``scope: model``,
     one layer's attention."""
+    if prep.collective:
+        return [(lab, sched, simulate(sched, prep.cluster, True) if record_links else result)
+                for lab, sched, result, _ in collective_runs(prep.point, prep.cluster)]
     if prep.flows is not None:
         return [("flows", prep.flows, simulate(prep.flows, prep.cluster, record_links))]
     return [(algo.label, *_attention_run(prep, algo, record_links)) for algo in prep.algorithms]

@@ -11,14 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["COLUMNS", "DECODE_COLUMNS", "FLOW_COLUMNS", "make_row"]
+__all__ = ["COLLECTIVE_COLUMNS", "COLUMNS", "DECODE_COLUMNS", "FLOW_COLUMNS", "make_row"]
 
 DECODE_COLUMNS = ("scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim",
                   "dtype", "latency_s", "compute_s", "comm_s", "bytes_moved", "peak_mem_bytes", "oom", "events",
                   "sim_wall_s")
 FLOW_COLUMNS = ("flow", "src", "dst", "bytes", "start_s", "finish_s")
+COLLECTIVE_COLUMNS = ("scenario", "algorithm", "topology", "ranks", "nodes", "dtype", "bytes_moved", "events",
+                      "sim_wall_s", "collective", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "protocol",
+                      "channels", "chosen")
 
-COLUMNS: dict[str, tuple[str, ...]] = {"decode": DECODE_COLUMNS, "flows": FLOW_COLUMNS}
+COLUMNS: dict[str, tuple[str, ...]] = {"decode": DECODE_COLUMNS, "flows": FLOW_COLUMNS,
+                                       "collective": COLLECTIVE_COLUMNS}
 
 
 def make_row(kind: str, values: Mapping[str, Any], extra: Mapping[str, Any] | None = None,

@@ -69,6 +69,7 @@ class Op(NamedTuple):
     root: int | None = None
     redop: str = ""
     into: bool = False
+    floor_s: float = 0.0  # a launch's or a transfer's fixed latency is at least this (a protocol's, see engine)
 
 
 @dataclass
@@ -110,15 +111,16 @@ class Schedule:
         return op.id
 
     def add_launch(self, rank: int, name: str, *, deps: Iterable[int] = (), coll: str = "", fn: str = "",
-                   out: str = "", root: int | None = None, redop: str = "") -> int:
+                   out: str = "", root: int | None = None, redop: str = "", floor_s: float = 0.0) -> int:
         """Append the start of a communication operation on ``rank`` (takes the cluster's ``comm_overhead``).
 
-        For a collective, ``fn`` names it (``allreduce``, ``reduce``, ``broadcast``), ``redop`` its reduction
+        For a collective, ``fn`` names it (``allreduce``, ``reduce``, ``broadcast``...), ``redop`` its reduction
         (``sum``, ``max``), ``out`` its buffer and ``root`` the root of a reduce or broadcast, so that a real runner
-        can issue it as one native collective.
+        can issue it as one native collective. ``floor_s``: the launch takes at least this long (a protocol's base
+        latency).
         """
         op = Op(len(self.ops), rank, "launch", name, self._check(rank, deps), coll=coll, fn=fn, out=out, root=root,
-                redop=redop)
+                redop=redop, floor_s=floor_s)
         self.ops.append(op)
         return op.id
 
@@ -126,12 +128,13 @@ class Schedule:
                      recv_deps: Iterable[int] = (), not_before_s: float = 0.0, args: Sequence[str] = (),
                      dst_args: Sequence[str] | None = None, lo: int = 0, hi: int = -1,
                      alloc: Sequence[tuple[str, float]] = (), free_src: Sequence[str] = (),
-                     coll: str = "", into: bool = False) -> tuple[int, int]:
+                     coll: str = "", into: bool = False, floor_s: float = 0.0) -> tuple[int, int]:
         """Append a matched send (on ``src``) and recv (on ``dst``); returns ``(send_id, recv_id)``.
 
         The send reads buffers ``args`` (slice ``lo:hi``); the recv writes them as ``dst_args`` (default: the same
         names; ``into=True`` writes into slice ``lo:hi`` of existing flat buffers) and allocates ``alloc`` on
-        ``dst``; ``free_src`` buffers are released on ``src`` once sent.
+        ``dst``; ``free_src`` buffers are released on ``src`` once sent. ``floor_s``: the transfer's fixed latency
+        (message overhead + route latency) is at least this (a protocol's per-hop latency).
         """
         if nbytes < 0:
             raise ValueError(f"nbytes must not be negative, got {nbytes}")
@@ -144,7 +147,7 @@ class Schedule:
         sid = len(self.ops)
         self.ops.append(Op(sid, src, "send", name, sd, nbytes=float(nbytes), peer=dst, match=sid + 1,
                            not_before_s=not_before_s, args=tuple(args), lo=lo, hi=hi, free=tuple(free_src),
-                           coll=coll))
+                           coll=coll, floor_s=floor_s))
         self.ops.append(Op(sid + 1, dst, "recv", name, rd, nbytes=float(nbytes), peer=src, match=sid,
                            not_before_s=not_before_s, args=dargs, lo=lo, hi=hi, alloc=tuple(alloc), coll=coll,
                            into=into))

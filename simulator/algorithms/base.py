@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from simulator.collectives.fabric import Fabric
 from simulator.kernels import kernel_cost
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape, shard_bounds
@@ -15,9 +16,14 @@ __all__ = ["Layout", "add_attend", "add_finalize", "add_kernel", "new_decode_sch
 
 @dataclass(frozen=True)
 class Layout:
-    """The ranks a schedule runs on: ``hosts[r]`` is the server (node) index of rank r."""
+    """The ranks a schedule runs on: ``hosts[r]`` is the server (node) index of rank r.
+
+    ``fabric``: the cluster as collectives see it (channels, protocols, NCCL's choice); None runs them as one
+    channel without protocol costs.
+    """
 
     hosts: tuple[int, ...]
+    fabric: Fabric | None = field(default=None, compare=False)
 
     @property
     def ranks(self) -> int:

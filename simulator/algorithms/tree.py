@@ -32,7 +32,7 @@ def build_tree(shape: DecodeShape, layout: Layout, allreduce_algo: str = "auto")
     local = {r: (add_attend(sched, shape, r, r, "kv0", [], first=True),) for r in ranks}
     packed = {r: (add_kernel(sched, shape, r, "pack-m", 0, deps=local[r], out="m", args=("acc",), fused=True),)
               for r in ranks}  # a view of acc.m: no cost
-    common = {"algo": allreduce_algo, "elem_bytes": shape.elem_bytes, "dtype": shape.dtype}
+    common = {"algo": allreduce_algo, "elem_bytes": shape.elem_bytes, "dtype": shape.dtype, "fabric": layout.fabric}
     front = allreduce(sched, ranks, layout.hosts, "m", shape.ml_elems, op="max", tag="allreduce-max", deps=packed,
                       **common)  # type: ignore[arg-type]
     n_ol = shape.batch * shape.model_dim + shape.ml_elems

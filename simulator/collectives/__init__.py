@@ -7,13 +7,22 @@ double-tree or doubling form of their own: those names give the binomial tree (c
 
 Each function appends ops to a schedule and returns the frontier: for every rank, the op ids after which the
 buffer holds the result.
+
+Given a ``fabric`` (:func:`simulator.collectives.fabric.fabric_of` a cluster), a collective runs as NCCL runs it
+(:mod:`simulator.collectives.channels`): over channels, with a protocol, ``auto`` choosing algorithm and protocol by
+the lowest predicted time (:mod:`simulator.collectives.tuner`); ``double-binary-tree`` then names NCCL's tree. Without
+one, the decompositions above run as one channel with no protocol costs (the model before channels).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from simulator.collectives import channels as _channels
+from simulator.collectives import tuner as _tuner
 from simulator.collectives.base import REDUCE_OPS, CollBuilder, chunk_bounds
+from simulator.collectives.channels import OPERATIONS, Choice
+from simulator.collectives.fabric import Fabric, fabric_of
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce
 from simulator.collectives.trees import (
     binomial_broadcast,
@@ -24,9 +33,13 @@ from simulator.collectives.trees import (
 from simulator.errors import InputError
 from simulator.schedule import Schedule
 
-__all__ = ["ALGORITHMS", "REDUCE_OPS", "Frontier", "allreduce", "broadcast", "chunk_bounds", "reduce"]
+__all__ = ["ALGORITHMS", "COLLECTIVE_ALGORITHMS", "OPERATIONS", "REDUCE_OPS", "Choice", "Fabric", "Frontier",
+           "allreduce", "broadcast", "chunk_bounds", "collective", "fabric_of", "operation_algorithm", "reduce"]
 
 ALGORITHMS = ("ring", "double-binary-tree", "recursive-doubling", "hierarchical", "auto")
+COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "nvls", "hierarchical", "double-binary-tree", "recursive-doubling",
+                         "pairwise")  # what a collective workload's ``algorithms:`` may name
+_FABRIC_NAMES = {"double-binary-tree": "tree"}
 Frontier = dict[int, tuple[int, ...]]
 
 _ALLREDUCE: dict[str, Callable[[CollBuilder, Sequence[int]], None]] = {
@@ -71,9 +84,44 @@ def _builder(sched: Schedule, ranks: Sequence[int], buf: str, n: int, elem_bytes
     return CollBuilder.start(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, kind, root)
 
 
+def collective(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: int, fabric: Fabric, *,
+               algo: str = "auto", protocol: str = "auto", channels: int | None = None, op: str = "sum",
+               root: int | None = None, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]],
+               switch_rank: int | None = None) -> tuple[Frontier, Choice]:
+    """Any operation of :data:`OPERATIONS` as NCCL runs it on ``fabric``; returns the frontier and the choice made.
+
+    ``algo`` / ``protocol``: a name or ``auto``; ``channels``: None for the fabric's count. ``switch_rank``: a rank
+    placed on the server's NVSwitch, needed for ``nvls``.
+    """
+    algo = operation_algorithm(operation, algo)
+    if operation in ("broadcast", "reduce") and root is None:
+        root = ranks[0]
+    choice = _tuner.choose(operation, ranks, n, fabric, algo=algo, protocol=protocol, channels=channels,
+                           elem_bytes=elem_bytes, dtype=dtype, root=root, switch=switch_rank is not None)
+    front = _channels.build(sched, operation, ranks, buf, n, choice, fabric, elem_bytes=elem_bytes, dtype=dtype,
+                            tag=tag, deps=deps, op=op, root=root, switch_rank=switch_rank)
+    return front, choice
+
+
+def operation_algorithm(operation: str, algo: str) -> str:
+    """The algorithm ``algo`` (a name of :data:`COLLECTIVE_ALGORITHMS`) names for ``operation``, or InputError."""
+    algo = _FABRIC_NAMES.get(algo, algo)
+    if operation == "alltoall" and algo in ("auto", "ring"):
+        algo = "pairwise"
+    if algo != "auto" and algo not in _channels.SUPPORTED[operation]:
+        raise InputError(f"{operation} has no algorithm {algo!r}; valid: auto, "
+                         f"{', '.join(_channels.SUPPORTED[operation])}")
+    return algo
+
+
 def allreduce(sched: Schedule, ranks: Sequence[int], hosts: Sequence[int], buf: str, n: int, *, op: str,
-              algo: str, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]]) -> Frontier:
+              algo: str, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]],
+              fabric: Fabric | None = None) -> Frontier:
     """Every rank's ``buf`` (``n`` elements) becomes the elementwise ``op`` over all ranks."""
+    if fabric is not None:
+        check_algorithm(algo)
+        return collective(sched, "allreduce", ranks, buf, n, fabric, algo=algo, op=op, elem_bytes=elem_bytes,
+                          dtype=dtype, tag=tag, deps=deps)[0]
     b = _builder(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, "allreduce")
     algo = _resolve(algo, ranks, hosts)
     if algo != "hierarchical":

@@ -8,11 +8,10 @@ runs inside the communication kernel (``fused``: no kernel launch), as NCCL does
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from simulator.schedule import Schedule
 
@@ -22,9 +21,13 @@ REDUCE_OPS = ("sum", "max")
 
 
 def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous element ranges of ``n`` elements (numpy.array_split sizes)."""
-    edges = np.cumsum([0] + [len(a) for a in np.array_split(np.empty(n), parts)])
-    return [(int(a), int(b)) for a, b in itertools.pairwise(edges)]
+    """``parts`` contiguous element ranges of ``n`` elements (numpy.array_split sizes: the first ``n % parts``
+    ranges hold one element more). Arithmetic only: memory does not grow with ``n``."""
+    if parts < 1:
+        raise ValueError(f"parts must be positive, got {parts}")
+    q, extra = divmod(n, parts)
+    edges = [k * q + min(k, extra) for k in range(parts + 1)]
+    return list(itertools.pairwise(edges))
 
 
 def rotated_to(ranks: Sequence[int], root: int) -> list[int]:
@@ -50,18 +53,25 @@ class CollBuilder:
     tag: str
     front: dict[int, tuple[int, ...]] = field(default_factory=dict)
     _tmp: int = 0
+    wire: float = 1.0  # bytes on the wire per payload byte (a protocol's line format)
+    hop_s: Callable[[int, int], float] | None = None  # a protocol's per-hop latency from rank a to rank b
+    offset: int = 0  # this builder works on elements offset .. offset + n of ``buf`` (one channel's share)
+
+    def view(self, lo: int, hi: int) -> CollBuilder:
+        """A builder over elements ``lo:hi`` of this one's range that shares its frontier (one channel, one chunk)."""
+        return dataclasses.replace(self, n=hi - lo, offset=self.offset + lo, front=self.front)
 
     @classmethod
     def start(cls, sched: Schedule, ranks: Sequence[int], buf: str, n: int, elem_bytes: int, dtype: str,
               op: str, tag: str, deps: Mapping[int, Iterable[int]], kind: str = "allreduce",
-              root: int | None = None) -> CollBuilder:
+              root: int | None = None, launch_s: float = 0.0) -> CollBuilder:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {REDUCE_OPS}, got {op!r}")
         if len(ranks) < 2:  # nothing to communicate: no communication operation is launched
             return cls(sched, buf, n, elem_bytes, dtype, op, tag, {r: tuple(deps.get(r, ())) for r in ranks})
         front: dict[int, tuple[int, ...]] = {
             r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=kind, out=buf, root=root,
-                                 redop="" if kind == "broadcast" else op),)
+                                 redop="" if kind == "broadcast" else op, floor_s=launch_s),)
             for r in ranks}
         return cls(sched, buf, n, elem_bytes, dtype, op, tag, front)
 
@@ -86,6 +96,8 @@ class CollBuilder:
         A rank's sends of this step join its frontier: its next step starts once they have left (one step at a
         time per rank, as in NCCL's and MPI's algorithms).
         """
+        if self.offset:
+            moves = [(src, dst, lo + self.offset, hi + self.offset) for src, dst, lo, hi in moves]
         before = dict(self.front)
         received: list[tuple[int, int, int, int, str]] = []  # (recv id, dst, lo, hi, tmp)
         sends: dict[int, list[tuple[int, int, int]]] = {}  # src -> (send id, lo, hi)
@@ -93,11 +105,11 @@ class CollBuilder:
             tmp = ""
             if reduce:
                 self._tmp += 1
-                tmp = f"{self.tag}.tmp{self._tmp}"
+                tmp = f"{self.tag}.tmp{self._tmp}" if not self.offset else f"{self.tag}.tmp{self.offset}.{self._tmp}"
             snd, recv = self.sched.add_transfer(
-                src, dst, self.nbytes(lo, hi), self.tag, send_deps=before[src], recv_deps=before[dst],
+                src, dst, self.nbytes(lo, hi) * self.wire, self.tag, send_deps=before[src], recv_deps=before[dst],
                 args=(self.buf,), dst_args=(tmp,) if reduce else None, lo=lo, hi=hi, coll=self.tag,
-                into=not reduce)
+                into=not reduce, floor_s=self.hop_s(src, dst) if self.hop_s else 0.0)
             sends.setdefault(src, []).append((snd, lo, hi))
             received.append((recv, dst, lo, hi, tmp))
         for src, items in sends.items():

@@ -6,21 +6,35 @@ Reduce and broadcast are pipelines along the ring, towards or from the root, in 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from simulator.collectives.base import CollBuilder, chunk_bounds, rotated_to
 
-__all__ = ["MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce"]
+__all__ = ["MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce",
+           "ring_slices"]
 
 PIPELINE_SLICE_BYTES = 512 * 1024
 MAX_SLICES = 64
 
 
-def _slices(b: CollBuilder) -> list[tuple[int, int]]:
+def ring_slices(b: CollBuilder) -> list[tuple[int, int]]:
+    """The pipeline slices of ``b``'s elements (relative to its range)."""
     count = min(MAX_SLICES, max(1, math.ceil(b.n * b.elem_bytes / PIPELINE_SLICE_BYTES)))
     return [(lo, hi) for lo, hi in chunk_bounds(b.n, count) if hi > lo]
+
+
+@contextlib.contextmanager
+def _fill_only(b: CollBuilder) -> Iterator[None]:
+    """A pipeline pays the protocol's per-hop latency on its first slice only (the fill): NCCL keeps several
+    steps in flight per connection (``NCCL_STEPS``), so later slices' latency hides behind earlier slices' bytes."""
+    hop = b.hop_s
+    try:
+        yield
+    finally:
+        b.hop_s = hop
 
 
 def ring_allreduce(b: CollBuilder, ranks: Sequence[int]) -> None:
@@ -38,9 +52,11 @@ def ring_broadcast(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
     chain = rotated_to(ranks, root)
     if len(chain) < 2 or b.n == 0:
         return
-    for lo, hi in _slices(b):
-        for src, dst in itertools.pairwise(chain):
-            b.send_copy(src, dst, lo, hi)
+    with _fill_only(b):
+        for lo, hi in ring_slices(b):
+            for src, dst in itertools.pairwise(chain):
+                b.send_copy(src, dst, lo, hi)
+            b.hop_s = None
 
 
 def ring_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
@@ -48,6 +64,8 @@ def ring_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
     if len(chain) < 2 or b.n == 0:
         return
     back = chain[::-1]  # towards the root: last rank first
-    for lo, hi in _slices(b):
-        for src, dst in itertools.pairwise(back):
-            b.send_reduce(src, dst, lo, hi)
+    with _fill_only(b):
+        for lo, hi in ring_slices(b):
+            for src, dst in itertools.pairwise(back):
+                b.send_reduce(src, dst, lo, hi)
+            b.hop_s = None

@@ -10,10 +10,11 @@
   starts once its dependencies are met *and* the op before it was issued: a kernel or a collective's launch
   when it returns, a send or receive as soon as it is posted. (A GPU's host thread only enqueues kernels, so
   GPU ranks run ops as soon as their dependencies allow.)
-* Launch ops (the start of a collective on a rank) take ``collective_overhead`` (default: ``comm_overhead``), off
-  the compute stream.
+* Launch ops (the start of a collective on a rank) take ``collective_overhead`` (default: ``comm_overhead``), or
+  the op's ``floor_s`` (a protocol's base latency) when that is longer, off the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
-  ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own),
+  ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own;
+  ``message_overhead + latency`` is raised to the send's ``floor_s``, a protocol's per-hop latency, if lower),
   then drains over every directed link of the route at its max-min fair rate (:mod:`simulator.engine.network`). Rates
   are recomputed once per simulated instant at which flows start or finish: the recomputation is an event of
   lower priority than everything else at that instant, scheduled at most once per instant.
@@ -189,8 +190,9 @@ class _Run:
         key = (node, op.flops, op.nbytes, op.dtype, op.fused)
         hit = self._durations.get(key)
         if hit is None:
-            hit = self._durations[key] = compute_time(self.cluster.specs[node], op.flops, op.nbytes, op.dtype,
-                                                      launch=not op.fused)
+            spec = self.cluster.specs.get(node)  # none: a switch reducing in the network (NVLS), at line rate
+            hit = self._durations[key] = (0.0 if spec is None else
+                                          compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused))
         return hit
 
     def _ready(self, op: Op) -> None:
@@ -218,7 +220,7 @@ class _Run:
             self._at(end - now, partial(self._done, op))
         elif kind == "launch":
             self.start[op.id] = now
-            self._at(self.cluster.collective_start_s, partial(self._launched, op))
+            self._at(max(self.cluster.collective_start_s, op.floor_s), partial(self._launched, op))
         else:
             assert op.match is not None
             if self.ready[op.match]:  # both ends ready: the transfer starts
@@ -271,7 +273,8 @@ class _Run:
         now = self.env.now
         self.start[send.id] = self.start[recv.id] = now
         link_ids, latency = self._path(send.rank, recv.rank)
-        delay = self.cluster.message_overhead_s + latency + (0.0 if send.coll else self.cluster.comm_overhead_s)
+        delay = (max(self.cluster.message_overhead_s + latency, send.floor_s)
+                 + (0.0 if send.coll else self.cluster.comm_overhead_s))
         if not link_ids or send.nbytes == 0:
             self._at(delay, partial(self._finish_transfer, send))
         else:

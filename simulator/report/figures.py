@@ -175,3 +175,22 @@ def png(fig: plt.Figure) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
+
+
+def busbw_figure(frame: pd.DataFrame) -> plt.Figure:
+    """Collective rows: bus bandwidth against message size (log x), one panel per rank count, colour per
+    algorithm."""
+    ranks = sorted(frame["ranks"].unique())
+    fig, axes = plt.subplots(1, len(ranks), figsize=(4.2 * len(ranks) + 2.0, 3.6), squeeze=False, sharey=True)
+    for ax, p in zip(axes[0], ranks, strict=True):
+        for algo, grp in frame[frame["ranks"] == p].groupby("algorithm", sort=True):
+            grp = grp.sort_values("bytes")
+            ax.plot(grp["bytes"], grp["busbw_GBps"], marker="o", label=str(algo))
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{p} ranks")
+        ax.set_xlabel("bytes per rank")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("bus bandwidth (GB/s)")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.subplots_adjust(right=0.8, bottom=0.15)
+    return fig

@@ -24,7 +24,7 @@ import pandas as pd
 from simulator.files import write_text_atomic
 from simulator.report.conclude import feasible, headline, point_view, summary
 from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table, to_html, to_markdown
-from simulator.report.figures import HLine, facet_figure, png
+from simulator.report.figures import HLine, busbw_figure, facet_figure, png
 
 __all__ = ["META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages", "write_report"]
 
@@ -192,7 +192,13 @@ def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
     """Write ``report.md``, ``report.html`` and the figures (PNG) into ``out``; returns the files written."""
     title = f"treering report: {meta.get('scenario', '?')}"
     blocks = _intro(title, meta, len(frame))
-    if "latency_s" in frame and frame["latency_s"].notna().any():
+    if "busbw_GBps" in frame and frame["busbw_GBps"].notna().any():  # a collective workload
+        ok = frame[frame["busbw_GBps"].notna()]
+        blocks += [Heading("Bus bandwidth"), Image("busbw.png", _png(busbw_figure(ok)),
+                                                   "nccl-tests' bus bandwidth against the per-rank message size"),
+                   Table(ok.pivot_table(index=["ranks", "bytes"], columns="algorithm", values="busbw_GBps",
+                                        aggfunc="first").reset_index())]
+    elif "latency_s" in frame and frame["latency_s"].notna().any():
         blocks += _decode_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes)
     else:
         blocks += [Heading("Results"), Table(frame)]

@@ -8,9 +8,10 @@ from typing import Annotated
 from pydantic import Field
 
 from simulator.workloads.base import ModelShape
+from simulator.workloads.collective import CollectiveWorkload
 from simulator.workloads.decode import DecodeWorkload
 from simulator.workloads.flows import FlowSpec, FlowsWorkload
 
-__all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Workload"]
+__all__ = ["CollectiveWorkload", "DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Workload"]
 
-Workload = Annotated[DecodeWorkload | FlowsWorkload, Field(discriminator="kind")]
+Workload = Annotated[DecodeWorkload | FlowsWorkload | CollectiveWorkload, Field(discriminator="kind")]

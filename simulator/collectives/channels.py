@@ -1,0 +1,197 @@
+"""A collective as NCCL runs it: split over channels, each channel an algorithm over its own ring, one protocol.
+
+:func:`build` appends one collective with an explicit (algorithm, protocol, channel count) to a schedule: every
+rank launches it once (the protocol's base latency), the buffer is split into one contiguous share per channel
+(``chunk_bounds``), and each channel runs the algorithm on its share along the ring :class:`Fabric` gives it.
+Channels only meet on shared links, where the flow engine divides the bandwidth. Every transfer carries the
+protocol's bytes on the wire and its per-hop latency (:mod:`simulator.collectives.protocols`).
+
+Algorithms per operation (NCCL's, ``src/graph/tuning.cc``):
+
+* ``ring``: allreduce (reduce-scatter then allgather, 2(P-1) steps of n/P), reduce-scatter and allgather (P-1
+  steps), broadcast and reduce (pipelines along the ring from / to the root, in 512 KiB slices);
+* ``tree`` (allreduce): NCCL's tree: inside every server a chain to the GPU of the channel's NIC, a double binary
+  tree across those GPUs, and back down the chains;
+* ``hierarchical`` (allreduce): reduce-scatter inside every server, one ring allreduce per local GPU index across
+  servers (each GPU on its own NIC rail), allgather inside;
+* ``recursive-doubling`` (allreduce): log2 P pairwise exchanges of the whole share (tree protocol constants);
+* ``nvls`` (allreduce on one NVSwitch server with NVLink SHARP): the switch reduces; each GPU sends its buffer up
+  once and receives the result once (needs the switch as a rank: ``switch_rank``);
+* ``pairwise`` (alltoall): P-1 steps, in step k rank i sends its block for rank i+k. One channel: every GPU uses its
+  own NIC (alltoall cannot aggregate NICs). Timing only: blocks keep their offsets (no numeric semantics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from simulator.collectives.base import CollBuilder, chunk_bounds
+from simulator.collectives.fabric import Fabric
+from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
+from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
+from simulator.collectives.trees import double_binary_tree_allreduce, recursive_doubling_allreduce
+from simulator.errors import InputError
+from simulator.schedule import Schedule
+
+__all__ = ["OPERATIONS", "SUPPORTED", "Choice", "build", "protocol_family"]
+
+OPERATIONS = ("allreduce", "allgather", "reduce-scatter", "alltoall", "broadcast", "reduce")
+SUPPORTED: dict[str, tuple[str, ...]] = {  # operation -> algorithms (NCCL: tree and NVLS for allreduce only here)
+    "allreduce": ("ring", "tree", "hierarchical", "recursive-doubling", "nvls"),
+    "allgather": ("ring",), "reduce-scatter": ("ring",), "broadcast": ("ring",), "reduce": ("ring",),
+    "alltoall": ("pairwise",),
+}
+_PROTO_FAMILY = {"ring": "ring", "tree": "tree", "hierarchical": "ring", "recursive-doubling": "tree", "nvls": "nvls",
+                 "pairwise": "ring"}
+
+
+def protocol_family(algo: str) -> str:
+    """Whose protocol constants an algorithm pays: ``ring``, ``tree`` or ``nvls``."""
+    return _PROTO_FAMILY[algo]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The algorithm, protocol and channel count a collective runs with."""
+
+    algo: str
+    protocol: str
+    channels: int
+
+
+def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: int, choice: Choice, fabric: Fabric,
+          *, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]], op: str = "sum",
+          root: int | None = None, switch_rank: int | None = None) -> dict[int, tuple[int, ...]]:
+    """Append one collective; returns every rank's frontier (the ops after which its buffer holds the result)."""
+    family = _PROTO_FAMILY[choice.algo]
+    b = CollBuilder.start(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, operation,
+                          root if operation in ("broadcast", "reduce") else None,
+                          launch_s=base_latency(family, choice.protocol))
+    if len(ranks) < 2 or n == 0:
+        return b.front
+    b.wire = wire_factor(family, choice.protocol)
+    b.hop_s = lambda a, c: hop_latency(family, choice.protocol, fabric.hw(a, c) if max(a, c) < len(fabric.hosts)
+                                       else fabric.intra)
+    if choice.algo == "nvls":
+        if switch_rank is None or not (fabric.nvls and fabric.nodes == 1):
+            raise InputError("nvls needs one NVSwitch server with NVLink SHARP (H100, H200), the switch as a rank")
+        _nvls_allreduce(b, ranks, switch_rank)
+        return b.front
+    if choice.algo == "pairwise":
+        _pairwise_alltoall(b, list(ranks))
+        return b.front
+    rings = fabric.rings(ranks, choice.channels)
+    start = dict(b.front)
+    ends: dict[int, tuple[int, ...]] = {r: () for r in ranks}
+    for c, (lo, hi) in enumerate(chunk_bounds(n, choice.channels)):
+        if hi == lo:
+            continue
+        b.front = dict(start)  # channels are independent: each starts from the launch
+        _channel(b.view(lo, hi), operation, choice.algo, rings[c], fabric, c, root)
+        for r in ranks:
+            ends[r] = tuple(dict.fromkeys((*ends[r], *b.front[r])))
+    b.front.clear()
+    b.front.update({r: ends[r] or start[r] for r in ranks})
+    return b.front
+
+
+def _channel(b: CollBuilder, operation: str, algo: str, ring: list[int], fabric: Fabric, c: int,
+             root: int | None) -> None:
+    if operation == "allreduce":
+        if algo == "ring":
+            ring_allreduce(b, ring)
+        elif algo == "tree":
+            _tree_allreduce(b, ring, fabric, c)
+        elif algo == "recursive-doubling":
+            recursive_doubling_allreduce(b, sorted(ring))
+        else:
+            _hierarchical_allreduce(b, ring, fabric)
+    elif operation == "reduce-scatter":
+        _ring_reduce_scatter(b, ring)
+    elif operation == "allgather":
+        _ring_allgather(b, ring)
+    else:
+        assert root is not None
+        i = ring.index(root)
+        chain = [*ring[i:], *ring[:i]]
+        (ring_broadcast if operation == "broadcast" else ring_reduce)(b, chain, root)
+
+
+def _ring_reduce_scatter(b: CollBuilder, ring: Sequence[int]) -> None:
+    """After P-1 steps ring[i] holds chunk i reduced over all ranks (chunk j starts at ring[j+1])."""
+    p, chunks = len(ring), chunk_bounds(b.n, len(ring))
+    for k in range(p - 1):
+        b.step([(ring[i], ring[(i + 1) % p], *chunks[(i - k - 1) % p]) for i in range(p)], reduce=True)
+
+
+def _ring_allgather(b: CollBuilder, ring: Sequence[int]) -> None:
+    """ring[i] contributes chunk i; after P-1 steps every rank holds all chunks."""
+    p, chunks = len(ring), chunk_bounds(b.n, len(ring))
+    for k in range(p - 1):
+        b.step([(ring[i], ring[(i + 1) % p], *chunks[(i - k) % p]) for i in range(p)], reduce=False)
+
+
+def _tree_allreduce(b: CollBuilder, ring: list[int], fabric: Fabric, c: int) -> None:
+    """Chains inside servers to the GPU of the channel's NIC, a double binary tree across them, and back."""
+    chains = []
+    for g in fabric.groups(ring):
+        s = fabric.entry(c, len(g))
+        chains.append([g[(s + j) % len(g)] for j in range(len(g))])
+    for chain in chains:
+        ring_reduce(b, chain, chain[0])
+    if len(chains) > 1:
+        double_binary_tree_allreduce(b, [chain[0] for chain in chains])
+    for chain in chains:
+        ring_broadcast(b, chain, chain[0])
+
+
+def _hierarchical_allreduce(b: CollBuilder, ring: list[int], fabric: Fabric) -> None:
+    """Reduce-scatter inside servers, ring allreduce across servers per local index, allgather inside."""
+    groups = fabric.groups(ring)
+    sizes = {len(g) for g in groups}
+    if len(groups) == 1 or len(sizes) > 1:  # one server, or uneven servers: a plain ring
+        ring_allreduce(b, ring)
+        return
+    chunks = chunk_bounds(b.n, sizes.pop())
+    for g in groups:
+        _ring_reduce_scatter(b, g)  # g[i] holds chunk i of its server's sum
+    for i, (lo, hi) in enumerate(chunks):
+        if hi > lo:
+            ring_allreduce(b.view(lo, hi), [g[i] for g in groups])
+    for g in groups:
+        _ring_allgather(b, g)
+
+
+def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
+    """NVLink SHARP: each slice of every GPU's buffer goes up once, the switch reduces it (no time: it reduces at
+    line rate), and multicasts the result down once; slices pipeline (up and down use the two link directions), the
+    protocol's latency paid by the first (the fill, as in :func:`simulator.collectives.ring.ring_broadcast`)."""
+    sched, size = b.sched, b.elem_bytes * b.wire
+    up = {r: b.front[r] for r in ranks}
+    down = dict(up)
+    for k, (lo, hi) in enumerate(ring_slices(b)):
+        lo, hi = lo + b.offset, hi + b.offset
+        recvs = []
+        for r in ranks:
+            snd, rcv = sched.add_transfer(r, switch, (hi - lo) * size, b.tag, send_deps=up[r], args=(b.buf,),
+                                          dst_args=(f"{b.tag}.nvls{k}.{r}",), lo=lo, hi=hi, coll=b.tag,
+                                          floor_s=b.hop_s(r, switch) if b.hop_s and k == 0 else 0.0)
+            up[r] = (snd,)
+            recvs.append(rcv)
+        red = sched.add_compute(switch, f"{b.tag}.reduce", flops=0.0, dtype=b.dtype, deps=recvs,
+                                fn=f"reduce-{b.op}", out=b.buf, lo=lo, hi=hi, fused=True, coll=b.tag)
+        for r in ranks:
+            _, rcv = sched.add_transfer(switch, r, (hi - lo) * size, b.tag, send_deps=(red,), recv_deps=down[r],
+                                        args=(b.buf,), lo=lo, hi=hi, coll=b.tag, into=True,
+                                        floor_s=b.hop_s(switch, r) if b.hop_s and k == 0 else 0.0)
+            down[r] = (rcv,)
+    for r in ranks:
+        b.front[r] = (*down[r], *up[r])
+
+
+def _pairwise_alltoall(b: CollBuilder, ranks: list[int]) -> None:
+    p = len(ranks)
+    blocks = chunk_bounds(b.n, p)
+    for k in range(1, p):
+        b.step([(ranks[i], ranks[(i + k) % p], *blocks[(i + k) % p]) for i in range(p)], reduce=False)

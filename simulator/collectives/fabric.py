@@ -1,0 +1,196 @@
+"""What a collective needs to know about the cluster: servers, NIC rails, link classes, and its channels' rings.
+
+NCCL (and RCCL) run a collective as several **channels**, each a ring (or tree) over all ranks that moves its share
+of the bytes concurrently with the others. Its topology search (``src/graph/search.cc``) looks for rings that do not
+share links: across servers one ring per NIC rail (the ring enters and leaves each server through the same NIC
+index, so a rail-optimised fabric carries each channel on its own rail), inside a server one ring per set of
+distinct GPU-to-GPU links. We follow that rule on the cluster graph:
+
+* several servers: one channel per NIC of a server (``rails``); channel ``c`` enters server ``i`` at the GPU of NIC
+  ``c`` and leaves it at its neighbour, servers visited as a snake so that every server-to-server hop joins GPUs of
+  the same local index (one rail);
+* one server whose GPUs are all directly linked (a mesh: MI300X's Infinity Fabric): rings of pairwise distinct
+  directed links, as many as the links allow (:func:`mesh_rings`: 7 rings on 8 GPUs, every xGMI link used once in
+  each direction);
+* one server whose GPUs hang off one switch or host bridge (NVSwitch, PCIe): every ring crosses the same GPU
+  links, so there is one ring of distinct links: 1 channel.
+
+The count is capped at NCCL's ``MAXCHANNELS`` (64, ``src/include/device.h``). A channel count given by the user
+that exceeds the distinct rings reuses them (channels then share links, which the flow engine divides).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from simulator.cluster.topology import Cluster
+
+__all__ = ["MAX_CHANNELS", "NVLS_DEVICES", "Fabric", "fabric_of", "mesh_rings"]
+
+MAX_CHANNELS = 64  # NCCL src/include/device.h MAXCHANNELS
+_SEARCH_MAX = 8  # GPUs up to which mesh rings come from a search (beyond: steps coprime with the count)
+NVLS_DEVICES = ("h100", "h200", "gh200", "b200", "gb200")  # NVSwitch gen 3+ with NVLink SHARP (Hopper and later)
+_NVLINK_CLASSES = ("nvlink", "infinity-fabric", "xgmi", "mesh")  # NCCL's "NVL" hardware class (RCCL: xGMI)
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The collective-relevant view of a cluster, per rank (index into ``cluster.ranks``).
+
+    ``hosts[r]``: server index; ``local[r]``: index among its server's GPUs; ``rails``: NICs per server (0 on one
+    server); ``nic_gpu[k]``: local index of the GPU NIC ``k`` hangs off (its rail's entry); ``intra``: NCCL's
+    hardware class inside a server (``nvlink`` or ``pci``); ``mesh``: every GPU pair of a server directly linked;
+    ``nvls``: the server's GPUs share an NVSwitch with NVLink SHARP; ``switch``: that switch's node name per host.
+    ``cluster``: the cluster itself (the ``auto`` tuner simulates candidates on it).
+    """
+
+    hosts: tuple[int, ...]
+    local: tuple[int, ...]
+    rails: int = 0
+    nic_gpu: tuple[int, ...] = ()
+    intra: str = "nvlink"
+    mesh: bool = False
+    nvls: bool = False
+    switch: tuple[str, ...] = ()
+    cluster: Cluster | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def nodes(self) -> int:
+        return len(set(self.hosts))
+
+    def groups(self, ranks: Sequence[int]) -> list[list[int]]:
+        """``ranks`` grouped by server (servers in order of first appearance, ranks by local index)."""
+        by_host: dict[int, list[int]] = {}
+        for r in ranks:
+            by_host.setdefault(self.hosts[r], []).append(r)
+        return [sorted(g, key=lambda r: self.local[r]) for g in by_host.values()]
+
+    def hw(self, a: int, b: int) -> str:
+        """NCCL's hardware class of a hop: ``net`` between servers, else the intra-server class."""
+        return "net" if self.hosts[a] != self.hosts[b] else self.intra
+
+    def entry(self, c: int, size: int) -> int:
+        """Position, in a server's group of ``size`` GPUs, where channel ``c`` enters (the GPU of its NIC)."""
+        if self.rails:
+            k = c % self.rails
+            pos = self.nic_gpu[k] if k < len(self.nic_gpu) else k
+            return pos % size
+        return 0
+
+    def default_channels(self, ranks: Sequence[int]) -> int:
+        """NCCL's channel count for these ranks (module docstring)."""
+        groups = self.groups(ranks)
+        if len(groups) > 1:
+            return max(1, min(self.rails or 1, MAX_CHANNELS))
+        if self.mesh and len(ranks) > 2:
+            return min(len(mesh_rings(len(ranks))), MAX_CHANNELS)
+        return 1
+
+    def rings(self, ranks: Sequence[int], channels: int) -> list[list[int]]:
+        """One ring (an order of ``ranks``) per channel; beyond the distinct rings they repeat."""
+        groups = self.groups(ranks)
+        distinct = self.default_channels(ranks)
+        out = []
+        for c in range(channels):
+            k = c % distinct
+            if len(groups) == 1 and self.mesh and len(ranks) > 2:
+                out.append([groups[0][i] for i in mesh_rings(len(ranks))[k]])
+                continue
+            order: list[int] = []
+            for i, g in enumerate(groups):
+                s = self.entry(k, len(g))
+                if i % 2 == 0:  # enter at the GPU of NIC k, leave at its left neighbour ...
+                    order += [g[(s + j) % len(g)] for j in range(len(g))]
+                else:  # ... where the next server is entered, walking the other way round
+                    order += [g[(s - 1 - j) % len(g)] for j in range(len(g))]
+            out.append(order)
+        return out
+
+
+@functools.cache
+def mesh_rings(n: int) -> tuple[tuple[int, ...], ...]:
+    """Rings over ``n`` fully connected GPUs that use pairwise distinct directed links.
+
+    Where one exists (every ``n`` but 4 and 6: Tillson, "A Hamiltonian decomposition of K*_2m", 1980), the complete
+    digraph split into ``n - 1`` Hamiltonian cycles, found by depth-first search for ``n <= 8`` (a fraction of a
+    millisecond); otherwise one ring ``i -> i + s`` per step ``s`` coprime with ``n``.
+    """
+    if 2 < n <= _SEARCH_MAX and n not in (4, 6):
+        found = _hamiltonian_decomposition(n)
+        if found:
+            return found
+    return tuple(tuple((i * s) % n for i in range(n)) for s in range(1, n) if math.gcd(s, n) == 1) or ((0,),)
+
+
+def _hamiltonian_decomposition(n: int) -> tuple[tuple[int, ...], ...]:
+    used: set[tuple[int, int]] = set()
+    cycles: list[tuple[int, ...]] = []
+
+    def cycles_from(path: list[int]) -> Iterator[tuple[int, ...]]:
+        if len(path) == n:
+            if (path[-1], 0) not in used:
+                yield tuple(path)
+            return
+        for v in range(n):
+            if v not in path and (path[-1], v) not in used:
+                yield from cycles_from([*path, v])
+
+    def search() -> bool:
+        if len(cycles) == n - 1:
+            return True
+        for cyc in cycles_from([0]):
+            arcs = {(cyc[i], cyc[(i + 1) % n]) for i in range(n)}
+            used.update(arcs)
+            cycles.append(cyc)
+            if search():
+                return True
+            used.difference_update(arcs)
+            cycles.pop()
+        return False
+
+    return tuple(cycles) if search() else ()
+
+
+def fabric_of(cluster: Cluster) -> Fabric:
+    """The :class:`Fabric` of ``cluster``'s ranks, read off its graph (NIC nodes, link classes, switches)."""
+    graph = cluster.graph
+    host_index: dict[str, int] = {}
+    hosts: list[int] = []
+    local: list[int] = []
+    count: dict[int, int] = {}
+    for node in cluster.ranks:
+        h = host_index.setdefault(cluster.host_of(node), len(host_index))
+        hosts.append(h)
+        local.append(count.get(h, 0))
+        count[h] = count.get(h, 0) + 1
+    first_host = cluster.host_of(cluster.ranks[0])
+    gpus = [n for n in cluster.ranks if cluster.host_of(n) == first_host]
+    nics = sorted((n for n, k in graph.nodes(data="kind") if k == "nic" and cluster.host_of(n) == first_host),
+                  key=_natural)
+    nic_gpu = []
+    for nic in nics:
+        near = [gpus.index(v) for v in graph.successors(nic) if v in gpus]
+        nic_gpu.append(near[0] if near else 0)
+    classes = {graph.edges[u, v].get("cls", "") for u in gpus for v in graph.successors(u)
+               if graph.nodes[v].get("kind") != "nic"}
+    intra = "nvlink" if classes & set(_NVLINK_CLASSES) else "pci"
+    mesh = len(gpus) > 1 and all(graph.has_edge(a, b) for a in gpus for b in gpus if a != b)
+    switch = []
+    for host in host_index:
+        members = [n for n in cluster.ranks if cluster.host_of(n) == host]
+        shared = set.intersection(*(set(graph.successors(g)) for g in members))
+        sw = sorted(n for n in shared if graph.nodes[n].get("kind") == "switch")
+        switch.append(sw[0] if sw and len(members) > 1 else "")
+    device = cluster.specs[cluster.ranks[0]].name.lower()
+    nvls = intra == "nvlink" and all(switch) and device.startswith(NVLS_DEVICES)
+    return Fabric(tuple(hosts), tuple(local), rails=len(nics) if len(host_index) > 1 else 0,
+                  nic_gpu=tuple(nic_gpu), intra=intra, mesh=mesh, nvls=nvls, switch=tuple(switch), cluster=cluster)
+
+
+def _natural(name: str) -> tuple[str, int]:
+    head = name.rstrip("0123456789")
+    tail = name[len(head):]
+    return head, int(tail) if tail else -1

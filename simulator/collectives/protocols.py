@@ -1,0 +1,69 @@
+"""NCCL's protocols (LL, LL128, Simple): per-collective base latency, per-hop latency, bytes on the wire.
+
+Constants from NCCL's cost model, ``src/graph/tuning.cc`` (``ncclTunerConstantsDefaults``, v2.2x-2.30), in
+microseconds as LL / LL128 / Simple (../shared/hardware.md):
+
+================  =================  =================  ======================
+                  Tree               Ring               NVLS (Simple only)
+================  =================  =================  ======================
+base latency      6.8 / 14.0 / 8.4   6.6 / 14.0 / 8.4   0
+per hop, NVLink   0.6 / 1.25 / 4.0   0.6 / 1.9 / 3.4    25
+per hop, PCI      1.0 / 1.9 / 4.0    1.0 / 2.5 / 5.7    (none)
+per hop, network  5.0 / 8.5 / 14     2.7 / 4.0 / 14.0   18
+================  =================  =================  ======================
+
+Bandwidth is not a constant here but the protocol's mechanism: LL sends 8-byte lines of 4 data bytes and a 4-byte
+flag (twice the bytes on the wire; NCCL's model: ``busBw * 0.5``), LL128 128-byte lines of 120 data bytes
+(``120/128``; NCCL models ring LL128 as ``0.92``), Simple the payload. NVLS pays NCCL's Hopper efficiency 0.85
+(``nvlsEfficiency``). Channels used for a message: NCCL drops channels while ``bytes < channels * threads *
+threshold`` (``src/enqueue.cc``; threads 512 / 640 / 512, thresholds 8 (x ranks for ring LL) / 8 / 64 bytes,
+``src/include/comm.h``, ``device.h``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ALGOS", "PROTOCOLS", "base_latency", "channels_for", "hop_latency", "wire_factor"]
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+ALGOS = ("ring", "tree", "nvls")
+_US = 1e-6
+_BASE = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
+_HOP = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0.0, 0.0, 0.0)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0)},
+}
+_WIRE = {"LL": 2.0, "LL128": 128.0 / 120.0, "Simple": 1.0}
+NVLS_EFFICIENCY = 0.85  # Hopper
+_THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
+_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+
+
+def _index(proto: str) -> int:
+    if proto not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {proto!r}; valid: {', '.join(PROTOCOLS)}")
+    return PROTOCOLS.index(proto)
+
+
+def base_latency(algo: str, proto: str) -> float:
+    """Seconds a collective of ``algo`` with ``proto`` costs once (NCCL's ``baseLatencies``)."""
+    return _BASE[algo][_index(proto)] * _US
+
+
+def hop_latency(algo: str, proto: str, hw: str) -> float:
+    """Seconds of one step over a hop of class ``hw`` (``nvlink``, ``pci``, ``net``): NCCL's ``hwLatencies``."""
+    return _HOP[hw][algo][_index(proto)] * _US
+
+
+def wire_factor(algo: str, proto: str) -> float:
+    """Bytes on the wire per payload byte."""
+    return _WIRE[proto] / (NVLS_EFFICIENCY if algo == "nvls" else 1.0)
+
+
+def channels_for(nbytes: float, channels: int, algo: str, proto: str, ranks: int) -> int:
+    """How many of ``channels`` NCCL uses for a message of ``nbytes`` (at least one)."""
+    threshold = _THRESHOLD[proto] * (ranks if algo == "ring" and proto == "LL" else 1)
+    nc = channels
+    while nc > 1 and nbytes < nc * _THREADS[proto] * threshold:
+        nc -= 1
+    return nc

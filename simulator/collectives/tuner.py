@@ -1,0 +1,172 @@
+"""``auto``: the (algorithm, protocol, channels) with the lowest predicted time, as NCCL's tuner picks them.
+
+NCCL (``src/enqueue.cc``, ``topoGetAlgoInfo``) evaluates its cost model (``src/graph/tuning.cc``) for every enabled
+algorithm and protocol and keeps the fastest. Our predictor (:func:`predict`) has NCCL's form, latency terms plus
+bytes over the channels' bandwidth, with our cluster's numbers; it is analytic, as NCCL's, because simulating every
+candidate would cost more than the collective's own simulation (cached per cluster, operation, ranks, size and
+candidate). Candidates follow NCCL's rules: tree and NVLS for allreduce only; NVLS only with the Simple protocol
+and on one NVSwitch server with NVLink SHARP; LL128 only where GPUs talk over NVLink (NCCL enables it by default
+only on NVLink/PXN paths); hierarchical and recursive-doubling are not NCCL's and never picked by ``auto``.
+Channels: the fabric's count, reduced for small messages as NCCL does
+(:func:`simulator.collectives.protocols.channels_for`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from simulator.cluster.devices import compute_time
+from simulator.cluster.topology import Cluster
+from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
+from simulator.collectives.fabric import Fabric
+from simulator.collectives.protocols import PROTOCOLS, base_latency, channels_for, hop_latency, wire_factor
+from simulator.collectives.ring import MAX_SLICES, PIPELINE_SLICE_BYTES
+
+__all__ = ["candidates", "choose", "predict"]
+
+_AUTO = {"allreduce": ("ring", "tree", "nvls")}
+_CACHE: dict[tuple[object, ...], tuple[object, float]] = {}
+
+
+def candidates(operation: str, algo: str, protocol: str, ranks: Sequence[int], fabric: Fabric,
+               channels: int | None, nbytes: float, *, switch: bool = True) -> list[Choice]:
+    """Every (algorithm, protocol, channels) that ``algo`` and ``protocol`` (names or ``auto``) allow.
+
+    ``switch``: the schedule has the NVSwitch as a rank (without it, ``auto`` cannot pick NVLS)."""
+    algos = [a for a in _AUTO.get(operation, SUPPORTED[operation])] if algo == "auto" else [algo]
+    one_server = len(fabric.groups(ranks)) == 1
+    out = []
+    for a in algos:
+        if a == "nvls" and algo == "auto" and not (fabric.nvls and one_server and switch):
+            continue
+        protos = PROTOCOLS if protocol == "auto" else (protocol,)
+        for p in protos:
+            if protocol == "auto" and ((a == "nvls" and p != "Simple") or (p == "LL128" and fabric.intra != "nvlink")):
+                continue
+            if a == "nvls":
+                c = 1
+            elif a == "pairwise":
+                c = channels or 1
+            else:
+                c = channels or channels_for(nbytes, fabric.default_channels(ranks), protocol_family(a), p,
+                                             len(ranks))
+            out.append(Choice(a, p, c))
+    return out
+
+
+def predict(operation: str, ranks: Sequence[int], n: int, choice: Choice, fabric: Fabric, *, elem_bytes: int,
+            dtype: str = "fp32", root: int | None = None) -> float:
+    """Seconds the collective is predicted to take alone on ``fabric.cluster``: NCCL's form (latency terms plus
+    bytes over the channels' bandwidth), with our hops' latencies and the bottleneck bandwidth of every channel's
+    routes (a link that k channels cross gives each 1/k of it). Rank r is the cluster's r-th GPU."""
+    cluster = fabric.cluster
+    if cluster is None:
+        raise ValueError("predicting a collective needs the fabric's cluster")
+    key = (id(cluster), operation, tuple(ranks), n, elem_bytes, dtype, choice, root)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    pred = _Predictor(cluster, fabric, choice, list(ranks))
+    t = pred.time(operation, n * elem_bytes * choice_wire(choice))
+    if operation in ("allreduce", "reduce-scatter") and choice.algo in ("ring", "hierarchical"):
+        # the reductions of a ring rank run between its steps: (P-1)/P of the buffer, read twice, written once
+        spec = cluster.specs[cluster.ranks[ranks[0]]]
+        elems = (len(ranks) - 1) / len(ranks) * n
+        t += compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False)
+    _CACHE[key] = (cluster, t)
+    return t
+
+
+def choice_wire(choice: Choice) -> float:
+    return wire_factor(protocol_family(choice.algo), choice.protocol)
+
+
+class _Predictor:
+    """The closed forms of :mod:`simulator.collectives.channels`' algorithms on one cluster."""
+
+    def __init__(self, cluster: Cluster, fabric: Fabric, choice: Choice, ranks: list[int]) -> None:
+        self.cluster, self.fabric, self.choice, self.ranks = cluster, fabric, choice, ranks
+        self.family = protocol_family(choice.algo)
+        self.launch = max(cluster.collective_start_s, base_latency(self.family, choice.protocol))
+
+    def hop(self, a: int, b: int) -> float:
+        route = self.cluster.route(self.cluster.ranks[a], self.cluster.ranks[b])
+        wire = self.cluster.message_overhead_s + self.cluster.route_latency(route)
+        return max(wire, hop_latency(self.family, self.choice.protocol, self.fabric.hw(a, b)))
+
+    def shared_bw(self, paths: Sequence[Sequence[tuple[int, int]]]) -> float:
+        """Bottleneck bandwidth one path (a list of rank hops) gets when all ``paths`` run at once."""
+        cl = self.cluster
+        uses: dict[tuple[str, str], int] = {}
+        routes = [[cl.route(cl.ranks[a], cl.ranks[b]) for a, b in path] for path in paths]
+        for path in routes:
+            for edge in {e for route in path for e in route}:
+                uses[edge] = uses.get(edge, 0) + 1
+        return min((cl.graph.edges[e]["bandwidth"] / uses[e] for path in routes for route in path for e in route),
+                   default=float("inf"))
+
+    def tree(self, share: float) -> float:
+        """One channel's tree allreduce of ``share`` bytes: pipelined chains up, a double binary tree across
+        servers (two halves at once, whole), pipelined chains down (:func:`channels._tree_allreduce`)."""
+        groups = self.fabric.groups(self.ranks)
+        c = self.choice.channels
+        chains = [[[(g[(s + i) % len(g)], g[(s + i + 1) % len(g)]) for i in range(len(g) - 1)]
+                   for g in groups for s in [self.fabric.entry(k, len(g))]] for k in range(c)]
+        slices = min(MAX_SLICES, max(1, math.ceil(share / PIPELINE_SLICE_BYTES)))
+        t = 0.0
+        if any(chains[0]):
+            hop = max(self.hop(a, b) for chain in chains[0] for a, b in chain)
+            depth = max(len(chain) for chain in chains[0])
+            # one slice: a chain is busy on one hop at a time, and the channels' rotated chains on different links
+            busy = [ch for k in range(c if slices > 1 else 1) for ch in chains[k] if ch]
+            t += 2 * (depth * hop + (slices + depth - 1) * share / slices / self.shared_bw(busy))
+        if len(groups) > 1:
+            pairs = []
+            for k in range(c):
+                leaders = [g[self.fabric.entry(k, len(g))] for g in groups]
+                pairs += [[(leaders[(i - 1) // 2], leaders[i])] for i in range(1, len(leaders))]
+            levels = math.ceil(math.log2(len(groups) + 1)) - 1
+            hop = max(self.hop(a, b) for (a, b), in pairs)
+            t += 2 * levels * (hop + share / self.shared_bw(pairs))
+        return t
+
+    def time(self, operation: str, nbytes: float) -> float:
+        p, c = len(self.ranks), self.choice.channels
+        algo = self.choice.algo
+        if algo == "pairwise":
+            pairs = [[(self.ranks[i], self.ranks[(i + k) % p])] for k in range(1, p) for i in range(p)]
+            hop = max(self.hop(a, b) for (a, b), in pairs)
+            return self.launch + (p - 1) * (hop + nbytes / p / self.shared_bw(pairs[:p]))
+        if algo == "nvls":  # a pipeline of slices, each up to the switch and down again; latency paid once
+            hop = self.hop(self.ranks[0], self.ranks[-1])
+            slices = min(MAX_SLICES, max(1, math.ceil(nbytes / PIPELINE_SLICE_BYTES)))
+            bw = self.shared_bw([[(self.ranks[0], self.ranks[1])]])
+            return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw
+        rings = self.fabric.rings(self.ranks, c)
+        hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
+        bw = self.shared_bw(hops) * c
+        step = max(self.hop(a, b) for h in hops for a, b in h)
+        if algo == "tree":
+            return self.launch + self.tree(nbytes / c)
+        if algo == "hierarchical" or algo == "recursive-doubling":
+            return self.launch + 2 * (p - 1) * step + 2 * (p - 1) / p * nbytes / bw
+        steps = {"allreduce": 2 * (p - 1), "reduce-scatter": p - 1, "allgather": p - 1}.get(operation, p - 1)
+        factor = {"allreduce": 2 * (p - 1) / p, "reduce-scatter": (p - 1) / p, "allgather": (p - 1) / p}
+        return self.launch + steps * step + factor.get(operation, 1.0) * nbytes / bw
+
+
+def choose(operation: str, ranks: Sequence[int], n: int, fabric: Fabric, *, algo: str = "auto",
+           protocol: str = "auto", channels: int | None = None, elem_bytes: int = 1, dtype: str = "fp32",
+           root: int | None = None, switch: bool = True) -> Choice:
+    """The fastest candidate (the first in NCCL's order on ties); a single candidate is not simulated."""
+    if len(ranks) < 2:  # nothing moves: no prediction needed
+        return Choice(SUPPORTED[operation][0] if algo == "auto" else algo, "Simple" if protocol == "auto" else protocol,
+                      channels or 1)
+    options = candidates(operation, algo, protocol, ranks, fabric, channels, n * elem_bytes, switch=switch)
+    if not options:
+        raise ValueError(f"no algorithm for {operation} with algo={algo!r}, protocol={protocol!r}")
+    if len(options) == 1:
+        return options[0]
+    return min(options, key=lambda c: predict(operation, ranks, n, c, fabric, elem_bytes=elem_bytes, dtype=dtype,
+                                                      root=root))

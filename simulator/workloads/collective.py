@@ -1,0 +1,42 @@
+"""The ``collective`` workload: one collective operation, in nccl-tests terms.
+
+``bytes`` is nccl-tests' ``size``: the per-rank buffer (allreduce, broadcast, reduce: the whole buffer; allgather:
+the gathered output; reduce-scatter: the input; alltoall: the send buffer). ``algorithms:`` then names collective
+algorithms (``auto``, ``ring``, ``tree``, ``nvls``, ...; an entry may fix ``protocol`` and ``channels``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import field_validator
+
+from simulator.collectives.channels import OPERATIONS
+from simulator.units import parse_bytes
+from simulator.workloads.base import Strict, unit_value
+
+__all__ = ["CollectiveWorkload"]
+
+
+class CollectiveWorkload(Strict):
+    """One collective over every GPU of the topology: ``collective`` of ``bytes`` per rank in ``dtype``."""
+
+    kind: Literal["collective"]
+    collective: str
+    bytes: float
+    dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"
+
+    @field_validator("collective")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in OPERATIONS:
+            raise ValueError(f"unknown collective {v!r}; valid: {', '.join(OPERATIONS)}")
+        return v
+
+    @field_validator("bytes", mode="before")
+    @classmethod
+    def _bytes(cls, v: Any) -> float:
+        x = unit_value(parse_bytes, v)
+        if x <= 0:
+            raise ValueError(f"must be positive, got {v!r}")
+        return x
