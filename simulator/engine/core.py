@@ -119,7 +119,7 @@ class _Run:
         self.cursor = [0] * schedule.ranks
         self.held = [False] * len(schedule.ops)  # dependencies met, waiting for its turn in program order
         self.net = FlowNetwork(capacity)
-        self._durations: dict[tuple[str, float, float, str, bool], float] = {}
+        self._durations: dict[tuple[str, float, float, str, bool, str], float] = {}
         self._paths: dict[tuple[int, int], tuple[list[int], float]] = {}
         cluster.prepare_routes({(self.place[op.rank], self.place[op.peer]) for op in schedule.ops
                                 if op.kind == "send" and op.peer is not None})
@@ -169,11 +169,11 @@ class _Run:
     # -- op life cycle -----------------------------------------------------------------------------------------
     def _duration(self, op: Op) -> float:
         node = self.place[op.rank]
-        key = (node, op.flops, op.nbytes, op.dtype, op.fused)
+        key = (node, op.flops, op.nbytes, op.dtype, op.fused, op.fn)
         hit = self._durations.get(key)
         if hit is None:
             hit = self._durations[key] = compute_time(self.cluster.specs[node], op.flops, op.nbytes, op.dtype,
-                                                      launch=not op.fused)
+                                                      launch=not op.fused, fn=op.fn)
         return hit
 
     def _ready(self, op: Op) -> None:

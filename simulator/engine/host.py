@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simulator.cluster.devices import DeviceSpec
+from simulator.cluster.devices import DeviceSpec, flops_efficiency
 from simulator.cluster.topology import Cluster
 from simulator.schedule import Op
 
@@ -76,5 +76,5 @@ class HostResources:
 def _memory_bound(spec: DeviceSpec, op: Op) -> bool:
     """Roofline memory time above both the compute time and the launch overhead."""
     t_mem = op.nbytes / (spec.mem_bw_Bps * spec.eff_mem)
-    t_flops = op.flops / (spec.flops_for(op.dtype) * spec.eff_flops) if op.flops else 0.0
+    t_flops = op.flops / (spec.flops_for(op.dtype) * flops_efficiency(spec, op.fn)) if op.flops else 0.0
     return t_mem > t_flops and t_mem > (0.0 if op.fused else spec.launch_s)
