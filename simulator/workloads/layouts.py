@@ -27,11 +27,11 @@ LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
 class Run(NamedTuple):
-    """Positions ``start + step * i`` for ``i < count``."""
+    """Positions ``start + step * i`` for ``i < size``."""
 
     start: int
     step: int
-    count: int
+    size: int
 
 
 def layout_runs(layout: str, n: int, p: int) -> list[tuple[Run, ...]]:
@@ -50,11 +50,11 @@ def positions(runs: Sequence[Run]) -> np.ndarray:
     """The global positions of a rank's rows, in the order it stores them (run by run)."""
     if not runs:
         return np.zeros(0, dtype=np.int64)
-    return np.concatenate([np.arange(r.count, dtype=np.int64) * r.step + r.start for r in runs])
+    return np.concatenate([np.arange(r.size, dtype=np.int64) * r.step + r.start for r in runs])
 
 
 def run_tokens(runs: Sequence[Run]) -> int:
-    return sum(r.count for r in runs)
+    return sum(r.size for r in runs)
 
 
 def _clamped_prefix(x: int, cap: int) -> int:
@@ -65,16 +65,16 @@ def _clamped_prefix(x: int, cap: int) -> int:
 
 
 def _run_pairs(q: Run, k: Run) -> int:
-    if q.count == 0 or k.count == 0:
+    if q.size == 0 or k.size == 0:
         return 0
-    if k.count > 1 and q.count > 1 and q.step != k.step:
+    if k.size > 1 and q.size > 1 and q.step != k.step:
         raise ValueError("runs of different strides")
-    step = k.step if k.count > 1 else q.step  # a run of one position has any stride
-    e = (q.start - k.start) // step + 1  # keys visible to query i: clamp(i + e, 0, k.count)
-    lo, hi = e, e + q.count - 1
+    step = k.step if k.size > 1 else q.step  # a run of one position has any stride
+    e = (q.start - k.start) // step + 1  # keys visible to query i: clamp(i + e, 0, k.size)
+    lo, hi = e, e + q.size - 1
     if hi < 0:
         return 0
-    return _clamped_prefix(hi + 1, k.count) - _clamped_prefix(max(lo, 0), k.count)
+    return _clamped_prefix(hi + 1, k.size) - _clamped_prefix(max(lo, 0), k.size)
 
 
 def pair_count(q: Sequence[Run], k: Sequence[Run], causal: bool) -> int:
@@ -89,7 +89,7 @@ def rank_pairs(q: Sequence[Run], n: int, causal: bool) -> int:
     or its queries x n."""
     if not causal:
         return run_tokens(q) * n
-    return sum(r.count * (r.start + 1) + r.step * r.count * (r.count - 1) // 2 for r in q)
+    return sum(r.size * (r.start + 1) + r.step * r.size * (r.size - 1) // 2 for r in q)
 
 
 def imbalance(layout: str, n: int, p: int, causal: bool) -> float:
