@@ -23,7 +23,7 @@ from decimal import Decimal
 
 from simulator.errors import InputError
 
-__all__ = ["parse_bandwidth", "parse_bytes", "parse_flops", "parse_quantity", "parse_time"]
+__all__ = ["parse_bandwidth", "parse_bytes", "parse_count", "parse_flops", "parse_quantity", "parse_time"]
 
 _SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _IEC = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
@@ -99,3 +99,22 @@ def parse_time(value: object) -> float:
 def parse_flops(value: object) -> float:
     """FLOP/s: '989 TFLOP/s', '165 TFLOPS'."""
     return parse_quantity(value, "flops")
+
+
+def parse_count(value: object) -> int:
+    """A whole count (tokens): 1048576, '1M' (10^6), '128Ki' (2^17), '1e6'."""
+    if isinstance(value, bool):
+        raise InputError(f"expected a count such as 131072, '128Ki' or '1M', got {value!r}")
+    if isinstance(value, int):
+        return value
+    match = _RE.match(str(value))
+    mult = None
+    if match:
+        unit = match.group(2)
+        mult = _SI.get(unit, _IEC.get(unit))
+    if mult is None or match is None:
+        raise InputError(f"cannot parse {value!r} as a count; write it like 131072, '128Ki' or '1M'")
+    x = float(match.group(1)) * mult
+    if not math.isfinite(x) or x != int(x):
+        raise InputError(f"a count must be a whole number, got {value!r}")
+    return int(x)
