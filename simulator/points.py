@@ -22,8 +22,10 @@ from simulator.memory import peak_memory
 from simulator.models import PRESETS
 from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
+from simulator.prefill_rows import check_prefill, prefill_rows, prefill_runs
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
 from simulator.schedule import COMPUTE_KINDS, Schedule
+from simulator.workloads import PrefillWorkload
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
@@ -189,7 +191,9 @@ def flow_rows(point: Point, cluster: Cluster) -> list[dict[str, Any]]:
 def run_point(point: Point, numeric: bool = False) -> list[dict[str, Any]]:
     """Simulate one sweep point; its rows carry one extra column per swept key."""
     cluster = cluster_for(point)
-    if isinstance(point.scenario.workload, FlowsWorkload):
+    if isinstance(point.scenario.workload, PrefillWorkload):
+        rows = prefill_rows(point, cluster, layout_of(cluster), numeric)
+    elif isinstance(point.scenario.workload, FlowsWorkload):
         if numeric:
             raise InputError("--numeric needs a decode workload", field="workload.kind")
         rows = flow_rows(point, cluster)
@@ -204,6 +208,9 @@ def check_points(points: Sequence[Point], numeric: bool = False) -> None:
     for point in points:
         cluster_for(point)
         wl = point.scenario.workload
+        if isinstance(wl, PrefillWorkload):
+            check_prefill(point, layout_of(cluster_for(point)), numeric)
+            continue
         if not isinstance(wl, DecodeWorkload):
             if numeric:
                 raise InputError("--numeric needs a decode workload", file=point.source, field="workload.kind")
@@ -229,6 +236,8 @@ def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Sche
     """Every algorithm of one point simulated again, with its schedule and full result (for timelines, traces)."""
     cluster = cluster_for(point)
     wl = point.scenario.workload
+    if isinstance(wl, PrefillWorkload):
+        return prefill_runs(point, cluster, layout_of(cluster), record_links)
     if isinstance(wl, FlowsWorkload):
         sched = flows_schedule(wl, cluster)
         return [("flows", sched, simulate(sched, cluster, record_links))]
