@@ -14,6 +14,7 @@ from simulator.points import DECODE_COLUMNS
 
 SHRINK = {  # keep every scenario small in the test suite
     "paper-scaling": ["--set", "sweep={topology_params.nodes: [1, 2], workload.context: [80000, 640000]}"],
+    "prefill-layouts": ["--set", "sweep={topology_params.nodes: [1, 2], workload.layout: [contiguous, zigzag]}"],
 }
 
 
@@ -68,7 +69,8 @@ def test_single_runs_out_of_memory_first(tmp_path):
     (("allreduce: recursive-doubling", "fanout: 3"), "d.yaml:8: algorithms.1.fanout: algorithm 'tree' has no"),
     (("kv_heads: 2", "kv_heads: 3"), "d.yaml:6: workload.model: heads (8) must be a multiple of kv_heads (3)"),
     (("context: 4096", "context: -5"), "d.yaml:7: workload.context: must be a positive integer, got -5"),
-    (("kind: decode", "kind: prefil"), "d.yaml:5: workload.kind: must be one of 'decode', 'flows', got 'prefil'"),
+    (("kind: decode", "kind: prefil"),
+     "d.yaml:5: workload.kind: must be one of 'decode', 'flows', 'prefill', got 'prefil'"),
 ])
 def test_decode_errors_are_located(change, expected, tmp_path, capsys):
     path = write(tmp_path, DECODE.replace(*change))
