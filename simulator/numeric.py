@@ -4,18 +4,7 @@ Ops run serially in id order (a valid topological order: deps only name earlier 
 numpy inputs it runs on numpy, with torch tensors on torch (the real runner subclasses :class:`Executor` and
 replaces the transfers by ``torch.distributed`` calls). Each rank has named
 buffers; a send copies its ``args`` buffers (the ``lo:hi`` slice of flat buffers), its recv stores them. Compute
-ops apply ``fn``:
-
-============  =====================================================================================
-``attend``    ``out = merge(out, partial_attention(q, kv))`` (``out`` absent: the partial itself); args (q, kv)
-``merge``     ``out = merge(out, arg)``
-``pack-m``    ``out = flat copy of state(arg).m``
-``rescale``   ``out = flat (o, l) of rescale(state(args[0]), m = args[1])``
-``finalize``  ``out = finalize(state(arg))``
-``finalize-flat``  ``out = finalize`` of the flat (o, l) ``args[0]`` with flat m ``args[1]``
-``reduce-sum`` / ``reduce-max``  ``out[lo:hi] = out[lo:hi] (+ | max) arg``
-``copy``      ``out = arg``
-============  =====================================================================================
+ops run their kernel from the one table of :mod:`simulator.kernels`, which the real runner shares.
 """
 
 from __future__ import annotations
@@ -28,36 +17,12 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace
 
-from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
+from simulator.kernels import KVShard, kernel, state_of
+from simulator.merge import PartialState
 from simulator.schedule import Op, Schedule
 
 __all__ = ["Executor", "Inputs", "KVShard", "NumericResult", "dense_attention", "make_inputs", "max_abs_error",
            "run_numeric"]
-
-
-@dataclass(frozen=True)
-class KVShard:
-    """Keys and values of context positions ``[lo, hi)``: ``k``, ``v`` (b, kv_heads, hi - lo, head_dim).
-
-    ``packed``, when set, is one contiguous array (2, b, kv_heads, hi - lo, head_dim) of which ``k`` and ``v`` are
-    views: how a rank holds its KV cache, and what a real transfer sends without copying.
-    """
-
-    k: Any
-    v: Any
-    lo: int
-    hi: int
-    packed: Any = None
-
-    @classmethod
-    def from_packed(cls, packed: Any, lo: int, hi: int) -> KVShard:
-        return cls(packed[0], packed[1], lo, hi, packed)
-
-    def copy(self) -> KVShard:
-        xp = array_namespace(self.k)
-        if self.packed is not None:
-            return KVShard.from_packed(xp.asarray(self.packed, copy=True), self.lo, self.hi)
-        return KVShard(xp.asarray(self.k, copy=True), xp.asarray(self.v, copy=True), self.lo, self.hi)
 
 
 @dataclass(frozen=True)
@@ -123,53 +88,17 @@ class Executor:
                 else:
                     raise ValueError(f"rank {rank}: no numeric value for initial buffer {name!r}")
         q = inp.q
+        self.scale, self.mask = inp.scale, inp.mask
         self.o_shape, self.ml_shape = tuple(q.shape), tuple(q.shape[:-1])
         self.in_flight: dict[int, tuple[Any, ...]] = {}
 
     def state(self, value: Any) -> PartialState:
-        if not isinstance(value, PartialState):
-            raise TypeError(f"expected a partial state, got {type(value).__name__}")
-        return value
-
-    def attend(self, rank: int, op: Op) -> None:
-        q, kv = (self.buf[rank][a] for a in op.args)
-        mask = None if self.inp.mask is None else self.inp.mask[:, None, None, kv.lo:kv.hi]
-        part = partial_attention(q, kv.k, kv.v, self.inp.scale, mask)
-        prev = self.buf[rank].get(op.out)
-        self.buf[rank][op.out] = part if prev is None else merge(prev, part)
+        return state_of(value)
 
     def compute(self, op: Op) -> None:
-        b = self.buf[op.rank]
-        fn = op.fn
-        xp = self.xp
-        if fn == "attend":
-            self.attend(op.rank, op)
-        elif fn == "merge":
-            b[op.out] = merge(self.state(b[op.out]), self.state(b[op.args[0]]))
-        elif fn == "pack-m":
-            b[op.out] = xp.asarray(xp.reshape(self.state(b[op.args[0]]).m, (-1,)), copy=True)
-        elif fn == "rescale":
-            st = rescale(self.state(b[op.args[0]]), xp.reshape(b[op.args[1]], self.ml_shape))
-            b[op.out] = xp.concat([xp.reshape(st.o, (-1,)), xp.reshape(st.l, (-1,))])
-        elif fn == "finalize":
-            b[op.out] = finalize(self.state(b[op.args[0]]))
-        elif fn == "finalize-flat":
-            flat, m = b[op.args[0]], b[op.args[1]]
-            n_o = math.prod(self.o_shape)
-            st = PartialState(xp.reshape(flat[:n_o], self.o_shape), xp.reshape(flat[n_o:], self.ml_shape),
-                              xp.reshape(m, self.ml_shape))
-            b[op.out] = finalize(st)
-        elif fn in ("reduce-sum", "reduce-max"):
-            target, operand = b[op.out], b[op.args[0]]
-            if fn == "reduce-sum":
-                target[op.lo:op.hi] = target[op.lo:op.hi] + operand
-            else:
-                target[op.lo:op.hi] = xp.maximum(target[op.lo:op.hi], operand)
-        elif fn == "copy":
-            src = b[op.args[0]]
-            b[op.out] = src.copy() if isinstance(src, KVShard) else xp.asarray(src, copy=True)
-        elif fn:
-            raise ValueError(f"op #{op.id}: unknown numeric function {fn!r}")
+        """Run the op's kernel (:data:`simulator.kernels.KERNELS`) on this executor's buffers."""
+        if op.fn:
+            kernel(op.fn).run(self, op)
 
     def payload(self, op: Op) -> tuple[Any, ...]:
         """What a send carries: its buffers, flat ones sliced to ``lo:hi`` and copied."""
@@ -184,7 +113,7 @@ class Executor:
     def store(self, op: Op, vals: tuple[Any, ...]) -> None:
         """What a recv does with the values that arrived."""
         for name, value in zip(op.args, vals, strict=True):
-            if op.fn == "into":
+            if op.into:
                 self.buf[op.rank][name][op.lo:op.hi] = value
             else:
                 self.buf[op.rank][name] = value

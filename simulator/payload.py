@@ -14,15 +14,12 @@ Pure: no torch, no simpy.
 from __future__ import annotations
 
 import math
-from typing import Any
 
+from simulator.kernels import Descriptor, kernel
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["Descriptor", "component_shapes", "message_elements", "transfer_layouts"]
-
-Descriptor = tuple[Any, ...]
-
 
 def component_shapes(desc: Descriptor, shape: DecodeShape) -> list[tuple[int, ...]]:
     """The arrays a descriptor stands for, in the order they are packed into a message."""
@@ -38,21 +35,6 @@ def component_shapes(desc: Descriptor, shape: DecodeShape) -> list[tuple[int, ..
     if kind == "flat":
         return [(desc[1],)]
     raise ValueError(f"unknown buffer descriptor {desc!r}")
-
-
-def _after(fn: str, args: list[Descriptor | None], shape: DecodeShape, prev: Descriptor | None) -> Descriptor | None:
-    b, h, d = shape.batch, shape.heads, shape.head_dim
-    if fn in ("attend", "merge"):
-        return ("state",)
-    if fn == "pack-m":
-        return ("flat", b * h)
-    if fn == "rescale":
-        return ("flat", b * h * d + b * h)
-    if fn in ("finalize", "finalize-flat"):
-        return ("out",)
-    if fn == "copy":
-        return args[0]
-    return prev  # reductions write in place
 
 
 def transfer_layouts(sched: Schedule, shape: DecodeShape) -> dict[int, list[Descriptor]]:
@@ -78,11 +60,11 @@ def transfer_layouts(sched: Schedule, shape: DecodeShape) -> dict[int, list[Desc
             layouts[op.id] = descs
         elif op.kind == "recv":
             assert op.match is not None
-            if op.fn != "into":
+            if not op.into:
                 for name, desc in zip(op.args, layouts[op.match], strict=True):
                     mine[name] = desc
         elif op.kind != "launch":
-            mine[op.out] = _after(op.fn, [mine.get(a) for a in op.args], shape, mine.get(op.out))
+            mine[op.out] = kernel(op.fn).result([mine.get(a) for a in op.args], mine.get(op.out), shape)
     return layouts
 
 

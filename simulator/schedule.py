@@ -19,11 +19,13 @@ ops of one rank run one at a time in the order they become ready (one compute st
 concurrently with compute, which is how overlap is expressed. Deps may only name earlier ops, so every schedule
 is a DAG by construction, and op-id order is a valid serial execution order.
 
-Data semantics, for the numeric executor and real runners: a compute op applies ``fn`` (see
-:mod:`simulator.numeric`) to the rank's buffers ``args`` and writes buffer ``out``; a send reads buffers ``args``
+Data semantics, for the numeric executor and real runners: a compute op applies the kernel ``fn`` (one table,
+:mod:`simulator.kernels`) to the rank's buffers ``args`` and writes buffer ``out``; a send reads buffers ``args``
 (the element slice ``lo:hi`` of flat buffers when ``hi >= 0``) and its recv writes them under the recv's ``args``
-names. ``coll`` names the collective an op belongs to. Memory: ``alloc`` (name, bytes) pairs are allocated when
-the op starts and ``free`` names released when it ends; ``Schedule.initial`` lists each rank's buffers at t = 0.
+names (into slice ``lo:hi`` of the buffers it already holds when ``into``). A launch's ``fn``, ``redop`` and
+``root`` name its collective; ``coll`` tags every op of one collective. Every field has one meaning: ``peer`` is
+a transfer's other end, nothing else. Memory: ``alloc`` (name, bytes) pairs are allocated when the op starts and
+``free`` names released when it ends; ``Schedule.initial`` lists each rank's buffers at t = 0.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class Op(NamedTuple):
     free: tuple[str, ...] = ()
     fused: bool = False
     coll: str = ""
+    root: int | None = None
+    redop: str = ""
+    into: bool = False
 
 
 @dataclass
@@ -105,14 +110,15 @@ class Schedule:
         return op.id
 
     def add_launch(self, rank: int, name: str, *, deps: Iterable[int] = (), coll: str = "", fn: str = "",
-                   out: str = "", root: int | None = None) -> int:
+                   out: str = "", root: int | None = None, redop: str = "") -> int:
         """Append the start of a communication operation on ``rank`` (takes the cluster's ``comm_overhead``).
 
-        For a collective, ``fn`` names it (``allreduce-sum``, ``reduce-max``, ``broadcast``...) and ``out`` its
-        buffer and ``root`` (as ``peer``) the root of a reduce or broadcast, so that a real runner can issue it as
-        one native collective.
+        For a collective, ``fn`` names it (``allreduce``, ``reduce``, ``broadcast``), ``redop`` its reduction
+        (``sum``, ``max``), ``out`` its buffer and ``root`` the root of a reduce or broadcast, so that a real runner
+        can issue it as one native collective.
         """
-        op = Op(len(self.ops), rank, "launch", name, self._check(rank, deps), coll=coll, fn=fn, out=out, peer=root)
+        op = Op(len(self.ops), rank, "launch", name, self._check(rank, deps), coll=coll, fn=fn, out=out, root=root,
+                redop=redop)
         self.ops.append(op)
         return op.id
 
@@ -120,11 +126,11 @@ class Schedule:
                      recv_deps: Iterable[int] = (), not_before_s: float = 0.0, args: Sequence[str] = (),
                      dst_args: Sequence[str] | None = None, lo: int = 0, hi: int = -1,
                      alloc: Sequence[tuple[str, float]] = (), free_src: Sequence[str] = (),
-                     coll: str = "", recv_fn: str = "") -> tuple[int, int]:
+                     coll: str = "", into: bool = False) -> tuple[int, int]:
         """Append a matched send (on ``src``) and recv (on ``dst``); returns ``(send_id, recv_id)``.
 
         The send reads buffers ``args`` (slice ``lo:hi``); the recv writes them as ``dst_args`` (default: the same
-        names; ``recv_fn="into"`` writes into slice ``lo:hi`` of existing flat buffers) and allocates ``alloc`` on
+        names; ``into=True`` writes into slice ``lo:hi`` of existing flat buffers) and allocates ``alloc`` on
         ``dst``; ``free_src`` buffers are released on ``src`` once sent.
         """
         if nbytes < 0:
@@ -141,7 +147,7 @@ class Schedule:
                            coll=coll))
         self.ops.append(Op(sid + 1, dst, "recv", name, rd, nbytes=float(nbytes), peer=src, match=sid,
                            not_before_s=not_before_s, args=dargs, lo=lo, hi=hi, alloc=tuple(alloc), coll=coll,
-                           fn=recv_fn))
+                           into=into))
         return sid, sid + 1
 
     @staticmethod
@@ -157,6 +163,7 @@ class Schedule:
                 out.ops.append(op._replace(
                     id=op.id + id_off, rank=op.rank + rank_off, deps=tuple(d + id_off for d in op.deps),
                     peer=None if op.peer is None else op.peer + rank_off,
+                    root=None if op.root is None else op.root + rank_off,
                     match=None if op.match is None else op.match + id_off))
             for r, bufs in sched.initial.items():
                 out.initial[r + rank_off] = dict(bufs)

@@ -61,3 +61,21 @@ def test_ring_and_tree_differ_only_by_rounding():
         outs[entry] = run_numeric(build_schedule(name, params, shape, Layout((0,) * 8)), inp).outputs[0]
     assert np.abs(outs["ring"] - outs["tree"]).max() < 1e-14
     assert np.abs(outs["ring"] - outs["single"]).max() < 1e-14
+
+
+def test_an_unknown_kernel_names_the_known_ones() -> None:
+    from simulator.kernels import KERNELS, kernel
+
+    with pytest.raises(ValueError, match="unknown kernel 'softmax'; kernels: attend, merge"):
+        kernel("softmax")
+    assert {"attend", "merge", "finalize", "reduce-sum", "copy"} <= set(KERNELS)
+
+
+def test_every_kernel_a_schedule_names_is_in_the_table() -> None:
+    from simulator.algorithms import REGISTRY
+    from simulator.kernels import KERNELS
+
+    shape = DecodeShape(batch=1, heads=2, head_dim=4, kv_heads=2, context=16, dtype="fp32")
+    for name in REGISTRY:
+        sched = build_schedule(name, resolve(name)[1], shape, Layout((0, 0, 1, 1)))
+        assert {op.fn for op in sched.ops if op.kind in ("compute", "merge")} <= set(KERNELS), name

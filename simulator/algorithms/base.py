@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from simulator.kernels import kernel_cost
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape, shard_bounds
 
-__all__ = ["Layout", "add_attend", "add_finalize", "new_decode_schedule"]
+__all__ = ["Layout", "add_attend", "add_finalize", "add_kernel", "new_decode_schedule"]
 
 
 @dataclass(frozen=True)
@@ -58,14 +60,19 @@ def add_attend(sched: Schedule, shape: DecodeShape, rank: int, shard: int, kv_bu
     one allocates the running state (o, l, m).
     """
     lo, hi = sched.meta["shards"][shard]
-    flops, nbytes = shape.attend_cost(hi - lo)
-    return sched.add_compute(rank, f"attend[{shard}]", flops=flops, nbytes=nbytes, dtype=shape.dtype,
-                             deps=deps, fn="attend", out="acc", args=(q_buf, kv_buf),
-                             alloc=[("acc", shape.state_bytes)] if first else ())
+    return add_kernel(sched, shape, rank, "attend", hi - lo, name=f"attend[{shard}]", deps=deps, out="acc",
+                      args=(q_buf, kv_buf), alloc=[("acc", shape.state_bytes)] if first else ())
 
 
 def add_finalize(sched: Schedule, shape: DecodeShape, rank: int, deps: Iterable[int]) -> int:
     """out = o / l, in place over o (no new buffer)."""
-    flops, nbytes = shape.elementwise_cost(shape.batch * shape.model_dim)
-    return sched.add_compute(rank, "finalize", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
-                             fn="finalize", out="out", args=("acc",))
+    return add_kernel(sched, shape, rank, "finalize", shape.batch * shape.model_dim, deps=deps, out="out",
+                      args=("acc",))
+
+
+def add_kernel(sched: Schedule, shape: DecodeShape, rank: int, fn: str, n: int, *, name: str | None = None,
+               **options: Any) -> int:
+    """A compute op running kernel ``fn`` of size ``n`` (:mod:`simulator.kernels`), its cost from the kernel table;
+    ``options`` are :meth:`Schedule.add_compute`'s (deps, out, args, alloc, free, fused, kind...)."""
+    flops, nbytes = kernel_cost(fn, shape, n)
+    return sched.add_compute(rank, name or fn, flops=flops, nbytes=nbytes, dtype=shape.dtype, fn=fn, **options)

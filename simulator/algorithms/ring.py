@@ -15,7 +15,7 @@ rank to rank, each merging its own shard: P - 1 sequential small transfers; the 
 
 from __future__ import annotations
 
-from simulator.algorithms.base import Layout, add_attend, add_finalize, new_decode_schedule
+from simulator.algorithms.base import Layout, add_attend, add_finalize, add_kernel, new_decode_schedule
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
@@ -74,9 +74,8 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
                 new_have[dst], new_sent[r] = recv, snd
             for r in range(p):  # copy the staged shard over kv0 once this rank's own send has left
                 lo, hi = bounds[shard_at(r, step + 1)]
-                new_have[r] = sched.add_compute(r, "kv-copy", nbytes=2 * shape.kv_bytes(hi - lo), dtype=shape.dtype,
-                                                deps=_ids(new_have[r], new_sent[r]), fn="copy", out="kv0",
-                                                args=("kvin",))
+                new_have[r] = add_kernel(sched, shape, r, "copy", hi - lo, name="kv-copy",
+                                         deps=_ids(new_have[r], new_sent[r]), out="kv0", args=("kvin",))
         have, sent = new_have, new_sent
     sched.meta["outputs"] = [(r, "out") for r in range(p)]
     for r in range(p):

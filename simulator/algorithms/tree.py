@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simulator.algorithms.base import Layout, add_attend, add_finalize, new_decode_schedule
+from simulator.algorithms.base import Layout, add_attend, add_finalize, add_kernel, new_decode_schedule
 from simulator.collectives import allreduce
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
@@ -27,21 +27,19 @@ def build_tree(shape: DecodeShape, layout: Layout, allreduce_algo: str = "auto")
     sched = new_decode_schedule("tree", shape, p)
     ranks = layout.ring_order()  # the order ring collectives pass data in
     local = {r: (add_attend(sched, shape, r, r, "kv0", [], first=True),) for r in ranks}
-    packed = {r: (sched.add_compute(r, "pack-m", dtype=shape.dtype, deps=local[r], fn="pack-m", out="m",
-                                    args=("acc",), fused=True),) for r in ranks}  # a view of acc.m: no cost
+    packed = {r: (add_kernel(sched, shape, r, "pack-m", 0, deps=local[r], out="m", args=("acc",), fused=True),)
+              for r in ranks}  # a view of acc.m: no cost
     common = {"algo": allreduce_algo, "elem_bytes": shape.elem_bytes, "dtype": shape.dtype}
     front = allreduce(sched, ranks, layout.hosts, "m", shape.ml_elems, op="max", tag="allreduce-max", deps=packed,
                       **common)  # type: ignore[arg-type]
     n_ol = shape.batch * shape.model_dim + shape.ml_elems
-    flops, nbytes = shape.elementwise_cost(n_ol, reads=2, writes=1)
-    scaled = {r: (sched.add_compute(r, "rescale", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=front[r],
-                                    fn="rescale", out="ol", args=("acc", "m")),) for r in ranks}
+    scaled = {r: (add_kernel(sched, shape, r, "rescale", n_ol, deps=front[r], out="ol", args=("acc", "m")),)
+              for r in ranks}
     front = allreduce(sched, ranks, layout.hosts, "ol", n_ol, op="sum", tag="allreduce-sum", deps=scaled,
                       **common)  # type: ignore[arg-type]
-    flops, nbytes = shape.elementwise_cost(shape.batch * shape.model_dim)
     for r in ranks:
-        sched.add_compute(r, "finalize", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=front[r],
-                          fn="finalize-flat", out="out", args=("ol", "m"))
+        add_kernel(sched, shape, r, "finalize-flat", shape.batch * shape.model_dim, name="finalize", deps=front[r],
+                   out="out", args=("ol", "m"))
     sched.meta["outputs"] = [(r, "out") for r in ranks]
     return sched
 
@@ -67,7 +65,6 @@ def build_tree_p2p(shape: DecodeShape, layout: Layout, arity: int = 2, topology_
         phases += _kary_rounds([g[0] for g in groups], arity)
     else:
         phases = _kary_rounds(list(range(p)), arity)
-    mflops, mbytes = shape.merge_cost()
     for k, edges in enumerate(phases):
         before = dict(last)
         for i, (child, parent) in enumerate(edges):
@@ -75,9 +72,8 @@ def build_tree_p2p(shape: DecodeShape, layout: Layout, arity: int = 2, topology_
             _, recv = sched.add_transfer(child, parent, shape.state_bytes, "state", send_deps=[before[child]],
                                          recv_deps=[before[parent]], args=("acc",), dst_args=(name,),
                                          alloc=[(name, shape.state_bytes)])
-            last[parent] = sched.add_compute(parent, "merge", kind="merge", flops=mflops, nbytes=mbytes,
-                                             dtype=shape.dtype, deps=[recv, last[parent]], fn="merge", out="acc",
-                                             args=(name,), free=(name,))
+            last[parent] = add_kernel(sched, shape, parent, "merge", 0, kind="merge", deps=[recv, last[parent]],
+                                      out="acc", args=(name,), free=(name,))
     last[0] = add_finalize(sched, shape, 0, [last[0]])
     for edges in reversed(phases):  # broadcast the output back down the same edges
         before = dict(last)

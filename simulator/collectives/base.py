@@ -47,11 +47,11 @@ class CollBuilder:
               root: int | None = None) -> CollBuilder:
         if op not in REDUCE_OPS:
             raise ValueError(f"reduce op must be one of {REDUCE_OPS}, got {op!r}")
-        fn = kind if kind == "broadcast" else f"{kind}-{op}"
         if len(ranks) < 2:  # nothing to communicate: no communication operation is launched
             return cls(sched, buf, n, elem_bytes, dtype, op, tag, {r: tuple(deps.get(r, ())) for r in ranks})
         front: dict[int, tuple[int, ...]] = {
-            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=fn, out=buf, root=root),)
+            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=kind, out=buf, root=root,
+                                 redop="" if kind == "broadcast" else op),)
             for r in ranks}
         return cls(sched, buf, n, elem_bytes, dtype, op, tag, front)
 
@@ -87,7 +87,7 @@ class CollBuilder:
             snd, recv = self.sched.add_transfer(
                 src, dst, self.nbytes(lo, hi), self.tag, send_deps=before[src], recv_deps=before[dst],
                 args=(self.buf,), dst_args=(tmp,) if reduce else None, lo=lo, hi=hi, coll=self.tag,
-                recv_fn="" if reduce else "into")
+                into=not reduce)
             sends.setdefault(src, []).append((snd, lo, hi))
             received.append((recv, dst, lo, hi, tmp))
         for src, items in sends.items():

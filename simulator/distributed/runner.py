@@ -16,9 +16,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from simulator.kernels import Descriptor, KVShard
 from simulator.merge import PartialState
-from simulator.numeric import Executor, Inputs, KVShard
-from simulator.payload import Descriptor, component_shapes, message_elements
+from simulator.numeric import Executor, Inputs
+from simulator.payload import component_shapes, message_elements
 from simulator.schedule import Op, Schedule
 from simulator.workloads.shape import DecodeShape
 
@@ -114,7 +115,7 @@ class RankRunner(Executor):
     def recv(self, op: Op) -> None:
         assert op.match is not None
         n = message_elements(self.layouts[op.match], self.shape)
-        key = (op.id,) if op.fn == "into" else (op.args, n)
+        key = (op.id,) if op.into else (op.args, n)
         flat = self.pool.get(key)
         if flat is None:
             flat = self.pool[key] = torch.empty(n, dtype=self.inp.q.dtype, device=self.device)
@@ -126,14 +127,15 @@ class RankRunner(Executor):
         if len(members) != dist.get_world_size():
             raise ValueError(f"collective {op.coll!r} spans ranks {sorted(members)}, not the whole group: run it "
                              "with collectives=decomposed")
-        kind, _, reduce_op = op.fn.partition("-")
         buf = self.buf[self.rank][op.out]
-        if kind == "allreduce":
-            dist.all_reduce(buf, op=_REDUCE[reduce_op])
-        elif kind == "reduce":
-            dist.reduce(buf, dst=op.peer, op=_REDUCE[reduce_op])
+        if op.fn == "allreduce":
+            dist.all_reduce(buf, op=_REDUCE[op.redop])
+        elif op.fn == "reduce":
+            dist.reduce(buf, dst=op.root, op=_REDUCE[op.redop])
+        elif op.fn == "broadcast":
+            dist.broadcast(buf, src=op.root)
         else:
-            dist.broadcast(buf, src=op.peer)
+            raise ValueError(f"op #{op.id}: no native collective {op.fn!r}")
 
     def run_rank(self) -> dict[str, Any]:
         """Execute this rank's ops; returns its buffers."""
