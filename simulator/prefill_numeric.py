@@ -2,61 +2,25 @@
 id order, and compare its outputs (and, with a backward, dQ, dK, dV) to dense attention
 (:mod:`simulator.dense`).
 
-Buffers hold :class:`Rows`: rows of a (b, heads, tokens, ...) tensor with their global ``pos`` and first head
-``h0`` (K and V, or dK and dV, travel together: ``arrays`` has two entries); a running state is a
-:class:`StateRows`. The kernels are those of :mod:`simulator.algorithms.prefill.base`. Array-API generic through
-the merge core (numpy here). These kernels live beside the decode executor's (``simulator.numeric``) until the
-kernel registry gathers both.
+Buffers hold row blocks (:class:`simulator.prefill_kernels.Rows`); compute ops run their kernel from the one table,
+:data:`simulator.kernels.KERNELS` (the prefill ones are in :mod:`simulator.prefill_kernels`); a send carries heads
+or rows [lo, hi) of its buffer (:func:`simulator.prefill_kernels.send_slice`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from simulator.dense import dense_backward, dense_forward, visible
-from simulator.merge import (
-    PartialState,
-    attention_delta,
-    block_backward,
-    finalize,
-    log_sum_exp,
-    merge,
-    partial_attention,
-)
+from simulator.kernels import RankBuffers, kernel
+from simulator.prefill_kernels import Rows, send_slice
 from simulator.schedule import Op, Schedule
 from simulator.workloads.layouts import positions
 
-__all__ = ["PrefillInputs", "PrefillResult", "Rows", "make_prefill_inputs", "run_prefill_numeric"]
-
-
-@dataclass(frozen=True)
-class Rows:
-    """``arrays``: each (b, heads, len(pos), ...) for heads [h0, h0 + heads), rows at global positions ``pos``."""
-
-    arrays: tuple[Any, ...]
-    pos: np.ndarray
-    h0: int
-
-    @property
-    def heads(self) -> int:
-        return int(self.arrays[0].shape[1])
-
-    def rows(self, lo: int, hi: int) -> Rows:
-        return Rows(tuple(a[:, :, lo:hi] for a in self.arrays), self.pos[lo:hi], self.h0)
-
-    def head_slice(self, lo: int, hi: int) -> Rows:
-        return Rows(tuple(a[:, lo - self.h0:hi - self.h0] for a in self.arrays), self.pos, lo)
-
-
-@dataclass(frozen=True)
-class StateRows:
-    state: PartialState
-    pos: np.ndarray
-    h0: int
+__all__ = ["PrefillExecutor", "PrefillInputs", "PrefillResult", "make_prefill_inputs", "run_prefill_numeric"]
 
 
 @dataclass(frozen=True)
@@ -83,31 +47,12 @@ def make_prefill_inputs(rng: np.random.Generator, batch: int, heads: int, kv_hea
                          causal)
 
 
-def _cat(xs: list[Any], axis: int) -> Any:
-    return np.concatenate(xs, axis=axis)
-
-
-def _concat(parts: list[Rows]) -> Rows:
-    """Along heads when every part has the same rows (parts with equal heads summed: replicated KV heads' gradients);
-    else along rows (the parts must then have the same heads)."""
-    if len(parts) == 1 or not all(np.array_equal(p.pos, parts[0].pos) for p in parts):
-        return Rows(tuple(_cat([p.arrays[i] for p in parts], 2) for i in range(len(parts[0].arrays))),
-                    np.concatenate([p.pos for p in parts]), parts[0].h0)
-    by_h0: dict[int, Rows] = {}
-    for p in parts:
-        prev = by_h0.get(p.h0)
-        by_h0[p.h0] = p if prev is None else Rows(tuple(a + b for a, b in zip(prev.arrays, p.arrays, strict=True)),
-                                                  p.pos, p.h0)
-    ordered = [by_h0[h] for h in sorted(by_h0)]
-    return Rows(tuple(_cat([p.arrays[i] for p in ordered], 1) for i in range(len(ordered[0].arrays))),
-                ordered[0].pos, ordered[0].h0)
-
-
 class PrefillExecutor:
     """Named per-rank buffers; ``run`` executes a whole schedule in id order."""
 
     def __init__(self, sched: Schedule, inp: PrefillInputs) -> None:
         self.inp = inp
+        self.scale, self.causal = inp.scale, inp.causal
         self.group = inp.q.shape[1] // inp.k.shape[1]
         self.buf: list[dict[str, Any]] = [{} for _ in range(sched.ranks)]
         self.in_flight: dict[int, tuple[Any, ...]] = {}
@@ -122,79 +67,17 @@ class PrefillExecutor:
                     self.buf[rank][name] = Rows((inp.k[:, :, pos], inp.v[:, :, pos]), pos, 0)
                 else:
                     raise ValueError(f"rank {rank}: no numeric value for initial buffer {name!r}")
-        self.kernels: dict[str, Callable[[dict[str, Any], Op], None]] = {
-            "attn-fwd": self._fwd, "attn-final": self._final, "attn-delta": self._delta, "attn-bwd": self._bwd,
-            "concat": lambda b, op: b.__setitem__(op.out, _concat([b[a] for a in op.args])),
-            "slice-heads": lambda b, op: b.__setitem__(op.out, b[op.args[0]].head_slice(op.lo, op.hi)),
-            "slice-rows": lambda b, op: b.__setitem__(op.out, b[op.args[0]].rows(op.lo, op.hi)),
-            "add": self._add,
-        }
-
-    def _mask(self, q: Rows, kv: Rows) -> Any:
-        if q.h0 // self.group < kv.h0 or (q.h0 + q.heads - 1) // self.group >= kv.h0 + kv.heads:
-            raise ValueError(f"query heads from {q.h0} need KV heads the block does not hold (from {kv.h0})")
-        return visible(q.pos, kv.pos, self.inp.causal)[None, None]
-
-    def _kv_for(self, q: Rows, kv: Rows) -> tuple[Any, Any]:
-        """The KV heads ``q``'s heads use, so that partial_attention's GQA grouping lines up."""
-        lo, hi = q.h0 // self.group, (q.h0 + q.heads - 1) // self.group + 1
-        sel = kv.head_slice(lo, hi)
-        return sel.arrays[0], sel.arrays[1]
-
-    def _fwd(self, b: dict[str, Any], op: Op) -> None:
-        q, kv = b[op.args[0]], b[op.args[1]]
-        k, v = self._kv_for(q, kv)
-        part = partial_attention(q.arrays[0], k, v, self.inp.scale, self._mask(q, kv))
-        prev = b.get(op.out)
-        b[op.out] = StateRows(part if prev is None else merge(prev.state, part), q.pos, q.h0)
-
-    def _final(self, b: dict[str, Any], op: Op) -> None:
-        st = b.pop(op.args[0])
-        b[op.out] = Rows((finalize(st.state),), st.pos, st.h0)
-        b["lse"] = Rows((log_sum_exp(st.state),), st.pos, st.h0)
-
-    def _delta(self, b: dict[str, Any], op: Op) -> None:
-        out, dout = b[op.args[0]], b[op.args[1]]
-        b[op.out] = Rows((attention_delta(out.arrays[0], dout.arrays[0]),), out.pos, out.h0)
-
-    def _bwd(self, b: dict[str, Any], op: Op) -> None:
-        q, kv, lse, delta, dout = (b[a] for a in op.args[:5])
-        k, v = self._kv_for(q, kv)
-        dq, dk, dv = block_backward(q.arrays[0], k, v, self.inp.scale, self._mask(q, kv), lse.arrays[0],
-                                    delta.arrays[0], dout.arrays[0])
-        prev = b.get(op.out)
-        b[op.out] = Rows((dq if prev is None else prev.arrays[0] + dq,), q.pos, q.h0)
-        kv_h0 = q.h0 // self.group
-        prev_kv = b.get(op.args[5])
-        grads = (dk, dv) if prev_kv is None else (prev_kv.arrays[0] + dk, prev_kv.arrays[1] + dv)
-        b[op.args[5]] = Rows(grads, kv.pos, kv_h0)
-
-    def _add(self, b: dict[str, Any], op: Op) -> None:
-        got, own = b[op.args[0]], b[op.args[1]].rows(op.lo, op.hi)
-        if not np.array_equal(got.pos, own.pos):
-            raise ValueError(f"op #{op.id}: adding row blocks of different positions")
-        b[op.out] = Rows(tuple(x + y for x, y in zip(got.arrays, own.arrays, strict=True)), own.pos, own.h0)
 
     def execute(self, op: Op) -> None:
         b = self.buf[op.rank]
         if op.kind == "send":
-            vals = []
-            for name in op.args:
-                value = b[name]
-                if op.fn == "heads":
-                    value = value.head_slice(op.lo, op.hi)
-                elif op.fn == "rows":
-                    value = value.rows(op.lo, op.hi)
-                vals.append(value)
-            self.in_flight[op.id] = tuple(vals)
+            self.in_flight[op.id] = tuple(send_slice(b[name], op) for name in op.args)
         elif op.kind == "recv":
             assert op.match is not None
             for name, value in zip(op.args, self.in_flight.pop(op.match), strict=True):
                 b[name] = value
-        elif op.kind != "launch":
-            if op.fn not in self.kernels:
-                raise ValueError(f"op #{op.id}: unknown prefill kernel {op.fn!r}; valid: {', '.join(self.kernels)}")
-            self.kernels[op.fn](b, op)
+        elif op.kind != "launch" and op.fn:
+            kernel(op.fn).run(cast("RankBuffers", self), op)  # prefill kernels check for PrefillBuffers
 
     def run(self, sched: Schedule) -> None:
         for op in sched.ops:

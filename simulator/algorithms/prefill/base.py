@@ -1,19 +1,10 @@
 """What every prefill schedule shares: the shards of the layout, the initial buffers and the attention kernels.
 
 Buffers hold *row blocks*: rows of a (b, heads, tokens, head_dim) tensor (q, out, dout, dq; K and V together as
-``kv``, dK and dV as ``dkv``) with their global positions and head range; the numeric executor
-(:mod:`simulator.prefill_numeric`) gives them values. Kernels (op ``fn``):
-
-==============  ===================================================================================================
-``attn-fwd``    ``out = merge(out, partial_attention(q, kv))``, causal mask by global position; args (q, kv)
-``attn-final``  ``out = finalize(state)`` and ``lse = log_sum_exp(state)``; args (state,)
-``attn-delta``  ``out = rowsum(o * do)``; args (o, do)
-``attn-bwd``    ``out (dq) += dq_blk``, ``args[5] (dkv) += (dk_blk, dv_blk)``; args (q, kv, lse, delta, do, dkv)
-``concat``      ``out`` = the row blocks ``args`` side by side (same heads: along rows; same rows: along heads, a
-                head range held twice summed); zero cost: the pieces already lie in one buffer
-``slice-heads`` ``out`` = heads [lo, hi) of ``args[0]``;  ``slice-rows``: its rows [lo, hi)
-``add``         ``out = args[0] + rows [lo, hi) of args[1]`` (a reduction in a communication kernel)
-==============  ===================================================================================================
+``kv``, dK and dV as ``dkv``) with their global positions and head range. The kernels (op ``fn``: ``attn-fwd``,
+``attn-final``, ``attn-delta``, ``attn-bwd``, ``concat``, ``slice-heads``, ``slice-rows``, ``add``) are in the
+one kernel table (:mod:`simulator.kernels`, defined in :mod:`simulator.prefill_kernels`); their costs come from
+:class:`PrefillShape`. ``concat`` is free (the pieces were received into one buffer).
 
 A send whose ``fn`` is ``heads`` or ``rows`` carries that slice [lo, hi) of its buffer. ``meta`` carries
 ``shape`` (the :class:`PrefillShape`), ``runs`` (each rank's positions, :mod:`simulator.workloads.layouts`),
