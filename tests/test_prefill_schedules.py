@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from conftest import star
 
-from simulator.algorithms import Layout
+from simulator.algorithms import Layout, build_schedule
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import build_cluster
 from simulator.collectives.alltoall import pairwise_alltoall
 from simulator.engine.core import simulate
+from simulator.kernels import KERNELS
 from simulator.memory import peak_memory
+from simulator.numeric import Executor, make_inputs
+from simulator.prefill_rows import _timing
 from simulator.schedule import Schedule
 from simulator.workloads.layouts import imbalance
 from simulator.workloads.prefill_shape import PrefillShape
+from simulator.workloads.shape import DecodeShape
 
 BW, LAT, OVH = 25e9, 1.5e-6, 2e-6  # per link; a route crosses two links
 
@@ -160,3 +165,25 @@ def test_memory_of_forward(name):
     else:
         want = base + s.state_bytes(n) + out
     assert max(peaks) == pytest.approx(want, rel=1e-12)
+
+
+def test_comm_hidden_frac_and_imbalance_of_rows():
+    p, n = 4, 4 * 4096
+    s = shape(n, causal=False)
+    cluster = star(p, bw="400 GB/s", lat="1.5 us", overhead="2 us")  # compute-bound: transfers hide
+    hidden = _timing(sim("ring", s, p, cluster, overlap=True)[1], p)
+    assert hidden["comm_hidden_frac"] == 1.0 and hidden["imbalance"] == pytest.approx(1.0)
+    alternating = _timing(sim("ring", s, p, cluster, overlap=False)[1], p)
+    assert alternating["comm_hidden_frac"] == 0.0
+    single = _timing(sim("single", s, 1, star(1))[1], 1)
+    assert math.isnan(single["comm_hidden_frac"])
+
+
+def test_prefill_kernels_are_in_the_one_table_and_refuse_a_decode_executor():
+    assert {"attn-fwd", "attn-final", "attn-delta", "attn-bwd", "concat", "slice-heads", "slice-rows",
+            "add"} <= set(KERNELS)
+    dec = build_schedule("single", {}, DecodeShape(1, 2, 4, 2, 8, "fp64"), Layout((0,)))
+    ex = Executor(dec, make_inputs(np.random.default_rng(0), 1, 2, 2, 4, 8))
+    op = build_prefill("single", {}, shape(8, heads=2, kv=2), Layout((0,))).ops[0]
+    with pytest.raises(TypeError, match="prefill kernel needs a prefill executor"):
+        KERNELS[op.fn].run(ex, op)
