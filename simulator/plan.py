@@ -15,27 +15,12 @@ from typing import Any
 
 import pandas as pd
 
-from simulator.errors import InputError
 from simulator.points import cluster_for, run_point
 from simulator.scenario import scenario_points
+from simulator.units import parse_tokens
 
 __all__ = ["PlanRequest", "parse_tokens", "plan"]
 
-_TOKEN_SUFFIX = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
-
-
-def parse_tokens(text: str) -> int:
-    """Token counts: ``1048576``, ``128K`` (x 1024), ``1M`` (x 2^20), ``1.5M``."""
-    t = text.strip().lower()
-    suffix = t[-1] if t and t[-1] in "kmg" else ""
-    try:
-        value = float(t[: len(t) - len(suffix)]) * _TOKEN_SUFFIX[suffix]
-    except ValueError:
-        raise InputError(f"expected a token count such as 1048576, 128K or 1M, got {text!r}", field="--context") \
-            from None
-    if value < 1 or value != int(value):
-        raise InputError(f"must be a positive whole number of tokens, got {text!r}", field="--context")
-    return int(value)
 
 
 @dataclass(frozen=True)

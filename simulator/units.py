@@ -23,7 +23,7 @@ from decimal import Decimal
 
 from simulator.errors import InputError
 
-__all__ = ["parse_bandwidth", "parse_bytes", "parse_count", "parse_flops", "parse_quantity", "parse_time"]
+__all__ = ["parse_bandwidth", "parse_bytes", "parse_flops", "parse_quantity", "parse_time", "parse_tokens"]
 
 _SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _IEC = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
@@ -101,20 +101,23 @@ def parse_flops(value: object) -> float:
     return parse_quantity(value, "flops")
 
 
-def parse_count(value: object) -> int:
-    """A whole count (tokens): 1048576, '1M' (10^6), '128Ki' (2^17), '1e6'."""
-    if isinstance(value, bool):
-        raise InputError(f"expected a count such as 131072, '128Ki' or '1M', got {value!r}")
-    if isinstance(value, int):
-        return value
-    match = _RE.match(str(value))
-    mult = None
-    if match:
-        unit = match.group(2)
-        mult = _SI.get(unit, _IEC.get(unit))
-    if mult is None or match is None:
-        raise InputError(f"cannot parse {value!r} as a count; write it like 131072, '128Ki' or '1M'")
-    x = float(match.group(1)) * mult
-    if not math.isfinite(x) or x != int(x):
-        raise InputError(f"a count must be a whole number, got {value!r}")
-    return int(x)
+
+_TOKEN_SUFFIX = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def parse_tokens(text: object, field: str = "--context") -> int:
+    """Token counts: ``1048576``, ``128K`` (x 1024), ``1M`` (x 2^20), ``1.5M``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 1:
+            raise InputError(f"must be a positive whole number of tokens, got {text!r}", field=field)
+        return text
+    t = str(text).strip().lower()
+    suffix = t[-1] if t and t[-1] in "kmg" else ""
+    try:
+        value = float(t[: len(t) - len(suffix)]) * _TOKEN_SUFFIX[suffix]
+    except ValueError:
+        raise InputError(f"expected a token count such as 1048576, 128K or 1M, got {text!r}", field=field) \
+            from None
+    if value < 1 or value != int(value):
+        raise InputError(f"must be a positive whole number of tokens, got {text!r}", field=field)
+    return int(value)

@@ -21,7 +21,7 @@ topology_params: {nodes: 1}
 workload:
   kind: prefill
   model: {heads: 8, head_dim: 64, kv_heads: 2}
-  sequence: 64Ki
+  sequence: 64K
   layout: zigzag
   backward: true
 algorithms: [ring, {name: ring, overlap: false}, allgather, ulysses, single]
@@ -52,7 +52,7 @@ def test_prefill_rows(tmp_path):
 
 
 def test_prefill_numeric(tmp_path):
-    text = PREFILL.replace("sequence: 64Ki", "sequence: 203").replace("layout: zigzag", "layout: striped")
+    text = PREFILL.replace("sequence: 64K", "sequence: 203").replace("layout: zigzag", "layout: striped")
     assert main(["run", str(write(tmp_path, text)), "-o", str(tmp_path / "o"), "--numeric", "--no-report",
                  "--jobs", "1"]) == 0
     df = pd.read_csv(tmp_path / "o" / "results.csv")
@@ -62,9 +62,10 @@ def test_prefill_numeric(tmp_path):
 @pytest.mark.parametrize(("change", "expected"), [
     (("layout: zigzag", "layout: zagzig"), "p.yaml:9: workload.layout: must be one of 'contiguous', 'zigzag' or "
                                            "'striped', got 'zagzig'"),
-    (("sequence: 64Ki", "sequence: 5"), "p.yaml:8: workload.sequence: the sequence (5 tokens) must have at least one "
+    (("sequence: 64K", "sequence: 5"), "p.yaml:8: workload.sequence: the sequence (5 tokens) must have at least one "
                                        "token per rank (8 ranks)"),
-    (("sequence: 64Ki", "sequence: 4Kx"), "p.yaml:8: workload.sequence: cannot parse '4Kx' as a count"),
+    (("sequence: 64K", "sequence: 4Kx"),
+     "p.yaml:8: workload.sequence: expected a token count such as 1048576, 128K or 1M, got '4Kx'"),
     (("heads: 8, head_dim: 64, kv_heads: 2", "heads: 12, head_dim: 64, kv_heads: 2"),
      "p.yaml:7: workload.model.heads: ulysses splits the 12 heads over the 8 ranks"),
     (("heads: 8, head_dim: 64, kv_heads: 2", "heads: 24, head_dim: 64, kv_heads: 3"),

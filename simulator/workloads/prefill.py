@@ -9,7 +9,7 @@ from pydantic import Field, PositiveInt, field_validator
 
 from simulator.errors import InputError
 from simulator.models import PRESETS
-from simulator.units import parse_count
+from simulator.units import parse_tokens
 from simulator.workloads.base import ModelShape, Strict
 from simulator.workloads.prefill_shape import PrefillShape
 
@@ -28,7 +28,7 @@ class PrefillWorkload(Strict):
     model: ModelShape | str
     scope: Literal["attention"] = Field("attention", description="one attention layer (scope: model is not built yet)")
     batch: PositiveInt = 1
-    sequence: PositiveInt = Field(description="tokens per sequence, e.g. 131072, '128Ki' or '1M'")
+    sequence: PositiveInt = Field(description="tokens per sequence, e.g. 131072, '128K' or '1M' (K = 2^10, M = 2^20)")
     dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"
     causal: bool = True
     layout: Literal["contiguous", "zigzag", "striped"] = "zigzag"
@@ -45,7 +45,7 @@ class PrefillWorkload(Strict):
     @classmethod
     def _sequence(cls, v: Any) -> int:
         try:
-            return parse_count(v)
+            return parse_tokens(v, field="workload.sequence")
         except InputError as err:
             raise ValueError(err.message) from None
 
