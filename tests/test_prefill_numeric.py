@@ -55,3 +55,13 @@ def test_ring_without_overlap_is_exact_too():
 def test_fewer_tokens_than_twice_the_ranks():
     check("ring", 8, "zigzag", 2, 9, True, True, np.float64, 1e-12)
     check("allgather", 8, "zigzag", 2, 8, True, True, np.float64, 1e-12)
+
+
+@pytest.mark.parametrize("hosts", [(0, 0, 1, 1), (0, 0, 0, 0, 1, 1, 1, 1), (0, 0, 1, 1, 2, 2, 3, 3)])
+@pytest.mark.parametrize("kv", [8, 2])
+def test_ulysses_with_hierarchical_alltoall_is_exact(hosts, kv):
+    s = PrefillShape(BATCH, HEADS, HEAD_DIM, kv, 29, "fp64", True, "zigzag", True)
+    sched = build_prefill("ulysses", {"alltoall": "hierarchical"}, s, Layout(hosts))
+    res = run_prefill_numeric(sched, make_prefill_inputs(np.random.default_rng(5), BATCH, HEADS, kv, HEAD_DIM, 29,
+                                                         True))
+    assert res.max_abs_err < 1e-12 and res.max_grad_err < 1e-12

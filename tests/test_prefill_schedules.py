@@ -13,7 +13,7 @@ from simulator.algorithms import Layout, build_schedule
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import build_cluster
-from simulator.collectives.alltoall import pairwise_alltoall
+from simulator.collectives.alltoall import hierarchical_alltoall, pairwise_alltoall
 from simulator.engine.core import simulate
 from simulator.kernels import KERNELS
 from simulator.memory import peak_memory
@@ -187,3 +187,21 @@ def test_prefill_kernels_are_in_the_one_table_and_refuse_a_decode_executor():
     op = build_prefill("single", {}, shape(8, heads=2, kv=2), Layout((0,))).ops[0]
     with pytest.raises(TypeError, match="prefill kernel needs a prefill executor"):
         KERNELS[op.fn].run(ex, op)
+
+
+@pytest.mark.parametrize(("nodes", "g"), [(2, 2), (2, 4), (4, 2)])
+def test_hierarchical_alltoall_volume_and_messages(nodes, g):
+    p = nodes * g
+    hosts = tuple(r // g for r in range(p))
+    piece = 1_000_000.0
+    sched = Schedule(p, placement=tuple(f"h{i}" for i in range(p)))
+    groups = [list(range(n * g, (n + 1) * g)) for n in range(nodes)]
+    hierarchical_alltoall(sched, groups, "x", lambda src: f"x@{src}", lambda src, dst: (dst, dst + 1, piece),
+                          mode="heads", tag="a2a", deps={})
+    res = simulate(sched, star(p))
+    sends = [op for op in sched.ops if op.kind == "send"]
+    # a piece from (n, i) to (m, j) crosses [i != j] + [n != m] hops
+    assert _sent(res) == p * (nodes * (g - 1) + (nodes - 1) * g) * piece
+    across = [op for op in sends if hosts[op.rank] != hosts[op.peer]]
+    assert len(across) == p * (nodes - 1)  # one message per other node, instead of (nodes - 1) g
+    assert all(op.nbytes == g * piece for op in across)

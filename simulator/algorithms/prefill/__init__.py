@@ -15,6 +15,7 @@ from simulator.algorithms.prefill.gathered import build_prefill_allgather
 from simulator.algorithms.prefill.ring import build_prefill_ring
 from simulator.algorithms.prefill.single import build_prefill_single
 from simulator.algorithms.prefill.ulysses import build_prefill_ulysses, check_ulysses
+from simulator.collectives.alltoall import ALLTOALL
 from simulator.schedule import Schedule
 from simulator.workloads.prefill_shape import PrefillShape
 
@@ -28,7 +29,8 @@ def _bool(v: Any) -> bool:
 PREFILL_REGISTRY: dict[str, AlgorithmSpec] = {
     "ring": AlgorithmSpec(build_prefill_ring, {"overlap": ("overlap", True, _bool, "true or false")}),
     "allgather": AlgorithmSpec(build_prefill_allgather, {}),
-    "ulysses": AlgorithmSpec(build_prefill_ulysses, {}),
+    "ulysses": AlgorithmSpec(build_prefill_ulysses, {
+        "alltoall": ("alltoall", "pairwise", lambda v: v in ALLTOALL, f"one of {', '.join(ALLTOALL)}")}),
     "single": AlgorithmSpec(build_prefill_single, {}),
 }
 

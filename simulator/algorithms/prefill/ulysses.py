@@ -9,9 +9,15 @@ Heads must divide by P. With GQA, rank j needs the KV heads its query heads use:
 kv_heads; when kv_heads < P (P a multiple of kv_heads) each KV head is **replicated** to the P/kv_heads ranks that
 use it (more bytes on the wire), and its dK, dV from those ranks are summed on the way back. Other shapes are
 refused (:func:`check_ulysses`).
+
+``alltoall: pairwise`` (default) exchanges directly between every pair; ``hierarchical`` (on several nodes) goes
+through the rank of the destination's local index inside the node first, then rail to rail across nodes
+(:func:`simulator.collectives.alltoall.hierarchical_alltoall`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from simulator.algorithms.base import Layout
 from simulator.algorithms.prefill.base import (
@@ -23,7 +29,7 @@ from simulator.algorithms.prefill.base import (
     new_prefill_schedule,
     tokens,
 )
-from simulator.collectives.alltoall import pairwise_alltoall
+from simulator.collectives.alltoall import hierarchical_alltoall, pairwise_alltoall
 from simulator.errors import InputError
 from simulator.schedule import Schedule
 from simulator.workloads.layouts import Run
@@ -52,9 +58,18 @@ def kv_heads_of(shape: PrefillShape, p: int, j: int) -> tuple[int, int]:
     return h, h + 1
 
 
-def build_prefill_ulysses(shape: PrefillShape, layout: Layout) -> Schedule:
+def build_prefill_ulysses(shape: PrefillShape, layout: Layout, alltoall: str = "pairwise") -> Schedule:
     p = layout.ranks
     check_ulysses(shape, p)
+    groups = layout.groups()
+    hierarchical = alltoall == "hierarchical" and len(groups) > 1
+
+    def exchange(buf: str, name: Any, piece: Any, mode: str, tag: str, deps: dict[int, list[int]]
+                 ) -> dict[int, tuple[int, ...]]:
+        if hierarchical:
+            return hierarchical_alltoall(sched, groups, buf, name, piece, mode=mode, tag=tag, deps=deps)
+        return pairwise_alltoall(sched, order, buf, name, piece, mode=mode, tag=tag, deps=deps)
+
     hq, n = shape.heads // p, shape.sequence
     kvq = kv_heads_of(shape, p, 0)[1] - kv_heads_of(shape, p, 0)[0]
     sched = new_prefill_schedule("ulysses", shape, p)
@@ -69,15 +84,13 @@ def build_prefill_ulysses(shape: PrefillShape, layout: Layout) -> Schedule:
             if kv:
                 return (*kv_heads_of(shape, p, dst), shape.kv_bytes(t, kvq))
             return dst * hq, (dst + 1) * hq, shape.q_bytes(t, hq)
-        return pairwise_alltoall(sched, order, buf, lambda s: f"{prefix}@{s}", piece, mode="heads", tag=tag,
-                                 deps=deps)
+        return exchange(buf, lambda s: f"{prefix}@{s}", piece, "heads", tag, deps)
 
     def to_rows(buf: str, prefix: str, kv: bool, deps: dict[int, list[int]], tag: str) -> dict[int, tuple[int, ...]]:
         def piece(src: int, dst: int) -> tuple[int, int, float]:
             t = tokens(sched, dst)
             return offsets[dst], offsets[dst + 1], shape.kv_bytes(t, kvq) if kv else shape.q_bytes(t, hq)
-        return pairwise_alltoall(sched, order, buf, lambda s: f"{prefix}@{s}", piece, mode="rows", tag=tag,
-                                 deps=deps)
+        return exchange(buf, lambda s: f"{prefix}@{s}", piece, "rows", tag, deps)
 
     def concat(out: str, prefix: str, front: dict[int, tuple[int, ...]]) -> dict[int, list[int]]:
         return {r: [add_concat(sched, r, out, [f"{prefix}@{s}" for s in order], front[r])] for r in order}
