@@ -41,7 +41,7 @@ from simulator.merge import (
 )
 from simulator.schedule import Op
 
-__all__ = ["PREFILL_KERNELS", "PrefillBuffers", "Rows", "StateRows", "send_slice"]
+__all__ = ["PREFILL_KERNELS", "PrefillBuffers", "Rows", "StateRows"]
 
 @dataclass(frozen=True)
 class Rows:
@@ -175,15 +175,6 @@ def _add(ex: Any, op: Op) -> None:
     if not np.array_equal(got.pos, own.pos):
         raise ValueError(f"op #{op.id}: adding row blocks of different positions")
     b[op.out] = Rows(tuple(x + y for x, y in zip(got.arrays, own.arrays, strict=True)), own.pos, own.h0)
-
-
-def send_slice(value: Any, op: Op) -> Any:
-    """What a send of a prefill schedule carries: heads or rows [lo, hi) of its buffer (``op.fn``), or all of it."""
-    if op.fn == "heads":
-        return value.head_slice(op.lo, op.hi)
-    if op.fn == "rows":
-        return value.rows(op.lo, op.hi)
-    return value
 
 
 def _rows(args: Sequence[Any], prev: Any, shape: Any) -> tuple[Any, ...]:

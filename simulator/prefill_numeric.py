@@ -3,8 +3,8 @@ id order, and compare its outputs (and, with a backward, dQ, dK, dV) to dense at
 (:mod:`simulator.dense`).
 
 Buffers hold row blocks (:class:`simulator.prefill_kernels.Rows`); compute ops run their kernel from the one table,
-:data:`simulator.kernels.KERNELS` (the prefill ones are in :mod:`simulator.prefill_kernels`); a send carries heads
-or rows [lo, hi) of its buffer (:func:`simulator.prefill_kernels.send_slice`).
+:data:`simulator.kernels.KERNELS` (the prefill ones are in :mod:`simulator.prefill_kernels`); a send carries its
+buffers whole (pieces are cut by ``slice-heads`` / ``slice-rows`` kernels first).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from simulator.dense import dense_backward, dense_forward, visible
 from simulator.kernels import RankBuffers, kernel
-from simulator.prefill_kernels import Rows, send_slice
+from simulator.prefill_kernels import Rows
 from simulator.schedule import Op, Schedule
 from simulator.workloads.layouts import positions
 
@@ -71,7 +71,9 @@ class PrefillExecutor:
     def execute(self, op: Op) -> None:
         b = self.buf[op.rank]
         if op.kind == "send":
-            self.in_flight[op.id] = tuple(send_slice(b[name], op) for name in op.args)
+            if op.hi >= 0:
+                raise ValueError(f"op #{op.id}: prefill sends carry whole buffers, not slices")
+            self.in_flight[op.id] = tuple(b[name] for name in op.args)
         elif op.kind == "recv":
             assert op.match is not None
             for name, value in zip(op.args, self.in_flight.pop(op.match), strict=True):

@@ -29,7 +29,7 @@ from simulator.schedule import COMPUTE_KINDS, Schedule
 from simulator.workloads.prefill import PrefillWorkload
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["NUMERIC_MAX_SCORES", "PREFILL_COLUMNS", "check_prefill", "prefill_rows", "prefill_runs"]
+__all__ = ["NUMERIC_MAX_SCORES", "PREFILL_COLUMNS", "check_prefill", "prefill_rows", "prefill_runs", "prefill_timing"]
 
 PREFILL_COLUMNS = ["phase", "sequence", "layout", "tflops_per_gpu", "comm_hidden_frac", "imbalance"]
 NUMERIC_MAX_SCORES = 50_000_000  # the dense reference holds batch x heads x sequence^2 scores
@@ -93,7 +93,7 @@ def _overlap(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> fl
     return total
 
 
-def _timing(result: SimResult, ranks: int) -> dict[str, float]:
+def prefill_timing(result: SimResult, ranks: int) -> dict[str, float]:
     """compute_s, comm_s, comm_hidden_frac of the critical rank; imbalance over all ranks."""
     compute = [0.0] * ranks
     busy: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]
@@ -130,7 +130,7 @@ def prefill_rows(point: Point, cluster: Cluster, layout: Layout, numeric: bool =
         wall = time.perf_counter() - t0
         peaks = peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in result.timeline})
         place = sched.placement_on(cluster.ranks)
-        timing = _timing(result, sched.ranks)
+        timing = prefill_timing(result, sched.ranks)
         row: dict[str, Any] = {
             "scenario": point.scenario.name, "algorithm": label(name, params, PREFILL_REGISTRY),
             "topology": cluster.name, "ranks": sched.ranks, "nodes": len({cluster.host_of(n) for n in place}),

@@ -18,7 +18,7 @@ from simulator.engine.core import simulate
 from simulator.kernels import KERNELS
 from simulator.memory import peak_memory
 from simulator.numeric import Executor, make_inputs
-from simulator.prefill_rows import _timing
+from simulator.prefill_rows import prefill_timing
 from simulator.schedule import Schedule
 from simulator.workloads.layouts import imbalance
 from simulator.workloads.prefill_shape import PrefillShape
@@ -171,11 +171,11 @@ def test_comm_hidden_frac_and_imbalance_of_rows():
     p, n = 4, 4 * 4096
     s = shape(n, causal=False)
     cluster = star(p, bw="400 GB/s", lat="1.5 us", overhead="2 us")  # compute-bound: transfers hide
-    hidden = _timing(sim("ring", s, p, cluster, overlap=True)[1], p)
+    hidden = prefill_timing(sim("ring", s, p, cluster, overlap=True)[1], p)
     assert hidden["comm_hidden_frac"] == 1.0 and hidden["imbalance"] == pytest.approx(1.0)
-    alternating = _timing(sim("ring", s, p, cluster, overlap=False)[1], p)
+    alternating = prefill_timing(sim("ring", s, p, cluster, overlap=False)[1], p)
     assert alternating["comm_hidden_frac"] == 0.0
-    single = _timing(sim("single", s, 1, star(1))[1], 1)
+    single = prefill_timing(sim("single", s, 1, star(1))[1], 1)
     assert math.isnan(single["comm_hidden_frac"])
 
 

@@ -8,8 +8,9 @@ With even pieces of B/P bytes out of a buffer of B, each rank sends (P - 1) B / 
 :func:`hierarchical_alltoall` is the two-level variant for multi-node groups (inside each node, then across nodes
 rail to rail); :data:`ALLTOALL` names both.
 
-The pieces are slices of ``buf`` along one axis (``mode``: ``heads`` or ``rows``, the send's ``fn``): ``piece(src,
-dst)`` gives the slice [lo, hi) of src's buffer that dst gets and its bytes; it lands in dst's ``name(src)``.
+The pieces are slices of ``buf`` along one axis (``mode``: ``heads`` or ``rows``): ``piece(src, dst)`` gives the
+slice [lo, hi) of src's buffer that dst gets and its bytes. Each rank first cuts its buffer into its pieces
+(``slice-heads`` / ``slice-rows`` kernels: views, free); a piece lands in dst's ``name(src)``.
 """
 
 from __future__ import annotations
@@ -34,25 +35,31 @@ def pairwise_alltoall(sched: Schedule, order: Sequence[int], buf: str, name: Cal
         start = list(deps.get(r, ()))
         if p > 1:
             start = [sched.add_launch(r, f"{tag}.launch", deps=start, coll=tag, fn="alltoall", out=buf)]
-        lo, hi, nbytes = piece(r, r)
-        own = sched.add_compute(r, f"{tag}.local", deps=start, fn=f"slice-{mode}", out=name(r), args=(buf,), lo=lo,
-                                hi=hi, fused=True, coll=tag, alloc=[(name(r), nbytes)])
-        prev[r], front[r] = start, [own]
+        cuts = []
+        for dst in order:  # views of buf (free); the own piece lands in the output buffer
+            lo, hi, nbytes = piece(r, dst)
+            own = dst == r
+            cuts.append(sched.add_compute(r, f"{tag}.cut", deps=start, fn=f"slice-{mode}",
+                                          out=name(r) if own else _cut(tag, r, dst), args=(buf,), lo=lo, hi=hi,
+                                          fused=True, coll=tag, alloc=[(name(r), nbytes)] if own else ()))
+        prev[r], front[r] = cuts, [cuts[order.index(r)]]
     for k in range(1, p):
         done: dict[int, list[int]] = {r: [] for r in order}
         for i, src in enumerate(order):
             dst = order[(i + k) % p]
-            lo, hi, nbytes = piece(src, dst)
+            nbytes = piece(src, dst)[2]
             snd, recv = sched.add_transfer(src, dst, nbytes, tag, send_deps=prev[src], recv_deps=prev[dst],
-                                           args=(buf,), dst_args=(name(src),), lo=lo, hi=hi, coll=tag,
+                                           args=(_cut(tag, src, dst),), dst_args=(name(src),), coll=tag,
                                            alloc=[(name(src), nbytes)])
-            sched.ops[snd] = sched.ops[snd]._replace(fn=mode)
             done[src].append(snd)
             done[dst].append(recv)
             front[dst].append(recv)
         prev = done
     return {r: tuple(ids) for r, ids in front.items()}
 
+
+def _cut(tag: str, src: int, dst: int) -> str:
+    return f"{tag}.{src}>{dst}"
 
 def hierarchical_alltoall(sched: Schedule, groups: Sequence[Sequence[int]], buf: str, name: Callable[[int], str],
                           piece: Callable[[int, int], tuple[int, int, float]], *, mode: str, tag: str,
@@ -74,7 +81,7 @@ def hierarchical_alltoall(sched: Schedule, groups: Sequence[Sequence[int]], buf:
     local = {r: i for grp in groups for i, r in enumerate(grp)}
 
     def cut(src: int, dst: int) -> str:
-        return f"{tag}.{src}>{dst}"
+        return _cut(tag, src, dst)
 
     front: dict[int, list[int]] = {}
     ready: dict[int, list[int]] = {}

@@ -5,9 +5,10 @@ With ranks ``order[0..P-1]`` around the ring, piece c belonging to ``order[c]``:
 
 * all-gather: P - 1 steps; at step k, position i sends piece (i - k) mod P to position i + 1. Every rank sends
   every piece but its successor's once: (P - 1) x (sum of the pieces) bytes in all.
-* reduce-scatter: P - 1 steps; at step k, position i sends its partial sum of piece (i - k - 1) mod P to position
-  i + 1, which adds its own contribution (a reduction inside the communication kernel, as NCCL's). The owner ends
-  with the sum over all ranks. Same volume as the all-gather.
+* reduce-scatter: P - 1 steps; at step k, position i sends its partial sum of piece (i - k - 1) mod P (at step 0:
+  those rows of its own buffer, cut as a view) to position i + 1, which adds its own contribution (a reduction
+  inside the communication kernel, as NCCL's). The owner ends with the sum over all ranks. Same volume as the
+  all-gather.
 
 Each function appends one launch per rank (a collective), the transfers and reductions; it returns, per rank, the
 op ids after which the rank holds its result.
@@ -78,13 +79,15 @@ def ring_reduce_scatter_pieces(sched: Schedule, order: Sequence[int], full: str,
             owner = order[(i - k - 1) % p]
             dst = order[(i + 1) % p]
             lo, hi = rows(owner)
-            src_buf = full if k == 0 else f"{tag}.part{owner}"
+            src_buf = f"{tag}.part{owner}"
+            send_deps = held[r]
+            if k == 0:  # the rows of its own contribution (a view, free)
+                send_deps = [sched.add_compute(r, f"{tag}.cut", deps=held[r], fn="slice-rows", out=src_buf,
+                                               args=(full,), lo=lo, hi=hi, fused=True, coll=tag)]
             tmp = f"{tag}.tmp{k}"
-            snd, recv = sched.add_transfer(r, dst, nbytes(owner), tag, send_deps=held[r], recv_deps=held[dst],
-                                           args=(src_buf,), dst_args=(tmp,), lo=lo if k == 0 else 0,
-                                           hi=hi if k == 0 else -1, coll=tag, free_src=() if k == 0 else (src_buf,))
-            if k == 0:
-                sched.ops[snd] = sched.ops[snd]._replace(fn="rows")
+            snd, recv = sched.add_transfer(r, dst, nbytes(owner), tag, send_deps=send_deps, recv_deps=held[dst],
+                                           args=(src_buf,), dst_args=(tmp,), coll=tag,
+                                           free_src=() if k == 0 else (src_buf,))
             target = out(owner) if k == p - 2 else f"{tag}.part{owner}"
             red = sched.add_compute(dst, f"{tag}.reduce", flops=elems(owner), nbytes=3 * elems(owner) * elem_bytes,
                                     dtype=dtype, deps=(recv, *held[dst]), fn="add", out=target, args=(tmp, full),

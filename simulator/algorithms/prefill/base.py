@@ -6,7 +6,7 @@ Buffers hold *row blocks*: rows of a (b, heads, tokens, head_dim) tensor (q, out
 one kernel table (:mod:`simulator.kernels`, defined in :mod:`simulator.prefill_kernels`); their costs come from
 :class:`PrefillShape`. ``concat`` is free (the pieces were received into one buffer).
 
-A send whose ``fn`` is ``heads`` or ``rows`` carries that slice [lo, hi) of its buffer. ``meta`` carries
+Sends carry whole buffers (collectives cut pieces first, as views). ``meta`` carries
 ``shape`` (the :class:`PrefillShape`), ``runs`` (each rank's positions, :mod:`simulator.workloads.layouts`),
 ``outputs`` [(rank, out buffer)] and, with a backward, ``grads`` [(rank, dq buffer, dkv buffer)].
 """
