@@ -18,6 +18,7 @@ from simulator.algorithms import Layout, build_schedule, label, resolve
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
+from simulator.generate_rows import check_generate, generate_rows, generate_runs
 from simulator.memory import peak_memory
 from simulator.models import PRESETS
 from simulator.modelstep import attention_layer, model_step
@@ -25,7 +26,7 @@ from simulator.numeric import make_inputs, run_numeric
 from simulator.prefill_rows import check_prefill, prefill_rows, prefill_runs
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
 from simulator.schedule import COMPUTE_KINDS, Schedule
-from simulator.workloads import PrefillWorkload
+from simulator.workloads import GenerateWorkload, PrefillWorkload
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
@@ -193,6 +194,10 @@ def run_point(point: Point, numeric: bool = False) -> list[dict[str, Any]]:
     cluster = cluster_for(point)
     if isinstance(point.scenario.workload, PrefillWorkload):
         rows = prefill_rows(point, cluster, layout_of(cluster), numeric)
+    elif isinstance(point.scenario.workload, GenerateWorkload):
+        if numeric:
+            raise InputError("--numeric checks decode and prefill workloads, not generate", field="workload.kind")
+        rows = generate_rows(point, cluster, layout_of(cluster))
     elif isinstance(point.scenario.workload, FlowsWorkload):
         if numeric:
             raise InputError("--numeric needs a decode workload", field="workload.kind")
@@ -210,6 +215,12 @@ def check_points(points: Sequence[Point], numeric: bool = False) -> None:
         wl = point.scenario.workload
         if isinstance(wl, PrefillWorkload):
             check_prefill(point, layout_of(cluster_for(point)), numeric)
+            continue
+        if isinstance(wl, GenerateWorkload):
+            if numeric:
+                raise InputError("--numeric checks decode and prefill workloads, not generate", file=point.source,
+                                 field="workload.kind")
+            check_generate(point, layout_of(cluster_for(point)))
             continue
         if not isinstance(wl, DecodeWorkload):
             if numeric:
@@ -238,6 +249,8 @@ def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Sche
     wl = point.scenario.workload
     if isinstance(wl, PrefillWorkload):
         return prefill_runs(point, cluster, layout_of(cluster), record_links)
+    if isinstance(wl, GenerateWorkload):
+        return generate_runs(point, cluster, layout_of(cluster), record_links)
     if isinstance(wl, FlowsWorkload):
         sched = flows_schedule(wl, cluster)
         return [("flows", sched, simulate(sched, cluster, record_links))]

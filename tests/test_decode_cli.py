@@ -15,6 +15,7 @@ from simulator.points import DECODE_COLUMNS
 SHRINK = {  # keep every scenario small in the test suite
     "paper-scaling": ["--set", "sweep={topology_params.nodes: [1, 2], workload.context: [80000, 640000]}"],
     "prefill-layouts": ["--set", "sweep={topology_params.nodes: [1, 2], workload.layout: [contiguous, zigzag]}"],
+    "generate": ["--set", "sweep={topology_params.nodes: [1, 2]}", "--set", "workload.new_tokens=2"],
     "cp-strategies": ["--set", "sweep={workload.backward: [false, true], zip: [{topology_params.nodes: [1, 2], "
                       "workload.model: [llama-3.1-8b, llama-3.1-70b]}]}", "--set", "workload.sequence=64K"],
 }

@@ -10,8 +10,10 @@ from pydantic import Field
 from simulator.workloads.base import ModelShape
 from simulator.workloads.decode import DecodeWorkload
 from simulator.workloads.flows import FlowSpec, FlowsWorkload
+from simulator.workloads.generate import GenerateWorkload
 from simulator.workloads.prefill import PrefillWorkload
 
-__all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "PrefillWorkload", "Workload"]
+__all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "GenerateWorkload", "ModelShape", "PrefillWorkload",
+           "Workload"]
 
-Workload = Annotated[DecodeWorkload | FlowsWorkload | PrefillWorkload, Field(discriminator="kind")]
+Workload = Annotated[DecodeWorkload | FlowsWorkload | PrefillWorkload | GenerateWorkload, Field(discriminator="kind")]

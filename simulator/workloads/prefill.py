@@ -13,7 +13,15 @@ from simulator.units import parse_tokens
 from simulator.workloads.base import ModelShape, Strict
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["PrefillWorkload"]
+__all__ = ["PrefillWorkload", "model_dims"]
+
+
+def model_dims(model: ModelShape | str) -> tuple[int, int, int]:
+    """(heads, kv_heads, head_dim) of a preset or of a shape given inline."""
+    if isinstance(model, str):
+        p = PRESETS[model]
+        return p.heads, p.kv_heads, p.head_dim
+    return model.heads, model.kv_heads or model.heads, model.head_dim
 
 
 class PrefillWorkload(Strict):
@@ -51,12 +59,7 @@ class PrefillWorkload(Strict):
 
     def shape(self) -> PrefillShape:
         """The attention shape (a preset's, or the one given)."""
-        if isinstance(self.model, str):
-            p = PRESETS[self.model]
-            heads, kv_heads, head_dim = p.heads, p.kv_heads, p.head_dim
-        else:
-            heads, head_dim = self.model.heads, self.model.head_dim
-            kv_heads = self.model.kv_heads or heads
+        heads, kv_heads, head_dim = model_dims(self.model)
         return PrefillShape(batch=self.batch, heads=heads, head_dim=head_dim, kv_heads=kv_heads,
                             sequence=self.sequence, dtype=self.dtype, causal=self.causal, layout=self.layout,
                             backward=self.backward)
