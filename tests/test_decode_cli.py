@@ -73,7 +73,7 @@ def test_single_runs_out_of_memory_first(tmp_path):
     (("kv_heads: 2", "kv_heads: 3"), "d.yaml:6: workload.model: heads (8) must be a multiple of kv_heads (3)"),
     (("context: 4096", "context: -5"), "d.yaml:7: workload.context: must be a positive integer, got -5"),
     (("kind: decode", "kind: prefil"),
-     "d.yaml:5: workload.kind: must be one of 'decode', 'flows', 'prefill', got 'prefil'"),
+     "d.yaml:5: workload.kind: must be one of 'decode', 'flows', 'prefill', 'generate', got 'prefil'"),
 ])
 def test_decode_errors_are_located(change, expected, tmp_path, capsys):
     path = write(tmp_path, DECODE.replace(*change))
