@@ -72,7 +72,10 @@ def generate_rows(point: Point, cluster: Cluster, layout: Layout) -> list[dict[s
     wl = _workload(point)
     (pname, pparams), decode = _schedules(point)
     pshape = wl.prefill_shape()
-    psched = build_prefill(pname, pparams, pshape, layout)
+    try:
+        psched = build_prefill(pname, pparams, pshape, layout)
+    except InputError as err:
+        raise point.locate(err) from None
     pres, ppeaks, pwall = _measure(psched, cluster)
     ptiming = prefill_timing(pres, psched.ranks)
     pplace = psched.placement_on(cluster.ranks)

@@ -113,8 +113,11 @@ def prefill_timing(result: SimResult, ranks: int) -> dict[str, float]:
             "comm_hidden_frac": hidden, "imbalance": max(compute) / mean if mean > 0 else 1.0}
 
 
-def _schedule(name: str, params: dict[str, Any], shape: PrefillShape, layout: Layout) -> Schedule:
-    return build_prefill(name, params, shape, layout)
+def _schedule(point: Point, name: str, params: dict[str, Any], shape: PrefillShape, layout: Layout) -> Schedule:
+    try:
+        return build_prefill(name, params, shape, layout)
+    except InputError as err:
+        raise point.locate(err) from None
 
 
 def prefill_rows(point: Point, cluster: Cluster, layout: Layout, numeric: bool = False, seed: int = 0
@@ -124,7 +127,7 @@ def prefill_rows(point: Point, cluster: Cluster, layout: Layout, numeric: bool =
     shape = _workload(point).shape()
     rows = []
     for name, params in _algorithms(point):
-        sched = _schedule(name, params, shape, layout)
+        sched = _schedule(point, name, params, shape, layout)
         t0 = time.perf_counter()
         result = simulate(sched, cluster)
         wall = time.perf_counter() - t0
@@ -163,4 +166,4 @@ def prefill_runs(point: Point, cluster: Cluster, layout: Layout, record_links: b
     shape = _workload(point).shape()
     return [(label(name, params, PREFILL_REGISTRY), sched, simulate(sched, cluster, record_links))
             for name, params in _algorithms(point)
-            for sched in [_schedule(name, params, shape, layout)]]
+            for sched in [_schedule(point, name, params, shape, layout)]]

@@ -15,6 +15,7 @@ from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import build_cluster
 from simulator.collectives.alltoall import hierarchical_alltoall, pairwise_alltoall
 from simulator.engine.core import simulate
+from simulator.errors import InputError
 from simulator.kernels import KERNELS
 from simulator.memory import peak_memory
 from simulator.numeric import Executor, make_inputs
@@ -205,3 +206,8 @@ def test_hierarchical_alltoall_volume_and_messages(nodes, g):
     across = [op for op in sends if hosts[op.rank] != hosts[op.peer]]
     assert len(across) == p * (nodes - 1)  # one message per other node, instead of (nodes - 1) g
     assert all(op.nbytes == g * piece for op in across)
+
+
+def test_hierarchical_alltoall_needs_equal_nodes():
+    with pytest.raises(InputError, match="same number of GPUs on every node"):
+        build_prefill("ulysses", {"alltoall": "hierarchical"}, shape(64, heads=6, kv=3), Layout((0, 0, 1)))

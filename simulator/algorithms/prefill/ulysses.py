@@ -63,6 +63,8 @@ def build_prefill_ulysses(shape: PrefillShape, layout: Layout, alltoall: str = "
     check_ulysses(shape, p)
     groups = layout.groups()
     hierarchical = alltoall == "hierarchical" and len(groups) > 1
+    if hierarchical and len({len(g) for g in groups}) > 1:
+        raise InputError("alltoall: hierarchical needs the same number of GPUs on every node", field="algorithms")
 
     def exchange(buf: str, name: Any, piece: Any, mode: str, tag: str, deps: dict[int, list[int]]
                  ) -> dict[int, tuple[int, ...]]:
