@@ -24,7 +24,11 @@ __all__ = ["add_backward_block", "add_concat", "add_delta", "add_final", "add_fo
 
 
 def tokens(sched: Schedule, rank: int) -> int:
-    return run_tokens(sched.meta["runs"][rank])
+    """Tokens rank ``rank`` owns (cached in ``meta['tokens']``)."""
+    cache = sched.meta.get("tokens")
+    if cache is None:
+        cache = sched.meta["tokens"] = [run_tokens(rr) for rr in sched.meta["runs"]]
+    return int(cache[rank])
 
 
 def new_prefill_schedule(name: str, shape: PrefillShape, ranks: int, kv_name: str = "kv") -> Schedule:
@@ -39,17 +43,21 @@ def new_prefill_schedule(name: str, shape: PrefillShape, ranks: int, kv_name: st
     return sched
 
 
-def block_pairs(shape: PrefillShape, q: tuple[Run, ...], k: tuple[Run, ...]) -> int:
-    return pair_count(q, k, shape.causal)
+def _pairs(shape: PrefillShape, q: tuple[Run, ...], k: tuple[Run, ...] | None) -> int:
+    """Unmasked pairs of queries ``q`` against keys ``k`` (None: the whole sequence)."""
+    return rank_pairs(q, shape.sequence, shape.causal) if k is None else pair_count(q, k, shape.causal)
 
 
 def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: tuple[Run, ...],
                       k_runs: tuple[Run, ...] | None, kv_buf: str, deps: Iterable[int], *, q_buf: str = "q",
-                      out: str = "acc", first: bool, heads: int | None = None, free: Sequence[str] = ()
-                      ) -> int | None:
-    """Forward block of ``q_runs`` against ``k_runs`` (None: the whole sequence); None when fully masked."""
+                      out: str = "acc", first: bool, heads: int | None = None, free: Sequence[str] = (),
+                      pairs: int | None = None) -> int | None:
+    """Forward block of ``q_runs`` against ``k_runs`` (None: the whole sequence); None when fully masked.
+
+    ``pairs``: the block's unmasked pairs when the caller knows them already."""
     nk = shape.sequence if k_runs is None else run_tokens(k_runs)
-    pairs = rank_pairs(q_runs, shape.sequence, shape.causal) if k_runs is None else block_pairs(shape, q_runs, k_runs)
+    if pairs is None:
+        pairs = _pairs(shape, q_runs, k_runs)
     if pairs == 0:
         return None
     nq = run_tokens(q_runs)
@@ -83,10 +91,12 @@ def add_delta(sched: Schedule, shape: PrefillShape, rank: int, nq: int, deps: It
 def add_backward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: tuple[Run, ...],
                        k_runs: tuple[Run, ...] | None, kv_buf: str, dkv_buf: str, deps: Iterable[int], *,
                        q_buf: str = "q", dout: str = "dout", dq: str = "dq", alloc_dq: bool,
-                       alloc_dkv: float | None, heads: int | None = None, free: Sequence[str] = ()) -> int | None:
+                       alloc_dkv: float | None, heads: int | None = None, free: Sequence[str] = (),
+                       pairs: int | None = None) -> int | None:
     """Backward block: dq += and ``dkv_buf`` += its gradients (``alloc_dkv``: bytes when the block creates it)."""
     nk = shape.sequence if k_runs is None else run_tokens(k_runs)
-    pairs = rank_pairs(q_runs, shape.sequence, shape.causal) if k_runs is None else block_pairs(shape, q_runs, k_runs)
+    if pairs is None:
+        pairs = _pairs(shape, q_runs, k_runs)
     if pairs == 0:
         return None
     nq = run_tokens(q_runs)

@@ -27,6 +27,7 @@ from simulator.algorithms.prefill.base import (
     tokens,
 )
 from simulator.schedule import Schedule
+from simulator.workloads.layouts import pair_count
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["build_prefill_ring"]
@@ -56,7 +57,7 @@ def _kv_buf(step: int) -> str:
 
 
 def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, backward: bool,
-            start: list[list[int]]) -> list[list[int]]:
+            start: list[list[int]], pairs: dict[tuple[int, int], int]) -> list[list[int]]:
     """One pass of the K/V shards around the ring with a block per step; returns each rank's compute ops."""
     p, runs = ring.p, sched.meta["runs"]
     max_kv = max(shape.kv_bytes(tokens(sched, r)) for r in range(p))
@@ -86,14 +87,17 @@ def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, ba
         for r in range(p):
             shard = ring.shard_at(r, step)
             deps = _ids(have[r], *blocks[r][-1:])
+            if (r, shard) not in pairs:
+                pairs[r, shard] = pair_count(runs[r], runs[shard], shape.causal)
             if not backward:
                 done[r] = add_forward_block(sched, shape, r, runs[r], runs[shard], _kv_buf(step), deps,
-                                            first=not blocks[r])
+                                            first=not blocks[r], pairs=pairs[r, shard])
             else:
                 dkv = f"dkv{step % 2}"
                 done[r] = add_backward_block(sched, shape, r, runs[r], runs[shard], _kv_buf(step), dkv,
                                              [*deps, *_ids(dkv_have[r])], alloc_dq=step == 0,
-                                             alloc_dkv=shape.kv_bytes(tokens(sched, r)) if step == 0 else None)
+                                             alloc_dkv=shape.kv_bytes(tokens(sched, r)) if step == 0 else None,
+                                             pairs=pairs[r, shard])
             if done[r] is not None:
                 blocks[r].append(done[r])  # type: ignore[arg-type]
         if not overlap and step < p - 1:
@@ -121,10 +125,11 @@ def build_prefill_ring(shape: PrefillShape, layout: Layout, overlap: bool = True
     ring = _Ring(layout)
     p = ring.p
     sched = new_prefill_schedule("ring", shape, p)
-    blocks = _rotate(sched, shape, ring, overlap, False, [[] for _ in range(p)])
+    pairs: dict[tuple[int, int], int] = {}  # (rank, shard) -> unmasked pairs, for both passes
+    blocks = _rotate(sched, shape, ring, overlap, False, [[] for _ in range(p)], pairs)
     finals = [add_final(sched, shape, r, tokens(sched, r), blocks[r][-1:]) for r in range(p)]
     sched.meta["outputs"] = [(r, "out") for r in range(p)]
     if shape.backward:
         deltas = [[add_delta(sched, shape, r, tokens(sched, r), [finals[r]])] for r in range(p)]
-        _rotate(sched, shape, ring, overlap, True, deltas)
+        _rotate(sched, shape, ring, overlap, True, deltas, pairs)
     return sched
