@@ -12,6 +12,11 @@ figures for a raw simpy loop that processes as many bare timeout events.
 
 ``decode``: one decode step (16 heads x 128, bf16, b = 1, 1M-token context) of ring or tree on dgx-h100 with P GPUs:
 schedule build seconds, simulation seconds, ops, engine events, events/s, and the raw simpy loop.
+
+    python benchmarks/engine_speed.py prefill [--cases 8 64 256 1024] [--sequence 1048576]
+
+``prefill``: ring attention, causal, zigzag, forward + backward (32 heads, 8 KV heads, head_dim 128, bf16, b = 1,
+1M tokens) on dgx-h100 with P GPUs: the same columns.
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ import numpy as np
 import simpy
 
 from simulator.algorithms import build_schedule, resolve
+from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
 from simulator.points import layout_of
 from simulator.schedule import Schedule
+from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
 
 TOPO = {"nodes": 16, "gpus_per_node": 8, "inter": "fat-tree", "nodes_per_leaf": 4, "spines": 4,
@@ -84,6 +91,26 @@ def bench_decode(cases: list[str]) -> None:
         del sched, res  # freed here, not inside the next case's timing
 
 
+def bench_prefill(ranks: list[int], sequence: int) -> None:
+    print(f"{'P':>6} {'build_s':>8} {'sim_s':>8} {'ops':>9} {'events':>9} {'events/s':>10} {'raw_s':>7} "
+          f"{'raw ev/s':>10} {'ratio':>6} {'latency':>12}")
+    shape = PrefillShape(batch=1, heads=32, head_dim=128, kv_heads=8, sequence=sequence, dtype="bf16", causal=True,
+                         layout="zigzag", backward=True)
+    for p in ranks:
+        gc.collect()
+        cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
+        t0 = time.perf_counter()
+        sched = build_prefill("ring", {"overlap": True}, shape, layout_of(cluster, p))
+        t1 = time.perf_counter()
+        res = simulate(sched, cluster)
+        t2 = time.perf_counter()
+        raw = raw_simpy(res.events)
+        sim = t2 - t1
+        print(f"{p:>6} {t1 - t0:>8.2f} {sim:>8.2f} {len(sched.ops):>9} {res.events:>9} {res.events / sim:>10.0f} "
+              f"{raw:>7.2f} {res.events / raw:>10.0f} {sim / raw:>6.1f} {res.makespan * 1e3:>9.3f} ms")
+        del sched, res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -94,7 +121,13 @@ def main() -> None:
     decode = sub.add_parser("decode")
     decode.add_argument("--cases", nargs="+", default=["ring:8", "ring:64", "ring:512", "ring:1024", "tree:8",
                                                        "tree:64", "tree:512", "tree:1024", "tree:4096"])
+    prefill = sub.add_parser("prefill")
+    prefill.add_argument("--cases", type=int, nargs="+", default=[8, 64, 256, 1024])
+    prefill.add_argument("--sequence", type=int, default=1 << 20)
     args = ap.parse_args()
+    if args.what == "prefill":
+        bench_prefill(args.cases, args.sequence)
+        return
     if args.what == "decode":
         bench_decode(args.cases)
         return

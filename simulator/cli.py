@@ -26,9 +26,10 @@ from simulator.distributed.launch import RankFailure, spawn
 from simulator.errors import InputError
 from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
+from simulator.overlap import find_overlap, overlap_shape
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, PlanRow, plan
-from simulator.points import PreparedPoint, check_points, point_runs, prepare_point, timeline_frame
+from simulator.points import PreparedPoint, check_points, layout_of, point_runs, prepare_point, timeline_frame
 from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
 from simulator.report.plan_report import write_plan_report
 from simulator.report.trace import chrome_trace
@@ -101,6 +102,15 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="what-if, e.g. --set topology_params.nic_bandwidth=800Gb/s or "
                          "--set devices.h100-sxm.eff_mem=0.8")
+    ov = sub.add_parser("overlap", help="smallest per-rank shard at which ring prefill hides its transfers (by "
+                                        "simulation), beside the Ring Attention paper's F/B")
+    ov.add_argument("--model", required=True, help=f"model preset ({', '.join(PRESETS)}) or HEADS,KV_HEADS,HEAD_DIM")
+    ov.add_argument("--topology", default="dgx-h100", help="preset or topology file (default dgx-h100)")
+    ov.add_argument("--gpus", type=int, nargs="+", default=None, metavar="P",
+                    help="ring sizes (default: 8 and every GPU of the topology)")
+    ov.add_argument("--dtype", default="bf16")
+    ov.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
+                    help="a parameter of a parametric preset, e.g. --set nodes=4")
     topo = sub.add_parser("topo", help="inspect topologies")
     topo_sub = topo.add_subparsers(dest="topo_verb", required=True, parser_class=_Parser)
     show = topo_sub.add_parser("show", help="print a summary of a preset or topology file")
@@ -423,6 +433,23 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_overlap(args: argparse.Namespace) -> int:
+    cluster = load_topology(args.topology, dict(parse_set(s) for s in args.sets), Path.cwd())
+    shape = overlap_shape(args.model, args.dtype)
+    sizes = args.gpus or sorted({min(8, len(cluster.ranks)), len(cluster.ranks)})
+    print(f"ring prefill overlap, {args.model} attention ({shape.heads} heads, {shape.kv_heads} KV heads, head_dim "
+          f"{shape.head_dim}), {args.dtype}, non-causal blocks, on {cluster.name}")
+    print(f"{'gpus':>5} {'tokens_per_gpu':>15} {'closed_form':>12} {'F_TFLOPs':>9} {'B_GBps':>8} {'simulations':>11}")
+    for p in sizes:
+        if not 2 <= p <= len(cluster.ranks):
+            raise InputError(f"must be between 2 and the {len(cluster.ranks)} GPUs, got {p}", field="--gpus")
+        res = find_overlap(shape, cluster, layout_of(cluster, p))
+        found = str(res.tokens) if res.tokens is not None else "not found"
+        print(f"{p:>5} {found:>15} {res.closed_form:>12.0f} {res.flops / 1e12:>9.1f} {res.bandwidth / 1e9:>8.1f} "
+              f"{res.simulations:>11}")
+    return 0
+
+
 def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """validate / calibrate: check the inputs here, then start the local ranks (rank 0 prints and writes)."""
     if args.procs < 1:
@@ -461,6 +488,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_plan(args)
         if args.verb == "trace":
             return _cmd_trace(args)
+        if args.verb == "overlap":
+            return _cmd_overlap(args)
         return _cmd_topo(args)
     except InputError as err:
         print(f"treering: error: {err}", file=sys.stderr)

@@ -20,6 +20,8 @@ Each :class:`Kernel` says, in one place,
 ``reduce-sum`` /    ``out[lo:hi] = out[lo:hi] (+ | max) arg`` (a collective's reduction step)
 ``reduce-max``
 ``copy``            ``out = arg``
+``attn-fwd`` ...    the prefill kernels (forward and backward attention blocks, row-block concat, slices, add):
+                    :mod:`simulator.prefill_kernels`, costed by ``PrefillShape`` (a block's unmasked pairs)
 ==================  ======================================================================================
 
 Pure data and array-API code: no simpy, no torch import.
@@ -35,6 +37,7 @@ from typing import Any, Protocol
 from array_api_compat import array_namespace
 
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
+from simulator.prefill_kernels import PREFILL_KERNELS
 from simulator.schedule import Op
 from simulator.workloads.shape import DecodeShape
 
@@ -215,6 +218,13 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
     Kernel("reduce-max", _reduce_max, _in_place, _elementwise),
     Kernel("copy", _copy, _same_as_arg, _kv_copy),
 )}
+
+
+def _prefill_cost(shape: DecodeShape, n: int) -> tuple[float, float]:
+    raise ValueError("prefill kernels are costed by PrefillShape from a block's unmasked pairs, not by a decode shape")
+
+
+KERNELS.update({name: Kernel(name, run, result, _prefill_cost) for name, (run, result) in PREFILL_KERNELS.items()})
 
 
 def kernel(name: str) -> Kernel:

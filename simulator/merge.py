@@ -14,6 +14,15 @@ arXiv:2205.14135, Sec. 3.1)::
 The merge is commutative and associative, which is why Ring and Tree Attention give the same answer. Rows whose
 scores are all masked carry ``m = -inf, l = 0, o = 0`` and merge without NaN. Every function is array-API generic
 (numpy and torch through ``array_api_compat``) and pure.
+
+The backward (FlashAttention-2, arXiv:2307.08691, Alg. 2; ring-flash-attention's ``ring_flash_attn_backward``)
+needs only the final log-sum-exp ``lse = m + log l`` of every query row (:func:`log_sum_exp`) and
+``delta = rowsum(dO * O)`` (:func:`attention_delta`). Then each (query block, key block) pair contributes
+independently (:func:`block_backward`)::
+
+    P = exp(S - lse);  dV = P^T dO;  dP = dO V^T;  dS = P * (dP - delta);  dQ = scale dS K;  dK = scale dS^T Q
+
+so dQ is the sum of its blocks' dQ over the key blocks, and dK, dV the sums over the query blocks.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ from typing import Any
 
 from array_api_compat import array_namespace
 
-__all__ = ["PartialState", "empty_state", "finalize", "merge", "merge_all", "partial_attention", "rescale"]
+__all__ = ["PartialState", "attention_delta", "block_backward", "empty_state", "finalize", "log_sum_exp", "merge",
+           "merge_all", "partial_attention", "rescale"]
 
 Array = Any
 
@@ -115,3 +125,48 @@ def finalize(state: PartialState) -> Array:
     live = state.l > 0
     denom = xp.where(live, state.l, xp.ones_like(state.l))
     return xp.where(live[..., None], state.o / denom[..., None], xp.zeros_like(state.o))
+
+
+def log_sum_exp(state: PartialState) -> Array:
+    """``lse = m + log(l)`` per query row (b, heads, nq): the softmax denominator in log space; -inf on rows with
+    no unmasked score. With the final lse, a row's probabilities are ``exp(s - lse)``, whatever block s is in."""
+    xp = array_namespace(state.l, state.m)
+    live = state.l > 0
+    safe_l = xp.where(live, state.l, xp.ones_like(state.l))
+    return xp.where(live, state.m + xp.log(safe_l), xp.full_like(state.m, -float("inf")))
+
+
+def attention_delta(out: Array, dout: Array) -> Array:
+    """``delta = rowsum(dO * O)`` (b, heads, nq): FlashAttention-2's backward preprocessing (Alg. 2, line 4)."""
+    xp = array_namespace(out, dout)
+    return xp.sum(out * dout, axis=-1)
+
+
+def block_backward(q: Array, k: Array, v: Array, scale: float, mask: Array | None, lse: Array, delta: Array,
+                   dout: Array) -> tuple[Array, Array, Array]:
+    """One block's share of the attention gradients, given the *final* ``lse`` and ``delta`` of its query rows.
+
+    Shapes as :func:`partial_attention` (``q``, ``dout`` (b, heads, nq, d); ``k``, ``v`` (b, kv_heads, t, d); ``lse``,
+    ``delta`` (b, heads, nq); ``mask`` True where kept). Returns ``(dq, dk, dv)`` shaped like ``q``, ``k``, ``v``;
+    with GQA a KV head's gradient sums over its group of query heads. Masked scores and rows with ``lse = -inf``
+    contribute 0.
+    """
+    xp = array_namespace(q, k, v, lse, delta, dout)
+    b, heads, nq, d = q.shape
+    kv_heads, t = k.shape[1], k.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    group = heads // kv_heads
+    qg = xp.reshape(q, (b, kv_heads, group * nq, d))
+    dog = xp.reshape(dout, (b, kv_heads, group * nq, d))
+    scores = xp.reshape(xp.matmul(qg, xp.matrix_transpose(k)) * scale, (b, heads, nq, t))
+    if mask is not None:
+        scores = xp.where(mask, scores, xp.full_like(scores, -float("inf")))
+    p = xp.exp(scores - _finite_or_zero(xp, lse)[..., None])  # masked: exp(-inf) = 0; lse = -inf rows: all masked
+    pg = xp.reshape(p, (b, kv_heads, group * nq, t))
+    dv = xp.matmul(xp.matrix_transpose(pg), dog)  # (b, kv_heads, t, d)
+    dp = xp.reshape(xp.matmul(dog, xp.matrix_transpose(v)), (b, heads, nq, t))
+    ds = xp.reshape(p * (dp - delta[..., None]), (b, kv_heads, group * nq, t))
+    dq = xp.reshape(xp.matmul(ds, k) * scale, (b, heads, nq, d))
+    dk = xp.matmul(xp.matrix_transpose(ds), qg) * scale
+    return dq, dk, dv

@@ -27,13 +27,15 @@ from simulator.collective_rows import check_collective, collective_runs
 from simulator.collectives.fabric import fabric_of
 from simulator.engine import SimResult, simulate
 from simulator.errors import InputError
+from simulator.generate_rows import check_generate, generate_rows, generate_runs
 from simulator.memory import peak_memory
 from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
-from simulator.rows import make_row
+from simulator.prefill_rows import check_prefill, prefill_rows, prefill_runs
+from simulator.rows import COLUMNS, make_row
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
 from simulator.schedule import Schedule
-from simulator.workloads import CollectiveWorkload
+from simulator.workloads import CollectiveWorkload, GenerateWorkload, PrefillWorkload
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["NUMERIC_MAX_ELEMS", "Algorithm", "PointOutcome", "PreparedPoint", "RunResult", "check_points",
@@ -71,8 +73,9 @@ class Algorithm:
 class PreparedPoint:
     """A checked sweep point: its cluster, workload shape (decode) and the algorithms to run.
 
-    ``flows`` is the flows workload's schedule (built once, while checking its endpoints); ``collective`` marks a
-    collective workload (its algorithms are collective algorithms, checked by :mod:`simulator.collective_rows`).
+    ``kind`` is the workload's kind; ``flows`` the flows workload's schedule (built once, while checking its
+    endpoints). Collective, prefill and generate points are checked by their own modules
+    (:mod:`simulator.collective_rows`, :mod:`simulator.prefill_rows`, :mod:`simulator.generate_rows`).
     """
 
     point: Point
@@ -81,7 +84,7 @@ class PreparedPoint:
     shape: DecodeShape | None = None
     algorithms: tuple[Algorithm, ...] = ()
     flows: Schedule | None = None
-    collective: bool = False
+    kind: str = "decode"
 
     @property
     def workload(self) -> Any:
@@ -108,14 +111,22 @@ def prepare_point(point: Point, numeric: bool = False) -> PreparedPoint:
         if isinstance(wl, FlowsWorkload):
             if numeric:
                 raise InputError("--numeric needs a decode workload", field="workload.kind")
-            return PreparedPoint(point, cluster, numeric, flows=flows_schedule(wl, cluster))
+            return PreparedPoint(point, cluster, numeric, flows=flows_schedule(wl, cluster), kind="flows")
         if isinstance(wl, CollectiveWorkload) and numeric:
             raise InputError("--numeric needs a decode workload", field="workload.kind")
+        if isinstance(wl, GenerateWorkload) and numeric:
+            raise InputError("--numeric checks decode and prefill workloads, not generate", field="workload.kind")
     except InputError as err:
         raise point.locate(err) from None
     if isinstance(wl, CollectiveWorkload):
         check_collective(point, cluster)  # located there
-        return PreparedPoint(point, cluster, numeric, collective=True)
+        return PreparedPoint(point, cluster, numeric, kind="collective")
+    if isinstance(wl, PrefillWorkload):
+        check_prefill(point, layout_of(cluster), numeric)  # located there
+        return PreparedPoint(point, cluster, numeric, kind="prefill")
+    if isinstance(wl, GenerateWorkload):
+        check_generate(point, layout_of(cluster))  # located there
+        return PreparedPoint(point, cluster, numeric, kind="generate")
     try:
         assert isinstance(wl, DecodeWorkload)
         algos = []
@@ -258,6 +269,14 @@ def _decode_row(prep: PreparedPoint, run: RunResult) -> dict[str, Any]:
     return make_row("decode", values, run.extra, dict(prep.point.swept))
 
 
+def _phase_row(prep: PreparedPoint, row: dict[str, Any]) -> dict[str, Any]:
+    """A prefill or generate row on the documented columns, out of memory against the usable memory."""
+    columns = COLUMNS[prep.kind]
+    values = {c: row[c] for c in columns}
+    values["oom"] = row["peak_mem_bytes"] > min(prep.capacity(n) for n in prep.cluster.ranks)
+    return make_row(prep.kind, values, {k: v for k, v in row.items() if k not in columns}, dict(prep.point.swept))
+
+
 def _flow_rows(prep: PreparedPoint, result: SimResult) -> list[dict[str, Any]]:
     wl, sched = prep.workload, prep.flows
     assert isinstance(wl, FlowsWorkload) and sched is not None
@@ -280,7 +299,12 @@ def simulate_point(point: Point | PreparedPoint, numeric: bool = False, timeline
     """Simulate every algorithm of one point once: its rows (one extra column per swept key) and, with
     ``timeline``, the timelines of the same simulations (for ``scope: model``, one layer's attention)."""
     prep = point if isinstance(point, PreparedPoint) else prepare_point(point, numeric)
-    if prep.collective:
+    if prep.kind in ("prefill", "generate"):
+        make = prefill_rows if prep.kind == "prefill" else generate_rows
+        args = (prep.numeric,) if prep.kind == "prefill" else ()
+        rows = [_phase_row(prep, row) for row in make(prep.point, prep.cluster, layout_of(prep.cluster), *args)]
+        return PointOutcome(rows, timeline_frame(point_runs(prep)) if timeline else None)
+    if prep.kind == "collective":
         done = collective_runs(prep.point, prep.cluster)
         rows = [make_row("collective", values, swept=dict(prep.point.swept)) for _, _, _, values in done]
         frame = timeline_frame((lab, sched, res) for lab, sched, res, _ in done) if timeline else None
@@ -312,7 +336,11 @@ def _attention_run(prep: PreparedPoint, algo: Algorithm, record_links: bool = Fa
 def point_runs(prep: PreparedPoint, record_links: bool = False) -> list[tuple[str, Schedule, SimResult]]:
     """Every algorithm of one point simulated with its schedule and full result (for traces); for ``scope: model``,
     one layer's attention."""
-    if prep.collective:
+    if prep.kind == "prefill":
+        return prefill_runs(prep.point, prep.cluster, layout_of(prep.cluster), record_links)
+    if prep.kind == "generate":
+        return generate_runs(prep.point, prep.cluster, layout_of(prep.cluster), record_links)
+    if prep.kind == "collective":
         return [(lab, sched, simulate(sched, prep.cluster, True) if record_links else result)
                 for lab, sched, result, _ in collective_runs(prep.point, prep.cluster)]
     if prep.flows is not None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["COLLECTIVE_COLUMNS", "COLUMNS", "DECODE_COLUMNS", "FLOW_COLUMNS", "make_row"]
+__all__ = ["COLLECTIVE_COLUMNS", "COLUMNS", "DECODE_COLUMNS", "FLOW_COLUMNS", "GENERATE_COLUMNS", "PREFILL_COLUMNS",
+           "make_row"]
 
 DECODE_COLUMNS = ("scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim",
                   "dtype", "latency_s", "compute_s", "comm_s", "bytes_moved", "peak_mem_bytes", "oom", "events",
@@ -21,8 +22,12 @@ COLLECTIVE_COLUMNS = ("scenario", "algorithm", "topology", "ranks", "nodes", "dt
                       "sim_wall_s", "collective", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "protocol",
                       "channels", "chosen")
 
+PREFILL_COLUMNS = (*DECODE_COLUMNS, "phase", "sequence", "layout", "tflops_per_gpu", "comm_hidden_frac", "imbalance")
+GENERATE_COLUMNS = (*PREFILL_COLUMNS, "ttft_s", "tpot_s")
+
 COLUMNS: dict[str, tuple[str, ...]] = {"decode": DECODE_COLUMNS, "flows": FLOW_COLUMNS,
-                                       "collective": COLLECTIVE_COLUMNS}
+                                       "collective": COLLECTIVE_COLUMNS, "prefill": PREFILL_COLUMNS,
+                                       "generate": GENERATE_COLUMNS}
 
 
 def make_row(kind: str, values: Mapping[str, Any], extra: Mapping[str, Any] | None = None,

@@ -149,7 +149,8 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
-        if loc[:1] == ("workload",) and len(loc) > 1 and loc[1] in ("decode", "flows", "collective"):
+        if loc[:1] == ("workload",) and len(loc) > 1 and loc[1] in ("decode", "flows", "collective", "prefill",
+                                                                    "generate"):
             loc = (loc[0], *loc[2:])  # drop pydantic's discriminator tag
         # and the names of union members (``ModelShape``, ``str``, ``function-after[...]``), which are not keys
         loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("ModelShape", "str"))))

@@ -55,13 +55,18 @@ REGISTRY: dict[str, AlgorithmSpec] = {
 }
 
 
-def resolve(entry: str | Mapping[str, Any], field: str = "algorithms") -> tuple[str, dict[str, Any]]:
-    """``"tree"`` or ``{name: tree, allreduce: ring}`` -> (name, validated YAML parameters with defaults)."""
+def resolve(entry: str | Mapping[str, Any], field: str = "algorithms",
+            registry: Mapping[str, AlgorithmSpec] | None = None) -> tuple[str, dict[str, Any]]:
+    """``"tree"`` or ``{name: tree, allreduce: ring}`` -> (name, validated YAML parameters with defaults).
+
+    ``registry``: the decode schedules by default (the prefill ones are in :mod:`simulator.algorithms.prefill`).
+    """
+    registry = REGISTRY if registry is None else registry
     raw: dict[str, Any] = {"name": entry} if isinstance(entry, str) else dict(entry)
     name = raw.pop("name", None)
-    if name not in REGISTRY:
-        raise InputError(f"unknown algorithm {name!r}; valid: {', '.join(REGISTRY)}", field=field)
-    spec = REGISTRY[name]
+    if name not in registry:
+        raise InputError(f"unknown algorithm {name!r}; valid: {', '.join(registry)}", field=field)
+    spec = registry[name]
     params = {key: default for key, (_, default, _, _) in spec.params.items()}
     for key, value in raw.items():
         if key not in spec.params:
@@ -74,9 +79,9 @@ def resolve(entry: str | Mapping[str, Any], field: str = "algorithms") -> tuple[
     return name, params
 
 
-def label(name: str, params: Mapping[str, Any]) -> str:
+def label(name: str, params: Mapping[str, Any], registry: Mapping[str, AlgorithmSpec] | None = None) -> str:
     """Result label: the name, plus the parameters that differ from their defaults (``ring[overlap=False]``)."""
-    spec = REGISTRY[name]
+    spec = (REGISTRY if registry is None else registry)[name]
     extra = [f"{k}={v}" for k, v in params.items() if v != spec.params[k][1]]
     return f"{name}[{','.join(extra)}]" if extra else name
 

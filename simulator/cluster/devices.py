@@ -2,7 +2,14 @@
 
 An op with ``flops`` floating-point operations touching ``nbytes`` bytes of memory takes::
 
-    launch_s + max(flops / (peak_flops[dtype] * eff_flops), nbytes / (mem_bw_Bps * eff_mem))
+    launch_s + max(flops / (peak_flops[dtype] * eff), nbytes / (mem_bw_Bps * eff_mem))
+
+where ``eff`` is ``eff_flops``, except for attention kernels (the ops whose ``fn`` is in
+:data:`ATTENTION_KERNELS`: the prefill forward and backward block kernels), which take the device's
+``attention_efficiency`` (forward, backward) when given: FlashAttention kernels reach well below dense matmul peak
+(FlashAttention-2, arXiv:2307.08691, reports 50-73 % of A100 peak forward). The YAML key is
+``attention_efficiency: {forward: 0.6, backward: 0.45}``; each defaults to ``eff_flops``, so it is never a hidden
+factor: set it from a measurement of your kernels (e.g. ``benchmarks`` of flash-attn on the device).
 """
 
 from __future__ import annotations
@@ -14,9 +21,11 @@ from typing import Any
 from simulator.errors import InputError
 from simulator.units import parse_bandwidth, parse_bytes, parse_flops, parse_time
 
-__all__ = ["DTYPE_BYTES", "DeviceSpec", "compute_time", "parse_device_spec", "roofline"]
+__all__ = ["ATTENTION_KERNELS", "DTYPE_BYTES", "DeviceSpec", "compute_time", "flops_efficiency", "parse_device_spec",
+           "roofline"]
 
 DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+ATTENTION_KERNELS: dict[str, str] = {"attn-fwd": "forward", "attn-bwd": "backward"}  # op fn -> efficiency key
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,7 @@ class DeviceSpec:
     launch_s: float = 0.0
     eff_flops: float = 1.0
     eff_mem: float = 1.0
+    attention_eff: Mapping[str, float] = field(default_factory=dict)  # forward/backward -> fraction of peak
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; an unsupported dtype is an :class:`InputError`."""
@@ -41,19 +51,26 @@ class DeviceSpec:
                 from None
 
 
-def roofline(spec: DeviceSpec, flops: float, nbytes: float, dtype: str) -> tuple[float, float]:
-    """(compute time, memory time) of a kernel on ``spec``, in seconds: the two sides of the roofline."""
-    t_flops = flops / (spec.flops_for(dtype) * spec.eff_flops) if flops > 0 else 0.0
+def flops_efficiency(spec: DeviceSpec, fn: str = "") -> float:
+    """The fraction of peak FLOP/s a kernel ``fn`` reaches: its attention efficiency, else ``eff_flops``."""
+    which = ATTENTION_KERNELS.get(fn)
+    return spec.attention_eff.get(which, spec.eff_flops) if which else spec.eff_flops
+
+
+def roofline(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, fn: str = "") -> tuple[float, float]:
+    """(compute time, memory time) of kernel ``fn`` on ``spec``, in seconds: the two sides of the roofline."""
+    t_flops = flops / (spec.flops_for(dtype) * flops_efficiency(spec, fn)) if flops > 0 else 0.0
     t_mem = nbytes / (spec.mem_bw_Bps * spec.eff_mem) if nbytes > 0 else 0.0
     return t_flops, t_mem
 
 
-def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, launch: bool = True) -> float:
-    """Roofline time of one kernel in seconds (launch overhead included unless ``launch`` is False)."""
-    return (spec.launch_s if launch else 0.0) + max(roofline(spec, flops, nbytes, dtype))
+def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, launch: bool = True,
+                 fn: str = "") -> float:
+    """Roofline time of one kernel ``fn`` in seconds (launch overhead included unless ``launch`` is False)."""
+    return (spec.launch_s if launch else 0.0) + max(roofline(spec, flops, nbytes, dtype, fn))
 
 
-_SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "eff_mem"}
+_SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "eff_mem", "attention_efficiency"}
 
 
 def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
@@ -61,7 +78,7 @@ def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
 
     ``locate(subpath, err)`` turns an :class:`InputError` into a located one (file, line, field).
     Keys: ``peak_flops`` ({dtype: "989 TFLOP/s"}), ``mem_bw``, ``mem``, ``launch_overhead``, ``eff_flops``,
-    ``eff_mem``.
+    ``eff_mem``, ``attention_efficiency`` ({forward: 0.6, backward: 0.45}).
     """
     if not isinstance(raw, Mapping):
         raise locate((), InputError("device spec must be a mapping"))
@@ -85,7 +102,20 @@ def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
         launch_s=_non_negative(parse_time, raw.get("launch_overhead", 0), ("launch_overhead",), locate),
         eff_flops=_fraction(raw.get("eff_flops", 1.0), ("eff_flops",), locate),
         eff_mem=_fraction(raw.get("eff_mem", 1.0), ("eff_mem",), locate),
+        attention_eff=_attention_eff(raw.get("attention_efficiency", {}), locate),
     )
+
+
+def _attention_eff(raw: Any, locate: Any) -> dict[str, float]:
+    if not isinstance(raw, Mapping):
+        raise locate(("attention_efficiency",), InputError("must map forward/backward to a fraction of peak"))
+    valid = sorted(set(ATTENTION_KERNELS.values()))
+    out = {}
+    for key, value in raw.items():
+        if key not in valid:
+            raise locate(("attention_efficiency", key), InputError(f"unknown key; valid keys: {', '.join(valid)}"))
+        out[key] = _fraction(value, ("attention_efficiency", key), locate)
+    return out
 
 
 def _positive(parse: Any, value: Any, path: tuple[Any, ...], locate: Any) -> float:

@@ -137,7 +137,7 @@ class _Run:
         self.cursor = [0] * schedule.ranks
         self.held = [False] * len(schedule.ops)  # dependencies met, waiting for its turn in program order
         self.net = FlowNetwork(capacity)
-        self._durations: dict[tuple[str, float, float, str, bool], float] = {}
+        self._durations: dict[tuple[str, float, float, str, bool, str], float] = {}
         self._paths: dict[tuple[int, int], tuple[list[int], float]] = {}
         cluster.prepare_routes({(self.place[op.rank], self.place[op.peer]) for op in schedule.ops
                                 if op.kind == "send" and op.peer is not None})
@@ -187,12 +187,13 @@ class _Run:
     # -- op life cycle -----------------------------------------------------------------------------------------
     def _duration(self, op: Op) -> float:
         node = self.place[op.rank]
-        key = (node, op.flops, op.nbytes, op.dtype, op.fused)
+        key = (node, op.flops, op.nbytes, op.dtype, op.fused, op.fn)
         hit = self._durations.get(key)
         if hit is None:
             spec = self.cluster.specs.get(node)  # none: a switch reducing in the network (NVLS), at line rate
             hit = self._durations[key] = (0.0 if spec is None else
-                                          compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused))
+                                          compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused,
+                                                       fn=op.fn))
         return hit
 
     def _ready(self, op: Op) -> None:

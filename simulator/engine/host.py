@@ -75,5 +75,5 @@ class HostResources:
 
 def _memory_bound(spec: DeviceSpec, op: Op) -> bool:
     """Roofline memory time above both the compute time and the launch overhead."""
-    t_flops, t_mem = roofline(spec, op.flops, op.nbytes, op.dtype)
+    t_flops, t_mem = roofline(spec, op.flops, op.nbytes, op.dtype, op.fn)
     return t_mem > t_flops and t_mem > (0.0 if op.fused else spec.launch_s)

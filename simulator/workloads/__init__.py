@@ -11,7 +11,11 @@ from simulator.workloads.base import ModelShape
 from simulator.workloads.collective import CollectiveWorkload
 from simulator.workloads.decode import DecodeWorkload
 from simulator.workloads.flows import FlowSpec, FlowsWorkload
+from simulator.workloads.generate import GenerateWorkload
+from simulator.workloads.prefill import PrefillWorkload
 
-__all__ = ["CollectiveWorkload", "DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Workload"]
+__all__ = ["CollectiveWorkload", "DecodeWorkload", "FlowSpec", "FlowsWorkload", "GenerateWorkload", "ModelShape",
+           "PrefillWorkload", "Workload"]
 
-Workload = Annotated[DecodeWorkload | FlowsWorkload | CollectiveWorkload, Field(discriminator="kind")]
+Workload = Annotated[DecodeWorkload | FlowsWorkload | CollectiveWorkload | PrefillWorkload | GenerateWorkload,
+                     Field(discriminator="kind")]

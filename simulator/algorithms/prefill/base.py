@@ -1,0 +1,114 @@
+"""What every prefill schedule shares: the shards of the layout, the initial buffers and the attention kernels.
+
+Buffers hold *row blocks*: rows of a (b, heads, tokens, head_dim) tensor (q, out, dout, dq; K and V together as
+``kv``, dK and dV as ``dkv``) with their global positions and head range. The kernels (op ``fn``: ``attn-fwd``,
+``attn-final``, ``attn-delta``, ``attn-bwd``, ``concat``, ``slice-heads``, ``slice-rows``, ``add``) are in the
+one kernel table (:mod:`simulator.kernels`, defined in :mod:`simulator.prefill_kernels`); their costs come from
+:class:`PrefillShape`. ``concat`` is free (the pieces were received into one buffer).
+
+Sends carry whole buffers (collectives cut pieces first, as views). ``meta`` carries
+``shape`` (the :class:`PrefillShape`), ``runs`` (each rank's positions, :mod:`simulator.workloads.layouts`),
+``outputs`` [(rank, out buffer)] and, with a backward, ``grads`` [(rank, dq buffer, dkv buffer)].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from simulator.schedule import Schedule
+from simulator.workloads.layouts import Run, layout_runs, pair_count, rank_pairs, run_tokens
+from simulator.workloads.prefill_shape import PrefillShape
+
+__all__ = ["add_backward_block", "add_concat", "add_delta", "add_final", "add_forward_block", "new_prefill_schedule",
+           "tokens"]
+
+
+def tokens(sched: Schedule, rank: int) -> int:
+    """Tokens rank ``rank`` owns (cached in ``meta['tokens']``)."""
+    cache = sched.meta.get("tokens")
+    if cache is None:
+        cache = sched.meta["tokens"] = [run_tokens(rr) for rr in sched.meta["runs"]]
+    return int(cache[rank])
+
+
+def new_prefill_schedule(name: str, shape: PrefillShape, ranks: int, kv_name: str = "kv") -> Schedule:
+    """Rank r starts with its q, its K and V (``kv_name``) and, with a backward, dO, for its positions."""
+    runs = layout_runs(shape.layout, shape.sequence, ranks)
+    sched = Schedule(ranks, name=name, meta={"shape": shape, "runs": runs, "outputs": [], "grads": []})
+    for r, rr in enumerate(runs):
+        t = run_tokens(rr)
+        sched.initial[r] = {"q": shape.q_bytes(t), kv_name.format(r=r): shape.kv_bytes(t)}
+        if shape.backward:
+            sched.initial[r]["dout"] = shape.q_bytes(t)
+    return sched
+
+
+def _pairs(shape: PrefillShape, q: tuple[Run, ...], k: tuple[Run, ...] | None) -> int:
+    """Unmasked pairs of queries ``q`` against keys ``k`` (None: the whole sequence)."""
+    return rank_pairs(q, shape.sequence, shape.causal) if k is None else pair_count(q, k, shape.causal)
+
+
+def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: tuple[Run, ...],
+                      k_runs: tuple[Run, ...] | None, kv_buf: str, deps: Iterable[int], *, q_buf: str = "q",
+                      out: str = "acc", first: bool, heads: int | None = None, free: Sequence[str] = (),
+                      pairs: int | None = None) -> int | None:
+    """Forward block of ``q_runs`` against ``k_runs`` (None: the whole sequence); None when fully masked.
+
+    ``pairs``: the block's unmasked pairs when the caller knows them already."""
+    nk = shape.sequence if k_runs is None else run_tokens(k_runs)
+    if pairs is None:
+        pairs = _pairs(shape, q_runs, k_runs)
+    if pairs == 0:
+        return None
+    nq = run_tokens(q_runs)
+    flops, nbytes = shape.forward_cost(nq, nk, pairs, heads)
+    return sched.add_compute(rank, f"attn-fwd[{kv_buf}]", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
+                             fn="attn-fwd", out=out, args=(q_buf, kv_buf),
+                             alloc=[(out, shape.state_bytes(nq, heads))] if first else (), free=free)
+
+
+def add_final(sched: Schedule, shape: PrefillShape, rank: int, nq: int, deps: Iterable[int], *, state: str = "acc",
+              heads: int | None = None) -> int:
+    """out = o / l and lse = m + log l (saved for the backward); the running state is released."""
+    elems = shape.batch * nq * (shape.heads if heads is None else heads) * shape.head_dim
+    flops, nbytes = shape.elementwise_cost(elems)
+    return sched.add_compute(rank, "attn-final", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
+                             fn="attn-final", out="out", args=(state,),
+                             alloc=[("out", shape.q_bytes(nq, heads)), ("lse", shape.row_bytes(nq, heads))],
+                             free=(state,))
+
+
+def add_delta(sched: Schedule, shape: PrefillShape, rank: int, nq: int, deps: Iterable[int], *, dout: str = "dout",
+              heads: int | None = None) -> int:
+    """delta = rowsum(out * dout) (FlashAttention-2's backward preprocessing)."""
+    elems = shape.batch * nq * (shape.heads if heads is None else heads) * shape.head_dim
+    flops, nbytes = shape.elementwise_cost(2 * elems)
+    return sched.add_compute(rank, "attn-delta", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
+                             fn="attn-delta", out="delta", args=("out", dout),
+                             alloc=[("delta", shape.row_bytes(nq, heads))])
+
+
+def add_backward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: tuple[Run, ...],
+                       k_runs: tuple[Run, ...] | None, kv_buf: str, dkv_buf: str, deps: Iterable[int], *,
+                       q_buf: str = "q", dout: str = "dout", dq: str = "dq", alloc_dq: bool,
+                       alloc_dkv: float | None, heads: int | None = None, free: Sequence[str] = (),
+                       pairs: int | None = None) -> int | None:
+    """Backward block: dq += and ``dkv_buf`` += its gradients (``alloc_dkv``: bytes when the block creates it)."""
+    nk = shape.sequence if k_runs is None else run_tokens(k_runs)
+    if pairs is None:
+        pairs = _pairs(shape, q_runs, k_runs)
+    if pairs == 0:
+        return None
+    nq = run_tokens(q_runs)
+    flops, nbytes = shape.backward_cost(nq, nk, pairs, heads)
+    alloc = [(dq, shape.q_bytes(nq, heads))] if alloc_dq else []
+    if alloc_dkv is not None:
+        alloc.append((dkv_buf, alloc_dkv))
+    return sched.add_compute(rank, f"attn-bwd[{kv_buf}]", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
+                             fn="attn-bwd", out=dq, args=(q_buf, kv_buf, "lse", "delta", dout, dkv_buf),
+                             alloc=alloc, free=free)
+
+
+def add_concat(sched: Schedule, rank: int, out: str, pieces: Sequence[str], deps: Iterable[int]) -> int:
+    """``out`` = the pieces side by side: zero cost (they were received into one buffer), for the executors."""
+    return sched.add_compute(rank, f"concat[{out}]", deps=deps, fn="concat", out=out, args=tuple(pieces), fused=True)

@@ -1,0 +1,120 @@
+"""Numeric mode for prefill schedules: run a prefill :class:`Schedule` on arrays with the merge core, serially in op
+id order, and compare its outputs (and, with a backward, dQ, dK, dV) to dense attention
+(:mod:`simulator.dense`).
+
+Buffers hold row blocks (:class:`simulator.prefill_kernels.Rows`); compute ops run their kernel from the one table,
+:data:`simulator.kernels.KERNELS` (the prefill ones are in :mod:`simulator.prefill_kernels`); a send carries its
+buffers whole (pieces are cut by ``slice-heads`` / ``slice-rows`` kernels first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from simulator.dense import dense_backward, dense_forward, visible
+from simulator.kernels import RankBuffers, kernel
+from simulator.prefill_kernels import Rows
+from simulator.schedule import Op, Schedule
+from simulator.workloads.layouts import positions
+
+__all__ = ["PrefillExecutor", "PrefillInputs", "PrefillResult", "make_prefill_inputs", "run_prefill_numeric"]
+
+
+@dataclass(frozen=True)
+class PrefillInputs:
+    q: np.ndarray  # (b, heads, n, d)
+    k: np.ndarray  # (b, kv_heads, n, d)
+    v: np.ndarray
+    dout: np.ndarray  # (b, heads, n, d)
+    scale: float
+    causal: bool
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    max_abs_err: float  # output
+    max_grad_err: float  # dq, dk, dv (0 without a backward)
+
+
+def make_prefill_inputs(rng: np.random.Generator, batch: int, heads: int, kv_heads: int, head_dim: int, n: int,
+                        causal: bool, dtype: Any = np.float64) -> PrefillInputs:
+    def draw(h: int) -> np.ndarray:
+        return rng.standard_normal((batch, h, n, head_dim)).astype(dtype)
+    return PrefillInputs(draw(heads), draw(kv_heads), draw(kv_heads), draw(heads), 1.0 / float(np.sqrt(head_dim)),
+                         causal)
+
+
+class PrefillExecutor:
+    """Named per-rank buffers; ``run`` executes a whole schedule in id order."""
+
+    def __init__(self, sched: Schedule, inp: PrefillInputs) -> None:
+        self.inp = inp
+        self.scale, self.causal = inp.scale, inp.causal
+        self.group = inp.q.shape[1] // inp.k.shape[1]
+        self.buf: list[dict[str, Any]] = [{} for _ in range(sched.ranks)]
+        self.in_flight: dict[int, tuple[Any, ...]] = {}
+        for rank, names in sched.initial.items():
+            pos = positions(sched.meta["runs"][rank])
+            for name in names:
+                if name == "q":
+                    self.buf[rank][name] = Rows((inp.q[:, :, pos],), pos, 0)
+                elif name == "dout":
+                    self.buf[rank][name] = Rows((inp.dout[:, :, pos],), pos, 0)
+                elif name.startswith("kv"):
+                    self.buf[rank][name] = Rows((inp.k[:, :, pos], inp.v[:, :, pos]), pos, 0)
+                else:
+                    raise ValueError(f"rank {rank}: no numeric value for initial buffer {name!r}")
+
+    def execute(self, op: Op) -> None:
+        b = self.buf[op.rank]
+        if op.kind == "send":
+            if op.hi >= 0:
+                raise ValueError(f"op #{op.id}: prefill sends carry whole buffers, not slices")
+            self.in_flight[op.id] = tuple(b[name] for name in op.args)
+        elif op.kind == "recv":
+            assert op.match is not None
+            for name, value in zip(op.args, self.in_flight.pop(op.match), strict=True):
+                b[name] = value
+        elif op.kind != "launch" and op.fn:
+            kernel(op.fn).run(cast("RankBuffers", self), op)  # prefill kernels check for PrefillBuffers
+
+    def run(self, sched: Schedule) -> None:
+        for op in sched.ops:
+            self.execute(op)
+
+
+def _err(got: Rows, ref: np.ndarray, which: int = 0) -> float:
+    arr = np.asarray(got.arrays[which], dtype=np.float64)
+    want = ref[:, got.h0:got.h0 + got.heads][:, :, got.pos]
+    return float(np.abs(arr - want).max()) if arr.size else 0.0
+
+
+def run_prefill_numeric(sched: Schedule, inp: PrefillInputs) -> PrefillResult:
+    """Execute ``sched``; the largest deviation of every output row (and gradient) from dense attention."""
+    ex = PrefillExecutor(sched, inp)
+    ex.run(sched)
+    n = inp.q.shape[2]
+    pos = np.arange(n)
+    mask = visible(pos, pos, inp.causal)[None, None]
+    out_ref, _ = dense_forward(inp.q, inp.k, inp.v, inp.scale, mask)
+    err = max(_err(ex.buf[r][name], out_ref) for r, name in sched.meta["outputs"])
+    _check_cover([ex.buf[r][name] for r, name in sched.meta["outputs"]], n, inp.q.shape[1])
+    grad_err = 0.0
+    if sched.meta.get("grads"):
+        dq_ref, dk_ref, dv_ref = dense_backward(inp.q, inp.k, inp.v, inp.scale, mask, inp.dout)
+        for r, dq_name, dkv_name in sched.meta["grads"]:
+            dkv = ex.buf[r][dkv_name]
+            grad_err = max(grad_err, _err(ex.buf[r][dq_name], dq_ref), _err(dkv, dk_ref, 0), _err(dkv, dv_ref, 1))
+        _check_cover([ex.buf[r][name] for r, _, name in sched.meta["grads"]], n, inp.k.shape[1])
+        _check_cover([ex.buf[r][name] for r, name, _ in sched.meta["grads"]], n, inp.q.shape[1])
+    return PrefillResult(err, grad_err)
+
+
+def _check_cover(blocks: list[Rows], n: int, heads: int) -> None:
+    """The blocks hold every position once, with every head."""
+    if sorted(int(x) for blk in blocks for x in blk.pos) != list(range(n)) or any(
+            blk.h0 != 0 or blk.heads != heads for blk in blocks):
+        raise ValueError("the outputs do not hold every position and head exactly once")
