@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-__all__ = ["InputError"]
+import reprlib
+
+__all__ = ["InputError", "excerpt"]
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 2, 4, 4, 4, 4
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 40, 40, 40
+
+
+def excerpt(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to a short excerpt: bounded work and length whatever the value (deep, huge, aliased)."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a hostile __repr__: say what it is, not what it holds
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class InputError(Exception):

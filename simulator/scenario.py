@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError
 
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
 from simulator.workloads import DecodeWorkload, FlowSpec, FlowsWorkload, ModelShape, Workload
 from simulator.workloads.base import Strict
-from simulator.yaml_lines import LineDict, LineList, line_of, load_yaml
+from simulator.yaml_lines import LineDict, LineList, line_of, load_yaml, load_yaml_text
 
 __all__ = ["DecodeWorkload", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario", "expand", "load_scenario",
            "parse_set", "scenario_points"]
@@ -73,11 +72,11 @@ def parse_set(item: str) -> tuple[str, Any]:
     """``key=value`` from the command line; the value is parsed as YAML (``4``, ``[1, 2]``, ``450 GB/s``)."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-        raise InputError(f"expected key=value, got {item!r}", file="--set")
+        raise InputError(f"expected key=value, got {excerpt(item)}", file="--set")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
-    except yaml.YAMLError:
-        parsed = value
+        parsed = load_yaml_text(value, "--set") if value.strip() else ""
+    except InputError as err:
+        raise InputError(err.message, file="--set", field=key.strip()) from None
     return key.strip(), parsed
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from simulator.errors import InputError
-from simulator.units import parse_bandwidth, parse_time
+from simulator.units import checked_quantity
 from simulator.yaml_lines import line_of
 
 __all__ = ["PARAMS", "expand_preset"]
@@ -43,22 +43,16 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return parse
 
 
-def _pos(parse: Callable[[Any], float]) -> Callable[[Any], float]:
+def _pos(kind: str) -> Callable[[Any], float]:
     def check(v: Any) -> float:
-        x = parse(v)
-        if x <= 0:
-            raise InputError(f"must be positive, got {v!r}")
-        return x
+        return checked_quantity(v, kind, positive=True)
 
     return check
 
 
-def _nonneg(parse: Callable[[Any], float]) -> Callable[[Any], float]:
+def _nonneg(kind: str) -> Callable[[Any], float]:
     def check(v: Any) -> float:
-        x = parse(v)
-        if x < 0:
-            raise InputError(f"must not be negative, got {v!r}")
-        return x
+        return checked_quantity(v, kind, positive=False)
 
     return check
 
@@ -76,21 +70,21 @@ PARAMS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "device": (str, "h100-sxm"),
     "intra": (_choice("switch", "mesh", "pcie-host"), "switch"),
     "intra_class": (str, None),
-    "intra_bandwidth": (_pos(parse_bandwidth), "450 GB/s"),
-    "intra_latency": (_nonneg(parse_time), "0.468 us"),
-    "pcie_bandwidth": (_pos(parse_bandwidth), "64 GB/s"),
-    "pcie_latency": (_nonneg(parse_time), "0.5 us"),
+    "intra_bandwidth": (_pos("bandwidth"), "450 GB/s"),
+    "intra_latency": (_nonneg("time"), "0.468 us"),
+    "pcie_bandwidth": (_pos("bandwidth"), "64 GB/s"),
+    "pcie_latency": (_nonneg("time"), "0.5 us"),
     "host_device": (str, None),
     "inter": (_choice("fat-tree", "rail", "single-switch"), "rail"),
     "nics_per_node": (_int, None),
-    "nic_bandwidth": (_pos(parse_bandwidth), "400 Gb/s"),
-    "nic_latency": (_nonneg(parse_time), "0.6 us"),
-    "fabric_latency": (_nonneg(parse_time), "0.3 us"),
+    "nic_bandwidth": (_pos("bandwidth"), "400 Gb/s"),
+    "nic_latency": (_nonneg("time"), "0.6 us"),
+    "fabric_latency": (_nonneg("time"), "0.3 us"),
     "nodes_per_leaf": (_int, 4),
     "spines": (_int, 2),
     "oversubscription": (_ratio, 1.0),
-    "message_overhead": (_nonneg(parse_time), 0),
-    "comm_overhead": (_nonneg(parse_time), 0),
+    "message_overhead": (_nonneg("time"), 0),
+    "comm_overhead": (_nonneg("time"), 0),
 }
 
 

@@ -27,7 +27,7 @@ from simulator.cluster.devices import DeviceSpec, parse_device_spec
 from simulator.cluster.routing import Edge, Router
 from simulator.errors import InputError
 from simulator.paths import TOPOLOGY_DIR
-from simulator.units import parse_bandwidth, parse_time
+from simulator.units import checked_quantity
 from simulator.yaml_lines import line_of, load_yaml
 
 __all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology"]
@@ -174,10 +174,10 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
         raise locate(("links",), InputError("must be a non-empty list of {a, b, bandwidth, latency}"))
     for i, link in enumerate(links):
         _add_link(graph, link, _locator(src, tree, ("links", i)))
-    overhead = _quantity(parse_time, raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0)
-    comm = _quantity(parse_time, raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0)
+    overhead = _quantity("time", raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0)
+    comm = _quantity("time", raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0)
     coll = (None if raw.get("collective_overhead") is None
-            else _quantity(parse_time, raw["collective_overhead"], locate, ("collective_overhead",), 0.0))
+            else _quantity("time", raw["collective_overhead"], locate, ("collective_overhead",), 0.0))
     ranks = tuple(n for n, k in graph.nodes(data="kind") if k == "gpu")
     if not ranks:
         raise locate(("nodes",), InputError("no node of kind gpu: a cluster needs at least one GPU"))
@@ -206,7 +206,7 @@ def _host_bandwidths(key: str, raw: Mapping[str, Any],
     table = raw.get(key, {})
     if not isinstance(table, Mapping):
         raise locate((key,), InputError("must map host names to bandwidths"))
-    return {str(h): _quantity(parse_bandwidth, v, locate, (key, h), None) for h, v in table.items()}
+    return {str(h): _quantity("bandwidth", v, locate, (key, h), None) for h, v in table.items()}
 
 
 def _host_cores(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, int]:
@@ -267,8 +267,8 @@ def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], I
         raise locate((ends[1],), InputError(f"a link needs two different nodes, got {u!r} twice"))
     if "bandwidth" not in link:
         raise locate((), InputError("missing field 'bandwidth'"))
-    bw = _quantity(parse_bandwidth, link["bandwidth"], locate, ("bandwidth",), None)
-    lat = _quantity(parse_time, link.get("latency", 0), locate, ("latency",), 0.0)
+    bw = _quantity("bandwidth", link["bandwidth"], locate, ("bandwidth",), None)
+    lat = _quantity("time", link.get("latency", 0), locate, ("latency",), 0.0)
     cls = str(link.get("class", "link"))
     for a, b in ((u, v), (v, u)) if duplex else ((u, v),):
         if graph.has_edge(a, b):
@@ -276,19 +276,13 @@ def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], I
         graph.add_edge(a, b, bandwidth=bw, latency=lat, cls=cls)
 
 
-def _quantity(parse: Callable[[Any], float], value: Any,
-              locate: Callable[[tuple[Any, ...], InputError], InputError], path: tuple[Any, ...],
-              minimum: float | None) -> float:
-    """Parse a quantity; ``minimum=None`` means strictly positive, else ``>= minimum``."""
+def _quantity(kind: str, value: Any, locate: Callable[[tuple[Any, ...], InputError], InputError],
+              path: tuple[Any, ...], minimum: float | None) -> float:
+    """Parse a quantity; ``minimum=None`` means strictly positive, else non-negative."""
     try:
-        x = parse(value)
+        return checked_quantity(value, kind, positive=minimum is None)
     except InputError as err:
         raise locate(path, err) from None
-    if minimum is None and x <= 0:
-        raise locate(path, InputError(f"must be positive, got {value!r}"))
-    if minimum is not None and x < minimum:
-        raise locate(path, InputError(f"must not be negative, got {value!r}"))
-    return x
 
 
 def _check_reachable(graph: nx.DiGraph, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> None:

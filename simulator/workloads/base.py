@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
 
 from simulator.errors import InputError
+from simulator.units import checked_quantity, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 __all__ = ["ModelShape", "Strict", "unit_value"]
 
@@ -17,15 +18,16 @@ class Strict(BaseModel):
 
 
 
-def unit_value(parse: Any, v: Any) -> float:
-    """A non-negative quantity; unit errors become pydantic's ValueError (located by the caller)."""
+_KINDS = {parse_bytes: "bytes", parse_bandwidth: "bandwidth", parse_time: "time", parse_flops: "flops"}
+
+
+def unit_value(parse: Any, v: Any, positive: bool = False) -> float:
+    """A non-negative (or ``positive``) quantity parsed by ``parse`` (``parse_bytes``, ... or a kind name such as
+    ``"bytes"``) within :data:`simulator.units.LIMITS`; errors become pydantic's ValueError (located by the caller)."""
     try:
-        x = float(parse(v))
+        return checked_quantity(v, parse if isinstance(parse, str) else _KINDS[parse], positive=positive)
     except InputError as err:
         raise ValueError(err.message) from None
-    if x < 0:
-        raise ValueError(f"must not be negative, got {v!r}")
-    return x
 
 
 class ModelShape(Strict):
