@@ -7,6 +7,7 @@ on other ranks) that its compute did not hide.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from simulator.algorithms import Layout, build_schedule, label, resolve
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
+from simulator.limits import check_schedule
 from simulator.memory import peak_memory
 from simulator.models import PRESETS
 from simulator.modelstep import attention_layer, model_step
@@ -41,10 +43,10 @@ _CLUSTERS: dict[tuple[str, str, str], Cluster] = {}
 def cluster_for(point: Point) -> Cluster:
     """The point's cluster (cached per topology and parameters); errors located in the scenario file."""
     sc = point.scenario
-    key = (sc.topology, repr(sorted(sc.topology_params.items())), str(point.base_dir))
+    key = (sc.topology, json.dumps(sc.topology_params, sort_keys=True), str(point.base_dir))  # plain scalars
     if key not in _CLUSTERS:
         try:
-            _CLUSTERS[key] = load_topology(sc.topology, sc.topology_params, point.base_dir)
+            _CLUSTERS[key] = load_topology(sc.topology, sc.topology_params, point.base_dir, point.force)
         except InputError as err:
             raise point.locate(err) from None
     return _CLUSTERS[key]
@@ -195,7 +197,7 @@ def run_point(point: Point, numeric: bool = False) -> list[dict[str, Any]]:
         rows = flow_rows(point, cluster)
     else:
         rows = decode_rows(point, cluster, numeric)
-    swept = dict(point.swept)
+    swept = point.columns()
     return [{**row, **swept} for row in rows]
 
 
@@ -212,12 +214,19 @@ def check_points(points: Sequence[Point], numeric: bool = False) -> None:
             except InputError as err:
                 raise point.locate(err) from None
             continue
+        cluster = cluster_for(point)
         for i, entry in enumerate(point.scenario.algorithms):
             try:
-                resolve(entry, field=f"algorithms.{i}")
+                name, _ = resolve(entry, field=f"algorithms.{i}")
+                check_schedule(name, len(cluster.ranks) // wl.tp, f"algorithms.{i}", point.force)
             except InputError as err:
                 raise point.locate(err) from None
-        _check_decode(point, cluster_for(point), numeric)
+        _check_decode(point, cluster, numeric)
+        for node in dict.fromkeys(cluster.ranks):  # every GPU computes in this dtype
+            try:
+                cluster.specs[node].flops_for(wl.dtype)
+            except InputError as err:
+                raise point.locate(err.located(field="workload.dtype")) from None
         if numeric:
             try:
                 _check_numeric_size(wl.shape())

@@ -39,7 +39,7 @@ def _run_one(index: int, point: Point, numeric: bool) -> list[dict[str, Any]]:
     except Exception as err:  # a failing point is a row, and the sweep goes on
         where = traceback.extract_tb(err.__traceback__)[-1]
         rows = [{"error": f"{type(err).__name__}: {err} ({Path(where.filename).name}:{where.lineno})",
-                 **dict(point.swept)}]
+                 **point.columns()}]
     return [{**row, "point": index} for row in rows]
 
 

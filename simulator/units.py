@@ -35,9 +35,9 @@ MAX_QUANTITY_CHARS = 64
 # kind -> (smallest positive value, largest value) that a simulation can mean, SI units
 LIMITS: dict[str, tuple[float, float]] = {
     "bytes": (1e-3, 1e21),  # up to a zettabyte
-    "bandwidth": (1e-3, 1e18),  # a millibyte per second .. an exabyte per second
+    "bandwidth": (1.0, 1e30),  # a byte per second .. (tests model "free" links at 1e30 B/s)
     "time": (1e-15, 1e7),  # a femtosecond .. about 4 months
-    "flops": (1e-3, 1e24),
+    "flops": (1.0, 1e30),
 }
 _CONTEXT = decimal.Context(prec=40, Emax=10_000, Emin=-10_000)
 _SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}

@@ -1,16 +1,35 @@
 """What every workload model shares: strict frozen pydantic models, non-negative quantities with units, the
-attention shape of a model given inline."""
+attention shape of a model given inline, and the strict types of the scenario boundary: counts that refuse
+booleans, floats and strings and are bounded (:func:`count`), and plain YAML scalars (:data:`Scalar`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from simulator.errors import InputError
 from simulator.units import checked_quantity, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
-__all__ = ["ModelShape", "Strict", "unit_value"]
+__all__ = ["MAX_COUNT", "MAX_SMALL_COUNT", "Count", "ModelShape", "Scalar", "SmallCount", "Strict", "scalar",
+           "unit_value"]
+
+MAX_COUNT = 2**53  # integers a float still counts exactly
+MAX_SMALL_COUNT = 2**16  # heads, head_dim, tp: far beyond any model, small enough to allocate per item
+
+# strict positive integers: ``true``, ``4.0`` and ``"4"`` are refused, and so are absurd sizes
+Count: TypeAlias = Annotated[int, Field(strict=True, ge=1, le=MAX_COUNT)]
+SmallCount: TypeAlias = Annotated[int, Field(strict=True, ge=1, le=MAX_SMALL_COUNT)]
+
+
+def scalar(v: Any) -> Any:
+    """A plain YAML value (string, number, true/false, null): never a list or a mapping."""
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    raise ValueError(f"must be a plain value (a number, a string, true or false), got a {type(v).__name__}")
+
+
+Scalar = Annotated[Any, AfterValidator(scalar)]
 
 
 class Strict(BaseModel):
@@ -33,9 +52,9 @@ def unit_value(parse: Any, v: Any, positive: bool = False) -> float:
 class ModelShape(Strict):
     """Attention shape: ``heads`` query heads of ``head_dim``; ``kv_heads`` (GQA) defaults to ``heads``."""
 
-    heads: PositiveInt
-    head_dim: PositiveInt
-    kv_heads: PositiveInt | None = None
+    heads: SmallCount
+    head_dim: SmallCount
+    kv_heads: SmallCount | None = None
 
     @model_validator(mode="after")
     def _gqa(self) -> ModelShape:

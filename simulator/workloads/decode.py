@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import PositiveInt, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
+from simulator.errors import excerpt
 from simulator.models import PRESETS
-from simulator.workloads.base import ModelShape, Strict
+from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["DecodeWorkload"]
@@ -26,16 +27,16 @@ class DecodeWorkload(Strict):
     kind: Literal["decode"]
     model: ModelShape | str
     scope: Literal["attention", "model"] = "attention"
-    tp: PositiveInt = 1
-    batch: PositiveInt = 1
-    context: PositiveInt
+    tp: SmallCount = 1
+    batch: Count = 1
+    context: Count
     dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"
 
     @field_validator("model")
     @classmethod
     def _preset(cls, v: ModelShape | str) -> ModelShape | str:
         if isinstance(v, str) and v not in PRESETS:
-            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)}")
+            raise ValueError(f"unknown model preset {excerpt(v)}; presets: {', '.join(PRESETS)}")
         return v
 
     @model_validator(mode="after")
