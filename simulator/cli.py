@@ -19,17 +19,19 @@ from simulator.cluster.topology import load_topology
 from simulator.distributed.checks import check_scenario
 from simulator.distributed.cli_args import add_calibrate_args, add_validate_args
 from simulator.distributed.launch import RankFailure, spawn
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
 from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
+from simulator.outdir import check_output_dir, check_output_file, output_lock
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, parse_tokens, plan
 from simulator.points import check_points, cluster_for, point_runs, timeline_frame
-from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
+from simulator.report.pages import TIMELINE_FILE, write_report
+from simulator.report.read import read_report_inputs
 from simulator.report.trace import chrome_trace
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
 from simulator.sweep import run_sweep
-from simulator.units import parse_time
+from simulator.units import checked_quantity
 
 __all__ = ["main"]
 
@@ -37,6 +39,23 @@ __all__ = ["main"]
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _count(minimum: int) -> Any:
+    """An argparse type: an integer >= ``minimum`` (at most 18 digits)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 18 else None
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {excerpt(text)}")
+        return value
+
+    return parse
+
+
+_FORCE_HELP = "run work that is over the size limits (sweep points, topology, schedule ops) anyway"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,24 +69,26 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a dotted key of the scenario, e.g. --set topology_params.nodes=4")
     run.add_argument("--numeric", action="store_true",
                      help="also execute each schedule on random arrays and report max_abs_err against dense attention")
-    run.add_argument("--timeline-point", type=int, default=0, metavar="K",
+    run.add_argument("--timeline-point", type=_count(0), default=0, metavar="K",
                      help="sweep point (0-based) whose per-rank timeline the report draws (default 0)")
     run.add_argument("--no-report", action="store_true", help="write results.csv only")
-    run.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    run.add_argument("--jobs", type=_count(1), default=os.cpu_count() or 1,
                      help="points simulated at once (default: the CPUs); 1 runs in this process")
     run.add_argument("--executor", default="process", help="process (a local pool) or dask")
     run.add_argument("--scheduler", default=None, metavar="ADDRESS",
                      help="a Dask scheduler (tcp://host:8786); without it --executor dask starts a local cluster")
     run.add_argument("--resume", action="store_true",
                      help="keep the finished points of DIR/results.csv and run only the others")
+    run.add_argument("--force", action="store_true", help=_FORCE_HELP)
     rep = sub.add_parser("report", help="(re)write the report of a results.csv: report.md, report.html, figures")
     rep.add_argument("results", help="a results.csv written by treering run (or its folder)")
     rep.add_argument("-o", "--out", default=None, help="output folder (default: the results' folder)")
     trace = sub.add_parser("trace", help="Chrome/Perfetto trace of one sweep point (ranks and link utilisation)")
     trace.add_argument("scenario")
-    trace.add_argument("--point", type=int, default=0, metavar="K", help="sweep point, 0-based (default 0)")
+    trace.add_argument("--point", type=_count(0), default=0, metavar="K", help="sweep point, 0-based (default 0)")
     trace.add_argument("-o", "--out", required=True, help="trace JSON to write")
     trace.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    trace.add_argument("--force", action="store_true", help=_FORCE_HELP)
     sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
     pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target")
     pl.add_argument("--model", required=True, help=f"model preset: {', '.join(PRESETS)}")
@@ -75,10 +96,11 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--tbt", required=True, help="time-between-tokens target, e.g. 50ms")
     pl.add_argument("--topology", default="dgx-h100", help="preset or topology file (default dgx-h100)")
     pl.add_argument("--algorithms", default="ring,tree,tree-p2p", help="comma-separated (default ring,tree,tree-p2p)")
-    pl.add_argument("--batch", type=int, default=1)
+    pl.add_argument("--batch", type=_count(1), default=1)
     pl.add_argument("--dtype", default="bf16")
-    pl.add_argument("--tp", type=int, default=None, help="tensor parallel degree (default: GPUs per node)")
-    pl.add_argument("--max-nodes", type=int, default=64)
+    pl.add_argument("--tp", type=_count(1), default=None, help="tensor parallel degree (default: GPUs per node)")
+    pl.add_argument("--max-nodes", type=_count(1), default=64)
+    pl.add_argument("--force", action="store_true", help=_FORCE_HELP)
     pl.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="what-if, e.g. --set topology_params.nic_bandwidth=800Gb/s")
     topo = sub.add_parser("topo", help="inspect topologies")
@@ -87,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("topology", help="preset name (dgx-h100, ...) or a topology YAML path")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
                       help="a parameter of a parametric preset, e.g. --set nodes=4")
+    show.add_argument("--force", action="store_true", help=_FORCE_HELP)
     add_validate_args(sub.add_parser("validate", help="run the schedules for real (torch.distributed) and compare "
                                                       "with the simulator; writes DIR/validation.csv"))
     add_calibrate_args(sub.add_parser("calibrate", help="measure this machine with real ranks; write a topology"))
@@ -100,19 +123,33 @@ def _out_dir(arg: str | None, name: str) -> Path:
     return out
 
 
+def _say(text: str = "") -> None:
+    """Print to stdout; a reader that went away (``| head``) is not an error and the command goes on."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # later prints (and the exit's flush) go nowhere
+        os.close(devnull)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    points = load_scenario(args.scenario, args.sets)
+    points = load_scenario(args.scenario, args.sets, args.force)
     out = _out_dir(args.out, points[0].scenario.name)
     point = _pick(points, args.timeline_point, "--timeline-point")
-    if args.jobs < 1:
-        raise InputError(f"must be at least 1, got {args.jobs}", field="--jobs")
     check_points(points, args.numeric)
+    check_output_dir(out)
+    with output_lock(out):
+        return _run_locked(args, points, point, out)
+
+
+def _run_locked(args: argparse.Namespace, points: list[Point], point: Point, out: Path) -> int:
     outcome = run_sweep(points, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                         resume=args.resume, numeric=args.numeric, progress=sys.stderr.isatty())
     frame = outcome.frame
-    print(format_table(frame))
+    _say(format_table(frame))
     resumed = f", {outcome.resumed} resumed" if outcome.resumed else ""
-    print(f"\nwrote {out / 'results.csv'} and results.parquet ({len(frame)} rows, {len(points)} points{resumed})")
+    _say(f"\nwrote {out / 'results.csv'} and results.parquet ({len(frame)} rows, {len(points)} points{resumed})")
     if outcome.failed:
         print(f"treering: {outcome.failed} point(s) failed: see the error column of {out / 'results.csv'}",
               file=sys.stderr)
@@ -122,9 +159,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sc = point.scenario
         meta: dict[str, Any] = {"scenario": sc.name, "source": args.scenario, "topology": _topology_label(points),
                 "version": __version__, "command": shlex.join(["treering", *args.argv]),
-                "timeline_point": dict(point.swept), "capacity_bytes": _capacity(points)}
+                "timeline_point": point.columns(), "capacity_bytes": _capacity(points)}
         write_report(frame, out, meta, timeline, meta["capacity_bytes"])
-        print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
+        _say(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 1 if outcome.failed else 0
 
 
@@ -158,45 +195,47 @@ def _cmd_report(args: argparse.Namespace) -> int:
         path = path / "results.csv"
     if not path.is_file():
         raise InputError("no such results file", file=str(path))
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read results: {err}", file=str(path)) from None
-    meta_path, timeline_path = path.parent / META_FILE, path.parent / TIMELINE_FILE
-    meta: dict[str, Any] = (json.loads(meta_path.read_text()) if meta_path.exists()
-                            else {"scenario": path.parent.name, "command": "(unknown: no meta.json beside it)"})
-    timeline = pd.read_csv(timeline_path) if timeline_path.exists() else None
+    frame, meta, timeline = read_report_inputs(path)
     out = Path(args.out) if args.out else path.parent
-    write_report(frame, out, meta, timeline, meta.get("capacity_bytes"))
-    print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
+    check_output_dir(out)
+    with output_lock(out):
+        write_report(frame, out, meta, timeline, meta.get("capacity_bytes"))
+    _say(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     if args.model not in PRESETS:
-        raise InputError(f"unknown model preset {args.model!r}; presets: {', '.join(PRESETS)}", field="--model")
-    tbt = parse_time(args.tbt.replace("ms", " ms").replace("us", " us")) if isinstance(args.tbt, str) else args.tbt
-    if tbt <= 0:
-        raise InputError(f"must be positive, got {args.tbt!r}", field="--tbt")
+        raise InputError(f"unknown model preset {excerpt(args.model)}; presets: {', '.join(PRESETS)}", field="--model")
+    try:
+        tbt = checked_quantity(args.tbt.replace("ms", " ms").replace("us", " us").replace("ns", " ns"), "time",
+                               positive=True)
+    except InputError as err:
+        raise err.located(field="--tbt") from None
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    if not algorithms:
+        raise InputError(f"needs at least one algorithm name, got {excerpt(args.algorithms)}", field="--algorithms")
     req = PlanRequest(model=args.model, context=parse_tokens(args.context), tbt_s=tbt, topology=args.topology,
-                      algorithms=[a.strip() for a in args.algorithms.split(",") if a.strip()], batch=args.batch,
-                      dtype=args.dtype, tp=args.tp, max_nodes=args.max_nodes, sets=args.sets)
+                      algorithms=algorithms, batch=args.batch, dtype=args.dtype, tp=args.tp,
+                      max_nodes=args.max_nodes, sets=args.sets, force=args.force)
     table = plan(req)
-    print(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, "
-          f"on {args.topology}" + (f" ({', '.join(args.sets)})" if args.sets else ""))
+    _say(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, "
+         f"on {args.topology}" + (f" ({', '.join(args.sets)})" if args.sets else ""))
     with pd.option_context("display.width", 200, "display.float_format", "{:.4g}".format):
-        print(table.to_string(index=False))
+        _say(table.to_string(index=False))
     return 0
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
-    points = load_scenario(args.scenario, args.sets)
+    points = load_scenario(args.scenario, args.sets, args.force)
     point = _pick(points, args.point, "--point")
+    check_points([point])
+    check_output_file(Path(args.out))
     runs = point_runs(point, record_links=True)
     cluster = cluster_for(point)
     trace = chrome_trace([(lab, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs], cluster)
     write_text_atomic(Path(args.out), json.dumps(trace))
-    print(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
+    _say(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
     return 0
 
 
@@ -219,8 +258,8 @@ def format_table(frame: pd.DataFrame) -> str:
 
 def _cmd_topo(args: argparse.Namespace) -> int:
     params = dict(parse_set(s) for s in args.sets)
-    cluster = load_topology(args.topology, params, Path.cwd())
-    print(summarize(cluster))
+    cluster = load_topology(args.topology, params, Path.cwd(), args.force)
+    _say(summarize(cluster))
     return 0
 
 
@@ -252,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verb in ("validate", "calibrate"):
             return _cmd_real(args, argv)
         if args.verb == "schema":
-            print(json.dumps(Scenario.model_json_schema(), indent=2))
+            _say(json.dumps(Scenario.model_json_schema(), indent=2))
             return 0
         if args.verb == "report":
             return _cmd_report(args)
@@ -264,8 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as err:
         print(f"treering: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # the disk filled up, a folder vanished mid-run: one line, not a traceback
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"treering: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print("treering: interrupted", file=sys.stderr)
+        print("treering: interrupted (finished points are kept: run again with --resume)", file=sys.stderr)
         return 130
 
 

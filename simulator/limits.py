@@ -20,7 +20,7 @@ from typing import Any
 from simulator.errors import InputError
 
 __all__ = ["BYTES_PER_GRAPH_ELEMENT", "BYTES_PER_OP", "MAX_GRAPH_ELEMENTS", "MAX_SCHEDULE_OPS", "MAX_SWEEP_POINTS",
-           "builder_elements", "check_builder", "check_schedule", "check_sweep", "schedule_ops"]
+           "builder_elements", "check_builder", "check_graph", "check_schedule", "check_sweep", "schedule_ops"]
 
 MAX_SWEEP_POINTS = 10_000
 MAX_GRAPH_ELEMENTS = 500_000
@@ -60,11 +60,15 @@ def builder_elements(p: Mapping[str, Any]) -> float:
 
 def check_builder(p: Mapping[str, Any], field: str | None, force: bool = False) -> None:
     """Refuse a builder topology over :data:`MAX_GRAPH_ELEMENTS` graph elements."""
-    size = builder_elements(p)
-    if size > MAX_GRAPH_ELEMENTS and not force:
-        raise _refuse(f"this topology ({p['nodes']} nodes x {p['gpus_per_node']} GPUs, intra {p.get('intra')}) "
-                      f"would have too many nodes and links", size, MAX_GRAPH_ELEMENTS, BYTES_PER_GRAPH_ELEMENT,
-                      field)
+    check_graph(builder_elements(p), f"this topology ({p['nodes']:,} nodes x {p['gpus_per_node']:,} GPUs, intra "
+                f"{p.get('intra')})", field, force)
+
+
+def check_graph(elements: float, what: str, field: str | None, force: bool = False) -> None:
+    """Refuse a cluster graph estimated over :data:`MAX_GRAPH_ELEMENTS` nodes plus directed links."""
+    if elements > MAX_GRAPH_ELEMENTS and not force:
+        raise _refuse(f"{what} would have too many nodes and links", elements, MAX_GRAPH_ELEMENTS,
+                      BYTES_PER_GRAPH_ELEMENT, field)
 
 
 def schedule_ops(algorithm: str, ranks: int) -> float:

@@ -8,6 +8,7 @@ do not fit) or latency (the step is too slow).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +16,11 @@ from typing import Any
 
 import pandas as pd
 
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
+from simulator.limits import check_graph, check_schedule
 from simulator.points import cluster_for, run_point
 from simulator.scenario import scenario_points
+from simulator.workloads.base import MAX_COUNT
 
 __all__ = ["PlanRequest", "parse_tokens", "plan"]
 
@@ -25,16 +28,18 @@ _TOKEN_SUFFIX = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
 def parse_tokens(text: str) -> int:
-    """Token counts: ``1048576``, ``128K`` (x 1024), ``1M`` (x 2^20), ``1.5M``."""
+    """Token counts: ``1048576``, ``128K`` (x 1024), ``1M`` (x 2^20), ``1.5M``; at most 2^53."""
     t = text.strip().lower()
     suffix = t[-1] if t and t[-1] in "kmg" else ""
     try:
-        value = float(t[: len(t) - len(suffix)]) * _TOKEN_SUFFIX[suffix]
+        value = float(t[: len(t) - len(suffix)]) * _TOKEN_SUFFIX[suffix] if len(t) <= 40 else math.nan
     except ValueError:
-        raise InputError(f"expected a token count such as 1048576, 128K or 1M, got {text!r}", field="--context") \
-            from None
-    if value < 1 or value != int(value):
-        raise InputError(f"must be a positive whole number of tokens, got {text!r}", field="--context")
+        value = math.nan
+    if not math.isfinite(value):
+        raise InputError(f"expected a token count such as 1048576, 128K or 1M, got {excerpt(text)}",
+                         field="--context")
+    if not 1 <= value <= MAX_COUNT or value != int(value):
+        raise InputError(f"must be a whole number of tokens from 1 to 2^53, got {excerpt(text)}", field="--context")
     return int(value)
 
 
@@ -50,6 +55,7 @@ class PlanRequest:
     tp: int | None = None
     max_nodes: int = 64
     sets: Sequence[str] = ()
+    force: bool = False  # past the size limits of simulator.limits
 
 
 def _points(req: PlanRequest, nodes: int, algorithm: str, tp: int) -> list[Any]:
@@ -57,7 +63,7 @@ def _points(req: PlanRequest, nodes: int, algorithm: str, tp: int) -> list[Any]:
             "workload": {"kind": "decode", "model": req.model, "scope": "model", "tp": tp, "batch": req.batch,
                          "context": req.context, "dtype": req.dtype},
             "algorithms": [algorithm]}
-    return scenario_points(tree, "treering plan", Path.cwd(), req.sets)
+    return scenario_points(tree, "treering plan", Path.cwd(), req.sets, req.force)
 
 
 def plan(req: PlanRequest) -> pd.DataFrame:
@@ -65,6 +71,10 @@ def plan(req: PlanRequest) -> pd.DataFrame:
     probe = _points(req, 1, req.algorithms[0], req.tp or 1)[0]
     cluster = cluster_for(probe)
     tp = req.tp or len(cluster.ranks) // cluster.num_hosts  # default: tensor parallel across one node
+    graph = cluster.graph.number_of_nodes() + cluster.graph.number_of_edges()
+    check_graph(graph * req.max_nodes, f"{req.max_nodes:,} nodes of {req.topology}", "--max-nodes", req.force)
+    for algorithm in req.algorithms:  # the largest cluster tried
+        check_schedule(algorithm, req.max_nodes * len(cluster.ranks) // tp, "--max-nodes", req.force)
     rows = []
     for algorithm in req.algorithms:
         failed: list[str] = []

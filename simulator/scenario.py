@@ -161,6 +161,10 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
             msg = "unknown key"
         elif err["type"] == "missing":
             msg = "required field is missing"
+        elif err["type"] == "too_short":
+            msg = "must not be empty"
+        elif err["type"] == "too_long":
+            msg = f"too many items (at most {err.get('ctx', {}).get('max_length')})"
         elif err["type"] == "greater_than" and err.get("ctx", {}).get("gt") == 0:
             msg = f"must be a positive integer, got {excerpt(err['input'])}"
         elif err["type"] in ("greater_than_equal", "less_than_equal") and isinstance(err["input"], int):
@@ -202,10 +206,11 @@ def scenario_points(tree: dict[str, Any], source: str, base_dir: Path, overrides
 _Axis = list[tuple[str, list[Any], tuple[Any, ...]]]  # keys varying together: (key, values, YAML path)
 
 
-def _axes(sweep: Mapping[str, Any], tree: Any, source: str) -> list[_Axis]:
+def _axes(sweep: Mapping[str, Any], tree: Any, source: str, origins: Mapping[str, _Origin]) -> list[_Axis]:
     """The sweep's axes: one per plain key, one per ``zip`` group (its keys vary together)."""
     def fail(path: tuple[Any, ...], msg: str) -> InputError:
-        return InputError(msg, file=source, line=line_of(tree, path), field=".".join(str(p) for p in path))
+        file, line = origins.get("sweep", (source, line_of(tree, path)))
+        return InputError(msg, file=file, line=line, field=".".join(str(p) for p in path))
 
     axes: list[_Axis] = []
     for key, values in sweep.items():
@@ -245,11 +250,12 @@ def expand(tree: Any, base: Scenario, source: str, base_dir: Path,
     origins = dict(origins or {})
     if not base.sweep:
         return [Point(base, (), source, base_dir, tree, origins, force)]
-    axes = _axes(base.sweep, tree, source)
+    axes = _axes(base.sweep, tree, source, origins)
     try:
         check_sweep(math.prod(len(axis[0][1]) for axis in axes), force)
     except InputError as err:
-        raise err.located(file=source, line=line_of(tree, ("sweep",))) from None
+        file, line = origins.get("sweep", (source, line_of(tree, ("sweep",))))
+        raise err.located(file=file, line=line) from None
     points = []
     for combo in itertools.product(*(range(len(axis[0][1])) for axis in axes)):
         cell = copy.deepcopy(tree)

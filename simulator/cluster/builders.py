@@ -149,8 +149,11 @@ def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any], f
         raise InputError(f"unknown builder {excerpt(raw.get('builder'))}; valid: cluster", file=src,
                          line=line_of(raw, ("builder",)), field="builder")
     p = _params(raw, src, overrides)
+    sizes = ("nodes", "gpus_per_node", "nics_per_node", "intra", "inter", "nodes_per_leaf", "spines")
+    given = [k for k in overrides if (raw.get("aliases") or {}).get(k, k) in sizes]
     try:
-        check_builder(p, "topology_params" if overrides else "params", force)
+        check_builder(p, f"topology_params.{given[0]}" if given else "topology_params" if overrides else "params",
+                      force)
     except InputError as err:
         raise (err if overrides else err.located(file=src, line=line_of(raw, ("params",)))) from None
     nodes: list[dict[str, Any]] = []

@@ -26,7 +26,8 @@ def scalar(v: Any) -> Any:
     """A plain YAML value (string, number, true/false, null): never a list or a mapping."""
     if v is None or isinstance(v, (str, int, float, bool)):
         return v
-    raise ValueError(f"must be a plain value (a number, a string, true or false), got a {type(v).__name__}")
+    kind = "list" if isinstance(v, list) else "mapping" if isinstance(v, dict) else type(v).__name__
+    raise ValueError(f"must be a plain value (a number, a string, true or false), got a {kind}")
 
 
 Scalar = Annotated[Any, AfterValidator(scalar)]
