@@ -19,9 +19,11 @@ from typing import Any
 
 from simulator.errors import InputError
 
-__all__ = ["BYTES_PER_GRAPH_ELEMENT", "BYTES_PER_OP", "MAX_GRAPH_ELEMENTS", "MAX_SCHEDULE_OPS", "MAX_SWEEP_POINTS",
-           "builder_elements", "check_builder", "check_graph", "check_schedule", "check_sweep", "schedule_ops"]
+__all__ = ["BYTES_PER_GRAPH_ELEMENT", "BYTES_PER_OP", "MAX_COUNT", "MAX_GRAPH_ELEMENTS", "MAX_SCHEDULE_OPS",
+           "MAX_SWEEP_POINTS", "builder_elements", "check_builder", "check_graph", "check_schedule", "check_sweep",
+           "schedule_ops"]
 
+MAX_COUNT = 2**53  # any count: integers a float still counts exactly
 MAX_SWEEP_POINTS = 10_000
 MAX_GRAPH_ELEMENTS = 500_000
 MAX_SCHEDULE_OPS = 1_000_000

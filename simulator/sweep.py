@@ -79,7 +79,7 @@ class _Progress:
 
 def _write(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
     """Both result files, each atomically; neither replaced unless both were written."""
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows) if rows else pd.DataFrame({"point": pd.Series([], dtype="int64")})
     if len(frame):
         frame = frame.sort_values("point", kind="stable").reset_index(drop=True)
     csv = frame.to_csv(index=False, float_format="%.17g")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from simulator.errors import InputError, excerpt
-from simulator.limits import check_builder
+from simulator.limits import MAX_COUNT, check_builder
 from simulator.units import checked_quantity
 from simulator.yaml_lines import line_of
 
@@ -32,6 +32,8 @@ __all__ = ["PARAMS", "expand_preset"]
 def _int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise InputError(f"must be a positive integer, got {excerpt(v)}")
+    if v > MAX_COUNT:
+        raise InputError(f"must be at most {MAX_COUNT}, got {excerpt(v)}")
     return v
 
 

@@ -48,6 +48,11 @@ class Meta(BaseModel):
     capacity_bytes: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
+def _cell(value: Any) -> str:
+    """A short excerpt of one CSV cell (numpy scalars as plain numbers)."""
+    return excerpt(value.item() if hasattr(value, "item") else value)
+
+
 def read_csv_checked(path: Path, required: Iterable[str] = ()) -> pd.DataFrame:
     """A results-like CSV: parsed, with ``required`` columns and sane numeric columns."""
     text = read_text_file(path, MAX_RESULT_BYTES)
@@ -71,7 +76,7 @@ def read_csv_checked(path: Path, required: Iterable[str] = ()) -> pd.DataFrame:
         bad = not_number | absent | out_of_range
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0])
-            raise InputError(f"must be a finite number >= 0, got {excerpt(frame[col].iloc[row])}", file=str(path),
+            raise InputError(f"must be a finite number >= 0, got {_cell(frame[col].iloc[row])}", file=str(path),
                              line=row + 2, field=col)
         frame[col] = values
     return frame
@@ -85,7 +90,7 @@ def _points(frame: pd.DataFrame, path: Path, total: int | None) -> pd.Series:
         row = int(bad.to_numpy().nonzero()[0][0])
         what = "a point index of this sweep" if total is not None else "a point index"
         limit = f" (0 to {total - 1})" if total is not None else ""
-        raise InputError(f"must be {what}{limit}, got {excerpt(frame['point'].iloc[row])}", file=str(path),
+        raise InputError(f"must be {what}{limit}, got {_cell(frame['point'].iloc[row])}", file=str(path),
                          line=row + 2, field="point")
     return values.astype("int64")
 
@@ -114,7 +119,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     try:
         raw = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise InputError(f"not JSON: {excerpt(str(exc), 100)}", file=str(path)) from None
+        raise InputError(f"not JSON: {str(exc)[:100]}", file=str(path)) from None
     if not isinstance(raw, dict):
         raise InputError("must be a JSON object", file=str(path), line=1)
     try:

@@ -9,12 +9,12 @@ from typing import Annotated, Any, TypeAlias
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from simulator.errors import InputError
+from simulator.limits import MAX_COUNT
 from simulator.units import checked_quantity, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 __all__ = ["MAX_COUNT", "MAX_SMALL_COUNT", "Count", "ModelShape", "Scalar", "SmallCount", "Strict", "scalar",
            "unit_value"]
 
-MAX_COUNT = 2**53  # integers a float still counts exactly
 MAX_SMALL_COUNT = 2**16  # heads, head_dim, tp: far beyond any model, small enough to allocate per item
 
 # strict positive integers: ``true``, ``4.0`` and ``"4"`` are refused, and so are absurd sizes
