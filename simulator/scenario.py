@@ -86,7 +86,7 @@ class Point:
     def locate(self, err: InputError) -> InputError:
         """Locate an error whose ``field`` is a dotted path of this scenario (file and line of that key)."""
         if self.swept:
-            where = ", ".join(f"{k}={v}" for k, v in self.swept)
+            where = ", ".join(f"{k}={v if isinstance(v, str) and len(v) <= 60 else excerpt(v)}" for k, v in self.swept)
             err = InputError(f"{err.message} (sweep point {where})", file=err.file, line=err.line, field=err.field)
         if err.file is not None or not err.field:
             return err
