@@ -222,9 +222,9 @@ def check_points(points: Sequence[Point], numeric: bool = False) -> None:
             except InputError as err:
                 raise point.locate(err) from None
         _check_decode(point, cluster, numeric)
-        for node in dict.fromkeys(cluster.ranks):  # every GPU computes in this dtype
+        for spec in {cluster.specs[n].name: cluster.specs[n] for n in cluster.ranks}.values():  # each GPU kind
             try:
-                cluster.specs[node].flops_for(wl.dtype)
+                spec.flops_for(wl.dtype)
             except InputError as err:
                 raise point.locate(err.located(field="workload.dtype")) from None
         if numeric:
