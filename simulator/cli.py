@@ -27,10 +27,10 @@ from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, parse_tokens, plan
 from simulator.points import check_points, cluster_for, point_runs, timeline_frame
 from simulator.report.pages import TIMELINE_FILE, write_report
-from simulator.report.read import read_report_inputs
+from simulator.report.read import read_report_inputs, resumable_rows
 from simulator.report.trace import chrome_trace
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
-from simulator.sweep import run_sweep
+from simulator.sweep import EXECUTORS, run_sweep
 from simulator.units import checked_quantity
 
 __all__ = ["main"]
@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-report", action="store_true", help="write results.csv only")
     run.add_argument("--jobs", type=_count(1), default=os.cpu_count() or 1,
                      help="points simulated at once (default: the CPUs); 1 runs in this process")
-    run.add_argument("--executor", default="process", help="process (a local pool) or dask")
+    run.add_argument("--executor", default="process", choices=EXECUTORS, help="process (a local pool) or dask")
     run.add_argument("--scheduler", default=None, metavar="ADDRESS",
                      help="a Dask scheduler (tcp://host:8786); without it --executor dask starts a local cluster")
     run.add_argument("--resume", action="store_true",
@@ -138,6 +138,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     out = _out_dir(args.out, points[0].scenario.name)
     point = _pick(points, args.timeline_point, "--timeline-point")
     check_points(points, args.numeric)
+    if args.resume:  # a damaged results.csv is refused before anything is written
+        resumable_rows(out / "results.csv", len(points))
     check_output_dir(out)
     with output_lock(out):
         return _run_locked(args, points, point, out)

@@ -165,7 +165,8 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
             msg = "must not be empty"
         elif err["type"] == "too_long":
             msg = f"too many items (at most {err.get('ctx', {}).get('max_length')})"
-        elif err["type"] == "greater_than" and err.get("ctx", {}).get("gt") == 0:
+        elif ((err["type"] == "greater_than" and err.get("ctx", {}).get("gt") == 0)
+              or (err["type"] == "greater_than_equal" and err.get("ctx", {}).get("ge") == 1)):
             msg = f"must be a positive integer, got {excerpt(err['input'])}"
         elif err["type"] in ("greater_than_equal", "less_than_equal") and isinstance(err["input"], int):
             bound = err.get("ctx", {}).get("ge", err.get("ctx", {}).get("le"))
