@@ -30,6 +30,7 @@ __all__ = ["META_FILE", "TIMELINE_FILE", "write_report"]
 META_FILE = "meta.json"
 TIMELINE_FILE = "timeline.csv"
 _IDENTITY = ("ranks", "nodes", "context")
+MAX_FIGURE_IN = 300.0  # a figure side in inches: at 110 dpi, well under the 2^16 pixels a PNG may have
 
 
 def _series_keys(frame: pd.DataFrame) -> list[str]:
@@ -48,7 +49,8 @@ def _label(keys: Sequence[str], values: Any) -> str:
 def _panels(frame: pd.DataFrame, column: str, ylabel: str, *, log_y: bool = True,
             capacity: float | None = None) -> plt.Figure:
     contexts = sorted(frame["context"].unique())
-    fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 3.6), squeeze=False, sharey=log_y)
+    fig, axes = plt.subplots(1, len(contexts), figsize=(min(4.2 * len(contexts), MAX_FIGURE_IN), 3.6), squeeze=False,
+                             sharey=log_y)
     keys = _series_keys(frame)
     for ax, ctx in zip(axes[0], contexts, strict=True):
         part = frame[frame["context"] == ctx]
@@ -80,7 +82,8 @@ def _with_speedup(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _gantt(timeline: pd.DataFrame) -> plt.Figure:
     algos = list(dict.fromkeys(timeline["algorithm"]))
-    fig, axes = plt.subplots(len(algos), 1, figsize=(10, 1.2 + 0.25 * timeline["rank"].nunique() * len(algos)),
+    height = min(1.2 + 0.25 * timeline["rank"].nunique() * len(algos), MAX_FIGURE_IN)
+    fig, axes = plt.subplots(len(algos), 1, figsize=(10, height),
                              squeeze=False)
     colors = {"compute": "tab:blue", "merge": "tab:green", "send": "tab:orange", "recv": "tab:red",
               "launch": "tab:gray"}
