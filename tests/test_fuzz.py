@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from simulator.cli import main
+from simulator.cluster.topology import load_topology
 from simulator.errors import InputError
 from simulator.report.read import read_csv_checked, resumable_rows
 from simulator.scenario import scenario_points
@@ -178,6 +179,21 @@ def test_mutated_scenarios_validate_or_fail_with_one_located_error(data, name, t
             scenario_points(tree, "s.yaml", ROOT / "scenarios")
         except InputError as err:
             assert "\n" not in str(err) and len(str(err)) < 600
+
+
+@_examples(0.5)
+@given(data=st.data(), name=st.sampled_from(sorted(TOPOLOGIES)))
+def test_mutated_topologies_build_or_fail_with_one_located_error(data, name, tmp_path_factory):
+    tree = data.draw(mutated_tree(TOPOLOGIES[name]))
+    path = tmp_path_factory.getbasetemp() / "topo.yaml"
+    path.write_text(yaml.safe_dump(tree, allow_unicode=True))
+    with budget(30):
+        try:
+            cluster = load_topology(str(path))
+        except InputError as err:
+            assert "\n" not in str(err) and len(str(err)) < 600
+            return
+    assert cluster.ranks and all(cluster.specs[r].mem_bytes > 0 for r in cluster.ranks)
 
 
 @pytest.fixture(scope="module")
