@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import reprlib
 
-__all__ = ["InputError", "excerpt"]
+__all__ = ["MAX_MESSAGE_CHARS", "InputError", "excerpt"]
+
+MAX_MESSAGE_CHARS = 1000  # one line a terminal can show, whatever went into it
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 2, 4, 4, 4, 4
@@ -46,4 +48,5 @@ class InputError(Exception):
         if self.file:
             where = self.file + (f":{self.line}" if self.line is not None else "") + ": "
         field = f"{self.field}: " if self.field else ""
-        return " ".join(f"{where}{field}{self.message}".split())
+        text = " ".join(f"{where}{field}{self.message}".split())
+        return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
