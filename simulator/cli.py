@@ -23,18 +23,20 @@ from simulator.cluster.topology import list_presets, load_topology, preset_descr
 from simulator.distributed.checks import check_scenario
 from simulator.distributed.cli_args import add_calibrate_args, add_validate_args
 from simulator.distributed.launch import RankFailure, spawn
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
 from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
+from simulator.outdir import check_output_dir, check_output_file, output_lock
 from simulator.overlap import find_overlap, overlap_shape
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, PlanRow, plan
 from simulator.points import PreparedPoint, check_points, layout_of, point_runs, prepare_point, timeline_frame
-from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
+from simulator.report.pages import TIMELINE_FILE, write_report
 from simulator.report.plan_report import write_plan_report
+from simulator.report.read import read_report_inputs, resumable_rows
 from simulator.report.trace import chrome_trace
 from simulator.scenario import DecodeWorkload, Point, Scenario, load_scenario, parse_set
-from simulator.sweep import run_sweep
+from simulator.sweep import EXECUTORS, run_sweep
 from simulator.units import parse_bandwidth, parse_time_strict, parse_tokens
 
 __all__ = ["main"]
@@ -43,6 +45,23 @@ __all__ = ["main"]
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _count(minimum: int) -> Any:
+    """An argparse type: an integer >= ``minimum`` (at most 18 digits)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if len(text) <= 18 else None
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {excerpt(text)}")
+        return value
+
+    return parse
+
+
+_FORCE_HELP = "run work that is over the size limits (sweep points, topology, schedule ops) anyway"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,25 +76,27 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a dotted key of the scenario, e.g. --set topology_params.nodes=4")
     run.add_argument("--numeric", action="store_true",
                      help="also execute each schedule on random arrays and report max_abs_err against dense attention")
-    run.add_argument("--timeline-point", type=int, default=0, metavar="K",
+    run.add_argument("--timeline-point", type=_count(0), default=0, metavar="K",
                      help="sweep point (0-based) whose per-rank timeline the report draws (default 0)")
     run.add_argument("--no-report", action="store_true", help="write results.csv only")
-    run.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    run.add_argument("--jobs", type=_count(1), default=os.cpu_count() or 1,
                      help="points simulated at once (default: the CPUs); 1 runs in this process")
-    run.add_argument("--executor", default="process", help="process (a local pool) or dask")
+    run.add_argument("--executor", default="process", choices=EXECUTORS, help="process (a local pool) or dask")
     run.add_argument("--scheduler", default=None, metavar="ADDRESS",
                      help="a Dask scheduler (tcp://host:8786); without it --executor dask starts a local cluster")
     run.add_argument("--resume", action="store_true",
                      help="keep the finished points of DIR/results.csv and run only the others")
+    run.add_argument("--force", action="store_true", help=_FORCE_HELP)
     rep = sub.add_parser("report", help="(re)write the report of a results.csv: report.md, report.html, figures")
     rep.add_argument("results", help="a results.csv written by treering run (or its folder)")
     rep.add_argument("-o", "--out", default=None, help="output folder (default: the results' folder)")
     trace = sub.add_parser("trace", help="Chrome/Perfetto trace of one sweep point (ranks and link utilisation)")
     trace.add_argument("scenario", help="scenario YAML")
-    trace.add_argument("--point", type=int, default=0, metavar="K", help="sweep point, 0-based (default 0)")
+    trace.add_argument("--point", type=_count(0), default=0, metavar="K", help="sweep point, 0-based (default 0)")
     trace.add_argument("-o", "--out", required=True, help="trace JSON to write")
     trace.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                        help="override a dotted key of the scenario, as for run")
+    trace.add_argument("--force", action="store_true", help=_FORCE_HELP)
     sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
     pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target")
     pl.add_argument("--model", required=True, help=f"model preset: {', '.join(PRESETS)}")
@@ -83,13 +104,13 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--tbt", required=True, help="time-between-tokens target with its unit, e.g. 50ms")
     pl.add_argument("--topology", default="dgx-h100", help="parametric preset or topology file (default dgx-h100)")
     pl.add_argument("--algorithms", default="ring,tree,tree-p2p", help="comma-separated (default ring,tree,tree-p2p)")
-    pl.add_argument("--batch", type=int, default=1, help="sequences decoded together (default 1)")
+    pl.add_argument("--batch", type=_count(1), default=1, help="sequences decoded together (default 1)")
     pl.add_argument("--dtype", default="bf16", help="activations' dtype, and the kernels' FLOP rate (default bf16)")
     pl.add_argument("--weight-dtype", default=None, help="weights' dtype, e.g. fp8 (default: --dtype)")
     pl.add_argument("--kv-dtype", default=None, help="KV cache's dtype, e.g. fp8 (default: --dtype)")
-    pl.add_argument("--tp", type=int, default=None,
+    pl.add_argument("--tp", type=_count(1), default=None,
                     help="tensor parallel degree (default: search the divisors of the GPUs per node)")
-    pl.add_argument("--max-nodes", type=int, default=64, help="largest node count searched (default 64)")
+    pl.add_argument("--max-nodes", type=_count(1), default=64, help="largest node count searched (default 64)")
     pl.add_argument("--mem-fraction", type=float, default=0.9,
                     help="fraction of device memory a configuration may use (default 0.9, as vLLM's "
                          "gpu_memory_utilization)")
@@ -99,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="achievable fraction of peak FLOP/s, for every device (default: topologies/devices.yaml)")
     pl.add_argument("-o", "--out", default=None, metavar="PATH",
                     help="also write the plan: PATH.csv, PATH.json, or a folder (report.md, report.html, plan.csv)")
+    pl.add_argument("--force", action="store_true", help=_FORCE_HELP)
     pl.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="what-if, e.g. --set topology_params.nic_bandwidth=800Gb/s or "
                          "--set devices.h100-sxm.eff_mem=0.8")
@@ -108,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     ov.add_argument("--topology", default="dgx-h100", help="preset or topology file (default dgx-h100)")
     ov.add_argument("--gpus", type=int, nargs="+", default=None, metavar="P",
                     help="ring sizes (default: 8 and every GPU of the topology)")
-    ov.add_argument("--dtype", default="bf16")
+    ov.add_argument("--dtype", default="bf16", help="the attention's dtype (default bf16)")
     ov.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
                     help="a parameter of a parametric preset, e.g. --set nodes=4")
     topo = sub.add_parser("topo", help="inspect topologies")
@@ -117,6 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("topology", help="preset name (dgx-h100, ...) or a topology YAML path")
     show.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
                       help="a parameter of a parametric preset, e.g. --set nodes=4")
+    show.add_argument("--force", action="store_true", help=_FORCE_HELP)
     topo_sub.add_parser("list", help="list the preset topologies, with their description")
     _add_import_args(topo_sub.add_parser("import", help="write a topology YAML from nvidia-smi topo -m output or "
                                                         "NCCL topology XML dumps (one file per server)"))
@@ -173,25 +196,41 @@ def _out_dir(arg: str | None, name: str) -> Path:
     return out
 
 
+def _say(text: str = "") -> None:
+    """Print to stdout; a reader that went away (``| head``) is not an error and the command goes on."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # later prints (and the exit's flush) go nowhere
+        os.close(devnull)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    points = load_scenario(args.scenario, args.sets)
+    points = load_scenario(args.scenario, args.sets, args.force)
     out = _out_dir(args.out, points[0].scenario.name)
     _pick(points, args.timeline_point, "--timeline-point")
-    if args.jobs < 1:
-        raise InputError(f"must be at least 1, got {args.jobs}", field="--jobs")
     prepared = check_points(points, args.numeric)
     if args.sets:
-        base = load_scenario(args.scenario)[0]
+        base = load_scenario(args.scenario, force=args.force)[0]
         for note in _whatif_notes(base.scenario.topology, args.sets, dict(base.scenario.topology_params),
                                   base.base_dir):
             print(f"treering: note: {note}", file=sys.stderr)
+    if args.resume:  # a damaged results.csv is refused before anything is written
+        resumable_rows(out / "results.csv", len(points))
+    check_output_dir(out)
+    with output_lock(out):
+        return _run_locked(args, points, prepared, out)
+
+
+def _run_locked(args: argparse.Namespace, points: list[Point], prepared: list[PreparedPoint], out: Path) -> int:
     keep = None if args.no_report else args.timeline_point
     outcome = run_sweep(points, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                         resume=args.resume, numeric=args.numeric, progress=sys.stderr.isatty(), timeline_point=keep)
     frame = outcome.frame
-    print(format_table(frame))
+    _say(format_table(frame))
     resumed = f", {outcome.resumed} resumed" if outcome.resumed else ""
-    print(f"\nwrote {out / 'results.csv'} and results.parquet ({len(frame)} rows, {len(points)} points{resumed})")
+    _say(f"\nwrote {out / 'results.csv'} and results.parquet ({len(frame)} rows, {len(points)} points{resumed})")
     if outcome.failed:
         print(f"treering: {outcome.failed} point(s) failed: see the error column of {out / 'results.csv'}",
               file=sys.stderr)
@@ -204,11 +243,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sc = prep.point.scenario
         meta: dict[str, Any] = {"scenario": sc.name, "source": args.scenario, "topology": _topology_label(points),
                 "version": __version__, "command": shlex.join(["treering", *args.argv]),
-                "timeline_point": dict(prep.point.swept), "capacity_bytes": _capacity(prepared),
+                "timeline_point": prep.point.columns(), "capacity_bytes": _capacity(prepared),
                 "baseline": sc.baseline or (prep.algorithms[0].label if prep.algorithms else None),
+                "mem_fraction": sc.mem_fraction,
                 **_report_meta(prep.point)}
         write_report(frame, out, meta, timeline, meta["capacity_bytes"])
-        print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
+        _say(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 1 if outcome.failed else 0
 
 
@@ -254,23 +294,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
         path = path / "results.csv"
     if not path.is_file():
         raise InputError("no such results file", file=str(path))
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise InputError(f"cannot read results: {err}", file=str(path)) from None
-    meta_path, timeline_path = path.parent / META_FILE, path.parent / TIMELINE_FILE
-    meta: dict[str, Any] = (json.loads(meta_path.read_text()) if meta_path.exists()
-                            else {"scenario": path.parent.name, "command": "(unknown: no meta.json beside it)"})
-    timeline = pd.read_csv(timeline_path) if timeline_path.exists() else None
+    frame, meta, timeline = read_report_inputs(path)
     out = Path(args.out) if args.out else path.parent
-    write_report(frame, out, meta, timeline, meta.get("capacity_bytes"))
-    print(f"wrote {out / 'report.md'} and {out / 'report.html'}")
+    check_output_dir(out)
+    with output_lock(out):
+        write_report(frame, out, meta, timeline, meta.get("capacity_bytes"))
+    _say(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     if args.model not in PRESETS:
-        raise InputError(f"unknown model preset {args.model!r}; presets: {', '.join(PRESETS)}", field="--model")
+        raise InputError(f"unknown model preset {excerpt(args.model)}; presets: {', '.join(PRESETS)}", field="--model")
     try:
         tbt = parse_time_strict(args.tbt)
         context = parse_tokens(args.context)
@@ -286,11 +321,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir() \
             and Path(args.out).suffix not in (".csv", ".json"):
         raise InputError("exists and is not a folder (a report folder), a .csv or a .json", file=args.out, field="-o")
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    if not algorithms:
+        raise InputError(f"needs at least one algorithm name, got {excerpt(args.algorithms)}", field="--algorithms")
     req = PlanRequest(model=args.model, context=context, tbt_s=tbt, topology=args.topology,
-                      algorithms=[a.strip() for a in args.algorithms.split(",") if a.strip()], batch=args.batch,
+                      algorithms=algorithms, batch=args.batch,
                       dtype=args.dtype, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp,
                       max_nodes=args.max_nodes, mem_fraction=args.mem_fraction, eff_mem=args.eff_mem,
-                      eff_flops=args.eff_flops, sets=args.sets)
+                      eff_flops=args.eff_flops, sets=args.sets, force=args.force)
     tty = sys.stderr.isatty()
     try:
         rows = plan(req, progress=(lambda line: print(f"\rplan: {line}\033[K", end="", file=sys.stderr))
@@ -302,13 +340,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     for note in _whatif_notes(args.topology, args.sets):
         print(f"treering: note: {note}", file=sys.stderr)
     table = plan_frame(rows, req)
-    print(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, on "
+    _say(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, on "
           f"{args.topology}, up to {req.max_nodes} nodes, memory fraction {req.mem_fraction:g}"
           + (f" ({', '.join(args.sets)})" if args.sets else ""))
     shown = table.drop(columns=["usable_mem_GB", "bottleneck", "evaluated"])
     with pd.option_context("display.width", 250, "display.max_colwidth", 200, "display.float_format",
                            "{:.4g}".format):
-        print(shown.to_string(index=False))
+        _say(shown.to_string(index=False))
     if args.out:
         out = Path(args.out)
         if out.suffix not in (".csv", ".json"):  # a folder: the plan's report
@@ -383,8 +421,9 @@ def _whatif_notes(topology: str, sets: Sequence[str], base_params: dict[str, Any
 
 
 def _cmd_trace(args: argparse.Namespace) -> int:
-    points = load_scenario(args.scenario, args.sets)
+    points = load_scenario(args.scenario, args.sets, args.force)
     prep = prepare_point(_pick(points, args.point, "--point"))
+    check_output_file(Path(args.out))
     runs = point_runs(prep, record_links=True)
     cluster = prep.cluster
     meta = _report_meta(prep.point)
@@ -397,7 +436,7 @@ def _cmd_trace(args: argparse.Namespace) -> int:
     trace = chrome_trace([(lab + suffix, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs],
                          cluster, note)
     write_text_atomic(Path(args.out), json.dumps(trace))
-    print(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
+    _say(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
     if note:
         print(f"note: {note}")
     return 0
@@ -428,8 +467,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     if args.topo_verb == "import":
         return _cmd_topo_import(args)
     params = dict(parse_set(s) for s in args.sets)
-    cluster = load_topology(args.topology, params, Path.cwd())
-    print(summarize(cluster))
+    cluster = load_topology(args.topology, params, Path.cwd(), args.force)
+    _say(summarize(cluster))
     return 0
 
 
@@ -480,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.verb in ("validate", "calibrate"):
             return _cmd_real(args, argv)
         if args.verb == "schema":
-            print(json.dumps(Scenario.model_json_schema(), indent=2))
+            _say(json.dumps(Scenario.model_json_schema(), indent=2))
             return 0
         if args.verb == "report":
             return _cmd_report(args)
@@ -494,8 +533,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as err:
         print(f"treering: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # the disk filled up, a folder vanished mid-run: one line, not a traceback
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"treering: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        print("treering: interrupted", file=sys.stderr)
+        print("treering: interrupted (finished points are kept: run again with --resume)", file=sys.stderr)
         return 130
 
 

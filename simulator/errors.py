@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
-__all__ = ["InputError"]
+import reprlib
+
+__all__ = ["MAX_MESSAGE_CHARS", "InputError", "excerpt"]
+
+MAX_MESSAGE_CHARS = 1000  # one line a terminal can show, whatever went into it
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 2, 4, 4, 4, 4
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 40, 40, 40
+
+
+def excerpt(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to a short excerpt: bounded work and length whatever the value (deep, huge, aliased)."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a hostile __repr__: say what it is, not what it holds
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class InputError(Exception):
@@ -31,4 +48,5 @@ class InputError(Exception):
         if self.file:
             where = self.file + (f":{self.line}" if self.line is not None else "") + ": "
         field = f"{self.field}: " if self.field else ""
-        return " ".join(f"{where}{field}{self.message}".split())
+        text = " ".join(f"{where}{field}{self.message}".split())
+        return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."

@@ -1,4 +1,8 @@
-"""Atomic file output: write to a temporary file in the same folder, then rename over the target."""
+"""Atomic file output: write to a uniquely named temporary file in the same folder, then rename over the target.
+
+Temporary names are unique (``tempfile.mkstemp``), so two writers never collide on one; the file gets the user's
+umask (``mkstemp`` alone would leave it 0600).
+"""
 
 from __future__ import annotations
 
@@ -9,25 +13,55 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["write_atomic", "write_csv_atomic", "write_parquet_atomic", "write_text_atomic"]
+__all__ = ["replace_all", "temp_beside", "write_atomic", "write_csv_atomic", "write_parquet_atomic",
+           "write_text_atomic"]
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temp_beside(path: Path, write: Callable[[Path], object]) -> Path:
+    """A new temporary file next to ``path`` (unique name, the user's umask) filled by ``write``; removed on error."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.close(fd)
+        write(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def replace_all(pairs: list[tuple[Path, Path]]) -> None:
+    """Rename each finished temporary file over its target (after all of them were written)."""
+    try:
+        for tmp, path in pairs:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in pairs:
+            tmp.unlink(missing_ok=True)
 
 
 def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     """Call ``write(tmp)`` on a fresh temporary file beside ``path``, then rename it over ``path``: readers see the
     old file or the whole new one, never a part; the temporary name is unique, so writers never collide."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_all([(temp_beside(path, write), path)])
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (UTF-8)."""
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never a part."""
     write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 

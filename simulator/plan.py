@@ -32,6 +32,7 @@ from typing import Any
 
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.errors import InputError
+from simulator.limits import check_graph, check_schedule
 from simulator.modelstep import model_step
 from simulator.points import PreparedPoint, cluster_for, prepare_point
 from simulator.scenario import DecodeWorkload, Point, scenario_points
@@ -60,6 +61,7 @@ class PlanRequest:
     eff_mem: float | None = None  # every device's, when given
     eff_flops: float | None = None
     sets: Sequence[str] = ()
+    force: bool = False  # past the size limits of simulator.limits
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,12 @@ class _Search:
         effs = {k: v for k, v in (("eff_mem", self.req.eff_mem), ("eff_flops", self.req.eff_flops)) if v is not None}
         if effs:
             if self._device_names is None:
-                probe = scenario_points(self._tree(algorithm, tp, 1), "treering plan", Path.cwd(), self.req.sets)[0]
+                probe = scenario_points(self._tree(algorithm, tp, 1), "treering plan", Path.cwd(), self.req.sets,
+                                     self.req.force)[0]
                 self._device_names = sorted({spec.name for spec in cluster_for(probe).specs.values()})
             tree["devices"] = {name: dict(effs) for name in self._device_names}
-        return scenario_points(tree, "treering plan", Path.cwd(), self.req.sets)[0]
+        return scenario_points(tree, "treering plan", Path.cwd(), self.req.sets,
+                                     self.req.force)[0]
 
     def prepare(self, algorithm: str, tp: int, nodes: int) -> PreparedPoint:
         return prepare_point(self.point(algorithm, tp, nodes))
@@ -262,6 +266,10 @@ def plan(req: PlanRequest, progress: Progress | None = None) -> list[PlanRow]:
     if req.tp and (gpn % req.tp or req.tp not in tp_candidates(gpn, heads, kv)):
         raise InputError(f"must divide the {gpn} GPUs per node and suit the model's {heads} heads and {kv} KV "
                          f"heads; candidates: {', '.join(map(str, tp_candidates(gpn, heads, kv)))}", field="--tp")
+    graph = cluster.graph.number_of_nodes() + cluster.graph.number_of_edges()
+    check_graph(graph * req.max_nodes, f"{req.max_nodes:,} nodes of {req.topology}", "--max-nodes", req.force)
+    for algorithm in req.algorithms:  # the largest cluster tried
+        check_schedule(algorithm, req.max_nodes * gpn // min(tps), "--max-nodes", req.force)
     rows = []
     for algorithm in req.algorithms:
         before = len(s.cache)

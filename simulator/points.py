@@ -12,6 +12,7 @@ i.e. time spent waiting on transfers (and on other ranks) that its compute did n
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from simulator.collectives.fabric import fabric_of
 from simulator.engine import SimResult, simulate
 from simulator.errors import InputError
 from simulator.generate_rows import check_generate, generate_rows, generate_runs
+from simulator.limits import check_schedule
 from simulator.memory import peak_memory
 from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
@@ -51,10 +53,12 @@ def cluster_for(point: Point) -> Cluster:
     """The point's cluster (cached per topology and parameters); errors located in the scenario file."""
     sc = point.scenario
     devices = {name: o.model_dump(exclude_none=True) for name, o in sc.devices.items()}
-    key = (sc.topology, repr(sorted(sc.topology_params.items())), str(point.base_dir), repr(sorted(devices.items())))
+    key = (sc.topology, json.dumps(sc.topology_params, sort_keys=True), str(point.base_dir),
+           json.dumps(devices, sort_keys=True))  # plain scalars: never repr() an unbounded value
     if key not in _CLUSTERS:
         try:
-            _CLUSTERS[key] = override_devices(load_topology(sc.topology, sc.topology_params, point.base_dir), devices)
+            _CLUSTERS[key] = override_devices(load_topology(sc.topology, sc.topology_params, point.base_dir,
+                                                            point.force), devices)
         except InputError as err:
             raise point.locate(err) from None
     return _CLUSTERS[key]
@@ -137,6 +141,13 @@ def prepare_point(point: Point, numeric: bool = False) -> PreparedPoint:
         if point.scenario.baseline is not None and point.scenario.baseline not in labels:
             raise InputError(f"must be one of the algorithms ({', '.join(labels)}), got {point.scenario.baseline!r}",
                              field="baseline")
+        for i, algo in enumerate(algos):
+            check_schedule(algo.name, len(cluster.ranks) // wl.tp, f"algorithms.{i}", point.force)
+        for spec in {cluster.specs[n].name: cluster.specs[n] for n in cluster.ranks}.values():  # each GPU kind
+            try:
+                spec.flops_for(wl.dtype)
+            except InputError as err:
+                raise err.located(field="workload.dtype") from None
         shape = wl.shape()
         _check_decode(wl, shape, cluster, numeric)
     except InputError as err:
@@ -266,7 +277,7 @@ def _decode_row(prep: PreparedPoint, run: RunResult) -> dict[str, Any]:
               "compute_s": run.compute_s, "comm_s": run.comm_s, "bytes_moved": run.bytes_moved,
               "peak_mem_bytes": run.peak_mem_bytes, "oom": run.oom, "events": run.events,
               "sim_wall_s": run.sim_wall_s}
-    return make_row("decode", values, run.extra, dict(prep.point.swept))
+    return make_row("decode", values, run.extra, prep.point.columns())
 
 
 def _phase_row(prep: PreparedPoint, row: dict[str, Any]) -> dict[str, Any]:
@@ -274,7 +285,7 @@ def _phase_row(prep: PreparedPoint, row: dict[str, Any]) -> dict[str, Any]:
     columns = COLUMNS[prep.kind]
     values = {c: row[c] for c in columns}
     values["oom"] = row["peak_mem_bytes"] > min(prep.capacity(n) for n in prep.cluster.ranks)
-    return make_row(prep.kind, values, {k: v for k, v in row.items() if k not in columns}, dict(prep.point.swept))
+    return make_row(prep.kind, values, {k: v for k, v in row.items() if k not in columns}, prep.point.columns())
 
 
 def _flow_rows(prep: PreparedPoint, result: SimResult) -> list[dict[str, Any]]:
@@ -283,7 +294,7 @@ def _flow_rows(prep: PreparedPoint, result: SimResult) -> list[dict[str, Any]]:
     ends = result.op_ends()
     recv_of = [op.id for op in sched.ops if op.kind == "recv"]  # flow i's receive, in flow order
     return [make_row("flows", {"flow": i, "src": f.src, "dst": f.dst, "bytes": f.bytes, "start_s": f.start,
-                               "finish_s": ends[recv_of[i]]}, swept=dict(prep.point.swept))
+                               "finish_s": ends[recv_of[i]]}, swept=prep.point.columns())
             for i, f in enumerate(wl.flows)]
 
 
@@ -306,7 +317,7 @@ def simulate_point(point: Point | PreparedPoint, numeric: bool = False, timeline
         return PointOutcome(rows, timeline_frame(point_runs(prep)) if timeline else None)
     if prep.kind == "collective":
         done = collective_runs(prep.point, prep.cluster)
-        rows = [make_row("collective", values, swept=dict(prep.point.swept)) for _, _, _, values in done]
+        rows = [make_row("collective", values, swept=prep.point.columns()) for _, _, _, values in done]
         frame = timeline_frame((lab, sched, res) for lab, sched, res, _ in done) if timeline else None
         return PointOutcome(rows, frame)
     if prep.flows is not None:

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator
 
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
+from simulator.limits import check_sweep
 from simulator.units import parse_time
 from simulator.workloads import DecodeWorkload, FlowSpec, FlowsWorkload, ModelShape, Workload
-from simulator.workloads.base import Strict, unit_value
-from simulator.yaml_lines import LineDict, LineList, line_of, load_yaml
+from simulator.workloads.base import Scalar, Strict, scalar, unit_value
+from simulator.yaml_lines import LineDict, LineList, line_of, load_yaml, load_yaml_text
 
 __all__ = ["DecodeWorkload", "DeviceOverride", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario",
            "Targets", "expand", "load_scenario", "parse_set", "scenario_points"]
@@ -53,26 +55,48 @@ class Targets(Strict):
         return x
 
 
+def _algorithm(v: Any) -> str | dict[str, Any]:
+    """An algorithm entry: a name, or ``{name: NAME, param: value, ...}`` with plain values."""
+    if isinstance(v, str) and 0 < len(v) <= 100:
+        return v
+    if isinstance(v, Mapping) and all(isinstance(k, str) for k in v):
+        return {k: scalar(x) for k, x in v.items()}
+    raise ValueError(f"must be an algorithm name or {{name: NAME, parameter: value}}, got {excerpt(v)}")
+
+
+AlgorithmEntry = Annotated[Any, AfterValidator(_algorithm)]
+
+
 class Scenario(Strict):
     """A scenario file (docs/scenarios.md; docs/architecture.md for where it goes)."""
 
-    name: str
-    topology: str = Field(description="preset name in topologies/ or a path to a topology YAML")
-    topology_params: dict[str, Any] = Field(default_factory=dict)
-    devices: dict[str, DeviceOverride] = Field(default_factory=dict, description=(
+    name: str = Field(description="a plain name: the default output folder is out/NAME")
+    topology: str = Field(max_length=4096, description="preset name in topologies/ or a path to a topology YAML")
+    topology_params: dict[str, Scalar] = Field(default_factory=dict, max_length=100)
+    devices: dict[str, DeviceOverride] = Field(default_factory=dict, max_length=100, description=(
         "device spec name -> efficiencies that replace the spec's, e.g. {h100-sxm: {eff_mem: 0.8}}"))
     mem_fraction: float = Field(0.9, gt=0, le=1, description=(
         "fraction of each device's memory a point may use before it is out of memory (the rest is the runtime's,"
         " activations', fragmentation's; vLLM's gpu_memory_utilization defaults to 0.9)"))
     workload: Workload
-    algorithms: list[str | dict[str, Any]] = Field(default_factory=lambda: list[str | dict[str, Any]](["ring", "tree"]))
-    baseline: str | None = Field(None, description=(
+    algorithms: list[AlgorithmEntry] = Field(default_factory=lambda: ["ring", "tree"], min_length=1, max_length=100)
+    baseline: str | None = Field(None, max_length=200, description=(
         "the algorithm (its result label, e.g. ring or ring[overlap=False]) that reports measure speedups against; "
         "default: the first of algorithms"))
-    sweep: dict[str, Any] = Field(default_factory=dict, description=(
+    sweep: dict[str, Any] = Field(default_factory=dict, max_length=100, description=(
         "dotted key -> list of values (cartesian product); zip: [{key: [...], key2: [...]}] varies keys together"))
     targets: Targets = Field(default_factory=lambda: Targets(latency=None),
                              description="optional targets, e.g. {latency: 50 ms}")
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        """The name becomes a folder under out/: no path separators, no '.' or '..', no control characters."""
+        if (not v or len(v) > 100 or v in (".", "..") or v.startswith(".")
+                or any(c in "/\\" or not c.isprintable() for c in v)):
+            raise ValueError(f"must be a plain name (1-100 printable characters, no / or \\, not starting with "
+                             f"'.'), got {excerpt(v)}")
+        return v
 
 
 _Origin = tuple[str, "int | None"]
@@ -88,11 +112,17 @@ class Point:
     base_dir: Path
     tree: Any = None  # the cell's YAML tree (with lines), to locate errors found after validation
     origins: Mapping[str, _Origin] | None = None
+    force: bool = False  # build it even over the size limits of simulator.limits (--force)
+
+    def columns(self) -> dict[str, Any]:
+        """The swept values as result columns: scalars as they are, lists and mappings as compact JSON."""
+        return {k: v if scalar_or_none(v) else json.dumps(v, separators=(",", ":"), default=str)
+                for k, v in self.swept}
 
     def locate(self, err: InputError) -> InputError:
         """Locate an error whose ``field`` is a dotted path of this scenario (file and line of that key)."""
         if self.swept:
-            where = ", ".join(f"{k}={v}" for k, v in self.swept)
+            where = ", ".join(f"{k}={v if isinstance(v, str) and len(v) <= 60 else excerpt(v)}" for k, v in self.swept)
             err = InputError(f"{err.message} (sweep point {where})", file=err.file, line=err.line, field=err.field)
         if err.file is not None or not err.field:
             return err
@@ -105,15 +135,19 @@ class Point:
 
 # -- loading ------------------------------------------------------------------------------------------------------
 
+def scalar_or_none(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
 def parse_set(item: str) -> tuple[str, Any]:
     """``key=value`` from the command line; the value is parsed as YAML (``4``, ``[1, 2]``, ``450 GB/s``)."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-        raise InputError(f"expected key=value, got {item!r}", file="--set")
+        raise InputError(f"expected key=value, got {excerpt(item)}", file="--set")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
-    except yaml.YAMLError:
-        parsed = value
+        parsed = load_yaml_text(value, "--set") if value.strip() else ""
+    except InputError as err:
+        raise InputError(err.message, file="--set", field=key.strip()) from None
     return key.strip(), parsed
 
 
@@ -153,57 +187,68 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
                                                                     "generate"):
             loc = (loc[0], *loc[2:])  # drop pydantic's discriminator tag
         # and the names of union members (``ModelShape``, ``str``, ``function-after[...]``), which are not keys
-        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("ModelShape", "str"))))
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("ModelShape", "str", "int"))))
         field = ".".join(str(p) for p in loc)
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "union_tag_invalid":
             loc = (*loc, "kind")
             field = ".".join(str(p) for p in loc)
-            msg = f"must be one of {err['ctx']['expected_tags']}, got {err['ctx']['tag']!r}"
+            msg = f"must be one of {err['ctx']['expected_tags']}, got {excerpt(err['ctx']['tag'])}"
         elif err["type"] == "extra_forbidden":
             msg = "unknown key"
         elif err["type"] == "missing":
             msg = "required field is missing"
-        elif err["type"] == "greater_than" and err.get("ctx", {}).get("gt") == 0:
-            msg = f"must be a positive integer, got {err['input']!r}"
+        elif err["type"] == "too_short":
+            msg = "must not be empty"
+        elif err["type"] == "too_long":
+            msg = f"too many items (at most {err.get('ctx', {}).get('max_length')})"
+        elif ((err["type"] == "greater_than" and err.get("ctx", {}).get("gt") == 0)
+              or (err["type"] == "greater_than_equal" and err.get("ctx", {}).get("ge") == 1)):
+            msg = f"must be a positive integer, got {excerpt(err['input'])}"
+        elif err["type"] in ("greater_than_equal", "less_than_equal") and isinstance(err["input"], int):
+            bound = err.get("ctx", {}).get("ge", err.get("ctx", {}).get("le"))
+            msg = f"must be {'at least' if err['type'] == 'greater_than_equal' else 'at most'} {bound}, got " \
+                  f"{excerpt(err['input'])}"
         elif err["type"] in ("int_parsing", "int_type", "int_from_float"):
-            msg = f"must be an integer, got {err['input']!r}"
+            msg = f"must be an integer, got {excerpt(err['input'])}"
         elif err["type"] == "literal_error":
-            msg = f"must be one of {err['ctx']['expected']}, got {err['input']!r}"
-        elif "input" in err and not isinstance(err["input"], (dict, list)) and repr(err["input"]) not in msg:
-            msg = f"{msg}, got {err['input']!r}"
+            msg = f"must be one of {err['ctx']['expected']}, got {excerpt(err['input'])}"
+        elif "input" in err and not isinstance(err["input"], (dict, list)) and excerpt(err["input"]) not in msg:
+            msg = f"{msg}, got {excerpt(err['input'])}"
         for dotted, (file, line) in origins.items():
             if field == dotted or field.startswith(dotted + "."):
                 raise InputError(msg, file=file, line=line, field=field) from None
         raise InputError(msg, file=source, line=line_of(tree, loc), field=field) from None
 
 
-def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> list[Point]:
-    """Load, override, validate and expand a scenario file into sweep points."""
+def load_scenario(path: str | Path, overrides: Sequence[str] = (), force: bool = False) -> list[Point]:
+    """Load, override, validate and expand a scenario file into sweep points (``force``: past the size limits)."""
     source = str(path)
     tree = load_yaml(path)
     if not isinstance(tree, dict):
         raise InputError("a scenario file must be a mapping", file=source, line=1)
-    return scenario_points(tree, source, Path(source).resolve().parent, overrides)
+    return scenario_points(tree, source, Path(source).resolve().parent, overrides, force)
 
 
-def scenario_points(tree: dict[str, Any], source: str, base_dir: Path, overrides: Sequence[str] = ()) -> list[Point]:
+def scenario_points(tree: dict[str, Any], source: str, base_dir: Path, overrides: Sequence[str] = (),
+                    force: bool = False) -> list[Point]:
     """Override, validate and expand a scenario given as a mapping (from a file, or built by a command)."""
     origins: dict[str, _Origin] = {}
     for item in overrides:
         key, value = parse_set(item)
         _set_path(tree, key, value, ("--set", None), origins)
     base = _validate(tree, source, origins)
-    return expand(tree, base, source, base_dir, origins)
+    return expand(tree, base, source, base_dir, origins, force)
 
 
 _Axis = list[tuple[str, list[Any], tuple[Any, ...]]]  # keys varying together: (key, values, YAML path)
 
 
-def _axes(sweep: Mapping[str, Any], tree: Any, source: str) -> list[_Axis]:
+def _axes(sweep: Mapping[str, Any], tree: Any, source: str, origins: Mapping[str, _Origin]) -> list[_Axis]:
     """The sweep's axes: one per plain key, one per ``zip`` group (its keys vary together)."""
     def fail(path: tuple[Any, ...], msg: str) -> InputError:
-        return InputError(msg, file=source, line=line_of(tree, path), field=".".join(str(p) for p in path))
+        file, line = origins.get("sweep", (source, line_of(tree, path)))
+        return InputError(msg, file=file, line=line, field=".".join(str(p) for p in path))
 
     axes: list[_Axis] = []
     for key, values in sweep.items():
@@ -224,20 +269,31 @@ def _axes(sweep: Mapping[str, Any], tree: Any, source: str) -> list[_Axis]:
         if not isinstance(values, list) or not values:
             raise fail(("sweep", key), "a sweep axis needs a non-empty list of values")
         axes.append([(key, values, ("sweep", key))])
+    seen: dict[str, tuple[Any, ...]] = {}
     for axis in axes:
         for key, _, path in axis:
+            if not isinstance(key, str) or not key or len(key) > 200:
+                raise fail(path, f"a swept key must be a dotted path such as workload.context, got {excerpt(key)}")
             if key in ("sweep", "name") or key.startswith("sweep."):
                 raise fail(path, "this key cannot be swept")
+            if key in seen:
+                raise fail(path, f"swept twice (also at {'.'.join(map(str, seen[key]))})")
+            seen[key] = path
     return axes
 
 
 def expand(tree: Any, base: Scenario, source: str, base_dir: Path,
-           origins: Mapping[str, _Origin] | None = None) -> list[Point]:
+           origins: Mapping[str, _Origin] | None = None, force: bool = False) -> list[Point]:
     """The product of ``base.sweep``'s axes; each cell re-validated with its values and their YAML lines."""
     origins = dict(origins or {})
     if not base.sweep:
-        return [Point(base, (), source, base_dir, tree, origins)]
-    axes = _axes(base.sweep, tree, source)
+        return [Point(base, (), source, base_dir, tree, origins, force)]
+    axes = _axes(base.sweep, tree, source, origins)
+    try:
+        check_sweep(math.prod(len(axis[0][1]) for axis in axes), force)
+    except InputError as err:
+        file, line = origins.get("sweep", (source, line_of(tree, ("sweep",))))
+        raise err.located(file=file, line=line) from None
     points = []
     for combo in itertools.product(*(range(len(axis[0][1])) for axis in axes)):
         cell = copy.deepcopy(tree)
@@ -251,7 +307,7 @@ def expand(tree: Any, base: Scenario, source: str, base_dir: Path,
                 swept.append((key, values[idx]))
         cell["sweep"] = {}
         scenario = _validate(cell, source, cell_origins)
-        points.append(Point(scenario, tuple(swept), source, base_dir, cell, cell_origins))
+        points.append(Point(scenario, tuple(swept), source, base_dir, cell, cell_origins, force))
     return points
 
 

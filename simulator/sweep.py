@@ -6,14 +6,22 @@ atomically (at most every ``flush_s`` seconds, and at the end), so an interrupti
 whole files of finished points; ``resume`` keeps those rows and runs only the missing points. A point that raises
 becomes a row with an ``error`` message and the sweep goes on. A progress line (points, rate, ETA) goes to
 stderr.
+
+Pool workers die with their parent: each asks the kernel for SIGKILL when its parent exits (Linux
+``PR_SET_PDEATHSIG``; elsewhere a thread watches the parent's pid), and ignores SIGINT, which the parent handles:
+on Ctrl-C it writes the finished rows (a folder ``--resume`` continues), stops its workers and re-raises.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -24,8 +32,9 @@ from typing import Any
 import pandas as pd
 
 from simulator.errors import InputError
-from simulator.files import write_csv_atomic, write_parquet_atomic
+from simulator.files import replace_all, temp_beside
 from simulator.points import simulate_point
+from simulator.report.read import resumable_rows
 from simulator.scenario import Point
 
 __all__ = ["SweepOutcome", "run_sweep"]
@@ -44,7 +53,7 @@ def _run_one(index: int, point: Point, numeric: bool, timeline: bool = False) ->
     except Exception as err:  # a failing point is a row, and the sweep goes on
         where = traceback.extract_tb(err.__traceback__)[-1]
         rows = [{"error": f"{type(err).__name__}: {err} ({Path(where.filename).name}:{where.lineno})",
-                 **dict(point.swept)}]
+                 **point.columns()}]
     return [{**row, "point": index} for row in rows], frame
 
 
@@ -76,29 +85,62 @@ class _Progress:
 
 
 def _write(rows: list[dict[str, Any]], out: Path) -> pd.DataFrame:
-    frame = pd.DataFrame(rows)
+    """Both result files, each atomically; neither replaced unless both were written."""
+    frame = pd.DataFrame(rows) if rows else pd.DataFrame({"point": pd.Series([], dtype="int64")})
     if len(frame):
         frame = frame.sort_values("point", kind="stable").reset_index(drop=True)
-    write_csv_atomic(frame, out / "results.csv")
-    write_parquet_atomic(frame, out / "results.parquet")
+    csv = frame.to_csv(index=False, float_format="%.17g")
+    pairs: list[tuple[Path, Path]] = []
+    try:
+        pairs.append((temp_beside(out / "results.csv", lambda tmp: tmp.write_text(csv, encoding="utf-8")),
+                      out / "results.csv"))
+        pairs.append((temp_beside(out / "results.parquet", lambda tmp: _parquet_frame(frame).to_parquet(
+            tmp, index=False)), out / "results.parquet"))
+    except BaseException:
+        for tmp, _ in pairs:
+            tmp.unlink(missing_ok=True)
+        raise
+    replace_all(pairs)
     return frame
 
 
-def _resumed_rows(out: Path, total: int) -> list[dict[str, Any]]:
-    path = out / "results.csv"
-    if not path.exists():
-        return []
+def _parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Columns of mixed types (a swept key given as 1e9 and as '1 GB') as text: Parquet columns have one type."""
+    mixed = [c for c in frame.columns if frame[c].dtype == object
+             and len({type(v) for v in frame[c] if v is not None and v == v}) > 1]
+    return frame.astype({c: str for c in mixed}) if mixed else frame
+
+
+def _die_with_parent(parent: int) -> None:
+    """Pool worker initializer: leave SIGINT to the parent; exit when the parent does (even by ``kill -9``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        old = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise InputError(f"cannot resume from it: {err}", file=str(path)) from None
-    if "point" not in old or (len(old) and old["point"].max() >= total):
-        raise InputError("cannot resume: these results are not from this sweep (no or unknown point indices)",
-                         file=str(path))
-    if "error" in old:  # points that failed run again
-        old = old[old["error"].isna()].drop(columns="error")
-    return [{str(k): v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
-            for row in old.to_dict("records")]
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        armed = False
+    if os.getppid() != parent:  # the parent died before the request was made
+        os._exit(1)
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_workers() -> None:
+    """Terminate this process's pool workers (they may be in the middle of a point) and reap them."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(timeout=5)
 
 
 def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int | None
@@ -108,12 +150,21 @@ def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, k
             yield _run_one(index, point, numeric, index == keep)
         return
     ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx, initializer=_die_with_parent,
+                               initargs=(os.getpid(),))
+    finished = False
+    try:
         pending = {pool.submit(_run_one, index, point, numeric, index == keep) for index, point in todo}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
                 yield fut.result()
+        finished = True
+    finally:
+        if not finished:  # interrupted (Ctrl-C, an error, the consumer gone): do not wait for running points
+            pool.shutdown(wait=False, cancel_futures=True)
+            _stop_workers()
+        pool.shutdown(wait=True)
 
 
 def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int | None, scheduler: str | None
@@ -142,7 +193,7 @@ def run_sweep(points: Sequence[Point], out: Path, *, jobs: int = 1, executor: st
     if executor not in EXECUTORS:
         raise InputError(f"must be one of {', '.join(EXECUTORS)}, got {executor!r}", field="--executor")
     out.mkdir(parents=True, exist_ok=True)
-    rows = _resumed_rows(out, len(points)) if resume else []
+    rows = resumable_rows(out / "results.csv", len(points)) if resume else []
     finished = {int(r["point"]) for r in rows}
     todo = [(i, p) for i, p in enumerate(points) if i not in finished]
     bar = _Progress(len(points), len(finished), progress)
@@ -151,15 +202,22 @@ def run_sweep(points: Sequence[Point], out: Path, *, jobs: int = 1, executor: st
     timeline = None
     last_flush = time.monotonic()
     failed = 0
-    for point_rows, kept in source:
-        rows.extend(point_rows)
-        timeline = kept if kept is not None else timeline
-        failed += any("error" in r for r in point_rows)
-        bar.step()
-        if on_rows is not None:
-            on_rows(len(rows))
-        if time.monotonic() - last_flush >= flush_s:
-            _write(rows, out)
-            last_flush = time.monotonic()
+    try:
+        for point_rows, kept in source:
+            rows.extend(point_rows)
+            timeline = kept if kept is not None else timeline
+            failed += any("error" in r for r in point_rows)
+            bar.step()
+            if on_rows is not None:
+                on_rows(len(rows))
+            if time.monotonic() - last_flush >= flush_s:
+                _write(rows, out)
+                last_flush = time.monotonic()
+    except KeyboardInterrupt:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()  # stops the workers
+        _write(rows, out)  # what finished, for --resume
+        raise
     frame = _write(rows, out)
     return SweepOutcome(frame, ran=len(todo), resumed=len(finished), failed=failed, timeline=timeline)

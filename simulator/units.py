@@ -13,19 +13,33 @@
 
 Plain numbers (``1e9`` or ``"1e9"``) are taken as already in SI base units. Errors raise
 :class:`~simulator.errors.InputError` with a message naming the expected unit; the caller adds the location.
+Text longer than :data:`MAX_QUANTITY_CHARS`, overflow, ``inf`` and ``nan`` are errors, never exceptions of their
+own. :func:`checked_quantity` adds the sign and the plausible range of :data:`LIMITS` (a bandwidth of 4.9e-324
+B/s or a latency of 1e308 s parse, but no simulation of them means anything): the one sign-checked parser that
+topologies, device specs, builders and workloads call.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 from decimal import Decimal
 
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
 
-__all__ = ["parse_bandwidth", "parse_bytes", "parse_flops", "parse_quantity", "parse_time", "parse_time_strict",
-           "parse_tokens"]
+__all__ = ["LIMITS", "MAX_QUANTITY_CHARS", "checked_quantity", "parse_bandwidth", "parse_bytes", "parse_flops",
+           "parse_quantity", "parse_time", "parse_time_strict", "parse_tokens"]
 
+MAX_QUANTITY_CHARS = 64
+# kind -> (smallest positive value, largest value) that a simulation can mean, SI units
+LIMITS: dict[str, tuple[float, float]] = {
+    "bytes": (1e-3, 1e21),  # up to a zettabyte
+    "bandwidth": (1.0, 1e30),  # a byte per second .. (tests model "free" links at 1e30 B/s)
+    "time": (1e-15, 1e7),  # a femtosecond .. about 4 months
+    "flops": (1.0, 1e30),
+}
+_CONTEXT = decimal.Context(prec=40, Emax=10_000, Emin=-10_000)
 _SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _IEC = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ns": 1e-9, "ps": 1e-12,
@@ -39,6 +53,7 @@ _BASES: dict[str, dict[str, float]] = {
     "bandwidth": {"B/s": 1.0, "Bps": 1.0, "b/s": 0.125, "bps": 0.125, "bit/s": 0.125},
     "flops": {"FLOP/s": 1.0, "FLOPS": 1.0, "flop/s": 1.0, "flops": 1.0, "FLOP": 1.0},
 }
+_SI_UNIT = {"bytes": "B", "bandwidth": "B/s", "time": "s", "flops": "FLOP/s"}
 _NOUN = {"bytes": "byte size", "bandwidth": "bandwidth", "time": "time", "flops": "FLOP rate"}
 _EXAMPLES = {"bytes": "'80 GiB'", "bandwidth": "'450 GB/s' or '400 Gb/s'", "time": "'2 us'",
              "flops": "'989 TFLOP/s'"}
@@ -63,23 +78,39 @@ def parse_quantity(value: object, kind: str) -> float:
     """Parse ``value`` as a quantity of ``kind`` (bytes, bandwidth, time, flops) into SI units."""
     if kind not in _EXAMPLES:
         raise ValueError(f"unknown unit kind {kind!r}")
-    if isinstance(value, bool):
-        raise InputError(f"expected a {_NOUN[kind]} such as {_EXAMPLES[kind]}, got {value!r}")
-    if isinstance(value, (int, float)):
-        result = float(value)
-    elif isinstance(value, str):
-        match = _RE.match(value)
-        mult = _multiplier(match.group(2), kind) if match and match.group(2) else (1.0 if match else None)
-        if match is None or mult is None:
-            raise InputError(f"cannot parse {value!r} as a {_NOUN[kind]}; write it like {_EXAMPLES[kind]}")
-        # scale in decimal so that '6.6 us' is the double nearest 6.6e-06, as the literal would be
-        scale = Decimal(mult) if mult >= 1 else 1 / Decimal(round(1 / mult))
-        result = float(Decimal(match.group(1)) * scale)
-    else:
-        raise InputError(f"expected a {_NOUN[kind]} such as {_EXAMPLES[kind]}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InputError(f"expected a {_NOUN[kind]} such as {_EXAMPLES[kind]}, got {excerpt(value)}")
+    try:
+        result = _parse(value, kind)
+    except (ArithmeticError, ValueError):  # overflow, a literal too big for a float, decimal traps
+        raise InputError(f"{_NOUN[kind]} out of range, got {excerpt(value)}") from None
     if not math.isfinite(result):
-        raise InputError(f"{_NOUN[kind]} must be finite, got {value!r}")
+        raise InputError(f"{_NOUN[kind]} must be finite, got {excerpt(value)}")
     return result
+
+
+def _parse(value: int | float | str, kind: str) -> float:
+    if not isinstance(value, str):
+        return float(value)
+    match = _RE.match(value) if len(value) <= MAX_QUANTITY_CHARS else None
+    mult = _multiplier(match.group(2), kind) if match and match.group(2) else (1.0 if match else None)
+    if match is None or mult is None:
+        raise InputError(f"cannot parse {excerpt(value)} as a {_NOUN[kind]}; write it like {_EXAMPLES[kind]}")
+    # scale in decimal so that '6.6 us' is the double nearest 6.6e-06, as the literal would be
+    scale = Decimal(mult) if mult >= 1 else 1 / Decimal(round(1 / mult))
+    return float(_CONTEXT.multiply(Decimal(match.group(1)), scale))
+
+
+def checked_quantity(value: object, kind: str, *, positive: bool) -> float:
+    """A quantity that is ``positive`` (> 0) or else non-negative (>= 0), within the range of :data:`LIMITS`."""
+    x = parse_quantity(value, kind)
+    low, high = LIMITS[kind]
+    if x < 0 or (positive and x == 0):
+        raise InputError(f"must {'be positive' if positive else 'not be negative'}, got {excerpt(value)}")
+    if x > high or 0 < x < low:
+        raise InputError(f"a {_NOUN[kind]} of {x:.3g} {_SI_UNIT[kind]} is outside {low:g} .. {high:g}, "
+                         f"got {excerpt(value)}")
+    return x
 
 
 def parse_bytes(value: object) -> float:

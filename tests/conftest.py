@@ -5,8 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from simulator.cluster.topology import Cluster, build_cluster
+
+# hypothesis: "ci" by default; ``pytest --hypothesis-profile=long`` runs 50 times the examples (tests/test_fuzz.py)
+settings.register_profile("ci", deadline=None, max_examples=100)
+settings.register_profile("long", deadline=None, max_examples=5000)
+settings.load_profile("ci")
 
 ZERO_COMPUTE = {"peak_flops": {d: "1e30 FLOP/s" for d in ("fp64", "fp32", "bf16", "fp16", "fp8")},
                 "mem_bw": "1e30 B/s", "mem": "80 GB", "launch_overhead": 0}

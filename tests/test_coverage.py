@@ -87,7 +87,7 @@ def test_device_efficiencies_set_from_a_scenario(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "devices.h999: no device of topology 'dgx-h100' uses spec 'h999'; its devices: h100-sxm" in err
     assert main(["run", str(path), "-o", str(tmp_path / "p"), "--set", "devices.h100-sxm.eff_mem=2"]) == 2
-    assert "devices.h100-sxm.eff_mem: Input should be less than or equal to 1" in capsys.readouterr().err
+    assert "devices.h100-sxm.eff_mem: must be at most 1.0, got 2" in capsys.readouterr().err
 
 
 def test_override_devices_replaces_only_named_fields():

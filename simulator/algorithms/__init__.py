@@ -15,7 +15,7 @@ from simulator.algorithms.ring import build_ring, build_ring_q
 from simulator.algorithms.single import build_single
 from simulator.algorithms.tree import build_tree, build_tree_p2p
 from simulator.collectives import ALGORITHMS as COLLECTIVES
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
@@ -35,20 +35,21 @@ def _bool(v: Any) -> bool:
 
 
 def _arity(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 2
+    return isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= MAX_ARITY
 
 
 def _collective(v: Any) -> bool:
     return v in COLLECTIVES
 
 
+MAX_ARITY = 1024  # the builder loops over the children of each node
 _ALLREDUCE = ("allreduce_algo", "auto", _collective, f"one of {', '.join(COLLECTIVES)}")
 REGISTRY: dict[str, AlgorithmSpec] = {
     "ring": AlgorithmSpec(build_ring, {"overlap": ("overlap", True, _bool, "true or false")}),
     "ring-q": AlgorithmSpec(build_ring_q, {}),
     "tree": AlgorithmSpec(build_tree, {"allreduce": _ALLREDUCE}),
     "tree-p2p": AlgorithmSpec(build_tree_p2p, {
-        "arity": ("arity", 2, _arity, "an integer >= 2"),
+        "arity": ("arity", 2, _arity, f"an integer from 2 to {MAX_ARITY}"),
         "topology_aware": ("topology_aware", False, _bool, "true or false"),
     }),
     "single": AlgorithmSpec(build_single, {}),
@@ -65,16 +66,17 @@ def resolve(entry: str | Mapping[str, Any], field: str = "algorithms",
     raw: dict[str, Any] = {"name": entry} if isinstance(entry, str) else dict(entry)
     name = raw.pop("name", None)
     if name not in registry:
-        raise InputError(f"unknown algorithm {name!r}; valid: {', '.join(registry)}", field=field)
+        raise InputError(f"unknown algorithm {excerpt(name)}; valid: {', '.join(registry)}", field=field)
     spec = registry[name]
     params = {key: default for key, (_, default, _, _) in spec.params.items()}
     for key, value in raw.items():
         if key not in spec.params:
             valid = ", ".join(spec.params) or "none"
-            raise InputError(f"algorithm {name!r} has no parameter {key!r}; valid: {valid}", field=f"{field}.{key}")
+            raise InputError(f"algorithm {name!r} has no parameter {excerpt(key)}; valid: {valid}",
+                             field=f"{field}.{key}")
         _, _, ok, expected = spec.params[key]
         if not ok(value):
-            raise InputError(f"must be {expected}, got {value!r}", field=f"{field}.{key}")
+            raise InputError(f"must be {expected}, got {excerpt(value)}", field=f"{field}.{key}")
         params[key] = value
     return name, params
 

@@ -21,8 +21,9 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from simulator.errors import InputError
-from simulator.units import parse_bandwidth, parse_time
+from simulator.errors import InputError, excerpt
+from simulator.limits import MAX_COUNT, check_builder
+from simulator.units import checked_quantity
 from simulator.yaml_lines import line_of
 
 __all__ = ["PARAMS", "expand_preset", "fabric"]
@@ -30,73 +31,78 @@ __all__ = ["PARAMS", "expand_preset", "fabric"]
 
 def _int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise InputError(f"must be a positive integer, got {v!r}")
+        raise InputError(f"must be a positive integer, got {excerpt(v)}")
+    if v > MAX_COUNT:
+        raise InputError(f"must be at most {MAX_COUNT}, got {excerpt(v)}")
     return v
 
 
 def _choice(*options: str) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         if v not in options:
-            raise InputError(f"must be one of {', '.join(options)}, got {v!r}")
+            raise InputError(f"must be one of {', '.join(options)}, got {excerpt(v)}")
         return str(v)
 
     return parse
 
 
-def _pos(parse: Callable[[Any], float]) -> Callable[[Any], float]:
+def _pos(kind: str) -> Callable[[Any], float]:
     def check(v: Any) -> float:
-        x = parse(v)
-        if x <= 0:
-            raise InputError(f"must be positive, got {v!r}")
-        return x
+        return checked_quantity(v, kind, positive=True)
 
     return check
 
 
-def _nonneg(parse: Callable[[Any], float]) -> Callable[[Any], float]:
+def _nonneg(kind: str) -> Callable[[Any], float]:
     def check(v: Any) -> float:
-        x = parse(v)
-        if x < 0:
-            raise InputError(f"must not be negative, got {v!r}")
-        return x
+        return checked_quantity(v, kind, positive=False)
 
     return check
 
 
 def _ratio(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1:
-        raise InputError(f"must be a number >= 1, got {v!r}")
+        raise InputError(f"must be a number >= 1, got {excerpt(v)}")
     return float(v)
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str) or not v or len(v) > 200:
+        raise InputError(f"must be a name (a non-empty string), got {excerpt(v)}")
+    return v
 
 
 # name -> (parser, default)
 PARAMS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "nodes": (_int, 1),
     "gpus_per_node": (_int, 8),
-    "device": (str, "h100-sxm"),
+    "device": (_text, "h100-sxm"),
     "intra": (_choice("switch", "mesh", "pcie-host"), "switch"),
-    "intra_class": (str, None),
-    "intra_bandwidth": (_pos(parse_bandwidth), "450 GB/s"),
-    "intra_latency": (_nonneg(parse_time), "0.468 us"),
-    "pcie_bandwidth": (_pos(parse_bandwidth), "64 GB/s"),
-    "pcie_latency": (_nonneg(parse_time), "0.5 us"),
-    "host_device": (str, None),
+    "intra_class": (_text, None),
+    "intra_bandwidth": (_pos("bandwidth"), "450 GB/s"),
+    "intra_latency": (_nonneg("time"), "0.468 us"),
+    "pcie_bandwidth": (_pos("bandwidth"), "64 GB/s"),
+    "pcie_latency": (_nonneg("time"), "0.5 us"),
+    "host_device": (_text, None),
     "inter": (_choice("fat-tree", "rail", "single-switch"), "rail"),
     "nics_per_node": (_int, None),
-    "nic_bandwidth": (_pos(parse_bandwidth), "400 Gb/s"),
-    "nic_latency": (_nonneg(parse_time), "0.6 us"),
-    "fabric_latency": (_nonneg(parse_time), "0.3 us"),
+    "nic_bandwidth": (_pos("bandwidth"), "400 Gb/s"),
+    "nic_latency": (_nonneg("time"), "0.6 us"),
+    "fabric_latency": (_nonneg("time"), "0.3 us"),
     "nodes_per_leaf": (_int, 4),
     "spines": (_int, 2),
     "oversubscription": (_ratio, 1.0),
-    "message_overhead": (_nonneg(parse_time), 0),
-    "comm_overhead": (_nonneg(parse_time), 0),
+    "message_overhead": (_nonneg("time"), 0),
+    "comm_overhead": (_nonneg("time"), 0),
 }
 
 
 def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """Builder defaults, then the preset's ``params:``, then the caller's overrides (aliases resolved)."""
     aliases = raw.get("aliases") or {}
+    for key in ("aliases", "params"):
+        if not isinstance(raw.get(key) or {}, Mapping):
+            raise InputError("must be a mapping", file=src, line=line_of(raw, (key,)), field=key)
     values: dict[str, Any] = {k: d for k, (_, d) in PARAMS.items()}
     override_key: dict[str, str] = {}  # builder param -> the caller's key that set it
     for key, val in (raw.get("params") or {}).items():
@@ -105,8 +111,8 @@ def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict
                              line=line_of(raw, ("params", key)), field=f"params.{key}")
         values[key] = val
     for key, val in overrides.items():
-        target = aliases.get(key, key)
-        if target not in PARAMS:
+        target = aliases.get(key, key) if isinstance(key, str) else key
+        if not isinstance(target, str) or target not in PARAMS:
             valid = sorted({*PARAMS, *aliases})
             raise InputError(f"unknown parameter of this topology; valid: {', '.join(valid)}",
                              field=f"topology_params.{key}")
@@ -115,6 +121,8 @@ def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict
     out: dict[str, Any] = {}
     for key, val in values.items():
         try:
+            if val is None and PARAMS[key][1] is not None:
+                raise InputError(f"needs a value (default {PARAMS[key][1]!r}), got null")
             out[key] = None if val is None else PARAMS[key][0](val)
         except InputError as err:
             if key in override_key:
@@ -123,12 +131,33 @@ def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict
     return out
 
 
-def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Expand a ``builder: cluster`` preset into the explicit ``{devices, nodes, links}`` form."""
+_PASSED = ("devices", "collective_overhead", "host_cores", "host_mem_bw", "host_copy_bw")
+_TOP_KEYS = {"name", "builder", "params", "aliases", "description", *_PASSED}
+
+
+def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any], force: bool = False
+                  ) -> dict[str, Any]:
+    """Expand a ``builder: cluster`` preset into the explicit ``{devices, nodes, links}`` form.
+
+    A topology estimated over :data:`simulator.limits.MAX_GRAPH_ELEMENTS` is refused unless ``force``."""
+    for key in raw:
+        if key in ("message_overhead", "comm_overhead"):
+            raise InputError(f"a builder topology takes {key} under params:", file=src, line=line_of(raw, (key,)),
+                             field=str(key))
+        if key not in _TOP_KEYS:
+            raise InputError(f"unknown key; valid keys: {', '.join(sorted(_TOP_KEYS))}", file=src,
+                             line=line_of(raw, (key,)), field=str(key)[:60])
     if raw.get("builder") != "cluster":
-        raise InputError(f"unknown builder {raw.get('builder')!r}; valid: cluster", file=src,
+        raise InputError(f"unknown builder {excerpt(raw.get('builder'))}; valid: cluster", file=src,
                          line=line_of(raw, ("builder",)), field="builder")
     p = _params(raw, src, overrides)
+    sizes = ("nodes", "gpus_per_node", "nics_per_node", "intra", "inter", "nodes_per_leaf", "spines")
+    given = [k for k in overrides if (raw.get("aliases") or {}).get(k, k) in sizes]
+    try:
+        check_builder(p, f"topology_params.{given[0]}" if given else "topology_params" if overrides else "params",
+                      force)
+    except InputError as err:
+        raise (err if overrides else err.located(file=src, line=line_of(raw, ("params",)))) from None
     nodes: list[dict[str, Any]] = []
     links: list[dict[str, Any]] = []
     n_nodes, g = p["nodes"], p["gpus_per_node"]
@@ -146,8 +175,7 @@ def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -
         _inter(n_nodes, nics, p, nodes, links)
     out: dict[str, Any] = {"name": raw.get("name", "cluster"), "nodes": nodes, "links": links,
                            "message_overhead": p["message_overhead"], "comm_overhead": p["comm_overhead"]}
-    if "devices" in raw:
-        out["devices"] = raw["devices"]
+    out.update({key: raw[key] for key in _PASSED if key in raw})
     return out
 
 

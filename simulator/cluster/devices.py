@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.errors import InputError
-from simulator.units import parse_bandwidth, parse_bytes, parse_flops, parse_time
+from simulator.errors import InputError, excerpt
+from simulator.units import checked_quantity
 
 __all__ = ["ATTENTION_KERNELS", "DTYPE_BYTES", "DeviceSpec", "compute_time", "flops_efficiency", "parse_device_spec",
            "roofline"]
@@ -93,13 +93,13 @@ def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
         if dtype not in DTYPE_BYTES:
             raise locate(("peak_flops", dtype),
                          InputError(f"unknown dtype; valid: {', '.join(DTYPE_BYTES)}"))
-        peak[dtype] = _positive(parse_flops, val, ("peak_flops", dtype), locate)
+        peak[dtype] = _positive("flops", val, ("peak_flops", dtype), locate)
     return DeviceSpec(
         name=name,
         peak_flops=peak,
-        mem_bw_Bps=_positive(parse_bandwidth, raw.get("mem_bw", "1 TB/s"), ("mem_bw",), locate),
-        mem_bytes=_positive(parse_bytes, raw.get("mem", "80 GB"), ("mem",), locate),
-        launch_s=_non_negative(parse_time, raw.get("launch_overhead", 0), ("launch_overhead",), locate),
+        mem_bw_Bps=_positive("bandwidth", raw.get("mem_bw", "1 TB/s"), ("mem_bw",), locate),
+        mem_bytes=_positive("bytes", raw.get("mem", "80 GB"), ("mem",), locate),
+        launch_s=_non_negative("time", raw.get("launch_overhead", 0), ("launch_overhead",), locate),
         eff_flops=_fraction(raw.get("eff_flops", 1.0), ("eff_flops",), locate),
         eff_mem=_fraction(raw.get("eff_mem", 1.0), ("eff_mem",), locate),
         attention_eff=_attention_eff(raw.get("attention_efficiency", {}), locate),
@@ -118,27 +118,21 @@ def _attention_eff(raw: Any, locate: Any) -> dict[str, float]:
     return out
 
 
-def _positive(parse: Any, value: Any, path: tuple[Any, ...], locate: Any) -> float:
+def _positive(kind: str, value: Any, path: tuple[Any, ...], locate: Any) -> float:
     try:
-        x = float(parse(value))
+        return checked_quantity(value, kind, positive=True)
     except InputError as err:
         raise locate(path, err) from None
-    if x <= 0:
-        raise locate(path, InputError(f"must be positive, got {value!r}"))
-    return x
 
 
-def _non_negative(parse: Any, value: Any, path: tuple[Any, ...], locate: Any) -> float:
+def _non_negative(kind: str, value: Any, path: tuple[Any, ...], locate: Any) -> float:
     try:
-        x = float(parse(value))
+        return checked_quantity(value, kind, positive=False)
     except InputError as err:
         raise locate(path, err) from None
-    if x < 0:
-        raise locate(path, InputError(f"must not be negative, got {value!r}"))
-    return x
 
 
 def _fraction(value: Any, path: tuple[Any, ...], locate: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise locate(path, InputError(f"must be a number in (0, 1], got {value!r}"))
+        raise locate(path, InputError(f"must be a number in (0, 1], got {excerpt(value)}"))
     return float(value)

@@ -26,9 +26,9 @@ import networkx as nx
 from simulator.cluster.builders import expand_preset
 from simulator.cluster.devices import DeviceSpec, parse_device_spec
 from simulator.cluster.routing import Edge, Router
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
 from simulator.paths import TOPOLOGY_DIR
-from simulator.units import parse_bandwidth, parse_time
+from simulator.units import checked_quantity
 from simulator.yaml_lines import line_of, load_yaml
 
 __all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology", "override_devices",
@@ -115,8 +115,11 @@ def device_library() -> dict[str, DeviceSpec]:
     return _parse_devices(raw.get("devices", {}), str(path), raw, ("devices",))
 
 
-def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: Path | None = None) -> Cluster:
+def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: Path | None = None,
+                  force: bool = False) -> Cluster:
     """Load a preset by name or a topology YAML by path; ``params`` override a parametric preset's defaults.
+
+    A parametric topology too big to build (:mod:`simulator.limits`) is refused unless ``force``.
 
     Raises :class:`InputError` located in the topology file, or with ``field`` set (``topology`` or
     ``topology_params.KEY``) when the problem is in the caller's reference or parameters.
@@ -127,10 +130,10 @@ def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: P
     if not isinstance(raw, Mapping):
         raise InputError("a topology file must be a mapping", file=src, line=1)
     if "builder" in raw:
-        return build_cluster(expand_preset(raw, src, dict(params or {})), src)
+        return build_cluster(expand_preset(raw, src, dict(params or {}), force), src)
     if params:
         raise InputError(f"{src} is an explicit topology and takes no parameters",
-                         field=f"topology_params.{next(iter(params))}")
+                         field=f"topology_params.{str(next(iter(params)))[:60]}")
     return build_cluster(raw, src)
 
 
@@ -153,18 +156,18 @@ def override_devices(cluster: Cluster, overrides: Mapping[str, Mapping[str, floa
 
 
 def _resolve(ref: str, base_dir: Path | None) -> Path:
-    if not isinstance(ref, str) or not ref:
-        raise InputError(f"must be a preset name or a file path, got {ref!r}", field="topology")
+    if not isinstance(ref, str) or not ref or "\0" in ref or len(ref) > 4096:
+        raise InputError(f"must be a preset name or a file path, got {excerpt(ref)}", field="topology")
     if ref.endswith((".yaml", ".yml")) or "/" in ref:
         path = Path(ref)
         if not path.is_absolute() and base_dir is not None and not path.exists():
             path = base_dir / path
         if not path.exists():
-            raise InputError(f"topology file {ref!r} not found", field="topology")
+            raise InputError(f"topology file {excerpt(ref)} not found", field="topology")
         return path
     preset = TOPOLOGY_DIR / f"{ref}.yaml"
     if ref == Path(DEVICE_LIBRARY).stem or not preset.exists():
-        raise InputError(f"unknown topology preset {ref!r}; presets: {', '.join(list_presets())}",
+        raise InputError(f"unknown topology preset {excerpt(ref)}; presets: {', '.join(list_presets())}",
                          field="topology")
     return preset
 
@@ -210,10 +213,10 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
         raise locate(("links",), InputError("must be a non-empty list of {a, b, bandwidth, latency}"))
     for i, link in enumerate(links):
         _add_link(graph, link, _locator(src, tree, ("links", i)))
-    overhead = _quantity(parse_time, raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0)
-    comm = _quantity(parse_time, raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0)
+    overhead = _quantity("time", raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0)
+    comm = _quantity("time", raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0)
     coll = (None if raw.get("collective_overhead") is None
-            else _quantity(parse_time, raw["collective_overhead"], locate, ("collective_overhead",), 0.0))
+            else _quantity("time", raw["collective_overhead"], locate, ("collective_overhead",), 0.0))
     ranks = tuple(n for n, k in graph.nodes(data="kind") if k == "gpu")
     if not ranks:
         raise locate(("nodes",), InputError("no node of kind gpu: a cluster needs at least one GPU"))
@@ -230,7 +233,7 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
     for key, table in tables.items():
         for host in table:
             if host not in hosts:
-                raise locate((key, host), InputError(f"no rank is on host {host!r}; hosts: {sorted(hosts)}"))
+                raise locate((key, host), InputError(f"no rank is on host {excerpt(host)}; hosts: {sorted(hosts)}"))
             if key != "host_cores" and host not in cluster.host_cores:
                 raise locate((key, host), InputError("needs host_cores for the same host"))
     return cluster
@@ -242,7 +245,7 @@ def _host_bandwidths(key: str, raw: Mapping[str, Any],
     table = raw.get(key, {})
     if not isinstance(table, Mapping):
         raise locate((key,), InputError("must map host names to bandwidths"))
-    return {str(h): _quantity(parse_bandwidth, v, locate, (key, h), None) for h, v in table.items()}
+    return {str(h): _quantity("bandwidth", v, locate, (key, h), None) for h, v in table.items()}
 
 
 def _host_cores(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, int]:
@@ -252,7 +255,7 @@ def _host_cores(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputE
     out = {}
     for host, cores in raw.items():
         if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-            raise locate(("host_cores", host), InputError(f"must be a positive integer, got {cores!r}"))
+            raise locate(("host_cores", host), InputError(f"must be a positive integer, got {excerpt(cores)}"))
         out[str(host)] = cores
     return out
 
@@ -263,22 +266,22 @@ def _add_node(graph: nx.DiGraph, specs: dict[str, DeviceSpec], library: Mapping[
         raise locate((), InputError("must be a mapping {name, kind, device}"))
     extra = set(node) - {"name", "kind", "device"}
     if extra:
-        raise locate((sorted(extra)[0],), InputError("unknown key; valid keys: device, kind, name"))
+        raise locate((sorted(extra, key=str)[0],), InputError("unknown key; valid keys: device, kind, name"))
     name = node.get("name")
     if not isinstance(name, str) or not name:
-        raise locate(("name",), InputError(f"must be a non-empty string, got {name!r}"))
+        raise locate(("name",), InputError(f"must be a non-empty string, got {excerpt(name)}"))
     if name in graph:
-        raise locate(("name",), InputError(f"duplicate node name {name!r}"))
+        raise locate(("name",), InputError(f"duplicate node name {excerpt(name)}"))
     kind = node.get("kind")
     if kind not in NODE_KINDS:
-        raise locate(("kind",), InputError(f"must be one of {', '.join(NODE_KINDS)}, got {kind!r}"))
+        raise locate(("kind",), InputError(f"must be one of {', '.join(NODE_KINDS)}, got {excerpt(kind)}"))
     device = node.get("device")
     if device is not None:
         if kind not in ("gpu", "cpu"):
             raise locate(("device",), InputError(f"a {kind} node takes no device"))
-        if device not in library:
+        if not isinstance(device, str) or device not in library:
             raise locate(("device",), InputError(
-                f"unknown device spec {device!r}; known: {', '.join(sorted(library))}"))
+                f"unknown device spec {excerpt(device)}; known: {', '.join(sorted(library))}"))
         specs[name] = library[device]
     elif kind == "gpu":
         raise locate(("device",), InputError("a gpu node needs a device spec"))
@@ -297,14 +300,14 @@ def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], I
                 f"unknown key; valid keys: {', '.join(sorted(allowed))} (a/b full duplex, src/dst one way)"))
     for end in ends:
         if link.get(end) not in graph:
-            raise locate((end,), InputError(f"unknown node {link.get(end)!r}"))
+            raise locate((end,), InputError(f"unknown node {excerpt(link.get(end))}"))
     u, v = link[ends[0]], link[ends[1]]
     if u == v:
-        raise locate((ends[1],), InputError(f"a link needs two different nodes, got {u!r} twice"))
+        raise locate((ends[1],), InputError(f"a link needs two different nodes, got {excerpt(u)} twice"))
     if "bandwidth" not in link:
         raise locate((), InputError("missing field 'bandwidth'"))
-    bw = _quantity(parse_bandwidth, link["bandwidth"], locate, ("bandwidth",), None)
-    lat = _quantity(parse_time, link.get("latency", 0), locate, ("latency",), 0.0)
+    bw = _quantity("bandwidth", link["bandwidth"], locate, ("bandwidth",), None)
+    lat = _quantity("time", link.get("latency", 0), locate, ("latency",), 0.0)
     cls = str(link.get("class", "link"))
     for a, b in ((u, v), (v, u)) if duplex else ((u, v),):
         if graph.has_edge(a, b):
@@ -312,19 +315,13 @@ def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], I
         graph.add_edge(a, b, bandwidth=bw, latency=lat, cls=cls)
 
 
-def _quantity(parse: Callable[[Any], float], value: Any,
-              locate: Callable[[tuple[Any, ...], InputError], InputError], path: tuple[Any, ...],
-              minimum: float | None) -> float:
-    """Parse a quantity; ``minimum=None`` means strictly positive, else ``>= minimum``."""
+def _quantity(kind: str, value: Any, locate: Callable[[tuple[Any, ...], InputError], InputError],
+              path: tuple[Any, ...], minimum: float | None) -> float:
+    """Parse a quantity; ``minimum=None`` means strictly positive, else non-negative."""
     try:
-        x = parse(value)
+        return checked_quantity(value, kind, positive=minimum is None)
     except InputError as err:
         raise locate(path, err) from None
-    if minimum is None and x <= 0:
-        raise locate(path, InputError(f"must be positive, got {value!r}"))
-    if minimum is not None and x < minimum:
-        raise locate(path, InputError(f"must not be negative, got {value!r}"))
-    return x
 
 
 def _check_reachable(graph: nx.DiGraph, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> None:

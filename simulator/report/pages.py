@@ -30,12 +30,14 @@ __all__ = ["META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "wri
 
 META_FILE = "meta.json"
 TIMELINE_FILE = "timeline.csv"
+MAX_FIGURE_IN = 300.0  # a figure side in inches: at 110 dpi, well under the 2^16 pixels a PNG may have
 _MAX_RATIOS = 5  # beyond this many algorithms the latency table has no baseline/x columns (the speedup figure has)
 
 
 def _gantt(timeline: pd.DataFrame) -> plt.Figure:
     algos = list(dict.fromkeys(timeline["algorithm"]))
-    fig, axes = plt.subplots(len(algos), 1, figsize=(10, 1.2 + 0.25 * timeline["rank"].nunique() * len(algos)),
+    height = min(1.2 + 0.25 * timeline["rank"].nunique() * len(algos), MAX_FIGURE_IN)
+    fig, axes = plt.subplots(len(algos), 1, figsize=(10, height),
                              squeeze=False)
     colors = {"compute": "tab:blue", "merge": "tab:green", "send": "tab:orange", "recv": "tab:red",
               "launch": "tab:gray"}

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, PositiveInt, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
+from simulator.limits import MAX_COUNT
 from simulator.models import PRESETS, ModelPreset, custom_model
 from simulator.units import parse_tokens
-from simulator.workloads.base import ModelShape, Strict
+from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["DType", "DecodeWorkload", "Tokens"]
@@ -24,7 +25,7 @@ def _tokens(v: Any) -> int:
         raise ValueError(err.message) from None
 
 
-Tokens = Annotated[int, BeforeValidator(_tokens)]  # 1048576, "128K", "1M" (K = 1024)
+Tokens = Annotated[int, BeforeValidator(_tokens), Field(ge=1, le=MAX_COUNT)]  # 1048576, "128K", "1M" (K = 1024)
 
 
 class DecodeWorkload(Strict):
@@ -43,8 +44,8 @@ class DecodeWorkload(Strict):
     kind: Literal["decode"]
     model: ModelShape | str
     scope: Literal["attention", "model"] = "attention"
-    tp: PositiveInt = 1
-    batch: PositiveInt = 1
+    tp: SmallCount = 1
+    batch: Count = 1
     context: Tokens
     dtype: DType = "bf16"
     weight_dtype: DType | None = None
@@ -54,7 +55,7 @@ class DecodeWorkload(Strict):
     @classmethod
     def _preset(cls, v: ModelShape | str) -> ModelShape | str:
         if isinstance(v, str) and v not in PRESETS:
-            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)}")
+            raise ValueError(f"unknown model preset {excerpt(v)}; presets: {', '.join(PRESETS)}")
         return v
 
     @model_validator(mode="after")

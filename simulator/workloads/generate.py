@@ -8,9 +8,10 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt, field_validator
 
 from simulator.errors import InputError
+from simulator.limits import MAX_COUNT
 from simulator.models import PRESETS
 from simulator.units import parse_tokens
-from simulator.workloads.base import ModelShape, Strict
+from simulator.workloads.base import Count, ModelShape, Strict
 from simulator.workloads.prefill import model_dims
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
@@ -27,9 +28,10 @@ class GenerateWorkload(Strict):
     kind: Literal["generate"]
     model: ModelShape | str
     scope: Literal["attention"] = Field("attention", description="one attention layer (scope: model is not built yet)")
-    batch: PositiveInt = 1
-    prompt: PositiveInt = Field(description="prompt tokens, e.g. 32768, '32K' or '1M' (K = 2^10, M = 2^20)")
-    new_tokens: PositiveInt = 1
+    batch: Count = 1
+    prompt: PositiveInt = Field(le=MAX_COUNT,
+                                description="prompt tokens, e.g. 32768, '32K' or '1M' (K = 2^10, M = 2^20)")
+    new_tokens: Count = 1
     prefill: str | dict[str, Any] = "ring"
     layout: Literal["contiguous", "zigzag", "striped"] = "zigzag"
     dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"

@@ -8,9 +8,10 @@ from typing import Any, Literal
 from pydantic import Field, PositiveInt, field_validator
 
 from simulator.errors import InputError
+from simulator.limits import MAX_COUNT
 from simulator.models import PRESETS
 from simulator.units import parse_tokens
-from simulator.workloads.base import ModelShape, Strict
+from simulator.workloads.base import Count, ModelShape, Strict
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["PrefillWorkload", "model_dims"]
@@ -35,8 +36,9 @@ class PrefillWorkload(Strict):
     kind: Literal["prefill"]
     model: ModelShape | str
     scope: Literal["attention"] = Field("attention", description="one attention layer (scope: model is not built yet)")
-    batch: PositiveInt = 1
-    sequence: PositiveInt = Field(description="tokens per sequence, e.g. 131072, '128K' or '1M' (K = 2^10, M = 2^20)")
+    batch: Count = 1
+    sequence: PositiveInt = Field(le=MAX_COUNT,
+                                  description="tokens per sequence, e.g. 131072, '128K' or '1M' (K = 2^10, M = 2^20)")
     dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"
     causal: bool = True
     layout: Literal["contiguous", "zigzag", "striped"] = "zigzag"

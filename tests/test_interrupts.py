@@ -1,0 +1,104 @@
+"""Processes (issue 10, class 10): Ctrl-C exits 130 with a resumable folder and no stray workers; pool workers die
+with a parent killed by SIGKILL; a second writer to one folder is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+# 8 points of ring on 128 ranks: each a few seconds of simulation, so that signals land mid-sweep
+SLOW = """\
+name: slow
+topology: dgx-h100
+topology_params: {nodes: 16}
+workload: {kind: decode, model: {heads: 16, head_dim: 128}, batch: 1, context: 65536, dtype: bf16}
+algorithms: [ring]
+sweep:
+  workload.context: [65536, 65537, 65538, 65539, 65540, 65541, 65542, 65543]
+"""
+
+
+def _start(tmp: Path, *extra: str) -> subprocess.Popen[str]:
+    (tmp / "slow.yaml").write_text(SLOW)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.Popen([sys.executable, "-m", "simulator.cli", "run", str(tmp / "slow.yaml"), "-o",
+                             str(tmp / "out"), "--no-report", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _wait_for_children(proc: subprocess.Popen[str], n: int, timeout_s: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        kids = _children(proc.pid)
+        if len(kids) >= n:
+            return kids
+        time.sleep(0.1)
+    raise AssertionError(f"no {n} workers after {timeout_s} s")
+
+
+def _gone(pids: list[int], timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if Path(f"/proc/{p}").exists()
+                 and "Z" not in Path(f"/proc/{p}/stat").read_text().split(")")[-1].split()[0]]
+        if not alive:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")]
+
+
+def test_ctrl_c_exits_130_keeps_finished_points_and_leaves_no_workers(tmp_path):
+    proc = _start(tmp_path, "--jobs", "2")
+    workers = _wait_for_children(proc, 2)
+    results = tmp_path / "out" / "results.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (results.exists() and results.read_text().count("\n") >= 2):
+        time.sleep(0.05)  # until the first finished point is on disk
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.count("\n") == 1 and "Traceback" not in err and "--resume" in err, err
+    assert _gone(workers)
+    done = pd.read_csv(results)
+    assert 1 <= len(done) < 8
+    resumed = _start(tmp_path, "--jobs", "2", "--resume")
+    out, err = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, err
+    assert f"{len(done)} resumed" in out
+    assert sorted(pd.read_csv(tmp_path / "out" / "results.csv")["point"]) == list(range(8))
+
+
+def test_workers_die_with_a_killed_parent(tmp_path):
+    proc = _start(tmp_path, "--jobs", "2")
+    workers = _wait_for_children(proc, 2)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _gone(workers), "pool workers outlived their parent"
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path):
+    first = _start(tmp_path, "--jobs", "1")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "out" / ".treering.lock").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    second = _start(tmp_path, "--jobs", "1")
+    _, err = second.communicate(timeout=120)
+    first.kill()
+    first.communicate()
+    assert second.returncode == 2
+    assert "another treering command is writing to this folder" in err and err.count("\n") == 1
