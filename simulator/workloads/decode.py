@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from simulator.errors import InputError, excerpt
 from simulator.limits import MAX_COUNT
@@ -13,7 +13,7 @@ from simulator.units import parse_tokens
 from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["DType", "DecodeWorkload", "Tokens"]
+__all__ = ["DType", "DecodeWorkload", "ModelRef", "Tokens"]
 
 DType = Literal["fp64", "fp32", "bf16", "fp16", "fp8"]
 
@@ -26,6 +26,15 @@ def _tokens(v: Any) -> int:
 
 
 Tokens = Annotated[int, BeforeValidator(_tokens), Field(ge=1, le=MAX_COUNT)]  # 1048576, "128K", "1M" (K = 1024)
+
+
+def _known_model(v: ModelShape | str) -> ModelShape | str:
+    if isinstance(v, str) and v not in PRESETS:
+        raise ValueError(f"unknown model preset {excerpt(v)}; presets: {', '.join(PRESETS)}")
+    return v
+
+
+ModelRef = Annotated[ModelShape | str, AfterValidator(_known_model)]  # a preset's name, or a model block
 
 
 class DecodeWorkload(Strict):
@@ -42,7 +51,7 @@ class DecodeWorkload(Strict):
     """
 
     kind: Literal["decode"]
-    model: ModelShape | str
+    model: ModelRef
     scope: Literal["attention", "model"] = "attention"
     tp: SmallCount = 1
     batch: Count = 1
@@ -50,13 +59,6 @@ class DecodeWorkload(Strict):
     dtype: DType = "bf16"
     weight_dtype: DType | None = None
     kv_dtype: DType | None = None
-
-    @field_validator("model")
-    @classmethod
-    def _preset(cls, v: ModelShape | str) -> ModelShape | str:
-        if isinstance(v, str) and v not in PRESETS:
-            raise ValueError(f"unknown model preset {excerpt(v)}; presets: {', '.join(PRESETS)}")
-        return v
 
     @model_validator(mode="after")
     def _scope(self) -> DecodeWorkload:

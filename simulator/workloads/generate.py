@@ -5,13 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field
 
-from simulator.errors import InputError
-from simulator.limits import MAX_COUNT
-from simulator.models import PRESETS
-from simulator.units import parse_tokens
-from simulator.workloads.base import Count, ModelShape, Strict
+from simulator.workloads.base import Count, Strict
+from simulator.workloads.decode import DType, ModelRef, Tokens
 from simulator.workloads.prefill import model_dims
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
@@ -26,30 +23,14 @@ class GenerateWorkload(Strict):
     schedule of the scenario's ``algorithms``."""
 
     kind: Literal["generate"]
-    model: ModelShape | str
+    model: ModelRef
     scope: Literal["attention"] = Field("attention", description="one attention layer (scope: model is not built yet)")
     batch: Count = 1
-    prompt: PositiveInt = Field(le=MAX_COUNT,
-                                description="prompt tokens, e.g. 32768, '32K' or '1M' (K = 2^10, M = 2^20)")
+    prompt: Tokens = Field(description="prompt tokens, e.g. 32768, '32K' or '1M' (K = 2^10, M = 2^20)")
     new_tokens: Count = 1
     prefill: str | dict[str, Any] = "ring"
     layout: Literal["contiguous", "zigzag", "striped"] = "zigzag"
-    dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"
-
-    @field_validator("model")
-    @classmethod
-    def _preset(cls, v: ModelShape | str) -> ModelShape | str:
-        if isinstance(v, str) and v not in PRESETS:
-            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)}")
-        return v
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _prompt(cls, v: Any) -> int:
-        try:
-            return parse_tokens(v)
-        except InputError as err:
-            raise ValueError(err.message) from None
+    dtype: DType = "bf16"
 
     def prefill_shape(self) -> PrefillShape:
         heads, kv_heads, head_dim = model_dims(self.model)

@@ -3,15 +3,13 @@ a long prompt), forward only or, with ``backward: true``, forward + backward (a 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import Field, PositiveInt, field_validator
+from pydantic import Field
 
-from simulator.errors import InputError
-from simulator.limits import MAX_COUNT
 from simulator.models import PRESETS
-from simulator.units import parse_tokens
 from simulator.workloads.base import Count, ModelShape, Strict
+from simulator.workloads.decode import DType, ModelRef, Tokens
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["PrefillWorkload", "model_dims"]
@@ -34,30 +32,14 @@ class PrefillWorkload(Strict):
     """
 
     kind: Literal["prefill"]
-    model: ModelShape | str
+    model: ModelRef
     scope: Literal["attention"] = Field("attention", description="one attention layer (scope: model is not built yet)")
     batch: Count = 1
-    sequence: PositiveInt = Field(le=MAX_COUNT,
-                                  description="tokens per sequence, e.g. 131072, '128K' or '1M' (K = 2^10, M = 2^20)")
-    dtype: Literal["fp64", "fp32", "bf16", "fp16", "fp8"] = "bf16"
+    sequence: Tokens = Field(description="tokens per sequence, e.g. 131072, '128K' or '1M' (K = 2^10, M = 2^20)")
+    dtype: DType = "bf16"
     causal: bool = True
     layout: Literal["contiguous", "zigzag", "striped"] = "zigzag"
     backward: bool = False
-
-    @field_validator("model")
-    @classmethod
-    def _preset(cls, v: ModelShape | str) -> ModelShape | str:
-        if isinstance(v, str) and v not in PRESETS:
-            raise ValueError(f"unknown model preset {v!r}; presets: {', '.join(PRESETS)}")
-        return v
-
-    @field_validator("sequence", mode="before")
-    @classmethod
-    def _sequence(cls, v: Any) -> int:
-        try:
-            return parse_tokens(v)
-        except InputError as err:
-            raise ValueError(err.message) from None
 
     def shape(self) -> PrefillShape:
         """The attention shape (a preset's, or the one given)."""
