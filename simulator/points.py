@@ -197,8 +197,11 @@ def flows_schedule(workload: FlowsWorkload, cluster: Cluster) -> Schedule:
 
 
 def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:
-    """Ranks on the cluster's first ``ranks`` GPUs, with their server indices."""
-    return Layout(cluster.host_indices(cluster.ranks[: ranks or len(cluster.ranks)]), fabric_of(cluster))
+    """Ranks on the cluster's first ``ranks`` GPUs, with their server indices and the fabric their collectives run
+    on as NCCL runs them; ranks that share host CPU cores (``host_cores``: processes talking over loopback, as gloo
+    does in validation) run collectives as plain decompositions, without NCCL's channels and protocols."""
+    fabric = None if cluster.host_cores else fabric_of(cluster)
+    return Layout(cluster.host_indices(cluster.ranks[: ranks or len(cluster.ranks)]), fabric)
 
 
 @dataclass(frozen=True)
