@@ -24,9 +24,10 @@ from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, parse_tokens, plan
-from simulator.points import check_points, cluster_for, point_runs, timeline_frame
+from simulator.points import check_points, cluster_for, point_runs
 from simulator.report.pages import META_FILE, TIMELINE_FILE, write_report
-from simulator.report.trace import chrome_trace
+from simulator.report.timeline import timeline_frame
+from simulator.report.trace import chrome_trace, describe_cut, parse_ranks, parse_window
 from simulator.scenario import Point, Scenario, load_scenario, parse_set
 from simulator.sweep import run_sweep
 from simulator.units import parse_time
@@ -68,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("--point", type=int, default=0, metavar="K", help="sweep point, 0-based (default 0)")
     trace.add_argument("-o", "--out", required=True, help="trace JSON to write")
     trace.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    trace.add_argument("--ranks", default=None, metavar="LIST",
+                       help="ranks to show, e.g. 0-7,12 (default: all up to 64; beyond, the critical rank and a "
+                            "sample)")
+    trace.add_argument("--window", default=None, metavar="START:END",
+                       help="simulated time to show, e.g. 0:2ms or 1ms: (default: all of it)")
     sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
     pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target")
     pl.add_argument("--model", required=True, help=f"model preset: {', '.join(PRESETS)}")
@@ -192,11 +198,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_trace(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets)
     point = _pick(points, args.point, "--point")
+    ranks = parse_ranks(args.ranks) if args.ranks is not None else None
+    window = parse_window(args.window) if args.window is not None else None
     runs = point_runs(point, record_links=True)
     cluster = cluster_for(point)
-    trace = chrome_trace([(lab, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs], cluster)
+    most = max((res.ranks for _, _, res in runs), default=0)
+    if ranks is not None and max(ranks) >= most:
+        raise InputError(f"rank {max(ranks)} is out of range: the point has {most} ranks (0-{most - 1})",
+                         field="--ranks")
+    trace = chrome_trace([(lab, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs], cluster,
+                         ranks, window)
     write_text_atomic(Path(args.out), json.dumps(trace))
     print(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
+    cut = describe_cut(trace["otherData"]["left_out"])
+    if cut:
+        print(cut)
     return 0
 
 

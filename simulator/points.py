@@ -8,11 +8,10 @@ on other ranks) that its compute did not hide.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.algorithms import Layout, build_schedule, label, resolve
 from simulator.cluster.topology import Cluster, load_topology
@@ -27,7 +26,7 @@ from simulator.schedule import COMPUTE_KINDS, Schedule
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
-           "point_runs", "run_point", "timeline_frame"]
+           "point_runs", "run_point"]
 
 FLOW_COLUMNS = ["flow", "src", "dst", "bytes", "start_s", "finish_s"]
 DECODE_COLUMNS = ["scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim",
@@ -82,7 +81,7 @@ def _critical_split(result: SimResult) -> tuple[float, float]:
     """(compute_s, comm_s) of the rank that finishes last."""
     if not result.end_time:
         return 0.0, 0.0
-    rank = max(result.end_time, key=lambda r: (result.end_time[r], -r))
+    rank = result.critical_rank()
     compute = sum(rec.end - rec.start for rec in result.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
     return compute, result.end_time[rank] - compute
 
@@ -240,10 +239,3 @@ def point_runs(point: Point, record_links: bool = False) -> list[tuple[str, Sche
                  else build_schedule(name, params, shape, layout))
         runs.append((label(name, params), sched, simulate(sched, cluster, record_links)))
     return runs
-
-
-def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]]) -> pd.DataFrame:
-    """The timelines of :func:`point_runs` as one table (algorithm, rank, kind, name, start_s, end_s, bytes)."""
-    rows = [{"algorithm": label_, "rank": r.rank, "kind": r.kind, "name": r.name, "start_s": r.start,
-             "end_s": r.end, "bytes": r.nbytes} for label_, _, result in runs for r in result.timeline]
-    return pd.DataFrame(rows)

@@ -76,7 +76,7 @@ class CollBuilder:
         A rank's sends of this step join its frontier: its next step starts once they have left (one step at a
         time per rank, as in NCCL's and MPI's algorithms).
         """
-        before = dict(self.front)
+        before = {r: self.front[r] for move in moves for r in move[:2]}  # the ranks moving (not all: O(step))
         received: list[tuple[int, int, int, int, str]] = []  # (recv id, dst, lo, hi, tmp)
         sends: dict[int, list[tuple[int, int, int]]] = {}  # src -> (send id, lo, hi)
         for src, dst, lo, hi in moves:

@@ -81,6 +81,12 @@ class SimResult:
     def makespan(self) -> float:
         return max((r.end for r in self.timeline), default=0.0)
 
+    def critical_rank(self) -> int:
+        """The rank that finishes last (the lowest such rank on a tie); 0 when nothing ran."""
+        if not self.end_time:
+            return 0
+        return max(self.end_time, key=lambda r: (self.end_time[r], -r))
+
     def op_ends(self) -> dict[int, float]:
         """End time of every op, by op id."""
         return {r.op: r.end for r in self.timeline}

@@ -2,8 +2,8 @@
 
 Figures of a decode sweep: latency against ranks per algorithm (log axes, one panel per context), speedup of each
 algorithm over ``ring``, peak memory per rank with the device capacity drawn, bytes moved, and a per-rank timeline
-(Gantt) of one chosen point. The report states the scenario, the topology, the package version and the command
-that reproduces it.
+(Gantt) of one chosen point, bounded (:mod:`.timeline`). The report states the scenario, the topology, the package
+version and the command that reproduces it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pandas as pd
 
 from simulator.files import write_text_atomic
 from simulator.report.markdown import markdown_table
+from simulator.report.timeline import gantt
 
 __all__ = ["META_FILE", "TIMELINE_FILE", "write_report"]
 
@@ -78,28 +79,6 @@ def _with_speedup(frame: pd.DataFrame) -> pd.DataFrame:
     return merged
 
 
-def _gantt(timeline: pd.DataFrame) -> plt.Figure:
-    algos = list(dict.fromkeys(timeline["algorithm"]))
-    fig, axes = plt.subplots(len(algos), 1, figsize=(10, 1.2 + 0.25 * timeline["rank"].nunique() * len(algos)),
-                             squeeze=False)
-    colors = {"compute": "tab:blue", "merge": "tab:green", "send": "tab:orange", "recv": "tab:red",
-              "launch": "tab:gray"}
-    for ax, algo in zip(axes[:, 0], algos, strict=True):
-        part = timeline[timeline["algorithm"] == algo]
-        lanes = {"send": 0.3, "recv": 0.6}  # compute, merge and launch on the rank's first lane
-        for kind, grp in part.groupby("kind"):
-            lane = grp["rank"] + lanes.get(str(kind), 0.0)
-            ax.barh(lane, (grp["end_s"] - grp["start_s"]) * 1e3, left=grp["start_s"] * 1e3, height=0.28,
-                    color=colors.get(str(kind), "black"), label=str(kind))
-        ax.set_title(algo, fontsize=9)
-        ax.set_ylabel("rank")
-        ax.invert_yaxis()
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    axes[-1, 0].set_xlabel("time (ms)")
-    fig.tight_layout()
-    return fig
-
-
 def _png(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -136,7 +115,7 @@ def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
     else:
         tables = {"Results": frame}
     if timeline is not None and len(timeline):
-        figures["timeline.png"] = _png(_gantt(timeline))
+        figures["timeline.png"] = _png(gantt(timeline))
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, data in figures.items():
