@@ -26,7 +26,7 @@ from simulator.schedule import COMPUTE_KINDS, Schedule
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["DECODE_COLUMNS", "FLOW_COLUMNS", "NUMERIC_MAX_ELEMS", "cluster_for", "decode_rows", "flows_schedule",
-           "point_runs", "run_point"]
+           "point_runs", "result_numbers", "run_point"]
 
 FLOW_COLUMNS = ["flow", "src", "dst", "bytes", "start_s", "finish_s"]
 DECODE_COLUMNS = ["scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim",
@@ -86,6 +86,18 @@ def _critical_split(result: SimResult) -> tuple[float, float]:
     return compute, result.end_time[rank] - compute
 
 
+def result_numbers(sched: Schedule, result: SimResult, cluster: Cluster) -> dict[str, Any]:
+    """latency_s, compute_s, comm_s, bytes_moved, peak_mem_bytes and oom of one simulated schedule."""
+    times = {rec.op: (rec.start, rec.end) for rec in result.timeline}
+    peaks = peak_memory(sched, times)
+    place = sched.placement_on(cluster.ranks)
+    compute_s, comm_s = _critical_split(result)
+    return {"latency_s": result.makespan, "compute_s": compute_s, "comm_s": comm_s,
+            "bytes_moved": sum(rec.nbytes for rec in result.timeline if rec.kind == "send"),
+            "peak_mem_bytes": max(peaks),
+            "oom": any(peak > cluster.specs[place[r]].mem_bytes for r, peak in enumerate(peaks))}
+
+
 def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int = 0) -> list[dict[str, Any]]:
     """One row per algorithm of a decode point."""
     sc = point.scenario
@@ -108,19 +120,12 @@ def decode_rows(point: Point, cluster: Cluster, numeric: bool = False, seed: int
         t0 = time.perf_counter()
         result = simulate(sched, cluster)
         wall = time.perf_counter() - t0
-        times = {rec.op: (rec.start, rec.end) for rec in result.timeline}
-        peaks = peak_memory(sched, times)
         place = sched.placement_on(cluster.ranks)
-        compute_s, comm_s = _critical_split(result)
         row: dict[str, Any] = {
             "scenario": sc.name, "algorithm": label(name, params), "topology": cluster.name, "ranks": sched.ranks,
             "nodes": len({cluster.host_of(n) for n in place}), "context": shape.context, "batch": shape.batch,
-            "heads": shape.heads, "head_dim": shape.head_dim, "dtype": shape.dtype, "latency_s": result.makespan,
-            "compute_s": compute_s, "comm_s": comm_s,
-            "bytes_moved": sum(rec.nbytes for rec in result.timeline if rec.kind == "send"),
-            "peak_mem_bytes": max(peaks),
-            "oom": any(peak > cluster.specs[place[r]].mem_bytes for r, peak in enumerate(peaks)),
-            "events": result.events, "sim_wall_s": wall,
+            "heads": shape.heads, "head_dim": shape.head_dim, "dtype": shape.dtype,
+            **result_numbers(sched, result, cluster), "events": result.events, "sim_wall_s": wall,
         }
         if numeric:
             row["max_abs_err"] = _numeric_error(sched, shape, seed)
