@@ -21,6 +21,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.collections import PolyCollection
+from matplotlib.patches import Patch
 
 from simulator.engine.core import SimResult
 from simulator.schedule import Schedule
@@ -125,17 +127,23 @@ def gantt(timeline: pd.DataFrame) -> plt.Figure:
         part = timeline[timeline["algorithm"] == algo]
         ranks = shown[algo]
         row_of = {r: i for i, r in enumerate(ranks)}
+        handles = []
         for kind, grp in part.groupby("kind"):
-            lane = grp["rank"].map(row_of) + _LANES.get(str(kind), 0.0)
-            ax.barh(lane, (grp["end_s"] - grp["start_s"]) * 1e3, left=grp["start_s"] * 1e3, height=0.28,
-                    color=_COLORS.get(str(kind), "black"), label=str(kind))
+            color = _COLORS.get(str(kind), "black")
+            y0 = grp["rank"].map(row_of).to_numpy(float) + _LANES.get(str(kind), 0.0) - 0.14
+            x0, x1 = grp["start_s"].to_numpy() * 1e3, grp["end_s"].to_numpy() * 1e3
+            boxes = np.stack([np.column_stack(c) for c in ((x0, y0), (x0, y0 + 0.28), (x1, y0 + 0.28), (x1, y0))],
+                             axis=1)  # (bars, 4 corners, xy): one collection per kind, not an artist per bar
+            ax.add_collection(PolyCollection(list(boxes), facecolors=color, edgecolors=color, linewidths=0.3))
+            handles.append(Patch(color=color, label=str(kind)))
+        ax.autoscale_view()
         critical = set(part.loc[part["critical"].astype(bool), "rank"])
         ax.set_yticks([i + 0.3 for i in range(len(ranks))],
                       [f"{r}*" if r in critical else str(r) for r in ranks], fontsize=7)
         ax.set_title(f"{algo}: {_caption(part, ranks)}", fontsize=9)
         ax.set_ylabel("rank")
         ax.invert_yaxis()
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     axes[-1, 0].set_xlabel("time (ms)")
     fig.tight_layout()
     return fig
