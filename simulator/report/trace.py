@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from simulator.cluster.topology import Cluster
@@ -33,7 +33,7 @@ _RUN_PIDS = 10_000  # pids of run k are k * _RUN_PIDS + rank: below the link cou
 class TraceCut:
     """What a bounded trace left out (summed over its runs)."""
 
-    ranks: int = 0  # ranks not shown (of every run)
+    ranks: dict[str, tuple[int, int]] = field(default_factory=dict)  # run label -> (ranks not shown, ranks)
     ops: int = 0  # spans of the shown ranks outside the window
     ops_of_hidden_ranks: int = 0
     link_samples: int = 0  # link utilisation samples outside the window
@@ -83,7 +83,7 @@ def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: 
         keep = ([r for r in ranks if 0 <= r < result.ranks] if ranks is not None
                 else shown_ranks(result.ranks, result.critical_rank(), DEFAULT_RANKS))
         kept = set(keep)
-        cut.ranks += result.ranks - len(kept)
+        cut.ranks[label] = (result.ranks - len(kept), result.ranks)
         for rank in keep:
             pid = base + rank
             events.append({"name": "process_name", "ph": "M", "pid": pid,
@@ -115,11 +115,13 @@ def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: 
             "otherData": {"topology": cluster.name, "generator": "treering", "left_out": asdict(cut)}}
 
 
-def describe_cut(cut: dict[str, int]) -> str:
+def describe_cut(cut: dict[str, Any]) -> str:
     """One line that says what a trace left out (empty when nothing was)."""
     parts = []
-    if cut["ranks"]:
-        parts.append(f"{cut['ranks']} ranks ({cut['ops_of_hidden_ranks']:,} ops; choose them with --ranks)")
+    hidden = {label: tuple(n) for label, n in cut["ranks"].items() if n[0]}
+    if hidden:
+        runs = ", ".join(f"{label} {n[0]} of {n[1]}" for label, n in hidden.items())
+        parts.append(f"ranks ({runs}; {cut['ops_of_hidden_ranks']:,} ops; choose them with --ranks)")
     if cut["ops"]:
         parts.append(f"{cut['ops']:,} ops outside --window")
     if cut["link_samples"]:
