@@ -33,14 +33,18 @@ def test_sigint_interrupts_a_simulation_within_a_second():
         sent.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGINT)
 
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a fresh `treering` process
     timer = threading.Timer(0.3, interrupt)
     timer.start()
     finished = []
-    with pytest.raises(KeyboardInterrupt):
-        simulate(sched, cluster)
-        finished.append(True)
-        timer.join()  # the simulation ended first: let the signal land here, not in another test
-        time.sleep(5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            simulate(sched, cluster)
+            finished.append(True)
+            timer.join()  # the simulation ended first: let the signal land here, not in another test
+            time.sleep(5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert not finished, "the simulation ended before the signal"
     assert time.monotonic() - sent[0] < 1.0
 
