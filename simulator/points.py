@@ -17,6 +17,7 @@ from simulator.algorithms import Layout, build_schedule, label, resolve
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
+from simulator.gcpause import gc_paused
 from simulator.memory import peak_memory
 from simulator.models import PRESETS
 from simulator.modelstep import attention_layer, model_step
@@ -88,8 +89,10 @@ def _critical_split(result: SimResult) -> tuple[float, float]:
 
 def result_numbers(sched: Schedule, result: SimResult, cluster: Cluster) -> dict[str, Any]:
     """latency_s, compute_s, comm_s, bytes_moved, peak_mem_bytes and oom of one simulated schedule."""
-    times = {rec.op: (rec.start, rec.end) for rec in result.timeline}
-    peaks = peak_memory(sched, times)
+    with gc_paused():  # millions of live ops and records: a collection would walk them all for nothing
+        held = {op.id for op in sched.ops if op.alloc or op.free}  # the ops whose times memory needs
+        times = {rec.op: (rec.start, rec.end) for rec in result.timeline if rec.op in held}
+        peaks = peak_memory(sched, times)
     place = sched.placement_on(cluster.ranks)
     compute_s, comm_s = _critical_split(result)
     return {"latency_s": result.makespan, "compute_s": compute_s, "comm_s": comm_s,

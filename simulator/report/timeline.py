@@ -25,6 +25,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch
 
 from simulator.engine.core import SimResult
+from simulator.gcpause import gc_paused
 from simulator.schedule import Schedule
 
 __all__ = ["MAX_RANKS", "RESOLUTION", "TIMELINE_COLUMNS", "bound_timeline", "gantt", "shown_ranks", "timeline_frame"]
@@ -85,7 +86,8 @@ def _run_frame(label: str, result: SimResult, limit: int) -> pd.DataFrame:
 
 def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]], limit: int = MAX_RANKS) -> pd.DataFrame:
     """The bounded timelines of several runs (one per algorithm) as one table of :data:`TIMELINE_COLUMNS`."""
-    frames = [_run_frame(label, result, limit) for label, _, result in runs]
+    with gc_paused():  # the runs hold millions of live objects: a collection would walk them all for nothing
+        frames = [_run_frame(label, result, limit) for label, _, result in runs]
     if not frames:
         return pd.DataFrame(columns=TIMELINE_COLUMNS)
     return bound_timeline(pd.concat(frames, ignore_index=True))
