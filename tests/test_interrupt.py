@@ -54,7 +54,8 @@ def test_sigint_leaves_a_folder_that_resume_completes(tmp_path):
     path = scenario(tmp_path, 20)  # 60 points
     out = tmp_path / "o"
     cmd = [sys.executable, "-m", "simulator.cli", "run", str(path), "-o", str(out), "--jobs", "1", "--no-report"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,  # SIGINT as from a terminal,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # even if ignored here
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if (out / "results.csv").exists() and len(pd.read_csv(out / "results.csv")) >= 6:
