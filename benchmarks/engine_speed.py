@@ -2,18 +2,25 @@
 
     python benchmarks/engine_speed.py flows [--sizes 1000 10000 100000] [--concurrency 64] [--repeat 3]
     python benchmarks/engine_speed.py decode [--cases ring:8 ring:64 ring:512 ring:1024 tree:8 ... tree:4096]
+                                             [--context 1000000] [--repeat 3]
+
+Every case runs in a fresh process (forked), so that its ``peak RSS`` (the process's high-water mark of resident
+memory, the interpreter and libraries included) is its own. Per case it prints: ops, engine events, build seconds
+(the schedule), simulate seconds, post-processing seconds (what ``treering run`` does after the simulation: the
+result row's numbers, and for decode the bounded timeline table and its figure), peak RSS, and a raw simpy loop
+that processes as many bare timeout events, measured in the same process: ``ratio`` = simulate / raw. Times are
+medians of ``--repeat`` runs (each in its own process). matplotlib is set up (fonts loaded) once before the cases,
+as it is by a report's first figure.
 
 ``flows``: N flows with random endpoints over a 128-GPU fat tree.
 
 Flows start at uniformly random times over a window sized so that about ``--concurrency`` flows are active at
 once on average (every start and finish is a max-min reallocation over all active flows, so the cost per event
-grows with concurrency). Prints wall seconds (median of ``--repeat``), engine events, events/s, and the same
-figures for a raw simpy loop that processes as many bare timeout events.
+grows with concurrency).
 
-``decode``: one decode step (16 heads x 128, bf16, b = 1, 1M-token context) of ring or tree on dgx-h100 with P GPUs:
-schedule build seconds, simulation seconds, ops, engine events, events/s, and the raw simpy loop.
+``decode``: one decode step (16 heads x 128, bf16, b = 1, 1M-token context) of ring or tree on dgx-h100 with P GPUs.
 
-    python benchmarks/engine_speed.py prefill [--cases 8 64 256 1024] [--sequence 1048576]
+    python benchmarks/engine_speed.py prefill [--cases 8 64 256 1024] [--sequence 1048576] [--repeat 3]
 
 ``prefill``: ring attention, causal, zigzag, forward + backward (32 heads, 8 KV heads, head_dim 128, bf16, b = 1,
 1M tokens) on dgx-h100 with P GPUs: the same columns.
@@ -22,9 +29,13 @@ schedule build seconds, simulation seconds, ops, engine events, events/s, and th
 from __future__ import annotations
 
 import argparse
-import gc
+import io
+import multiprocessing
+import resource
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import simpy
@@ -33,7 +44,9 @@ from simulator.algorithms import build_schedule, resolve
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
-from simulator.points import layout_of
+from simulator.points import layout_of, result_numbers
+from simulator.prefill_rows import prefill_timing
+from simulator.report.timeline import gantt, timeline_frame
 from simulator.schedule import Schedule
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
@@ -70,45 +83,113 @@ def raw_simpy(events: int) -> float:
     return time.perf_counter() - t0
 
 
-def bench_decode(cases: list[str]) -> None:
-    print(f"{'case':>10} {'build_s':>8} {'sim_s':>8} {'ops':>9} {'events':>9} {'events/s':>10} {'raw_s':>7} "
-          f"{'raw ev/s':>10} {'ratio':>6} {'latency':>12}")
-    shape = DecodeShape(batch=1, heads=16, head_dim=128, kv_heads=16, context=1_000_000, dtype="bf16")
+Case = dict[str, Any]
+
+
+def _in_child(fn: Callable[..., Case], *args: Any) -> Case:
+    """Run ``fn(*args)`` in a forked process; its result, with the child's peak RSS (bytes)."""
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        return pool.apply(_measured, (fn, *args))
+
+
+def _measured(fn: Callable[..., Case], *args: Any) -> Case:
+    case = fn(*args)
+    case["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
+    return case
+
+
+def _decode_case(algo: str, p: int, context: int) -> Case:
+    shape = DecodeShape(batch=1, heads=16, head_dim=128, kv_heads=16, context=context, dtype="bf16")
+    cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
+    name, params = resolve(algo)
+    t0 = time.perf_counter()
+    sched = build_schedule(name, params, shape, layout_of(cluster))
+    t1 = time.perf_counter()
+    res = simulate(sched, cluster)
+    t2 = time.perf_counter()
+    numbers = result_numbers(sched, res)
+    fig = gantt(timeline_frame([(algo, sched, res)]))
+    fig.savefig(io.BytesIO(), format="png", dpi=110)
+    t3 = time.perf_counter()
+    return {"ops": len(sched.ops), "events": res.events, "build": t1 - t0, "sim": t2 - t1, "post": t3 - t2,
+            "raw": raw_simpy(res.events), "latency": numbers["latency_s"]}
+
+
+def _flows_case(n: int, concurrency: int) -> Case:
+    cluster = load_topology("cluster", TOPO)
+    t0 = time.perf_counter()
+    sched = flows_schedule(n, cluster.ranks, concurrency, np.random.default_rng(n))
+    t1 = time.perf_counter()
+    res = simulate(sched, cluster)
+    t2 = time.perf_counter()
+    ends = res.op_ends()
+    finish = [ends[op.match] for op in sched.ops if op.kind == "send" and op.match is not None]  # the flow rows
+    t3 = time.perf_counter()
+    return {"ops": len(sched.ops), "events": res.events, "build": t1 - t0, "sim": t2 - t1, "post": t3 - t2,
+            "raw": raw_simpy(res.events), "latency": max(finish, default=0.0), "realloc": res.allocations}
+
+
+def _median(runs: list[Case]) -> Case:
+    out = dict(runs[0])
+    for key in ("build", "sim", "post", "raw", "rss"):
+        out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
+HEADER = (f"{'case':>12} {'ops':>9} {'events':>9} {'build_s':>8} {'sim_s':>8} {'post_s':>7} {'peak_RSS':>9} "
+          f"{'us/op':>6} {'raw_s':>7} {'ratio':>6} {'result':>12}")
+
+
+def _line(label: str, c: Case, unit: str) -> str:
+    scale = 1e3 if unit == "ms" else 1.0
+    return (f"{label:>12} {c['ops']:>9} {c['events']:>9} {c['build']:>8.2f} {c['sim']:>8.2f} {c['post']:>7.2f} "
+            f"{c['rss'] / 2**20:>7.0f}MB {1e6 * (c['build'] + c['sim']) / c['ops']:>6.1f} {c['raw']:>7.2f} "
+            f"{c['sim'] / c['raw']:>6.1f} {c['latency'] * scale:>9.3f} {unit}")
+
+
+def _warm_matplotlib() -> None:
+    """Draw once before forking: matplotlib's one-time set-up (fonts) is no case's post-processing."""
+    fig = gantt(timeline_frame([]).assign(algorithm=["x"], rank=[0], kind=["compute"], name=["x"], start_s=[0.0],
+                                          end_s=[1.0], bytes=[0.0], ops=[1], critical=[True], ranks_total=[1]))
+    fig.savefig(io.BytesIO(), format="png", dpi=110)
+
+
+def bench_decode(cases: list[str], context: int, repeat: int) -> None:
+    _warm_matplotlib()
+    print(f"decode step, context {context:,} tokens; medians of {repeat}; us/op = (build + simulate) / ops")
+    print(HEADER)
     for case in cases:
-        gc.collect()  # the previous case's millions of ops are not this one's cost
         algo, p = case.split(":")
-        cluster = load_topology("dgx-h100", {"nodes": max(1, int(p) // 8)})
-        name, params = resolve(algo)
-        t0 = time.perf_counter()
-        sched = build_schedule(name, params, shape, layout_of(cluster))
-        t1 = time.perf_counter()
-        res = simulate(sched, cluster)
-        t2 = time.perf_counter()
-        raw = raw_simpy(res.events)
-        sim = t2 - t1
-        print(f"{case:>10} {t1 - t0:>8.2f} {sim:>8.2f} {len(sched.ops):>9} {res.events:>9} {res.events / sim:>10.0f} "
-              f"{raw:>7.2f} {res.events / raw:>10.0f} {sim / raw:>6.1f} {res.makespan * 1e3:>9.3f} ms")
-        del sched, res  # freed here, not inside the next case's timing
+        runs = [_in_child(_decode_case, algo, int(p), context) for _ in range(repeat)]
+        print(_line(case, _median(runs), "ms"), flush=True)
 
 
-def bench_prefill(ranks: list[int], sequence: int) -> None:
-    print(f"{'P':>6} {'build_s':>8} {'sim_s':>8} {'ops':>9} {'events':>9} {'events/s':>10} {'raw_s':>7} "
-          f"{'raw ev/s':>10} {'ratio':>6} {'latency':>12}")
+def _prefill_case(p: int, sequence: int) -> Case:
     shape = PrefillShape(batch=1, heads=32, head_dim=128, kv_heads=8, sequence=sequence, dtype="bf16", causal=True,
                          layout="zigzag", backward=True)
+    cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
+    t0 = time.perf_counter()
+    sched = build_prefill("ring", {"overlap": True}, shape, layout_of(cluster, p))
+    t1 = time.perf_counter()
+    res = simulate(sched, cluster)
+    t2 = time.perf_counter()
+    numbers = result_numbers(sched, res)
+    prefill_timing(res, sched.ranks)
+    fig = gantt(timeline_frame([("ring", sched, res)]))
+    fig.savefig(io.BytesIO(), format="png", dpi=110)
+    t3 = time.perf_counter()
+    return {"ops": len(sched.ops), "events": res.events, "build": t1 - t0, "sim": t2 - t1, "post": t3 - t2,
+            "raw": raw_simpy(res.events), "latency": numbers["latency_s"]}
+
+
+def bench_prefill(ranks: list[int], sequence: int, repeat: int) -> None:
+    _warm_matplotlib()
+    print(f"ring prefill, causal zigzag, forward + backward, {sequence:,} tokens; medians of {repeat}")
+    print(HEADER)
     for p in ranks:
-        gc.collect()
-        cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
-        t0 = time.perf_counter()
-        sched = build_prefill("ring", {"overlap": True}, shape, layout_of(cluster, p))
-        t1 = time.perf_counter()
-        res = simulate(sched, cluster)
-        t2 = time.perf_counter()
-        raw = raw_simpy(res.events)
-        sim = t2 - t1
-        print(f"{p:>6} {t1 - t0:>8.2f} {sim:>8.2f} {len(sched.ops):>9} {res.events:>9} {res.events / sim:>10.0f} "
-              f"{raw:>7.2f} {res.events / raw:>10.0f} {sim / raw:>6.1f} {res.makespan * 1e3:>9.3f} ms")
-        del sched, res
+        runs = [_in_child(_prefill_case, p, sequence) for _ in range(repeat)]
+        print(_line(f"ring:{p}", _median(runs), "ms"), flush=True)
 
 
 def main() -> None:
@@ -121,32 +202,26 @@ def main() -> None:
     decode = sub.add_parser("decode")
     decode.add_argument("--cases", nargs="+", default=["ring:8", "ring:64", "ring:512", "ring:1024", "tree:8",
                                                        "tree:64", "tree:512", "tree:1024", "tree:4096"])
+    decode.add_argument("--context", type=int, default=1_000_000)
+    decode.add_argument("--repeat", type=int, default=3)
     prefill = sub.add_parser("prefill")
     prefill.add_argument("--cases", type=int, nargs="+", default=[8, 64, 256, 1024])
     prefill.add_argument("--sequence", type=int, default=1 << 20)
+    prefill.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     if args.what == "prefill":
-        bench_prefill(args.cases, args.sequence)
+        bench_prefill(args.cases, args.sequence, args.repeat)
         return
     if args.what == "decode":
-        bench_decode(args.cases)
+        bench_decode(args.cases, args.context, args.repeat)
         return
     cluster = load_topology("cluster", TOPO)
     print(f"fat tree: {len(cluster.ranks)} GPUs, {cluster.graph.number_of_edges()} directed links; "
-          f"target mean concurrency {args.concurrency} flows")
-    print(f"{'flows':>8} {'events':>9} {'realloc':>8} {'wall_s':>8} {'events/s':>10} {'raw_s':>7} "
-          f"{'raw ev/s':>10} {'ratio':>6}")
+          f"target mean concurrency {args.concurrency} flows; medians of {args.repeat}")
+    print(HEADER)
     for n in args.sizes:
-        sched = flows_schedule(n, cluster.ranks, args.concurrency, np.random.default_rng(n))
-        walls, raws = [], []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            res = simulate(sched, cluster)
-            walls.append(time.perf_counter() - t0)
-            raws.append(raw_simpy(res.events))
-        wall, raw = statistics.median(walls), statistics.median(raws)
-        print(f"{n:>8} {res.events:>9} {res.allocations:>8} {wall:>8.3f} {res.events / wall:>10.0f} {raw:>7.3f} "
-              f"{res.events / raw:>10.0f} {wall / raw:>6.1f}")
+        runs = [_in_child(_flows_case, n, args.concurrency) for _ in range(args.repeat)]
+        print(_line(f"flows:{n}", _median(runs), "s"), flush=True)
 
 
 if __name__ == "__main__":

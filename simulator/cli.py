@@ -30,11 +30,12 @@ from simulator.outdir import check_output_dir, check_output_file, output_lock
 from simulator.overlap import find_overlap, overlap_shape
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, PlanRow, plan
-from simulator.points import PreparedPoint, check_points, layout_of, point_runs, prepare_point, timeline_frame
+from simulator.points import PreparedPoint, check_points, layout_of, point_runs, prepare_point
 from simulator.report.pages import TIMELINE_FILE, write_report
 from simulator.report.plan_report import write_plan_report
 from simulator.report.read import read_report_inputs, resumable_rows
-from simulator.report.trace import chrome_trace
+from simulator.report.timeline import timeline_frame
+from simulator.report.trace import chrome_trace, describe_cut, parse_ranks, parse_window
 from simulator.scenario import DecodeWorkload, Point, Scenario, load_scenario, parse_set
 from simulator.sweep import EXECUTORS, run_sweep
 from simulator.units import parse_bandwidth, parse_time_strict, parse_tokens
@@ -97,6 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                        help="override a dotted key of the scenario, as for run")
     trace.add_argument("--force", action="store_true", help=_FORCE_HELP)
+    trace.add_argument("--ranks", default=None, metavar="LIST",
+                       help="ranks to show, e.g. 0-7,12 (default: all up to 64; beyond, the critical rank and a "
+                            "sample)")
+    trace.add_argument("--window", default=None, metavar="START:END",
+                       help="simulated time to show, e.g. 0:2ms or 1ms: (default: all of it)")
     sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
     pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target")
     pl.add_argument("--model", required=True, help=f"model preset: {', '.join(PRESETS)}")
@@ -423,9 +429,15 @@ def _whatif_notes(topology: str, sets: Sequence[str], base_params: dict[str, Any
 def _cmd_trace(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets, args.force)
     prep = prepare_point(_pick(points, args.point, "--point"))
+    ranks = parse_ranks(args.ranks) if args.ranks is not None else None
+    window = parse_window(args.window) if args.window is not None else None
     check_output_file(Path(args.out))
     runs = point_runs(prep, record_links=True)
     cluster = prep.cluster
+    most = max((res.ranks for _, _, res in runs), default=0)
+    if ranks is not None and max(ranks) >= most:
+        raise InputError(f"rank {max(ranks)} is out of range: the point has {most} ranks (0-{most - 1})",
+                         field="--ranks")
     meta = _report_meta(prep.point)
     note, suffix = None, ""
     if meta.get("scope") == "model":  # the runs are one layer's attention, not the whole step
@@ -434,11 +446,14 @@ def _cmd_trace(args: argparse.Namespace) -> int:
         note = (f"scope: model; this trace shows ONE attention layer{f' of {layers}' if layers else ''} of the "
                 "decode step, not the whole step (projections, MLP and LM head are not traced)")
     trace = chrome_trace([(lab + suffix, res, sched.placement_on(cluster.ranks)) for lab, sched, res in runs],
-                         cluster, note)
+                         cluster, ranks, window, note)
     write_text_atomic(Path(args.out), json.dumps(trace))
     _say(f"wrote {args.out}: {len(trace['traceEvents'])} events ({', '.join(lab for lab, _, _ in runs)})")
+    cut = describe_cut(trace["otherData"]["left_out"])
+    if cut:
+        _say(cut)
     if note:
-        print(f"note: {note}")
+        _say(f"note: {note}")
     return 0
 
 
@@ -507,9 +522,18 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def _leave_now(code: int) -> NoReturn:
+    """End the process at once: what a run finished is already on disk (written atomically as points finish), and
+    letting the interpreter free a large run's millions of ops on the way out would take seconds."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``treering`` with ``argv`` (default: the process's); returns the exit status (0, 1 failed points, 2 bad
     input, 130 interrupted)."""
+    from_command_line = argv is None  # (callers that pass argv, tests among them, get the status returned)
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     args.argv = argv
@@ -539,6 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("treering: interrupted (finished points are kept: run again with --resume)", file=sys.stderr)
+        if from_command_line:
+            _leave_now(130)
         return 130
 
 

@@ -16,12 +16,15 @@ __all__ = ["peak_memory"]
 
 
 def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None = None) -> list[float]:
-    """Peak bytes of every rank. ``times[op_id] = (start, end)`` (e.g. from the engine's timeline)."""
+    """Peak bytes of every rank. ``times[op_id] = (start, end)`` (e.g. from the engine's timeline) of at least the
+    ops that allocate or free buffers."""
     events: list[list[tuple[float, int, str, float]]] = [[] for _ in range(sched.ranks)]
     sizes: list[dict[str, float]] = [dict(sched.initial.get(r, {})) for r in range(sched.ranks)]
     live = [sum(s.values()) for s in sizes]
     clock = [0.0] * sched.ranks
     for op in sched.ops:
+        if times is not None and not op.alloc and not op.free:
+            continue  # holds nothing: its times do not matter (and ``times`` may leave it out)
         if times is None:
             start, end = clock[op.rank], clock[op.rank] + 1.0
             clock[op.rank] = end

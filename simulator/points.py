@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +28,14 @@ from simulator.collective_rows import check_collective, collective_runs
 from simulator.collectives.fabric import fabric_of
 from simulator.engine import SimResult, simulate
 from simulator.errors import InputError
+from simulator.gcpause import gc_paused
 from simulator.generate_rows import check_generate, generate_rows, generate_runs
 from simulator.limits import check_schedule
 from simulator.memory import peak_memory
 from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
 from simulator.prefill_rows import check_prefill, prefill_rows, prefill_runs
+from simulator.report.timeline import timeline_frame
 from simulator.rows import COLUMNS, make_row
 from simulator.scenario import DecodeWorkload, FlowsWorkload, Point
 from simulator.schedule import Schedule
@@ -41,8 +43,8 @@ from simulator.workloads import CollectiveWorkload, GenerateWorkload, PrefillWor
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["NUMERIC_MAX_ELEMS", "Algorithm", "PointOutcome", "PreparedPoint", "RunResult", "check_points",
-           "cluster_for", "flows_schedule", "layout_of", "point_runs", "prepare_point", "run_algorithm", "run_point",
-           "simulate_point", "timeline_frame"]
+           "cluster_for", "flows_schedule", "layout_of", "point_runs", "prepare_point", "result_numbers",
+           "run_algorithm", "run_point", "simulate_point"]
 
 NUMERIC_MAX_ELEMS = 200_000_000  # numeric mode holds q, K and V in memory
 
@@ -255,13 +257,25 @@ def _simulate(prep: PreparedPoint, algo: Algorithm, seed: int = 0, record_links:
     result = simulate(sched, cluster, record_links)
     wall = time.perf_counter() - t0
     place = sched.placement_on(cluster.ranks)
-    peaks = peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in result.timeline})
-    compute_s, _ = result.critical_split()
+    numbers = result_numbers(sched, result)
+    peaks, compute_s = numbers["peaks"], numbers["compute_s"]
     extra = {"max_abs_err": _numeric_error(sched, shape, seed)} if prep.numeric else {}
     run = RunResult(algo.label, sched.ranks, len(set(cluster.host_indices(place))), result.makespan, compute_s,
-                    result.bytes_sent(), tuple(peaks), tuple(prep.capacity(n) for n in place),
+                    numbers["bytes_moved"], tuple(peaks), tuple(prep.capacity(n) for n in place),
                     result.events, wall, extra)
     return run, (sched, result)
+
+
+def result_numbers(sched: Schedule, result: SimResult) -> dict[str, Any]:
+    """What a row takes from one simulated schedule: latency_s, compute_s and comm_s (the critical rank's),
+    bytes_moved and the per-rank memory ``peaks``."""
+    with gc_paused():  # millions of live ops and records: a collection would walk them all for nothing
+        held = {op.id for op in sched.ops if op.alloc or op.free}  # the ops whose times memory needs
+        peaks = peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in result.timeline if rec.op in held})
+        compute_s, comm_s = result.critical_split()
+        moved = result.bytes_sent()
+    return {"latency_s": result.makespan, "compute_s": compute_s, "comm_s": comm_s, "bytes_moved": moved,
+            "peaks": peaks}
 
 
 def _numeric_error(sched: Schedule, shape: DecodeShape, seed: int) -> float:
@@ -360,10 +374,3 @@ def point_runs(prep: PreparedPoint, record_links: bool = False) -> list[tuple[st
     if prep.flows is not None:
         return [("flows", prep.flows, simulate(prep.flows, prep.cluster, record_links))]
     return [(algo.label, *_attention_run(prep, algo, record_links)) for algo in prep.algorithms]
-
-
-def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]]) -> pd.DataFrame:
-    """The timelines of :func:`point_runs` as one table (algorithm, rank, kind, name, start_s, end_s, bytes)."""
-    rows = [{"algorithm": label_, "rank": r.rank, "kind": r.kind, "name": r.name, "start_s": r.start,
-             "end_s": r.end, "bytes": r.nbytes} for label_, _, result in runs for r in result.timeline]
-    return pd.DataFrame(rows)

@@ -16,6 +16,7 @@ from simulator.algorithms.single import build_single
 from simulator.algorithms.tree import build_tree, build_tree_p2p
 from simulator.collectives import ALGORITHMS as COLLECTIVES
 from simulator.errors import InputError, excerpt
+from simulator.gcpause import gc_paused
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
@@ -92,4 +93,5 @@ def build_schedule(name: str, params: Mapping[str, Any], shape: DecodeShape, lay
     """Build the named schedule (``params`` as returned by :func:`resolve`)."""
     spec = REGISTRY[name]
     kwargs = {spec.params[k][0]: v for k, v in params.items()}
-    return spec.build(shape, layout, **kwargs)
+    with gc_paused():
+        return spec.build(shape, layout, **kwargs)

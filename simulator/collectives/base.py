@@ -98,7 +98,7 @@ class CollBuilder:
         """
         if self.offset:
             moves = [(src, dst, lo + self.offset, hi + self.offset) for src, dst, lo, hi in moves]
-        before = dict(self.front)
+        before = {r: self.front[r] for move in moves for r in move[:2]}  # the ranks moving (not all: O(step))
         received: list[tuple[int, int, int, int, str]] = []  # (recv id, dst, lo, hi, tmp)
         sends: dict[int, list[tuple[int, int, int]]] = {}  # src -> (send id, lo, hi)
         for src, dst, lo, hi in moves:

@@ -40,6 +40,7 @@ from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import Cluster
 from simulator.engine.host import HostResources
 from simulator.engine.network import FlowNetwork
+from simulator.gcpause import gc_paused
 from simulator.schedule import COMPUTE_KINDS, Op, Schedule
 
 __all__ = ["Record", "SimResult", "simulate"]
@@ -80,22 +81,22 @@ class SimResult:
     def makespan(self) -> float:
         return max((r.end for r in self.timeline), default=0.0)
 
+    def critical_rank(self) -> int:
+        """The rank that finishes last (the lowest such rank on a tie); 0 when nothing ran."""
+        if not self.end_time:
+            return 0
+        return max(self.end_time, key=lambda r: (self.end_time[r], -r))
+
     def op_ends(self) -> dict[int, float]:
         """End time of every op, by op id."""
         return {r.op: r.end for r in self.timeline}
 
-    def critical_rank(self) -> int | None:
-        """The rank that finishes last (the lowest such rank on a tie); None for an empty schedule."""
-        if not self.end_time:
-            return None
-        return max(self.end_time, key=lambda r: (self.end_time[r], -r))
-
     def critical_split(self) -> tuple[float, float]:
         """(compute_s, comm_s) of the critical rank: its kernel time, and the rest of its latency (time waiting on
         transfers and other ranks that its compute did not hide)."""
-        rank = self.critical_rank()
-        if rank is None:
+        if not self.end_time:
             return 0.0, 0.0
+        rank = self.critical_rank()
         compute = sum(rec.end - rec.start for rec in self.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
         return compute, self.end_time[rank] - compute
 
@@ -121,13 +122,16 @@ class _Run:
         self.start: list[float | None] = [None] * len(schedule.ops)
         self.ready: list[bool] = [False] * len(schedule.ops)
         self.stream_free = [0.0] * schedule.ranks
+        self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         self.links: dict[tuple[str, str], int] = {}
         capacity: list[float] = []
+        self.latency: list[float] = []
         self.edge_names: list[tuple[str, str]] = []
-        for i, (u, v, bw) in enumerate(cluster.graph.edges(data="bandwidth")):
+        for i, (u, v, data) in enumerate(cluster.graph.edges(data=True)):
             self.links[(u, v)] = i
             self.edge_names.append((u, v))
-            capacity.append(bw)
+            capacity.append(data["bandwidth"])
+            self.latency.append(data["latency"])
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
         # ranks on shared host cores are host threads that issue their ops in program order (see _ready)
         self.program: list[list[int]] = [[] for _ in range(schedule.ranks)]
@@ -137,7 +141,7 @@ class _Run:
         self.cursor = [0] * schedule.ranks
         self.held = [False] * len(schedule.ops)  # dependencies met, waiting for its turn in program order
         self.net = FlowNetwork(capacity)
-        self._durations: dict[tuple[str, float, float, str, bool, str], float] = {}
+        self._durations: dict[tuple[int, float, float, str, bool, str], float] = {}
         self._paths: dict[tuple[int, int], tuple[list[int], float]] = {}
         cluster.prepare_routes({(self.place[op.rank], self.place[op.peer]) for op in schedule.ops
                                 if op.kind == "send" and op.peer is not None})
@@ -186,11 +190,10 @@ class _Run:
 
     # -- op life cycle -----------------------------------------------------------------------------------------
     def _duration(self, op: Op) -> float:
-        node = self.place[op.rank]
-        key = (node, op.flops, op.nbytes, op.dtype, op.fused, op.fn)
+        spec = self.specs[op.rank]
+        key = (id(spec), op.flops, op.nbytes, op.dtype, op.fused, op.fn)  # the cluster holds its specs: ids stable
         hit = self._durations.get(key)
-        if hit is None:
-            spec = self.cluster.specs.get(node)  # none: a switch reducing in the network (NVLS), at line rate
+        if hit is None:  # no spec: a switch reducing in the network (NVLS), at line rate
             hit = self._durations[key] = (0.0 if spec is None else
                                           compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused,
                                                        fn=op.fn))
@@ -266,8 +269,10 @@ class _Run:
         if hit is None:
             a, b = self.place[src], self.place[dst]
             route = self.cluster.route(a, b) if a != b else ()
-            links = [self.links[e] for e in route] + list(self.hosts.transfer(src, dst)) if route else []
-            hit = self._paths[(src, dst)] = (links, self.cluster.route_latency(route))
+            route_ids = [self.links[e] for e in route]
+            links = route_ids + list(self.hosts.transfer(src, dst)) if route else []
+            latency = sum(self.latency[i] for i in route_ids)  # Cluster.route_latency, from a list
+            hit = self._paths[(src, dst)] = (links, latency)
         return hit
 
     def _start_transfer(self, send: Op, recv: Op) -> None:
@@ -352,4 +357,5 @@ def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -
 
     ``record_links`` also records each link's load (bytes/s) whenever it changes (for traces).
     """
-    return _Run(schedule, cluster, record_links).run()
+    with gc_paused():
+        return _Run(schedule, cluster, record_links).run()

@@ -25,6 +25,7 @@ from simulator.files import write_text_atomic
 from simulator.report.conclude import feasible, headline, point_view, summary
 from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table, to_html, to_markdown
 from simulator.report.figures import HLine, busbw_figure, facet_figure, png
+from simulator.report.timeline import gantt
 
 __all__ = ["META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages", "write_report"]
 
@@ -32,29 +33,6 @@ META_FILE = "meta.json"
 TIMELINE_FILE = "timeline.csv"
 MAX_FIGURE_IN = 300.0  # a figure side in inches: at 110 dpi, well under the 2^16 pixels a PNG may have
 _MAX_RATIOS = 5  # beyond this many algorithms the latency table has no baseline/x columns (the speedup figure has)
-
-
-def _gantt(timeline: pd.DataFrame) -> plt.Figure:
-    algos = list(dict.fromkeys(timeline["algorithm"]))
-    height = min(1.2 + 0.25 * timeline["rank"].nunique() * len(algos), MAX_FIGURE_IN)
-    fig, axes = plt.subplots(len(algos), 1, figsize=(10, height),
-                             squeeze=False)
-    colors = {"compute": "tab:blue", "merge": "tab:green", "send": "tab:orange", "recv": "tab:red",
-              "launch": "tab:gray"}
-    for ax, algo in zip(axes[:, 0], algos, strict=True):
-        part = timeline[timeline["algorithm"] == algo]
-        lanes = {"send": 0.3, "recv": 0.6}  # compute, merge and launch on the rank's first lane
-        for kind, grp in part.groupby("kind"):
-            lane = grp["rank"] + lanes.get(str(kind), 0.0)
-            ax.barh(lane, (grp["end_s"] - grp["start_s"]) * 1e3, left=grp["start_s"] * 1e3, height=0.28,
-                    color=colors.get(str(kind), "black"), label=str(kind))
-        ax.set_title(algo, fontsize=9)
-        ax.set_ylabel("rank")
-        ax.invert_yaxis()
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    axes[-1, 0].set_xlabel("time (ms)")
-    fig.tight_layout()
-    return fig
 
 
 def _png(fig: plt.Figure) -> bytes:
@@ -205,7 +183,7 @@ def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
     else:
         blocks += [Heading("Results"), Table(frame)]
     if timeline is not None and len(timeline):
-        blocks += [Heading("Timeline"), Image("timeline.png", _png(_gantt(timeline)), timeline_caption(meta))]
+        blocks += [Heading("Timeline"), Image("timeline.png", _png(gantt(timeline)), timeline_caption(meta))]
     figures = {b.name: b.data for b in blocks if isinstance(b, Image)}
     written = write_pages(out, title, blocks, figures)
     write_text_atomic(out / META_FILE, json.dumps(meta, indent=2))
