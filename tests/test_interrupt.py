@@ -65,7 +65,7 @@ def test_sigint_leaves_a_folder_that_resume_completes(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert time.monotonic() - sent < 2.0  # well under a second on an idle machine; CI's 2 cores may be shared
-    assert proc.returncode == 130 and err.decode().strip().endswith("treering: interrupted")
+    assert proc.returncode == 130 and "treering: interrupted" in err.decode()
     partial = pd.read_csv(out / "results.csv")
     assert 0 < partial["point"].nunique() < 60, "the run was not interrupted mid-way"
     assert main(["run", str(path), "-o", str(out), "--jobs", "1", "--no-report", "--resume"]) == 0

@@ -86,7 +86,9 @@ def test_trace_limits_say_what_they_left_out(tmp_path, capsys):
     out = capsys.readouterr().out
     trace = json.loads(path.read_text())
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert {e["pid"] % 10_000 for e in spans} == {0, 1, 5}
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    shown = {int(names[e["pid"]].split(": rank ")[1].split()[0]) for e in spans}  # "ring: rank 5 (n0.gpu5)"
+    assert shown == {0, 1, 5}
     assert all(e["ts"] <= 200.0 for e in spans)
     cut = trace["otherData"]["left_out"]
     assert cut["ranks"] == {"ring": [13, 16], "tree": [13, 16]} and cut["ops"] > 0
