@@ -26,13 +26,18 @@ __all__ = ["BYTES_PER_GRAPH_ELEMENT", "BYTES_PER_OP", "MAX_COUNT", "MAX_GRAPH_EL
 MAX_COUNT = 2**53  # any count: integers a float still counts exactly
 MAX_SWEEP_POINTS = 10_000
 MAX_GRAPH_ELEMENTS = 500_000
-MAX_SCHEDULE_OPS = 1_000_000
+MAX_SCHEDULE_OPS = 10_000_000  # ~9 GB of ops and records (ring decode on 1,024 GPUs: 3.1M ops, 2.8 GB)
 BYTES_PER_GRAPH_ELEMENT = 1_000
-BYTES_PER_OP = 2_000
+BYTES_PER_OP = 900  # measured: ring decode P = 1024, 3.1M ops, 2.77 GB peak RSS (benchmarks/engine_speed.py)
 FORCE_HINT = "--force runs it anyway"
 
-# algorithm -> ops of one rank given P ranks (measured on the decode schedules: ring 3P + 7, others <= 20)
-_OPS_PER_RANK: dict[str, Callable[[int], float]] = {"ring": lambda p: 3.0 * p + 8, "single": lambda p: 2.0}
+# algorithm -> ops of one rank given P ranks (measured on the decode schedules: ring 3P + 7, others <= 20; on the
+# prefill schedules, forward + backward: ring 8P, allgather and ulysses about 4P: P - 1 steps of pieces)
+_OPS_PER_RANK: dict[str, Callable[[int], float]] = {
+    "ring": lambda p: 3.0 * p + 8, "single": lambda p: 2.0,
+    "prefill:ring": lambda p: 8.0 * p + 16, "prefill:allgather": lambda p: 4.0 * p + 16,
+    "prefill:ulysses": lambda p: 4.0 * p + 16, "prefill:single": lambda p: 4.0,
+}
 
 
 def _refuse(what: str, size: float, limit: int, unit_bytes: int, field: str | None) -> InputError:

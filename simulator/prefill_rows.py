@@ -22,6 +22,7 @@ from simulator.algorithms.prefill import PREFILL_REGISTRY, build_prefill, check_
 from simulator.cluster.topology import Cluster
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
+from simulator.limits import check_schedule
 from simulator.memory import peak_memory
 from simulator.prefill_numeric import make_prefill_inputs, run_prefill_numeric
 from simulator.scenario import Point
@@ -59,9 +60,10 @@ def check_prefill(point: Point, layout: Layout, numeric: bool = False) -> None:
         if shape.sequence < p:
             raise InputError(f"the sequence ({shape.sequence} tokens) must have at least one token per rank ({p} "
                              f"ranks)", field="workload.sequence")
-        for name, _ in _algorithms(point):
+        for i, (name, _) in enumerate(_algorithms(point)):
             if name == "ulysses":
                 check_ulysses(shape, p)
+            check_schedule(f"prefill:{name}", p, f"algorithms.{i}", point.force)
         scores = shape.batch * shape.heads * shape.sequence ** 2
         if numeric and scores > NUMERIC_MAX_SCORES:
             raise InputError(f"--numeric checks against dense attention: batch x heads x sequence^2 = {scores:.3g} "

@@ -35,7 +35,7 @@ def test_committed_results_are_reproduced(report):
     frame, points = _committed(report)
     checked = 0
     for point in points:
-        swept = dict(point.swept)
+        swept = point.columns()  # as the results hold them (lists and mappings as JSON)
         mine = frame
         for key, value in swept.items():
             mine = mine[mine[key].astype(str) == str(value)]

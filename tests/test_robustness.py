@@ -72,8 +72,8 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     "a 100 x 100 x 100 sweep": (BASE + "sweep: {workload.context: [%s], workload.batch: [%s], "
                                 "topology_params.spines: [%s]}\n" % ((", ".join(map(str, range(1, 101))),) * 3),
                                 [], "s.yaml:6: sweep: the sweep has 1,000,000 points (limit 10,000); --force"),
-    "ring on 1024 ranks": (BASE, ["--set", "topology_params.nodes=128"],
-                           "algorithms.0: the ring schedule on 1,024 ranks would have too many ops"),
+    "ring on 2048 ranks": (BASE, ["--set", "topology_params.nodes=256"],
+                           "algorithms.0: the ring schedule on 2,048 ranks would have too many ops"),
     # 9. silently ignored or coerced
     "context: true": (BASE.replace("context: 4096", "context: true"), [], "workload.context: expected a token count"),
     "batch: yes": (BASE.replace("batch: 1", "batch: yes"), [], "workload.batch: must be an integer, got True"),
