@@ -52,6 +52,20 @@ def _finite_or_zero(xp: Any, m: Array) -> Array:
     return xp.where(xp.isinf(m), xp.zeros_like(m), m)
 
 
+def _scores(xp: Any, q: Array, k: Array, scale: float, mask: Array | None) -> tuple[Array, Array]:
+    """Scaled scores (b, heads, nq, t) of ``q`` against ``k`` (GQA: each group of query heads against its KV
+    head), -inf where ``mask`` is False; and ``q`` grouped by KV head (b, kv_heads, group * nq, d)."""
+    b, heads, nq, d = q.shape
+    kv_heads, t = k.shape[1], k.shape[2]
+    if heads % kv_heads:
+        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    qg = xp.reshape(q, (b, kv_heads, (heads // kv_heads) * nq, d))
+    scores = xp.reshape(xp.matmul(qg, xp.matrix_transpose(k)) * scale, (b, heads, nq, t))
+    if mask is not None:
+        scores = xp.where(mask, scores, xp.full_like(scores, -float("inf")))
+    return scores, qg
+
+
 def partial_attention(q: Array, k: Array, v: Array, scale: float, mask: Array | None = None) -> PartialState:
     """Attention of ``q`` against one shard of keys/values, as an unnormalised partial state.
 
@@ -62,15 +76,8 @@ def partial_attention(q: Array, k: Array, v: Array, scale: float, mask: Array | 
     xp = array_namespace(q, k, v)
     b, heads, nq, d = q.shape
     kv_heads, t = k.shape[1], k.shape[2]
-    if heads % kv_heads:
-        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    scores, _ = _scores(xp, q, k, scale, mask)
     group = heads // kv_heads
-    qg = xp.reshape(q, (b, kv_heads, group * nq, d))
-    scores = xp.matmul(qg, xp.matrix_transpose(k)) * scale  # (b, kv_heads, group*nq, t)
-    scores = xp.reshape(scores, (b, heads, nq, t))
-    if mask is not None:
-        neg_inf = xp.full_like(scores, -float("inf"))
-        scores = xp.where(mask, scores, neg_inf)
     if t == 0:
         return empty_state(q)
     m = xp.max(scores, axis=-1)  # (b, heads, nq)
@@ -154,14 +161,9 @@ def block_backward(q: Array, k: Array, v: Array, scale: float, mask: Array | Non
     xp = array_namespace(q, k, v, lse, delta, dout)
     b, heads, nq, d = q.shape
     kv_heads, t = k.shape[1], k.shape[2]
-    if heads % kv_heads:
-        raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+    scores, qg = _scores(xp, q, k, scale, mask)
     group = heads // kv_heads
-    qg = xp.reshape(q, (b, kv_heads, group * nq, d))
     dog = xp.reshape(dout, (b, kv_heads, group * nq, d))
-    scores = xp.reshape(xp.matmul(qg, xp.matrix_transpose(k)) * scale, (b, heads, nq, t))
-    if mask is not None:
-        scores = xp.where(mask, scores, xp.full_like(scores, -float("inf")))
     p = xp.exp(scores - _finite_or_zero(xp, lse)[..., None])  # masked: exp(-inf) = 0; lse = -inf rows: all masked
     pg = xp.reshape(p, (b, kv_heads, group * nq, t))
     dv = xp.matmul(xp.matrix_transpose(pg), dog)  # (b, kv_heads, t, d)
