@@ -26,6 +26,9 @@ from simulator.distributed.launch import RankFailure, spawn
 from simulator.errors import InputError, excerpt
 from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
+from simulator.nccl_validate import summarize as nccl_summary
+from simulator.nccl_validate import summary_lines as nccl_summary_lines
+from simulator.nccl_validate import validate_nccl_tests
 from simulator.outdir import check_output_dir, check_output_file, output_lock
 from simulator.overlap import find_overlap, overlap_shape
 from simulator.paths import DEFAULT_SCENARIO
@@ -506,9 +509,14 @@ def _cmd_overlap(args: argparse.Namespace) -> int:
 
 def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """validate / calibrate: check the inputs here, then start the local ranks (rank 0 prints and writes)."""
+    if args.verb == "validate" and args.nccl_tests:
+        return _cmd_validate_nccl_tests(args)
     if args.procs < 1:
         raise InputError(f"must be at least 1, got {args.procs}", field="--procs")
     if args.verb == "validate":
+        if not args.scenario:
+            raise InputError("needs a scenario (real runs of its schedules) or --nccl-tests LOG (nccl-tests logs "
+                             "against --topology)", field="validate")
         check_scenario(args)
         if args.topology:
             load_topology(args.topology)
@@ -519,6 +527,29 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
     except RankFailure as err:
         print(f"treering: {args.verb} failed: {err}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _cmd_validate_nccl_tests(args: argparse.Namespace) -> int:
+    """nccl-tests logs against the simulator on ``--topology``: no ranks are started."""
+    if not args.topology:
+        raise InputError("--nccl-tests needs --topology: the cluster the logs were measured on", field="--topology")
+    if args.scenario:
+        raise InputError("give a scenario or --nccl-tests, not both", field="--nccl-tests")
+    out = Path(args.out) if args.out else Path("out") / "nccl-tests-validation"
+    check_output_dir(out)
+    frame = validate_nccl_tests(args.nccl_tests, args.topology, args.sets)
+    if not len(frame):
+        raise InputError("no sizes to compare in the logs", file=args.nccl_tests[0], field="--nccl-tests")
+    command = shlex.join(["treering", *args.argv])
+    with output_lock(out):
+        write_csv_atomic(frame, out / "nccl_validation.csv")
+        write_text_atomic(out / "summary.md", nccl_summary(frame, command))
+    shown = frame.drop(columns=["log", "measured_time_s", "predicted_time_s"])
+    with pd.option_context("display.width", 250, "display.max_rows", 500, "display.float_format", "{:.4g}".format):
+        _say(shown.to_string(index=False))
+    _say("\n" + "\n".join(nccl_summary_lines(frame)))
+    _say(f"wrote {out / 'nccl_validation.csv'} and {out / 'summary.md'}")
     return 0
 
 

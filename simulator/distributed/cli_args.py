@@ -17,7 +17,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def add_validate_args(p: argparse.ArgumentParser) -> None:
     """The options of ``treering validate``."""
-    p.add_argument("scenario", help="a decode scenario YAML")
+    p.add_argument("scenario", nargs="?", default=None,
+                   help="a decode scenario YAML (its schedules run for real); omit with --nccl-tests")
+    p.add_argument("--nccl-tests", dest="nccl_tests", action="append", default=[], metavar="LOG",
+                   help="an nccl-tests output log (all_reduce_perf, ...): compare its bus bandwidth per size with the "
+                        "simulator on --topology; no ranks are started (repeat for several logs)")
     _common(p)
     p.add_argument("--topology", default=None,
                    help="topology the prediction runs on (e.g. one written by treering calibrate); "
