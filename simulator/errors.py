@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import reprlib
 
-__all__ = ["MAX_MESSAGE_CHARS", "InputError", "excerpt"]
+__all__ = ["MAX_FIELD_CHARS", "MAX_MESSAGE_CHARS", "InputError", "excerpt"]
 
 MAX_MESSAGE_CHARS = 1000  # one line a terminal can show, whatever went into it
+MAX_FIELD_CHARS = 120  # a field path is built from the user's keys: a key of any length is cut to this
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxdict, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset = 2, 4, 4, 4, 4
@@ -47,6 +48,7 @@ class InputError(Exception):
         where = ""
         if self.file:
             where = self.file + (f":{self.line}" if self.line is not None else "") + ": "
-        field = f"{self.field}: " if self.field else ""
+        name = self.field or ""
+        field = f"{name if len(name) <= MAX_FIELD_CHARS else name[: MAX_FIELD_CHARS - 3] + '...'}: " if name else ""
         text = " ".join(f"{where}{field}{self.message}".split())
         return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."

@@ -294,3 +294,11 @@ def test_a_second_writer_is_refused(tmp_path, capsys):
         assert main(["run", str(tmp_path / "s.yaml"), "-o", str(out), "--jobs", "1"]) == 2
     assert "another treering command is writing to this folder" in _error_line(capsys)
     assert main(["run", str(tmp_path / "s.yaml"), "-o", str(out), "--jobs", "1", "--no-report"]) == 0
+
+
+def test_a_field_named_by_a_huge_key_is_cut_in_the_message(tmp_path, capsys):
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\nbuilder: cluster\nparams:\n  nodes: 2\n  " + "x" * 500 + ": 0\n")
+    assert main(["topo", "show", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 600 and "params.xxx" in err and "unknown builder parameter" in err
