@@ -107,7 +107,7 @@ def collective_runs(point: Point, cluster: Cluster) -> list[tuple[str, Schedule,
         algbw = nbytes / seconds / 1e9
         row = {"scenario": point.scenario.name, "algorithm": label, "topology": cluster.name, "ranks": p,
                "nodes": fabric.nodes, "dtype": wl.dtype,
-               "bytes_moved": sum(r.nbytes for r in result.timeline if r.kind == "send"), "events": result.events,
+               "bytes_moved": result.bytes_sent(), "events": result.events,
                "sim_wall_s": wall, "collective": wl.collective, "bytes": nbytes, "time_s": seconds,
                "algbw_GBps": algbw, "busbw_GBps": algbw * bus_factor(wl.collective, p),
                "protocol": choice.protocol, "channels": choice.channels,

@@ -19,7 +19,7 @@ from simulator.algorithms.prefill import PREFILL_REGISTRY, build_prefill, check_
 from simulator.cluster.topology import Cluster
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
-from simulator.memory import peak_memory
+from simulator.memory import timeline_peaks
 from simulator.prefill_rows import prefill_timing
 from simulator.scenario import Point
 from simulator.schedule import Schedule
@@ -63,7 +63,7 @@ def _measure(sched: Schedule, cluster: Cluster) -> tuple[SimResult, list[float],
     t0 = time.perf_counter()
     result = simulate(sched, cluster)
     wall = time.perf_counter() - t0
-    return result, peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in result.timeline}), wall
+    return result, timeline_peaks(sched, result.timeline), wall
 
 
 def generate_rows(point: Point, cluster: Cluster, layout: Layout) -> list[dict[str, Any]]:
@@ -91,7 +91,7 @@ def generate_rows(point: Point, cluster: Cluster, layout: Layout) -> list[dict[s
             timing = prefill_timing(res, sched.ranks)
             steps.append(res.makespan)
             compute += timing["compute_s"]
-            moved += sum(rec.nbytes for rec in res.timeline if rec.kind == "send")
+            moved += res.bytes_sent()
             events, wall = events + res.events, wall + step_wall
             place = sched.placement_on(cluster.ranks)
             peaks += step_peaks
@@ -100,10 +100,10 @@ def generate_rows(point: Point, cluster: Cluster, layout: Layout) -> list[dict[s
         latency = pres.makespan + sum(steps)
         rows.append({
             "scenario": point.scenario.name, "algorithm": label(name, params), "topology": cluster.name,
-            "ranks": layout.ranks, "nodes": len({cluster.host_of(n) for n in pplace}), "context": wl.prompt,
+            "ranks": layout.ranks, "nodes": len(set(cluster.host_indices(pplace))), "context": wl.prompt,
             "batch": pshape.batch, "heads": pshape.heads, "head_dim": pshape.head_dim, "dtype": pshape.dtype,
             "latency_s": latency, "compute_s": compute, "comm_s": latency - compute,
-            "bytes_moved": moved + sum(rec.nbytes for rec in pres.timeline if rec.kind == "send"),
+            "bytes_moved": moved + pres.bytes_sent(),
             "peak_mem_bytes": max(peaks),
             "oom": any(peak > cluster.specs[node].mem_bytes for peak, node in zip(peaks, places, strict=True)),
             "events": events, "sim_wall_s": wall,

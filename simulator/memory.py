@@ -8,11 +8,12 @@ Pure: no simpy, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from simulator.schedule import Schedule
 
-__all__ = ["peak_memory"]
+__all__ = ["peak_memory", "timeline_peaks"]
 
 
 def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None = None) -> list[float]:
@@ -50,3 +51,10 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
                     raise ValueError(f"rank {r}: buffer {name!r} freed but not held")
                 cur -= held.pop(name)
     return peaks
+
+
+def timeline_peaks(sched: Schedule, timeline: Iterable[Any]) -> list[float]:
+    """Peak bytes of every rank, from a simulated timeline (records with ``op``, ``start``, ``end``): only the ops
+    that allocate or free buffers are looked up."""
+    held = {op.id for op in sched.ops if op.alloc or op.free}
+    return peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in timeline if rec.op in held})

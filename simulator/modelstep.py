@@ -22,7 +22,7 @@ from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.topology import Cluster
 from simulator.collectives import allreduce, fabric_of
 from simulator.engine.core import simulate
-from simulator.memory import peak_memory
+from simulator.memory import timeline_peaks
 from simulator.models import ModelPreset
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
@@ -114,9 +114,8 @@ def model_step(model: ModelPreset, name: str, params: dict[str, Any], shape: Dec
     runs = [simulate(s, cluster) for s in (dense_layer(model, shape, tp, cluster, weight_dtype), attn)]
     head = simulate(_head(model, shape, tp, cluster, wb), cluster)
     layer = sum(r.makespan for r in runs)
-    times = {rec.op: (rec.start, rec.end) for rec in runs[1].timeline}
     place = attn.placement_on(cluster.ranks)
-    attn_peak = dict(zip(place, peak_memory(attn, times), strict=True))
+    attn_peak = dict(zip(place, timeline_peaks(attn, runs[1].timeline), strict=True))
     kv = {place[r]: bufs.get("kv0", 0.0) for r, bufs in attn.initial.items()}
     weights_bytes = model.params / tp * wb  # the published count, split over the tp group
     peaks = [weights_bytes + (model.layers - 1) * kv.get(n, 0.0) + attn_peak.get(n, 0.0) for n in cluster.ranks]

@@ -31,7 +31,7 @@ from simulator.errors import InputError
 from simulator.gcpause import gc_paused
 from simulator.generate_rows import check_generate, generate_rows, generate_runs
 from simulator.limits import check_schedule
-from simulator.memory import peak_memory
+from simulator.memory import timeline_peaks
 from simulator.modelstep import attention_layer, model_step
 from simulator.numeric import make_inputs, run_numeric
 from simulator.prefill_rows import check_prefill, prefill_rows, prefill_runs
@@ -270,8 +270,7 @@ def result_numbers(sched: Schedule, result: SimResult) -> dict[str, Any]:
     """What a row takes from one simulated schedule: latency_s, compute_s and comm_s (the critical rank's),
     bytes_moved and the per-rank memory ``peaks``."""
     with gc_paused():  # millions of live ops and records: a collection would walk them all for nothing
-        held = {op.id for op in sched.ops if op.alloc or op.free}  # the ops whose times memory needs
-        peaks = peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in result.timeline if rec.op in held})
+        peaks = timeline_peaks(sched, result.timeline)
         compute_s, comm_s = result.critical_split()
         moved = result.bytes_sent()
     return {"latency_s": result.makespan, "compute_s": compute_s, "comm_s": comm_s, "bytes_moved": moved,

@@ -23,7 +23,7 @@ from simulator.cluster.topology import Cluster
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
 from simulator.limits import check_schedule
-from simulator.memory import peak_memory
+from simulator.memory import timeline_peaks
 from simulator.prefill_numeric import make_prefill_inputs, run_prefill_numeric
 from simulator.scenario import Point
 from simulator.schedule import COMPUTE_KINDS, Schedule
@@ -106,7 +106,7 @@ def prefill_timing(result: SimResult, ranks: int) -> dict[str, float]:
             busy[rec.rank].append((rec.start, rec.end))
         elif rec.kind in ("send", "recv"):
             moving[rec.rank].append((rec.start, rec.end))
-    crit = max(result.end_time, key=lambda r: (result.end_time[r], -r)) if result.end_time else 0
+    crit = result.critical_rank()
     transfers = _union(moving[crit])
     moved = sum(b - a for a, b in transfers)
     hidden = _overlap(transfers, _union(busy[crit])) / moved if moved > 0 else math.nan
@@ -133,15 +133,15 @@ def prefill_rows(point: Point, cluster: Cluster, layout: Layout, numeric: bool =
         t0 = time.perf_counter()
         result = simulate(sched, cluster)
         wall = time.perf_counter() - t0
-        peaks = peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in result.timeline})
+        peaks = timeline_peaks(sched, result.timeline)
         place = sched.placement_on(cluster.ranks)
         timing = prefill_timing(result, sched.ranks)
         row: dict[str, Any] = {
             "scenario": point.scenario.name, "algorithm": label(name, params, PREFILL_REGISTRY),
-            "topology": cluster.name, "ranks": sched.ranks, "nodes": len({cluster.host_of(n) for n in place}),
+            "topology": cluster.name, "ranks": sched.ranks, "nodes": len(set(cluster.host_indices(place))),
             "context": shape.sequence, "batch": shape.batch, "heads": shape.heads, "head_dim": shape.head_dim,
             "dtype": shape.dtype, "latency_s": result.makespan, "compute_s": timing["compute_s"],
-            "comm_s": timing["comm_s"], "bytes_moved": sum(rec.nbytes for rec in result.timeline if rec.kind == "send"),
+            "comm_s": timing["comm_s"], "bytes_moved": result.bytes_sent(),
             "peak_mem_bytes": max(peaks),
             "oom": any(peak > cluster.specs[place[r]].mem_bytes for r, peak in enumerate(peaks)),
             "events": result.events, "sim_wall_s": wall,

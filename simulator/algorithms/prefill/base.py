@@ -48,6 +48,15 @@ def _pairs(shape: PrefillShape, q: tuple[Run, ...], k: tuple[Run, ...] | None) -
     return rank_pairs(q, shape.sequence, shape.causal) if k is None else pair_count(q, k, shape.causal)
 
 
+def _block_size(shape: PrefillShape, q_runs: tuple[Run, ...], k_runs: tuple[Run, ...] | None,
+                pairs: int | None) -> tuple[int, int, int] | None:
+    """(queries, keys, unmasked pairs) of a block (``k_runs`` None: the whole sequence); None when fully masked."""
+    pairs = _pairs(shape, q_runs, k_runs) if pairs is None else pairs
+    if pairs == 0:
+        return None
+    return run_tokens(q_runs), shape.sequence if k_runs is None else run_tokens(k_runs), pairs
+
+
 def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: tuple[Run, ...],
                       k_runs: tuple[Run, ...] | None, kv_buf: str, deps: Iterable[int], *, q_buf: str = "q",
                       out: str = "acc", first: bool, heads: int | None = None, free: Sequence[str] = (),
@@ -55,12 +64,10 @@ def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: t
     """Forward block of ``q_runs`` against ``k_runs`` (None: the whole sequence); None when fully masked.
 
     ``pairs``: the block's unmasked pairs when the caller knows them already."""
-    nk = shape.sequence if k_runs is None else run_tokens(k_runs)
-    if pairs is None:
-        pairs = _pairs(shape, q_runs, k_runs)
-    if pairs == 0:
+    size = _block_size(shape, q_runs, k_runs, pairs)
+    if size is None:
         return None
-    nq = run_tokens(q_runs)
+    nq, nk, pairs = size
     flops, nbytes = shape.forward_cost(nq, nk, pairs, heads)
     return sched.add_compute(rank, f"attn-fwd[{kv_buf}]", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
                              fn="attn-fwd", out=out, args=(q_buf, kv_buf),
@@ -94,12 +101,10 @@ def add_backward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: 
                        alloc_dkv: float | None, heads: int | None = None, free: Sequence[str] = (),
                        pairs: int | None = None) -> int | None:
     """Backward block: dq += and ``dkv_buf`` += its gradients (``alloc_dkv``: bytes when the block creates it)."""
-    nk = shape.sequence if k_runs is None else run_tokens(k_runs)
-    if pairs is None:
-        pairs = _pairs(shape, q_runs, k_runs)
-    if pairs == 0:
+    size = _block_size(shape, q_runs, k_runs, pairs)
+    if size is None:
         return None
-    nq = run_tokens(q_runs)
+    nq, nk, pairs = size
     flops, nbytes = shape.backward_cost(nq, nk, pairs, heads)
     alloc = [(dq, shape.q_bytes(nq, heads))] if alloc_dq else []
     if alloc_dkv is not None:
