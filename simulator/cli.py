@@ -522,6 +522,10 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
             load_topology(args.topology)
     elif args.procs < 2:
         raise InputError(f"calibrate needs at least 2 ranks, got {args.procs}", field="--procs")
+    else:
+        for dtype in filter(None, args.kernel_dtypes.split(",")):
+            if dtype not in ("fp32", "fp64", "bf16", "fp16"):
+                raise InputError(f"unknown dtype {dtype!r}; valid: fp32, fp64, bf16, fp16", field="--kernel-dtypes")
     try:
         spawn(args.procs, list(argv), args.timeout)
     except RankFailure as err:

@@ -41,7 +41,8 @@ from simulator.prefill_kernels import PREFILL_KERNELS
 from simulator.schedule import Op
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["KERNELS", "Descriptor", "KVShard", "Kernel", "RankBuffers", "kernel_cost", "state_of"]
+__all__ = ["KERNELS", "PROFILE_AXES", "Descriptor", "KVShard", "Kernel", "RankBuffers", "kernel_cost", "kernel_dims",
+           "state_of"]
 
 Descriptor = tuple[Any, ...]
 
@@ -97,6 +98,7 @@ class Kernel:
     run: Callable[[RankBuffers, Op], None]
     result: Callable[[Sequence[Descriptor | None], Descriptor | None, DecodeShape], Descriptor | None]
     cost: Callable[[DecodeShape, int], tuple[float, float]]
+    dims: Callable[[DecodeShape, int], tuple[float, ...]] | None = None  # its shape on its profile's axes
 
 
 # -- numeric semantics ---------------------------------------------------------------------------------------------
@@ -199,6 +201,20 @@ def _free(shape: DecodeShape, n: int) -> tuple[float, float]:
     return 0.0, 0.0
 
 
+# -- shapes on the profile axes (:mod:`simulator.kernel_model`: what ``treering calibrate`` measures) --------------
+
+def _attend_dims(shape: DecodeShape, tokens: int) -> tuple[float, ...]:
+    return shape.kv_bytes(tokens), float(shape.head_dim), float(shape.heads // shape.kv_heads)
+
+
+def _state_dims(shape: DecodeShape, n: int) -> tuple[float, ...]:
+    return (float(shape.batch * shape.model_dim + 2 * shape.ml_elems),)
+
+
+def _elem_dims(shape: DecodeShape, elems: int) -> tuple[float, ...]:
+    return (float(elems),)
+
+
 def _elementwise(shape: DecodeShape, elems: int) -> tuple[float, float]:
     return shape.elementwise_cost(elems)
 
@@ -208,12 +224,12 @@ def _kv_copy(shape: DecodeShape, tokens: int) -> tuple[float, float]:
 
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (
-    Kernel("attend", _attend, _state, _attend_cost),
-    Kernel("merge", _merge, _state, _merge_cost),
+    Kernel("attend", _attend, _state, _attend_cost, _attend_dims),
+    Kernel("merge", _merge, _state, _merge_cost, _state_dims),
     Kernel("pack-m", _pack_m, _flat_m, _free),
-    Kernel("rescale", _rescale, _flat_ol, _elementwise),
-    Kernel("finalize", _finalize, _output, _elementwise),
-    Kernel("finalize-flat", _finalize_flat, _output, _elementwise),
+    Kernel("rescale", _rescale, _flat_ol, _elementwise, _elem_dims),
+    Kernel("finalize", _finalize, _output, _elementwise, _elem_dims),
+    Kernel("finalize-flat", _finalize_flat, _output, _elementwise, _elem_dims),
     Kernel("reduce-sum", _reduce_sum, _in_place, _elementwise),
     Kernel("reduce-max", _reduce_max, _in_place, _elementwise),
     Kernel("copy", _copy, _same_as_arg, _kv_copy),
@@ -225,6 +241,21 @@ def _prefill_cost(shape: DecodeShape, n: int) -> tuple[float, float]:
 
 
 KERNELS.update({name: Kernel(name, run, result, _prefill_cost) for name, (run, result) in PREFILL_KERNELS.items()})
+
+
+PROFILE_AXES: dict[str, tuple[str, ...]] = {
+    "attend": ("kv_bytes", "head_dim", "group"),  # KV bytes read, head dimension, query heads per KV head
+    "merge": ("elems",),  # elements of one state (o, l, m)
+    "rescale": ("elems",),
+    "finalize": ("elems",),
+    "finalize-flat": ("elems",),
+}  # the kernels ``treering calibrate`` profiles over shapes, and their axes
+
+
+def kernel_dims(name: str, shape: DecodeShape, n: int) -> tuple[float, ...]:
+    """The shape of kernel ``name`` on its profile's axes (empty for kernels that are never profiled)."""
+    k = kernel(name)
+    return k.dims(shape, n) if k.dims is not None else ()
 
 
 def kernel(name: str) -> Kernel:

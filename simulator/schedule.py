@@ -70,6 +70,7 @@ class Op(NamedTuple):
     redop: str = ""
     into: bool = False
     floor_s: float = 0.0  # a launch's or a transfer's fixed latency is at least this (a protocol's, see engine)
+    dims: tuple[float, ...] = ()  # a compute op's shape on its kernel profile's axes (simulator.kernel_model)
 
 
 @dataclass
@@ -100,13 +101,14 @@ class Schedule:
                     dtype: str = "fp32", deps: Iterable[int] = (), kind: str = "compute",
                     not_before_s: float = 0.0, fn: str = "", out: str = "", args: Sequence[str] = (),
                     lo: int = 0, hi: int = -1, alloc: Sequence[tuple[str, float]] = (), free: Sequence[str] = (),
-                    fused: bool = False, coll: str = "") -> int:
-        """Append a compute (or ``merge``) op on ``rank``; returns its id."""
+                    fused: bool = False, coll: str = "", dims: tuple[float, ...] = ()) -> int:
+        """Append a compute (or ``merge``) op on ``rank``; returns its id. ``dims``: the kernel's shape on its
+        profile's axes, for devices whose kernels were profiled (:mod:`simulator.kernel_model`)."""
         if kind not in COMPUTE_KINDS:
             raise ValueError(f"kind must be one of {sorted(COMPUTE_KINDS)}, got {kind!r}")
         op = Op(len(self.ops), rank, kind, name, self._check(rank, deps), flops=float(flops),
                 nbytes=float(nbytes), dtype=dtype, not_before_s=not_before_s, fn=fn, out=out, args=tuple(args),
-                lo=lo, hi=hi, alloc=tuple(alloc), free=tuple(free), fused=fused, coll=coll)
+                lo=lo, hi=hi, alloc=tuple(alloc), free=tuple(free), fused=fused, coll=coll, dims=dims)
         self.ops.append(op)
         return op.id
 

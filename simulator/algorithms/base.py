@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.collectives.fabric import Fabric
-from simulator.kernels import kernel_cost
+from simulator.kernels import kernel_cost, kernel_dims
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape, shard_bounds
 
@@ -81,4 +81,5 @@ def add_kernel(sched: Schedule, shape: DecodeShape, rank: int, fn: str, n: int, 
     """A compute op running kernel ``fn`` of size ``n`` (:mod:`simulator.kernels`), its cost from the kernel table;
     ``options`` are :meth:`Schedule.add_compute`'s (deps, out, args, alloc, free, fused, kind...)."""
     flops, nbytes = kernel_cost(fn, shape, n)
-    return sched.add_compute(rank, name or fn, flops=flops, nbytes=nbytes, dtype=shape.dtype, fn=fn, **options)
+    return sched.add_compute(rank, name or fn, flops=flops, nbytes=nbytes, dtype=shape.dtype, fn=fn,
+                             dims=kernel_dims(fn, shape, n), **options)

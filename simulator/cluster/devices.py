@@ -10,6 +10,10 @@ where ``eff`` is ``eff_flops``, except for attention kernels (the ops whose ``fn
 (FlashAttention-2, arXiv:2307.08691, reports 50-73 % of A100 peak forward). The YAML key is
 ``attention_efficiency: {forward: 0.6, backward: 0.45}``; each defaults to ``eff_flops``, so it is never a hidden
 factor: set it from a measurement of your kernels (e.g. ``benchmarks`` of flash-attn on the device).
+
+A device may also carry ``kernels:``, measured times of its kernels over shapes (:mod:`simulator.kernel_model`,
+written by ``treering calibrate``). A kernel with a profile for the op's dtype takes the profile's interpolated time
+(launch included) instead of the roofline; the others stay on the roofline.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.errors import InputError, excerpt
+from simulator.kernel_model import KernelProfile, parse_kernel_profiles
 from simulator.units import checked_quantity
 
 __all__ = ["ATTENTION_KERNELS", "DTYPE_BYTES", "DeviceSpec", "compute_time", "flops_efficiency", "parse_device_spec",
-           "roofline"]
+           "profiled_time", "roofline"]
 
 DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 ATTENTION_KERNELS: dict[str, str] = {"attn-fwd": "forward", "attn-bwd": "backward"}  # op fn -> efficiency key
@@ -40,6 +45,7 @@ class DeviceSpec:
     eff_flops: float = 1.0
     eff_mem: float = 1.0
     attention_eff: Mapping[str, float] = field(default_factory=dict)  # forward/backward -> fraction of peak
+    kernels: Mapping[tuple[str, str], KernelProfile] = field(default_factory=dict)  # (fn, dtype) -> profile
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; an unsupported dtype is an :class:`InputError`."""
@@ -70,7 +76,16 @@ def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, laun
     return (spec.launch_s if launch else 0.0) + max(roofline(spec, flops, nbytes, dtype, fn))
 
 
-_SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "eff_mem", "attention_efficiency"}
+def profiled_time(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]
+                  ) -> tuple[float, tuple[str, ...]] | None:
+    """(seconds, axes extrapolated on) of kernel ``fn`` of shape ``dims`` from the device's profile, or None when
+    the device has no profile of ``fn`` in ``dtype`` (or the op carries no shape)."""
+    profile = spec.kernels.get((fn, dtype)) if dims else None
+    return None if profile is None else profile.predict(dims)
+
+
+_SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "eff_mem", "attention_efficiency",
+              "kernels"}
 
 
 def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
@@ -103,7 +118,17 @@ def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
         eff_flops=_fraction(raw.get("eff_flops", 1.0), ("eff_flops",), locate),
         eff_mem=_fraction(raw.get("eff_mem", 1.0), ("eff_mem",), locate),
         attention_eff=_attention_eff(raw.get("attention_efficiency", {}), locate),
+        kernels=_kernels(raw.get("kernels", {}), locate),
     )
+
+
+def _kernels(raw: Any, locate: Any) -> dict[tuple[str, str], KernelProfile]:
+    from simulator.kernels import PROFILE_AXES  # the kernel table imports the merge core: only when profiled
+
+    if not raw:
+        return {}
+    return parse_kernel_profiles(raw, PROFILE_AXES, list(DTYPE_BYTES),
+                                 lambda sub, err: locate(("kernels", *sub), err))
 
 
 def _attention_eff(raw: Any, locate: Any) -> dict[str, float]:

@@ -43,15 +43,22 @@ import torch.distributed as dist
 import yaml
 
 from simulator.distributed.common import device_for, init_group
+from simulator.distributed.profile_kernels import profile_attend, profile_small
 from simulator.files import write_text_atomic
+from simulator.kernel_model import KernelProfile, profile_to_yaml
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["fit_linear", "run_rank"]
+__all__ = ["PoorFit", "fit_linear", "run_rank"]
 
 PINGPONG_SIZES = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB
 SHARDS = [256, 1024, 4096, 16384, 65536]
 LARGE_MESSAGE = 2**20  # ping-pong sizes from here on set the per-flow bandwidth
+MIN_R2 = 0.9  # a ping-pong fit explaining less is refused (nothing written)
+
+
+class PoorFit(RuntimeError):
+    """A fit too poor to write: the message says which and why."""
 
 
 def fit_linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
@@ -233,6 +240,15 @@ def _matmul_flops(device: torch.device, dtype: torch.dtype, reps: int) -> float:
     return 2 * n**3 / max(_median_time(lambda: torch.matmul(a, b), reps, device, only=0), 1e-12)
 
 
+def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProfile]:
+    """The kernels' profiles over shapes (rank 0 alone; :mod:`simulator.distributed.profile_kernels`)."""
+    out = []
+    for dtype in filter(None, args.kernel_dtypes.split(",")):
+        out.append(profile_attend(dtype, device))
+        out += [profile_small(k, dtype, device) for k in ("merge", "rescale", "finalize", "finalize-flat")]
+    return out
+
+
 def run_rank(args: argparse.Namespace) -> None:
     """One rank of ``treering calibrate`` (rank 0 writes the topology)."""
     init_group(args.backend, args.timeout)
@@ -254,12 +270,33 @@ def run_rank(args: argparse.Namespace) -> None:
     concurrent = min(world, os.cpu_count() or 1)
     shared_bw = _shared_memory_bandwidth(args, device, concurrent)
     memcpy_bw = _copy_bandwidth(device, args.reps)
+    profiles = _profiles(args, device) if rank == 0 and args.kernel_dtypes else []
+    dist.barrier()
     if rank == 0:
         text = _topology(args, world, pp, (ring_s, ring_cpu), big, (allreduce_s, p2p_s), small, attend32, attend64,
-                         flops, (concurrent, shared_bw, memcpy_bw))
+                         flops, (concurrent, shared_bw, memcpy_bw), profiles)
         write_text_atomic(Path(args.out), text)
         print(f"wrote {args.out}")
     dist.destroy_process_group()
+
+
+def _profile_lines(profiles: list[KernelProfile]) -> list[str]:
+    if not profiles:
+        return []
+    worst = max(profiles, key=lambda p: max(p.spread, default=0.0))
+    return ["# Kernel profiles (kernels:, rank 0 alone, each point repeated until the 95 % confidence interval of its "
+            "median was within 3 % or 0.8 s passed; spread = interquartile range / median): "
+            + "; ".join(f"{p.kernel} {p.dtype} over {p.ranges()} ({len(p.seconds)} points, median spread "
+                        f"{statistics.median(p.spread):.1%})" for p in profiles)
+            + f". Largest spread: {max(worst.spread):.1%} ({worst.kernel} {worst.dtype}). Shapes between grid points "
+            "are interpolated in log space; beyond them, extrapolated and reported."]
+
+
+def _kernels_yaml(profiles: list[KernelProfile]) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for p in profiles:
+        out.setdefault(p.kernel, {})[p.dtype] = profile_to_yaml(p)
+    return out
 
 
 def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -273,7 +310,8 @@ def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[
 
 def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring: tuple[float, float], big: int,
               after_compute: tuple[float, float], small: float, attend32: list[tuple[float, float]],
-              attend64: list[tuple[float, float]], flops: list[float], shared: tuple[int, float, float]) -> str:
+              attend64: list[tuple[float, float]], flops: list[float], shared: tuple[int, float, float],
+              profiles: list[KernelProfile]) -> str:
     sizes = np.array([s for s, _ in pp], dtype=float)
     one_way = np.array([t for _, t in pp])
     overhead, _, _, _ = fit_linear(sizes, one_way)
@@ -283,6 +321,11 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     large = sizes >= LARGE_MESSAGE
     flow_bw = float(np.median(sizes[large] / np.maximum(one_way[large] - overhead, 1e-12)))
     r2_p2p, res_p2p = fit_quality(overhead + sizes / flow_bw, one_way)
+    if r2_p2p < MIN_R2:
+        raise PoorFit(f"the ping-pong fit one-way = {overhead * 1e6:.1f} us + bytes / {flow_bw / 1e9:.2f} GB/s "
+                      f"explains too little of the measurements (R^2 = {r2_p2p:.3f}, accepted from {MIN_R2}; largest "
+                      f"relative residual {res_p2p:.0%}): the machine was too busy; nothing written, rerun when it is "
+                      "quiet")
     ring_s, ring_cpu = ring
     aggregate = world * big / max(ring_s - overhead, 1e-12)
     aggregate = max(aggregate, flow_bw)  # a lone flow is never faster than all of them together
@@ -329,6 +372,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"time per byte and side; a lone memcpy moves {memcpy_bw / 1e9:.3f} GB/s on one core).",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
         "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
+        *_profile_lines(profiles),
     ]
     body = {
         "name": "localhost",
@@ -336,7 +380,8 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
             "peak_flops": {"fp32": f"{flops[0]:.6g} FLOP/s", "bf16": f"{flops[0]:.6g} FLOP/s",
                            "fp16": f"{flops[0]:.6g} FLOP/s", "fp64": f"{flops[1]:.6g} FLOP/s"},
             "mem_bw": f"{mem_bw:.6g} B/s", "mem": f"{mem_total / world:.6g} B",
-            "launch_overhead": f"{launch * 1e6:.6g} us"}},
+            "launch_overhead": f"{launch * 1e6:.6g} us",
+            **({"kernels": _kernels_yaml(profiles)} if profiles else {})}},
         "nodes": [{"name": f"local.rank{r}", "kind": "gpu", "device": "cpu-rank"} for r in range(world)]
         + [{"name": "local.tx", "kind": "switch"}, {"name": "local.rx", "kind": "switch"}],
         "links": [{"src": f"local.rank{r}", "dst": "local.tx", "bandwidth": f"{flow_bw:.6g} B/s",

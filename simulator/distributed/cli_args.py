@@ -45,6 +45,9 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=16, help="attention shape of the compute measurement")
     p.add_argument("--head-dim", type=int, default=128, help="head dimension of the compute measurement")
     p.add_argument("--reps", type=int, default=15, help="repetitions per measured size (median)")
+    p.add_argument("--kernel-dtypes", dest="kernel_dtypes", default="fp32,fp64,bf16",
+                   help="dtypes whose kernels are profiled over shapes (comma-separated; empty: none, the kernels "
+                        "stay on the roofline)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -32,11 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import simpy
 
-from simulator.cluster.devices import compute_time
+from simulator.cluster.devices import compute_time, profiled_time
 from simulator.cluster.topology import Cluster
 from simulator.engine.host import HostResources
 from simulator.engine.network import FlowNetwork
@@ -76,6 +76,8 @@ class SimResult:
     end_time: dict[int, float] = field(default_factory=dict)
     simpy_events: int = 0
     link_load: list[tuple[float, str, str, float]] = field(default_factory=list)  # (time, u, v, bytes/s)
+    # kernels timed from a device profile outside its measured range: (device, kernel, dtype) -> axes
+    extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def makespan(self) -> float:
@@ -141,7 +143,8 @@ class _Run:
         self.cursor = [0] * schedule.ranks
         self.held = [False] * len(schedule.ops)  # dependencies met, waiting for its turn in program order
         self.net = FlowNetwork(capacity)
-        self._durations: dict[tuple[int, float, float, str, bool, str], float] = {}
+        self._durations: dict[tuple[Any, ...], float] = {}
+        self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._paths: dict[tuple[int, int], tuple[list[int], float]] = {}
         cluster.prepare_routes({(self.place[op.rank], self.place[op.peer]) for op in schedule.ops
                                 if op.kind == "send" and op.peer is not None})
@@ -186,17 +189,26 @@ class _Run:
             ends[rec.rank] = max(ends.get(rec.rank, 0.0), rec.end)
         self.timeline.sort(key=attrgetter("start", "rank", "op"))
         return SimResult(self.timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
-                         self.link_load)
+                         self.link_load, self.extrapolated)
 
     # -- op life cycle -----------------------------------------------------------------------------------------
     def _duration(self, op: Op) -> float:
         spec = self.specs[op.rank]
-        key = (id(spec), op.flops, op.nbytes, op.dtype, op.fused, op.fn)  # the cluster holds its specs: ids stable
+        key = (id(spec), op.flops, op.nbytes, op.dtype, op.fused, op.fn, op.dims)  # the cluster holds its specs
         hit = self._durations.get(key)
-        if hit is None:  # no spec: a switch reducing in the network (NVLS), at line rate
-            hit = self._durations[key] = (0.0 if spec is None else
-                                          compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused,
-                                                       fn=op.fn))
+        if hit is None:
+            if spec is None:  # a switch reducing in the network (NVLS), at line rate
+                hit = 0.0
+            else:
+                profiled = None if op.fused else profiled_time(spec, op.fn, op.dtype, op.dims)
+                if profiled is None:
+                    hit = compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused, fn=op.fn)
+                else:
+                    hit, outside = profiled
+                    if outside:
+                        where = (spec.name, op.fn, op.dtype)
+                        self.extrapolated[where] = tuple(sorted({*self.extrapolated.get(where, ()), *outside}))
+            self._durations[key] = hit
         return hit
 
     def _ready(self, op: Op) -> None:

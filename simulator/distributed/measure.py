@@ -1,0 +1,82 @@
+"""Robust timing: repeat a measurement until its median is known to a few percent (or a cap is reached).
+
+Single timings on a shared machine are noisy (scheduling, frequency changes, other tenants); one fixed number of
+repetitions is either wasteful or too few. :func:`robust_time` runs a few untimed warm-up calls (first calls pay
+allocation and cache misses), then repeats until the 95 % confidence interval of the median, from order statistics
+(distribution-free), is within ``rel_ci`` of the median, or ``max_reps`` or ``budget_s`` is reached. It returns the
+median, the quartiles and that interval, so that callers can record the spread and refuse an unstable figure.
+Calls shorter than ``sample_s`` are timed in batches of as many as make one sample last about that long (a timer
+read and a scheduler tick are not negligible against a few microseconds), and the per-call time is reported.
+``clock`` is the time source: wall time by default; a CPU kernel may be timed by its thread's CPU time
+(``time.thread_time``), which a preemption by another process does not inflate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Timing", "median_ci", "robust_time"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A measured duration: ``median`` seconds over ``n`` repetitions, quartiles ``q1``, ``q3``, and ``ci``: the
+    half-width of the median's 95 % confidence interval relative to the median."""
+
+    median: float
+    q1: float
+    q3: float
+    ci: float
+    n: int
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median."""
+        return (self.q3 - self.q1) / self.median if self.median > 0 else 0.0
+
+
+def median_ci(samples: Sequence[float]) -> tuple[float, float]:
+    """Distribution-free 95 % confidence interval of the median (order statistics at n/2 -+ 0.98 sqrt(n)).
+
+    With fewer than 6 samples the interval is the whole range."""
+    xs = sorted(samples)
+    n = len(xs)
+    if n < 6:
+        return xs[0], xs[-1]
+    half = 0.98 * math.sqrt(n)
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half))
+    return xs[lo], xs[hi]
+
+
+def robust_time(fn: Callable[[], object], sync: Callable[[], None] = lambda: None, *, warmup: int = 2,
+                min_reps: int = 5, max_reps: int = 41, rel_ci: float = 0.03, budget_s: float = 2.0,
+                sample_s: float = 1e-3, clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Time ``fn`` (``sync`` waits for asynchronous work, e.g. ``torch.cuda.synchronize``) as the module says."""
+    t0 = clock()
+    for _ in range(max(1, warmup)):
+        fn()
+    sync()
+    first = (clock() - t0) / max(1, warmup)
+    inner = max(1, min(1000, math.ceil(sample_s / first))) if first > 0 else 1
+    times: list[float] = []
+    spent = 0.0
+    while True:
+        t0 = clock()
+        for _ in range(inner):
+            fn()
+        sync()
+        dt = clock() - t0
+        times.append(dt / inner)
+        spent += dt
+        if len(times) >= min_reps:
+            med = statistics.median(times)
+            lo, hi = median_ci(times)
+            ci = max(med - lo, hi - med) / med if med > 0 else 0.0
+            if ci <= rel_ci or len(times) >= max_reps or spent >= budget_s:
+                q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+                return Timing(med, q1, q3, ci, len(times))

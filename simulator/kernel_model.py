@@ -1,0 +1,155 @@
+"""Profiled kernel times over shapes: what ``treering calibrate`` measures and the engine interpolates.
+
+A roofline charges a kernel ``max(flops / peak, bytes / bandwidth)`` whatever its shape. Real kernels are not that
+simple: the same bytes cost more when the head dimension is small (more rows of softmax per byte), when several
+query heads share a KV head (more FLOPs per byte), or when the working set falls out of a cache level. A
+:class:`KernelProfile` holds one kernel's measured times in one dtype over a regular grid of its shape parameters
+(its *axes*, named by the kernel table: e.g. ``attend`` over ``kv_bytes``, ``head_dim``, ``group``), and predicts a
+shape's time by multilinear interpolation of log time over log coordinates (a power law between neighbouring grid
+points). Outside the grid it extrapolates linearly in log-log space from the nearest segment and says so: a
+prediction names the axes it extrapolated on.
+
+In the topology YAML, under a device spec::
+
+    kernels:
+      attend:
+        fp32:
+          axes: [kv_bytes, head_dim, group]
+          grid: [[32768, 262144, 2097152], [32, 128], [1, 4]]
+          seconds: [...]   # one median per grid point, row-major (last axis fastest)
+          spread: [...]    # optional: each point's interquartile range over its median
+
+Pure data and numpy: no simpy, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simulator.errors import InputError, excerpt
+
+__all__ = ["KernelProfile", "parse_kernel_profiles", "profile_to_yaml"]
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """Measured seconds of ``kernel`` in ``dtype`` on the grid ``grid`` (one sorted tuple of values per axis)."""
+
+    kernel: str
+    dtype: str
+    axes: tuple[str, ...]
+    grid: tuple[tuple[float, ...], ...]
+    seconds: tuple[float, ...]  # row-major over the grid, last axis fastest
+    spread: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.axes) != len(self.grid):
+            raise ValueError(f"{len(self.axes)} axes but {len(self.grid)} grid value lists")
+        for name, values in zip(self.axes, self.grid, strict=True):
+            if not values or any(v <= 0 for v in values) or list(values) != sorted(set(values)):
+                raise ValueError(f"axis {name}: values must be positive and strictly increasing, got {list(values)}")
+        if len(self.seconds) != math.prod(len(v) for v in self.grid):
+            raise ValueError(f"{len(self.seconds)} times for a grid of "
+                             f"{' x '.join(str(len(v)) for v in self.grid)} points")
+        if any(not s > 0 for s in self.seconds):
+            raise ValueError("every measured time must be positive")
+        if self.spread and len(self.spread) != len(self.seconds):
+            raise ValueError(f"{len(self.spread)} spreads for {len(self.seconds)} times")
+
+    def predict(self, dims: Sequence[float]) -> tuple[float, tuple[str, ...]]:
+        """(seconds, the axes on which ``dims`` lies outside the profiled range) for a shape ``dims``."""
+        if len(dims) != len(self.axes):
+            raise ValueError(f"kernel {self.kernel}: {len(dims)} shape values for axes {self.axes}")
+        log_t = np.log(np.asarray(self.seconds, dtype=float)).reshape([len(v) for v in self.grid])
+        outside: list[str] = []
+        # reduce one axis at a time: interpolate (or extrapolate) along the first axis, then the next
+        for name, values, x in zip(self.axes, self.grid, dims, strict=True):
+            if x <= 0:
+                raise ValueError(f"kernel {self.kernel}: {name} must be positive, got {x}")
+            if len(values) == 1:
+                log_t = log_t[0]
+                if x != values[0]:
+                    outside.append(name)
+                continue
+            if not values[0] <= x <= values[-1]:
+                outside.append(name)
+            lv = np.log(np.asarray(values, dtype=float))
+            i = int(np.clip(np.searchsorted(lv, math.log(x)) - 1, 0, len(lv) - 2))
+            w = (math.log(x) - lv[i]) / (lv[i + 1] - lv[i])
+            log_t = (1 - w) * log_t[i] + w * log_t[i + 1]
+        return float(np.exp(log_t)), tuple(outside)
+
+    def ranges(self) -> str:
+        """The profiled range of every axis, for messages."""
+        return ", ".join(f"{a} {v[0]:g}..{v[-1]:g}" for a, v in zip(self.axes, self.grid, strict=True))
+
+
+def profile_to_yaml(p: KernelProfile) -> dict[str, Any]:
+    """The YAML mapping of one profile (what :func:`parse_kernel_profiles` reads back)."""
+    out: dict[str, Any] = {"axes": list(p.axes), "grid": [[_num(v) for v in vals] for vals in p.grid],
+                           "seconds": [float(f"{s:.6g}") for s in p.seconds]}
+    if p.spread:
+        out["spread"] = [float(f"{s:.3g}") for s in p.spread]
+    return out
+
+
+def _num(v: float) -> float | int:
+    return int(v) if float(v).is_integer() else float(f"{v:.6g}")
+
+
+def parse_kernel_profiles(raw: Any, axes_of: Mapping[str, tuple[str, ...]], dtypes: Sequence[str],
+                          locate: Callable[[tuple[Any, ...], InputError], InputError]
+                          ) -> dict[tuple[str, str], KernelProfile]:
+    """``kernels:`` of a device spec -> {(kernel, dtype): profile}. ``axes_of`` gives each profilable kernel's
+    axes (the kernel table's); ``locate(subpath, err)`` places an error in the file."""
+    if not isinstance(raw, Mapping):
+        raise locate((), InputError("must map kernel name -> dtype -> profile"))
+    out: dict[tuple[str, str], KernelProfile] = {}
+    for kernel, per_dtype in raw.items():
+        if kernel not in axes_of:
+            raise locate((kernel,), InputError(f"no profile for this kernel; profiled kernels: "
+                                               f"{', '.join(sorted(axes_of))}"))
+        if not isinstance(per_dtype, Mapping):
+            raise locate((kernel,), InputError("must map dtype -> profile"))
+        for dtype, body in per_dtype.items():
+            path = (kernel, dtype)
+            if dtype not in dtypes:
+                raise locate(path, InputError(f"unknown dtype; valid: {', '.join(dtypes)}"))
+            out[(str(kernel), str(dtype))] = _profile(str(kernel), str(dtype), body, axes_of[kernel], path, locate)
+    return out
+
+
+def _profile(kernel: str, dtype: str, body: Any, axes: tuple[str, ...], path: tuple[Any, ...],
+             locate: Callable[[tuple[Any, ...], InputError], InputError]) -> KernelProfile:
+    if not isinstance(body, Mapping):
+        raise locate(path, InputError("must be a mapping with axes, grid and seconds"))
+    unknown = set(body) - {"axes", "grid", "seconds", "spread"}
+    if unknown:
+        key = sorted(unknown, key=str)[0]
+        raise locate((*path, key), InputError("unknown key; valid keys: axes, grid, seconds, spread"))
+    for key in ("axes", "grid", "seconds"):
+        if key not in body:
+            raise locate(path, InputError(f"missing {key!r}"))
+    if not isinstance(body["axes"], list) or [str(a) for a in body["axes"]] != list(axes):
+        raise locate((*path, "axes"), InputError(f"must be {list(axes)} for kernel {kernel}, got "
+                                                 f"{excerpt(body['axes'])}"))
+    grid, seconds, spread = body["grid"], body["seconds"], body.get("spread", [])
+    for key, value in (("grid", grid), ("seconds", seconds), ("spread", spread)):
+        if not isinstance(value, list):
+            raise locate((*path, key), InputError(f"must be a list, got {excerpt(value)}"))
+    try:
+        return KernelProfile(kernel, dtype, tuple(axes), tuple(tuple(float(v) for v in _list(vals)) for vals in grid),
+                             tuple(float(s) for s in seconds), tuple(float(s) for s in spread))
+    except (TypeError, ValueError) as err:
+        raise locate(path, InputError(str(err))) from None
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"each grid entry must be a list of values, got {excerpt(value)}")
+    return value

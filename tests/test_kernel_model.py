@@ -1,0 +1,158 @@
+"""Kernel profiles over shapes: interpolation, extrapolation, the YAML contract, and the engine using them."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.algorithms import build_schedule
+from simulator.cluster.devices import compute_time
+from simulator.cluster.topology import load_topology
+from simulator.distributed.measure import median_ci, robust_time
+from simulator.engine.core import simulate
+from simulator.errors import InputError
+from simulator.kernel_model import KernelProfile, profile_to_yaml
+from simulator.points import layout_of
+from simulator.workloads.shape import DecodeShape
+
+GRID = ((1e4, 1e6, 1e8), (32.0, 128.0), (1.0, 4.0))
+
+
+def power_law(kv_bytes: float, head_dim: float, group: float) -> float:
+    """A kernel whose time is a product of powers: exactly what log-space interpolation reproduces."""
+    return 2e-5 * (kv_bytes / 1e4) ** 0.8 * (head_dim / 32) ** -0.3 * group ** 0.5
+
+
+def profile(fn=power_law) -> KernelProfile:
+    import itertools
+    seconds = tuple(fn(*p) for p in itertools.product(*GRID))
+    return KernelProfile("attend", "fp32", ("kv_bytes", "head_dim", "group"), GRID, seconds)
+
+
+def test_grid_points_are_reproduced_exactly() -> None:
+    p = profile(lambda a, b, c: 1e-4 * (1 + a % 7 + b % 5 + c))  # no structure at all
+    import itertools
+    for point in itertools.product(*GRID):
+        t, outside = p.predict(point)
+        assert t == pytest.approx(1e-4 * (1 + point[0] % 7 + point[1] % 5 + point[2]), rel=1e-12)
+        assert outside == ()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(1e4, 1e8), st.floats(32, 128), st.floats(1, 4))
+def test_power_laws_are_interpolated_exactly(kv_bytes: float, head_dim: float, group: float) -> None:
+    t, outside = profile().predict((kv_bytes, head_dim, group))
+    assert t == pytest.approx(power_law(kv_bytes, head_dim, group), rel=1e-9)
+    assert outside == ()
+
+
+def test_extrapolation_continues_the_end_segment_and_is_reported() -> None:
+    p = profile()
+    t, outside = p.predict((1e9, 256.0, 4.0))  # 10x the largest kv_bytes, 2x the largest head_dim
+    assert t == pytest.approx(power_law(1e9, 256.0, 4.0), rel=1e-9)  # a power law extrapolates exactly too
+    assert outside == ("kv_bytes", "head_dim")
+    assert p.predict((5e3, 64.0, 2.0))[1] == ("kv_bytes",)
+
+
+def test_between_points_the_time_is_monotone_where_the_grid_is() -> None:
+    p = profile()
+    xs = [10 ** (4 + 4 * i / 50) for i in range(51)]
+    ts = [p.predict((x, 64.0, 2.0))[0] for x in xs]
+    assert all(a < b for a, b in zip(ts, ts[1:], strict=False))
+
+
+def test_invalid_profiles_are_refused() -> None:
+    with pytest.raises(ValueError, match="strictly increasing"):
+        KernelProfile("merge", "fp32", ("elems",), ((4.0, 2.0),), (1e-5, 2e-5))
+    with pytest.raises(ValueError, match="2 times for a grid of 3 points"):
+        KernelProfile("merge", "fp32", ("elems",), ((1.0, 2.0, 3.0),), (1e-5, 2e-5))
+    with pytest.raises(ValueError, match="positive"):
+        KernelProfile("merge", "fp32", ("elems",), ((1.0, 2.0),), (1e-5, 0.0))
+
+
+def _topology_with(tmp_path, kernels: dict) -> str:
+    import yaml
+    body = {"name": "t", "devices": {"dev": {"peak_flops": {"fp32": "1 TFLOP/s", "fp64": "0.5 TFLOP/s"}, "mem_bw": "1 TB/s",
+                                             "launch_overhead": "5 us", "kernels": kernels}},
+            "nodes": [{"name": f"g{r}", "kind": "gpu", "device": "dev"} for r in range(2)] + [
+                {"name": "sw", "kind": "switch"}],
+            "links": [{"a": f"g{r}", "b": "sw", "bandwidth": "100 GB/s", "latency": "1 us"}
+                      for r in range(2)]}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return str(path)
+
+
+def test_the_engine_times_profiled_kernels_from_the_profile(tmp_path) -> None:
+    p = profile()
+    merge = KernelProfile("finalize", "fp32", ("elems",), ((1.0, 1e6),), (3e-5, 3e-5))
+    path = _topology_with(tmp_path, {"attend": {"fp32": profile_to_yaml(p)},
+                                     "finalize": {"fp32": profile_to_yaml(merge)}})
+    cluster = load_topology(path)
+    loaded = cluster.specs["g0"].kernels[("attend", "fp32")]  # the YAML keeps 6 significant digits
+    assert loaded.seconds == pytest.approx(p.seconds, rel=1e-5)
+    p = loaded
+    shape = DecodeShape(batch=2, heads=8, head_dim=64, kv_heads=4, context=40000, dtype="fp32")
+    sched = build_schedule("ring", {}, shape, layout_of(cluster))
+    res = simulate(sched, cluster)
+    attends = [rec for rec in res.timeline if rec.name.startswith("attend")]
+    assert attends
+    for rec in attends:
+        op = sched.ops[rec.op]
+        assert rec.end - rec.start == pytest.approx(p.predict(op.dims)[0], rel=1e-12)
+        assert op.dims == (shape.kv_bytes(20000), 64.0, 2.0)
+    finals = [rec for rec in res.timeline if rec.name == "finalize"]
+    assert finals and all(rec.end - rec.start == pytest.approx(3e-5, rel=1e-12) for rec in finals)
+    assert res.extrapolated == {}
+    # a shape beyond the grid is reported; fp64 has no profile and stays on the roofline
+    big = DecodeShape(batch=2, heads=8, head_dim=256, kv_heads=4, context=4_000_000, dtype="fp32")
+    assert simulate(build_schedule("ring", {}, big, layout_of(cluster)), cluster).extrapolated == {
+        ("dev", "attend", "fp32"): ("head_dim", "kv_bytes")}
+    f64 = DecodeShape(batch=2, heads=8, head_dim=64, kv_heads=4, context=40000, dtype="fp64")
+    s64 = build_schedule("ring", {}, f64, layout_of(cluster))
+    rec = next(r for r in simulate(s64, cluster).timeline if r.name.startswith("attend"))
+    op = s64.ops[rec.op]
+    assert rec.end - rec.start == pytest.approx(compute_time(cluster.specs["g0"], op.flops, op.nbytes, "fp64"))
+
+
+@pytest.mark.parametrize(("kernels", "message"), [
+    ({"attend": {"fp32": {"axes": ["kv_bytes"], "grid": [[1]], "seconds": [1e-5]}}},
+     "kernels.attend.fp32.axes: must be ['kv_bytes', 'head_dim', 'group']"),
+    ({"softmax": {}}, "kernels.softmax: no profile for this kernel"),
+    ({"merge": {"fp33": {}}}, "kernels.merge.fp33: unknown dtype"),
+    ({"merge": {"fp32": {"axes": ["elems"], "grid": [[1, 2]], "seconds": [1e-5]}}},
+     "kernels.merge.fp32: 1 times for a grid of 2 points"),
+    ({"merge": {"fp32": {"axes": ["elems"], "grid": [[1, 2]], "seconds": [1e-5, 2e-5], "noise": 1}}},
+     "kernels.merge.fp32.noise: unknown key"),
+])
+def test_bad_profiles_are_located_errors(tmp_path, kernels: dict, message: str) -> None:
+    path = _topology_with(tmp_path, kernels)
+    with pytest.raises(InputError) as err:
+        load_topology(path)
+    assert message in str(err.value)
+    assert err.value.line is not None
+
+
+def test_median_ci_brackets_the_median_and_narrows_with_n() -> None:
+    rng = random.Random(0)
+    widths = []
+    for n in (11, 101, 1001):
+        xs = [rng.lognormvariate(0, 0.2) for _ in range(n)]
+        lo, hi = median_ci(xs)
+        assert lo <= statistics.median(xs) <= hi
+        widths.append(hi - lo)
+    assert widths[0] > widths[1] > widths[2]
+    assert median_ci([3.0, 1.0, 2.0]) == (1.0, 3.0)
+
+
+def test_robust_time_stops_early_when_stable_and_batches_short_calls() -> None:
+    calls = []
+    t = robust_time(lambda: calls.append(1), rel_ci=0.5, min_reps=5, sample_s=1e-4)
+    assert t.n >= 5 and t.median > 0 and t.q1 <= t.median <= t.q3
+    assert len(calls) > t.n  # short calls are timed in batches
+    assert math.isfinite(t.spread)
