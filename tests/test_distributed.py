@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 
 from simulator.cli import main
 from simulator.cluster.topology import load_topology
+from simulator.distributed.random_shapes import HEAD_DIMS
 
 pytestmark = pytest.mark.slow
 
@@ -96,14 +97,19 @@ def test_bad_input_is_rejected_before_any_rank_starts(tmp_path, capsys):
 
 def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
     out = tmp_path / "local.yaml"
+    # a busy test machine cannot promise a calibration-grade median: --max-ci accepts what it measures
     assert main(["calibrate", "--procs", "2", "--reps", "3", "-o", str(out), "--heads", "2", "--head-dim", "16",
-                 "--timeout", "120"]) == 0
+                 "--timeout", "120", "--kernel-dtypes", "fp32,bf16", "--kernel-grid", "quick", "--max-ci", "100"]) == 0
     cluster = load_topology(str(out))
     assert len(cluster.ranks) == 2 and cluster.message_overhead_s > 0
     spec = cluster.specs[cluster.ranks[0]]
     assert spec.mem_bw_Bps > 0 and spec.peak_flops["fp32"] > 0
+    assert {k for k, _ in spec.kernels} == {"attend", "merge", "rescale", "finalize", "finalize-flat"}
+    assert {d for _, d in spec.kernels} == {"fp32", "bf16"}
+    attend = spec.kernels[("attend", "bf16")]
+    assert attend.axes == ("kv_bytes", "head_dim", "group") and len(attend.seconds) == 12
     text = out.read_text()
-    assert "R^2" in text and "Raw one-way times" in text
+    assert "R^2" in text and "Raw one-way times" in text and "Kernel profiles" in text
     assert no_stray_ranks()
 
 
@@ -153,6 +159,23 @@ def _rows(times: dict[str, tuple[float, float, float, float]]) -> pd.DataFrame:
     return pd.DataFrame([{"algorithm": a, "ranks": 2, "context": 4096, "measured_s": m, "predicted_s": p,
                           "error_pct": 100 * (p - m) / m, "max_abs_err": 0.0, "bitwise_equal_to_sim": True,
                           "measured_q1_s": q1, "measured_q3_s": q3} for a, (m, q1, q3, p) in times.items()])
+
+
+def test_random_shapes_validate_end_to_end_off_the_grid(tmp_path, capsys):
+    """A tiny `validate --random`: random decode shapes, every algorithm, real runs equal dense attention
+    (bf16 included), and the summary gives the per-algorithm errors."""
+    path = tmp_path / "base.yaml"
+    path.write_text(textwrap.dedent(SCENARIO.format(dtype="fp32", context=301)).lstrip())
+    out = tmp_path / "rnd"
+    assert main(["validate", str(path), "--random", "3", "--seed", "4", "--procs", "2", "--iters", "1",
+                 "--warmup", "0", "-o", str(out)]) == 0
+    frame = pd.read_csv(out / "validation.csv")
+    assert len(frame) == 3 * 6 and frame["random.head_dim"].isin(HEAD_DIMS).all()
+    tol = frame["random.dtype"].map({"fp64": 1e-12, "fp32": 1e-5, "bf16": 0.1})
+    assert (frame["max_abs_err"] < tol).all()
+    assert frame["bitwise_equal_to_sim"].all()
+    summary = (out / "summary.md").read_text()
+    assert "90th percentile" in summary and "  - tree-p2p: median |error|" in summary
 
 
 def test_summary_counts_a_tie_only_where_the_iterations_overlap():

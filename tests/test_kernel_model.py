@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
@@ -29,14 +30,12 @@ def power_law(kv_bytes: float, head_dim: float, group: float) -> float:
 
 
 def profile(fn=power_law) -> KernelProfile:
-    import itertools
     seconds = tuple(fn(*p) for p in itertools.product(*GRID))
     return KernelProfile("attend", "fp32", ("kv_bytes", "head_dim", "group"), GRID, seconds)
 
 
 def test_grid_points_are_reproduced_exactly() -> None:
     p = profile(lambda a, b, c: 1e-4 * (1 + a % 7 + b % 5 + c))  # no structure at all
-    import itertools
     for point in itertools.product(*GRID):
         t, outside = p.predict(point)
         assert t == pytest.approx(1e-4 * (1 + point[0] % 7 + point[1] % 5 + point[2]), rel=1e-12)
@@ -63,7 +62,7 @@ def test_between_points_the_time_is_monotone_where_the_grid_is() -> None:
     p = profile()
     xs = [10 ** (4 + 4 * i / 50) for i in range(51)]
     ts = [p.predict((x, 64.0, 2.0))[0] for x in xs]
-    assert all(a < b for a, b in zip(ts, ts[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(ts))
 
 
 def test_invalid_profiles_are_refused() -> None:
@@ -77,8 +76,9 @@ def test_invalid_profiles_are_refused() -> None:
 
 def _topology_with(tmp_path, kernels: dict) -> str:
     import yaml
-    body = {"name": "t", "devices": {"dev": {"peak_flops": {"fp32": "1 TFLOP/s", "fp64": "0.5 TFLOP/s"}, "mem_bw": "1 TB/s",
-                                             "launch_overhead": "5 us", "kernels": kernels}},
+    dev = {"peak_flops": {"fp32": "1 TFLOP/s", "fp64": "0.5 TFLOP/s"}, "mem_bw": "1 TB/s", "launch_overhead": "5 us",
+           "kernels": kernels}
+    body = {"name": "t", "devices": {"dev": dev},
             "nodes": [{"name": f"g{r}", "kind": "gpu", "device": "dev"} for r in range(2)] + [
                 {"name": "sw", "kind": "switch"}],
             "links": [{"a": f"g{r}", "b": "sw", "bandwidth": "100 GB/s", "latency": "1 us"}

@@ -43,7 +43,15 @@ import torch.distributed as dist
 import yaml
 
 from simulator.distributed.common import device_for, init_group
-from simulator.distributed.profile_kernels import profile_attend, profile_small
+from simulator.distributed.profile_kernels import (
+    ATTEND_GRID,
+    ELEMS_GRID,
+    QUICK_ATTEND_GRID,
+    QUICK_ELEMS_GRID,
+    ProfileOptions,
+    profile_attend,
+    profile_small,
+)
 from simulator.files import write_text_atomic
 from simulator.kernel_model import KernelProfile, profile_to_yaml
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
@@ -243,9 +251,13 @@ def _matmul_flops(device: torch.device, dtype: torch.dtype, reps: int) -> float:
 def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProfile]:
     """The kernels' profiles over shapes (rank 0 alone; :mod:`simulator.distributed.profile_kernels`)."""
     out = []
+    opts = ProfileOptions(max_ci=args.max_ci)
+    attend_grid, elems_grid = (QUICK_ATTEND_GRID, QUICK_ELEMS_GRID) if args.kernel_grid == "quick" else (
+        ATTEND_GRID, ELEMS_GRID)
     for dtype in filter(None, args.kernel_dtypes.split(",")):
-        out.append(profile_attend(dtype, device))
-        out += [profile_small(k, dtype, device) for k in ("merge", "rescale", "finalize", "finalize-flat")]
+        out.append(profile_attend(dtype, device, opts, attend_grid))
+        out += [profile_small(k, dtype, device, opts, elems_grid)
+                for k in ("merge", "rescale", "finalize", "finalize-flat")]
     return out
 
 

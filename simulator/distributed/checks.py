@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from simulator.distributed.random_shapes import random_points
 from simulator.errors import InputError
 from simulator.points import PreparedPoint, prepare_point
 from simulator.scenario import DecodeWorkload, load_scenario
@@ -14,14 +15,20 @@ __all__ = ["check_scenario", "out_dir"]
 
 def out_dir(args: argparse.Namespace, prepared: list[PreparedPoint]) -> Path:
     """Where validate writes: ``-o DIR`` or ``out/<scenario name>-validation``."""
-    return Path(args.out) if args.out else Path("out") / f"{prepared[0].point.scenario.name}-validation"
+    suffix = f"-random{args.random}-seed{args.seed}" if getattr(args, "random", None) is not None else ""
+    return Path(args.out) if args.out else Path("out") / f"{prepared[0].point.scenario.name}{suffix}-validation"
 
 
 def check_scenario(args: argparse.Namespace) -> list[PreparedPoint]:
-    """Load and check the scenario (decode workloads only) before any rank starts."""
-    prepared = []
-    for point in load_scenario(args.scenario, args.sets):
+    """Load and check the scenario (decode workloads only) before any rank starts. With ``--random N``, the
+    scenario's first point gives the topology and algorithms, and N random decode shapes replace its workload
+    (:mod:`simulator.distributed.random_shapes`)."""
+    points = load_scenario(args.scenario, args.sets)
+    for point in points:
         if not isinstance(point.scenario.workload, DecodeWorkload):
             raise InputError("validate needs a decode workload", file=point.source, field="workload.kind")
-        prepared.append(prepare_point(point))
-    return prepared
+    if getattr(args, "random", None) is not None:
+        if args.random < 1:
+            raise InputError(f"must be at least 1, got {args.random}", field="--random")
+        points = random_points(points[0], args.random, args.seed, args.procs)
+    return [prepare_point(point) for point in points]

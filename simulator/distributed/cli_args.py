@@ -33,7 +33,12 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
     p.add_argument("--collectives", choices=["native", "decomposed"], default="native",
                    help="native: one dist.all_reduce per collective; decomposed: the schedule's own sends")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random q, K, V (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random q, K, V and of --random's shapes (default 0)")
+    p.add_argument("--random", type=int, default=None, metavar="N",
+                   help="validate N random decode shapes (batch 1-8, heads 1-32, head_dim off the calibration grid, "
+                        "contexts 1k-200k, fp32/fp64/bf16) instead of the scenario's workload; the scenario gives "
+                        "the topology and algorithms")
     p.add_argument("--inject-fault", type=int, default=None, metavar="RANK",
                    help="testing aid: this rank raises an error at its first op")
 
@@ -48,6 +53,12 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-dtypes", dest="kernel_dtypes", default="fp32,fp64,bf16",
                    help="dtypes whose kernels are profiled over shapes (comma-separated; empty: none, the kernels "
                         "stay on the roofline)")
+    p.add_argument("--kernel-grid", dest="kernel_grid", choices=["full", "quick"], default="full",
+                   help="full: kv_bytes 32 KiB-128 MiB x head_dim 32-256 x group 1-16 (about a minute per dtype on "
+                        "two cores); quick: kv_bytes up to 2 MiB, head_dim 32 and 128, group 1 and 4 (a smoke test)")
+    p.add_argument("--max-ci", dest="max_ci", type=float, default=0.15,
+                   help="refuse to write a profile whose any point's median is known less precisely than this "
+                        "(half-width of its 95 %% confidence interval over the median; default 0.15)")
 
 
 def parser() -> argparse.ArgumentParser:

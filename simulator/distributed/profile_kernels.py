@@ -28,7 +28,8 @@ from simulator.kernel_model import KernelProfile
 from simulator.kernels import PROFILE_AXES
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
 
-__all__ = ["ATTEND_GRID", "ELEMS_GRID", "TORCH_DTYPES", "UnstableMeasurement", "profile_attend", "profile_small"]
+__all__ = ["ATTEND_GRID", "ELEMS_GRID", "QUICK_ATTEND_GRID", "QUICK_ELEMS_GRID", "TORCH_DTYPES", "ProfileOptions",
+           "UnstableMeasurement", "profile_attend", "profile_small"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
@@ -37,6 +38,8 @@ DTYPE_BYTES = {"fp32": 4, "fp64": 8, "bf16": 2, "fp16": 2}
 ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18, 21, 24, 27)),
                                               (32.0, 64.0, 128.0, 256.0), (1.0, 4.0, 16.0))
 ELEMS_GRID: tuple[float, ...] = tuple(float(2**k) for k in (8, 12, 16, 20))
+QUICK_ATTEND_GRID: tuple[tuple[float, ...], ...] = ((2.0**15, 2.0**18, 2.0**21), (32.0, 128.0), (1.0, 4.0))
+QUICK_ELEMS_GRID: tuple[float, ...] = (2.0**8, 2.0**14)
 KV_HEADS = 4  # the KV heads of a profiled attend shape (its tokens follow from kv_bytes)
 
 

@@ -42,6 +42,8 @@ __all__ = ["COLUMNS", "run_rank", "summarize", "summary_lines"]
 COLUMNS = ["algorithm", "ranks", "context", "measured_s", "predicted_s", "error_pct", "max_abs_err",
            "bitwise_equal_to_sim"]
 SPREAD = ["measured_q1_s", "measured_q3_s"]  # quartiles of the per-iteration times (measured_s is their median)
+EXTRA = ["extrapolated"]  # kernels the prediction timed beyond their profiled shapes (and on which axes)
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _cluster(args: argparse.Namespace, point: Point, ranks: int) -> Cluster:
@@ -86,6 +88,10 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
     np_inputs = make_inputs(np.random.default_rng(args.seed), shape.batch, shape.heads, shape.kv_heads,
                             shape.head_dim, shape.context, np.float64 if shape.dtype == "fp64" else np.float32)
     inp = np_inputs.to(lambda a: torch.from_numpy(a).to(device))
+    if shape.dtype in HALF:  # run in the workload's dtype; the reference sees the same rounded inputs
+        inp = inp.to(lambda a: a.to(HALF[shape.dtype]) if a.is_floating_point() else a)
+        np_inputs = inp.to(lambda a: (a.double() if a.is_floating_point() else a).cpu().numpy())
+    cpu_inputs = inp.to(lambda a: a.cpu())
     rows = []
     for algo in prep.algorithms:
         sched = build_schedule(algo.name, algo.params, shape, layout)
@@ -99,14 +105,18 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
             continue
         assert gathered is not None
         outputs = {r: out for part in gathered for r, out in part.items()}
-        sim = run_numeric(sched, np_inputs.to(torch.from_numpy))
+        sim = run_numeric(sched, cpu_inputs)
         bitwise = all(torch.equal(outputs[r], sim.outputs[r]) for r in sim.outputs)
-        predicted = simulate(sched, _cluster(args, point, sched.ranks)).makespan
+        result = simulate(sched, _cluster(args, point, sched.ranks))
+        predicted = result.makespan
         rows.append({
             "algorithm": algo.label, "ranks": sched.ranks, "context": shape.context,
             "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
-            "max_abs_err": max_abs_error(outputs.values(), dense_attention(np_inputs)),
-            "bitwise_equal_to_sim": bitwise, "measured_q1_s": q1, "measured_q3_s": q3, **dict(point.swept),
+            "max_abs_err": max_abs_error([o.double() for o in outputs.values()], dense_attention(np_inputs)),
+            "bitwise_equal_to_sim": bitwise, "measured_q1_s": q1, "measured_q3_s": q3,
+            "extrapolated": "; ".join(f"{fn} {dt}: {', '.join(axes)}" for (_, fn, dt), axes in
+                                      sorted(result.extrapolated.items())),
+            **dict(point.swept),
         })
     return rows
 
@@ -120,7 +130,7 @@ def _faster(frame: pd.DataFrame) -> tuple[int, list[str], int]:
     """Points where the faster algorithm was predicted right, and the others: a tie where the measured times of
     the predicted and the measured fastest overlap within their iterations' interquartile ranges (the machine
     does not tell them apart), else a miss. Returns (right, ties described, points)."""
-    keys = [c for c in frame.columns if c not in COLUMNS + SPREAD or c in ("ranks", "context")]
+    keys = [c for c in frame.columns if c not in COLUMNS + SPREAD + EXTRA or c in ("ranks", "context")]
     right, ties, points = 0, [], 0
     for _, grp in frame.groupby(keys, dropna=False) if keys else [((), frame)]:
         points += 1
@@ -136,19 +146,33 @@ def _faster(frame: pd.DataFrame) -> tuple[int, list[str], int]:
     return right, ties, points
 
 
+def per_algorithm(frame: pd.DataFrame) -> list[str]:
+    """Median and 90th-percentile |error| of each algorithm, and how often it was predicted too fast."""
+    out = []
+    for alg, grp in frame.groupby("algorithm", sort=False):
+        err = grp["error_pct"]
+        out.append(f"  - {alg}: median |error| {err.abs().median():.1f} %, 90th percentile "
+                   f"{err.abs().quantile(0.9):.1f} %, predicted too fast at {int((err < 0).sum())} of {len(err)}")
+    return out
+
+
 def summary_lines(frame: pd.DataFrame) -> list[str]:
     """Error statistics and whether the faster algorithm was predicted right at every point."""
     err = frame["error_pct"].abs()
     right, ties, points = _faster(frame)
     faster = f"- faster algorithm predicted right at {right} of {points} points" + (
-        " (every point)" if right == points else "")
+        " (every point)" if right == points else f" ({right + len(ties)} of {points} right or a measured tie)")
     if ties:
         faster += (f"; {len(ties)} more {'is a tie' if len(ties) == 1 else 'are ties'} (the measured times overlap "
                    "within their iterations' interquartile ranges): " + "; ".join(ties))
+    extrapolated = int((frame["extrapolated"].fillna("") != "").sum()) if "extrapolated" in frame else 0
     return [
         f"- points x algorithms: {len(frame)}",
-        f"- median |error|: {err.median():.1f} %, max |error|: {err.max():.1f} %",
+        f"- median |error|: {err.median():.1f} %, 90th percentile: {err.quantile(0.9):.1f} %, max |error|: "
+        f"{err.max():.1f} %",
+        *per_algorithm(frame),
         faster,
+        f"- predictions with a kernel timed beyond its profiled shapes: {extrapolated} of {len(frame)}",
         f"- max abs error against single-device attention: {frame['max_abs_err'].max():.3g}",
         f"- bitwise equal to the simulator's numeric mode: {int(frame['bitwise_equal_to_sim'].sum())} of {len(frame)}",
     ]

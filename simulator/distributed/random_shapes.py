@@ -1,0 +1,86 @@
+"""``treering validate --random N --seed S``: decode workloads drawn at random, off the calibration grid.
+
+A model that is right only on the workload it was developed against is not validated. These draws span what a
+planner asks about (the issue's ranges): batch 1-8, heads 1-32, kv_heads a divisor of heads, head_dim 32-256,
+contexts 1k-200k tokens (log-uniform), dtype fp32 / fp64 / bf16. Two rules keep them honest and runnable:
+
+* **off the grid**: head dimensions are drawn from values that ``treering calibrate`` does not profile (it
+  profiles 32, 64, 128, 256), so every prediction interpolates between profiled shapes;
+* **in memory**: the P ranks of one machine hold the whole KV cache and real runs repeat each schedule many times;
+  a draw whose KV cache exceeds ``max_kv_bytes`` gets its context scaled down to fit (said in ``kv_capped``), so
+  that the draw's shape, not the machine's memory, is what is validated.
+
+The draws depend only on the seed (and N, and the limit): the same command validates the same shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from simulator.scenario import DecodeWorkload, Point
+
+__all__ = ["HEAD_DIMS", "RandomShape", "draw_shapes", "random_points"]
+
+HEAD_DIMS = (40, 48, 80, 96, 112, 160, 192, 224)  # 32..256, none of them a profiled head_dim
+DTYPES = ("fp32", "fp64", "bf16")
+MAX_KV_BYTES = 512 * 2**20  # the whole KV cache of one draw, all ranks together
+
+
+@dataclass(frozen=True)
+class RandomShape:
+    """One drawn decode workload."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    context: int
+    dtype: str
+    kv_capped: bool  # the drawn context was scaled down to fit the memory limit
+
+    def kv_bytes(self) -> int:
+        elem = {"fp32": 4, "fp64": 8, "bf16": 2}[self.dtype]
+        return 2 * self.batch * self.kv_heads * self.context * self.head_dim * elem
+
+    def columns(self) -> dict[str, Any]:
+        return {"batch": self.batch, "heads": self.heads, "kv_heads": self.kv_heads, "head_dim": self.head_dim,
+                "dtype": self.dtype, "kv_capped": self.kv_capped}
+
+
+def draw_shapes(n: int, seed: int, ranks: int, max_kv_bytes: int = MAX_KV_BYTES) -> list[RandomShape]:
+    """``n`` random decode shapes (see the module docstring); contexts are at least 64 tokens per rank."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        heads = rng.randint(1, 32)
+        kv_heads = rng.choice([d for d in range(1, heads + 1) if heads % d == 0])
+        batch = rng.randint(1, 8)
+        head_dim = rng.choice(HEAD_DIMS)
+        dtype = rng.choice(DTYPES)
+        context = round(math.exp(rng.uniform(math.log(1024), math.log(200_000))))
+        shape = RandomShape(batch, heads, kv_heads, head_dim, context, dtype, False)
+        if shape.kv_bytes() > max_kv_bytes:
+            context = max(64 * ranks, int(context * max_kv_bytes / shape.kv_bytes()))
+            shape = RandomShape(batch, heads, kv_heads, head_dim, context, dtype, True)
+        out.append(shape)
+    return out
+
+
+def random_points(base: Point, n: int, seed: int, ranks: int) -> list[Point]:
+    """The base scenario's point with its workload replaced by each of ``n`` random shapes."""
+    workload = base.scenario.workload
+    if not isinstance(workload, DecodeWorkload):
+        raise TypeError("random shapes replace a decode workload")
+    points = []
+    for s in draw_shapes(n, seed, ranks):
+        new = DecodeWorkload.model_validate({
+            **workload.model_dump(exclude={"model", "scope", "weight_dtype", "kv_dtype"}),
+            "model": {"heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim}, "batch": s.batch,
+            "context": s.context, "dtype": s.dtype})
+        scenario = base.scenario.model_copy(update={"workload": new})
+        swept = tuple((f"random.{k}", v) for k, v in s.columns().items())
+        points.append(Point(scenario, swept, base.source, base.base_dir))
+    return points
