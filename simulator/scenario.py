@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationError, field_validator
 
@@ -35,6 +35,10 @@ class DeviceOverride(Strict):
 
     eff_mem: float | None = Field(None, gt=0, le=1, description="achievable fraction of the memory bandwidth")
     eff_flops: float | None = Field(None, gt=0, le=1, description="achievable fraction of the peak FLOP/s")
+    attention_eff: dict[Literal["forward", "backward"], Annotated[float, Field(gt=0, le=1)]] | None = Field(
+        None, alias="attention_efficiency", description=(
+            "fraction of peak FLOP/s the prefill attention kernels reach, {forward: f, backward: b} (measured on "
+            "your kernels, e.g. with benchmarks/gpu_kernels.py)"))
 
 
 class Targets(Strict):
