@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import random
 import statistics
@@ -72,8 +73,11 @@ def _measure(out: Path, smoke: bool) -> None:
             profile_small(k, dtype, dev, opts, grids[1]) for k in ("merge", "rescale", "finalize", "finalize-flat")]
         for p in profiles:
             body.setdefault(p.kernel, {})[p.dtype] = profile_to_yaml(p)
+    t1 = time.time()
+    for p in _profile_sdpa(dev, sync, smoke):
+        body.setdefault(p.kernel, {})[p.dtype] = profile_to_yaml(p)
     (out / "profiles.yaml").write_text(yaml.safe_dump({"kernels": body}, sort_keys=False, width=120))
-    print(f"profiles in {time.time() - t0:.0f} s", flush=True)
+    print(f"profiles in {time.time() - t0:.0f} s (SDPA {time.time() - t1:.0f} s)", flush=True)
 
     rng = random.Random(2026)
     rows = []
@@ -129,6 +133,49 @@ def _measure(out: Path, smoke: bool) -> None:
         del q, k, v, do
     _write(out / "prefill.csv", rows)
     print(f"prefill: {len(rows)} shapes in {time.time() - t0:.0f} s", flush=True)
+
+
+SDPA_GRID = ((2.0**16, 2.0**18, 2.0**20, 2.0**22), (512.5, 2048.5, 8192.5, 32768.5), (64.0, 128.0, 256.0))
+SMOKE_SDPA_GRID = ((2.0**10, 2.0**12), (32.5, 128.5), (32.0, 64.0))
+
+
+def _profile_sdpa(dev: Any, sync: Any, smoke: bool) -> list[Any]:
+    """Profiles of causal SDPA (bf16) as the simulator's ``attn-fwd`` and ``attn-bwd`` kernels, on their axes
+    (row_heads = heads x query rows, keys = visible keys per query row, head_dim): a causal sequence of n tokens has
+    (n + 1) / 2 keys per row. The backward is (forward + backward) - forward."""
+    import torch
+    import torch.nn.functional as F
+
+    from simulator.distributed.measure import robust_time
+    from simulator.kernel_model import KernelProfile
+    from simulator.kernels import PROFILE_AXES
+
+    grid = SMOKE_SDPA_GRID if smoke else SDPA_GRID
+    fwd_s, bwd_s, fwd_sp, bwd_sp = [], [], [], []
+    for row_heads, keys, d in itertools.product(*grid):
+        n = round(2 * keys - 1)
+        bh = round(row_heads / n)
+        q, k, v = (torch.randn(1, bh, n, int(d), device=dev, dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        do = torch.randn_like(q)
+
+        def fwd(q=q, k=k, v=v) -> Any:
+            with torch.no_grad():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def fwd_bwd(q=q, k=k, v=v, do=do) -> None:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+
+        tf = robust_time(fwd, sync, budget_s=0.5)
+        tb = robust_time(fwd_bwd, sync, budget_s=0.5)
+        fwd_s.append(tf.median)
+        bwd_s.append(max(tb.median - tf.median, 1e-9))
+        fwd_sp.append(tf.spread)
+        bwd_sp.append(tb.spread)
+        q = k = v = do = None
+    axes = PROFILE_AXES["attn-fwd"]
+    return [KernelProfile("attn-fwd", "bf16", axes, grid, tuple(fwd_s), tuple(fwd_sp)),
+            KernelProfile("attn-bwd", "bf16", axes, grid, tuple(bwd_s), tuple(bwd_sp))]
 
 
 def _ceilings(dev: Any, sync: Any, scale: int) -> tuple[float, float]:
@@ -227,16 +274,53 @@ def _report(out: Path) -> None:
               f"| {int(r['sequence'])} | " + " | ".join(cells) + " |")
     print(f"\nheld-out forward: preset {_stats(errs['fp'])}; calibrated {_stats(errs['fc'])}")
     print(f"held-out forward+backward: preset {_stats(errs['bp'])}; calibrated {_stats(errs['bc'])}")
+    if "attn-fwd" not in raw:
+        return
+    topo = _profiled_topology(out, raw, h200)
+    print("\n## The same, with the attention kernels timed from their profile over shapes (kernels: attn-fwd, "
+          "attn-bwd)\n")
+    print("| role | batch | heads | kv | head_dim | sequence | fwd ms | pred (profile) | fwd+bwd ms | pred (profile) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    pf, pb = [], []
+    for r in rows:
+        pred = _single(r, {}, topo)
+        ef = 100 * (pred["forward_s"] / r["forward_s"] - 1)
+        eb = 100 * (pred["forward_backward_s"] / r["forward_backward_s"] - 1)
+        if r["role"] == "held-out":
+            pf.append(ef)
+            pb.append(eb)
+        print(f"| {r['role']} | {int(r['batch'])} | {int(r['heads'])} | {int(r['kv_heads'])} | {int(r['head_dim'])} "
+              f"| {int(r['sequence'])} | {r['forward_s'] * 1e3:.2f} | {pred['forward_s'] * 1e3:.2f} ({ef:+.0f} %) | "
+              f"{r['forward_backward_s'] * 1e3:.2f} | {pred['forward_backward_s'] * 1e3:.2f} ({eb:+.0f} %) |")
+    print(f"\nheld-out forward, profile: {_stats(pf)}")
+    print(f"held-out forward+backward, profile: {_stats(pb)}")
 
 
-def _single(r: dict[str, Any], eff: dict[str, float]) -> dict[str, float]:
+def _profiled_topology(out: Path, raw: dict[str, Any], spec: Any) -> str:
+    """One H200 (the preset's figures) whose attention kernels carry the measured profiles."""
+    import yaml
+
+    dev = {"peak_flops": {k: f"{v:.6g} FLOP/s" for k, v in spec.peak_flops.items()},
+           "mem_bw": f"{spec.mem_bw_Bps:.6g} B/s", "mem": f"{spec.mem_bytes:.6g} B",
+           "launch_overhead": f"{spec.launch_s * 1e6:.6g} us", "eff_mem": spec.eff_mem, "eff_flops": spec.eff_flops,
+           "kernels": {k: raw[k] for k in ("attn-fwd", "attn-bwd")}}
+    body = {"name": "h200-profiled", "devices": {"h200-profiled": dev},
+            "nodes": [{"name": "gpu0", "kind": "gpu", "device": "h200-profiled"}, {"name": "sw", "kind": "switch"}],
+            "links": [{"a": "gpu0", "b": "sw", "bandwidth": "450 GB/s", "latency": "1 us"}]}
+    path = out / "h200-profiled.yaml"
+    path.write_text(yaml.safe_dump(body, sort_keys=False, width=120))
+    return str(path.resolve())
+
+
+def _single(r: dict[str, Any], eff: dict[str, float], topology: str = "hgx-h200") -> dict[str, float]:
     """The simulator's latency of the ``single`` prefill schedule (forward, forward+backward) for row ``r``."""
     from simulator.points import prepare_point, simulate_point
     from simulator.scenario import scenario_points
 
     out = {}
     for col, backward in (("forward_s", False), ("forward_backward_s", True)):
-        tree = {"name": "gpu-check", "topology": "hgx-h200", "topology_params": {"nodes": 1},
+        tree = {"name": "gpu-check", "topology": topology,
+                "topology_params": {"nodes": 1} if topology == "hgx-h200" else {},
                 "workload": {"kind": "prefill", "model": {"heads": int(r["heads"]), "kv_heads": int(r["kv_heads"]),
                                                           "head_dim": int(r["head_dim"])},
                              "batch": int(r["batch"]), "sequence": int(r["sequence"]), "dtype": "bf16",

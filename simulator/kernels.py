@@ -249,6 +249,9 @@ PROFILE_AXES: dict[str, tuple[str, ...]] = {
     "rescale": ("elems",),
     "finalize": ("elems",),
     "finalize-flat": ("elems",),
+    # prefill blocks: query rows x heads, visible keys per query row, head dimension
+    "attn-fwd": ("row_heads", "keys", "head_dim"),
+    "attn-bwd": ("row_heads", "keys", "head_dim"),
 }  # the kernels ``treering calibrate`` profiles over shapes, and their axes
 
 

@@ -57,6 +57,13 @@ def _block_size(shape: PrefillShape, q_runs: tuple[Run, ...], k_runs: tuple[Run,
     return run_tokens(q_runs), shape.sequence if k_runs is None else run_tokens(k_runs), pairs
 
 
+def block_dims(shape: PrefillShape, nq: int, pairs: int, heads: int | None = None) -> tuple[float, ...]:
+    """An attention block's shape on its profile's axes (:data:`simulator.kernels.PROFILE_AXES`): query rows x
+    heads, visible keys per query row (unmasked pairs / rows), head dimension."""
+    h = shape.heads if heads is None else heads
+    return float(shape.batch * h * nq), pairs / nq, float(shape.head_dim)
+
+
 def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: tuple[Run, ...],
                       k_runs: tuple[Run, ...] | None, kv_buf: str, deps: Iterable[int], *, q_buf: str = "q",
                       out: str = "acc", first: bool, heads: int | None = None, free: Sequence[str] = (),
@@ -70,7 +77,7 @@ def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: t
     nq, nk, pairs = size
     flops, nbytes = shape.forward_cost(nq, nk, pairs, heads)
     return sched.add_compute(rank, f"attn-fwd[{kv_buf}]", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
-                             fn="attn-fwd", out=out, args=(q_buf, kv_buf),
+                             fn="attn-fwd", out=out, args=(q_buf, kv_buf), dims=block_dims(shape, nq, pairs, heads),
                              alloc=[(out, shape.state_bytes(nq, heads))] if first else (), free=free)
 
 
@@ -106,12 +113,13 @@ def add_backward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: 
         return None
     nq, nk, pairs = size
     flops, nbytes = shape.backward_cost(nq, nk, pairs, heads)
+    dims = block_dims(shape, nq, pairs, heads)
     alloc = [(dq, shape.q_bytes(nq, heads))] if alloc_dq else []
     if alloc_dkv is not None:
         alloc.append((dkv_buf, alloc_dkv))
     return sched.add_compute(rank, f"attn-bwd[{kv_buf}]", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
                              fn="attn-bwd", out=dq, args=(q_buf, kv_buf, "lse", "delta", dout, dkv_buf),
-                             alloc=alloc, free=free)
+                             alloc=alloc, free=free, dims=dims)
 
 
 def add_concat(sched: Schedule, rank: int, out: str, pieces: Sequence[str], deps: Iterable[int]) -> int:
