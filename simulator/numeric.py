@@ -58,9 +58,16 @@ def make_inputs(rng: np.random.Generator, batch: int, heads: int, kv_heads: int,
     return Inputs(q, k, v, mask, 1.0 / math.sqrt(head_dim))
 
 
+def _float64(x: Any) -> np.ndarray:
+    """An array as numpy float64 (torch tensors of any dtype too: numpy cannot take bf16)."""
+    if not isinstance(x, np.ndarray) and hasattr(x, "double") and hasattr(x, "cpu"):
+        x = x.double().cpu()
+    return np.asarray(x, dtype=np.float64)
+
+
 def dense_attention(inp: Inputs) -> np.ndarray:
     """Single-device softmax attention in float64, independent of the merge core (the reference)."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (inp.q, inp.k, inp.v))
+    q, k, v = (_float64(x) for x in (inp.q, inp.k, inp.v))
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     s = np.einsum("bhqd,bhtd->bhqt", q, k) * inp.scale
@@ -153,7 +160,7 @@ def max_abs_error(outputs: Iterable[Any], reference: np.ndarray) -> float:
     """Largest absolute difference of any output (numpy or torch, any float dtype) from the float64 reference."""
     err = 0.0
     for out in outputs:
-        arr = np.asarray(out, dtype=np.float64)
+        arr = _float64(out)
         if arr.size:
             err = max(err, float(np.abs(arr - reference).max()))
     return err

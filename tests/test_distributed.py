@@ -167,10 +167,11 @@ def test_random_shapes_validate_end_to_end_off_the_grid(tmp_path, capsys):
     path = tmp_path / "base.yaml"
     path.write_text(textwrap.dedent(SCENARIO.format(dtype="fp32", context=301)).lstrip())
     out = tmp_path / "rnd"
-    assert main(["validate", str(path), "--random", "3", "--seed", "4", "--procs", "2", "--iters", "1",
-                 "--warmup", "0", "-o", str(out)]) == 0
+    assert main(["validate", str(path), "--random", "3", "--seed", "10", "--procs", "2", "--iters", "1",
+                 "--warmup", "0", "--max-kv-bytes", "2 MiB", "-o", str(out)]) == 0
     frame = pd.read_csv(out / "validation.csv")
     assert len(frame) == 3 * 6 and frame["random.head_dim"].isin(HEAD_DIMS).all()
+    assert set(frame["random.dtype"]) == {"fp32", "fp64", "bf16"}
     tol = frame["random.dtype"].map({"fp64": 1e-12, "fp32": 1e-5, "bf16": 0.1})
     assert (frame["max_abs_err"] < tol).all()
     assert frame["bitwise_equal_to_sim"].all()

@@ -9,6 +9,7 @@ from simulator.distributed.random_shapes import random_points
 from simulator.errors import InputError
 from simulator.points import PreparedPoint, prepare_point
 from simulator.scenario import DecodeWorkload, load_scenario
+from simulator.units import checked_quantity
 
 __all__ = ["check_scenario", "out_dir"]
 
@@ -30,5 +31,9 @@ def check_scenario(args: argparse.Namespace) -> list[PreparedPoint]:
     if getattr(args, "random", None) is not None:
         if args.random < 1:
             raise InputError(f"must be at least 1, got {args.random}", field="--random")
-        points = random_points(points[0], args.random, args.seed, args.procs)
+        try:
+            limit = checked_quantity(args.max_kv_bytes, "bytes", positive=True)
+        except InputError as err:
+            raise InputError(err.message, field="--max-kv-bytes") from None
+        points = random_points(points[0], args.random, args.seed, args.procs, int(limit))
     return [prepare_point(point) for point in points]

@@ -39,6 +39,9 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
                    help="validate N random decode shapes (batch 1-8, heads 1-32, head_dim off the calibration grid, "
                         "contexts 1k-200k, fp32/fp64/bf16) instead of the scenario's workload; the scenario gives "
                         "the topology and algorithms")
+    p.add_argument("--max-kv-bytes", dest="max_kv_bytes", default="512 MiB",
+                   help="--random: a draw whose KV cache (all ranks) exceeds this gets a shorter context "
+                        "(default 512 MiB)")
     p.add_argument("--inject-fault", type=int, default=None, metavar="RANK",
                    help="testing aid: this rank raises an error at its first op")
 

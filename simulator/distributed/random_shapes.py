@@ -69,13 +69,13 @@ def draw_shapes(n: int, seed: int, ranks: int, max_kv_bytes: int = MAX_KV_BYTES)
     return out
 
 
-def random_points(base: Point, n: int, seed: int, ranks: int) -> list[Point]:
+def random_points(base: Point, n: int, seed: int, ranks: int, max_kv_bytes: int = MAX_KV_BYTES) -> list[Point]:
     """The base scenario's point with its workload replaced by each of ``n`` random shapes."""
     workload = base.scenario.workload
     if not isinstance(workload, DecodeWorkload):
         raise TypeError("random shapes replace a decode workload")
     points = []
-    for s in draw_shapes(n, seed, ranks):
+    for s in draw_shapes(n, seed, ranks, max_kv_bytes):
         new = DecodeWorkload.model_validate({
             **workload.model_dump(exclude={"model", "scope", "weight_dtype", "kv_dtype"}),
             "model": {"heads": s.heads, "kv_heads": s.kv_heads, "head_dim": s.head_dim}, "batch": s.batch,
