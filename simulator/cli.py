@@ -523,6 +523,11 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
     elif args.procs < 2:
         raise InputError(f"calibrate needs at least 2 ranks, got {args.procs}", field="--procs")
     else:
+        if args.kernels_from:
+            cluster = load_topology(args.kernels_from)
+            if not cluster.ranks or not cluster.specs[cluster.ranks[0]].kernels:
+                raise InputError("has no kernel profiles (kernels: under its device)", file=args.kernels_from,
+                                 field="--kernels-from")
         for dtype in filter(None, args.kernel_dtypes.split(",")):
             if dtype not in ("fp32", "fp64", "bf16", "fp16"):
                 raise InputError(f"unknown dtype {dtype!r}; valid: fp32, fp64, bf16, fp16", field="--kernel-dtypes")

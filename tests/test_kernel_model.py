@@ -156,3 +156,15 @@ def test_robust_time_stops_early_when_stable_and_batches_short_calls() -> None:
     assert t.n >= 5 and t.median > 0 and t.q1 <= t.median <= t.q3
     assert len(calls) > t.n  # short calls are timed in batches
     assert math.isfinite(t.spread)
+
+
+def test_calibrate_refuses_kernels_from_a_topology_without_profiles(tmp_path, capsys) -> None:
+    from simulator.cli import main
+
+    path = _topology_with(tmp_path, {})
+    out = tmp_path / "new.yaml"
+    assert main(["calibrate", "--procs", "2", "-o", str(out), "--kernels-from", path]) == 2
+    assert "--kernels-from: has no kernel profiles" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["calibrate", "--procs", "2", "-o", str(out), "--kernel-dtypes", "fp33"]) == 2
+    assert "--kernel-dtypes: unknown dtype 'fp33'" in capsys.readouterr().err

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from simulator.cluster.topology import load_topology
 from simulator.distributed.common import device_for, init_group
 from simulator.distributed.profile_kernels import (
     ATTEND_GRID,
@@ -250,6 +251,9 @@ def _matmul_flops(device: torch.device, dtype: torch.dtype, reps: int) -> float:
 
 def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProfile]:
     """The kernels' profiles over shapes (rank 0 alone; :mod:`simulator.distributed.profile_kernels`)."""
+    if args.kernels_from:
+        cluster = load_topology(args.kernels_from)
+        return list(cluster.specs[cluster.ranks[0]].kernels.values())
     out = []
     opts = ProfileOptions(max_ci=args.max_ci)
     attend_grid, elems_grid = (QUICK_ATTEND_GRID, QUICK_ELEMS_GRID) if args.kernel_grid == "quick" else (
@@ -292,9 +296,12 @@ def run_rank(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _profile_lines(profiles: list[KernelProfile]) -> list[str]:
+def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[str]:
     if not profiles:
         return []
+    if source:
+        return [f"# Kernel profiles (kernels:): taken from {source} (an earlier calibration of this machine; its "
+                "comments say how they were measured)."]
     worst = max(profiles, key=lambda p: max(p.spread, default=0.0))
     return ["# Kernel profiles (kernels:, rank 0 alone, each point repeated until the 95 % confidence interval of its "
             "median was within 3 % or 0.8 s passed; spread = interquartile range / median): "
@@ -384,7 +391,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"time per byte and side; a lone memcpy moves {memcpy_bw / 1e9:.3f} GB/s on one core).",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
         "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
-        *_profile_lines(profiles),
+        *_profile_lines(profiles, args.kernels_from),
     ]
     body = {
         "name": "localhost",

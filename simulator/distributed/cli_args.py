@@ -56,6 +56,9 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-dtypes", dest="kernel_dtypes", default="fp32,fp64,bf16",
                    help="dtypes whose kernels are profiled over shapes (comma-separated; empty: none, the kernels "
                         "stay on the roofline)")
+    p.add_argument("--kernels-from", dest="kernels_from", default=None, metavar="TOPOLOGY",
+                   help="take the kernel profiles of this earlier calibration of the same machine instead of "
+                        "measuring them again (they are measured on one rank alone, whatever --procs)")
     p.add_argument("--kernel-grid", dest="kernel_grid", choices=["full", "quick"], default="full",
                    help="full: kv_bytes 32 KiB-128 MiB x head_dim 32-256 x group 1-16 (about a minute per dtype on "
                         "two cores); quick: kv_bytes up to 2 MiB, head_dim 32 and 128, group 1 and 4 (a smoke test)")
