@@ -383,7 +383,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"alone): launch + bytes / {mem_bw / 1e9:.3f} GB/s in fp32 (largest relative residual {res_mem:.1%}), "
         f"bytes / {mem_bw64 / 1e9:.3f} GB/s in fp64 ({res_mem64:.1%}); the model takes the fp32 figure.",
         f"# Matmul 512^3 (rank 0 alone): fp32 {flops[0] / 1e9:.2f} GFLOP/s, fp64 {flops[1] / 1e9:.2f} GFLOP/s."
-        " bf16/fp16 workloads run in fp32 on this backend, so they get the fp32 figures.",
+        " bf16/fp16 get the fp32 figures on the roofline (kernels with a bf16 profile below are timed from it).",
         f"# host_cores: the {world} ranks share this machine's {cores} CPUs (one thread each). host_mem_bw: "
         f"{concurrent} attend kernels at once moved {shared_bw / 1e9:.3f} GB/s together "
         f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone). host_copy_bw: a loopback transfer "

@@ -49,6 +49,7 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     """The options of ``treering calibrate``."""
     _common(p)
+    p.set_defaults(timeout=600.0)  # the kernel profiles take a minute or two on one rank while the others wait
     p.add_argument("-o", "--out", required=True, help="topology YAML to write")
     p.add_argument("--heads", type=int, default=16, help="attention shape of the compute measurement")
     p.add_argument("--head-dim", type=int, default=128, help="head dimension of the compute measurement")
