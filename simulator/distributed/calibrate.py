@@ -47,10 +47,13 @@ from simulator.distributed.common import device_for, init_group
 from simulator.distributed.profile_kernels import (
     ATTEND_GRID,
     ELEMS_GRID,
+    PREFILL_GRID,
     QUICK_ATTEND_GRID,
     QUICK_ELEMS_GRID,
+    QUICK_PREFILL_GRID,
     ProfileOptions,
     profile_attend,
+    profile_prefill,
     profile_small,
 )
 from simulator.files import write_text_atomic
@@ -256,12 +259,15 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
         return list(cluster.specs[cluster.ranks[0]].kernels.values())
     out = []
     opts = ProfileOptions(max_ci=args.max_ci)
-    attend_grid, elems_grid = (QUICK_ATTEND_GRID, QUICK_ELEMS_GRID) if args.kernel_grid == "quick" else (
-        ATTEND_GRID, ELEMS_GRID)
+    quick = args.kernel_grid == "quick"
+    attend_grid, elems_grid, prefill_grid = (QUICK_ATTEND_GRID, QUICK_ELEMS_GRID, QUICK_PREFILL_GRID) if quick else (
+        ATTEND_GRID, ELEMS_GRID, PREFILL_GRID)
     for dtype in filter(None, args.kernel_dtypes.split(",")):
         out.append(profile_attend(dtype, device, opts, attend_grid))
         out += [profile_small(k, dtype, device, opts, elems_grid)
                 for k in ("merge", "rescale", "finalize", "finalize-flat")]
+        if dtype in ("fp32", "fp64"):
+            out += profile_prefill(dtype, device, opts, prefill_grid)
     return out
 
 

@@ -5,7 +5,9 @@ device and dtype asked for, timed by :func:`~simulator.distributed.measure.robus
 
 * ``attend`` (partial attention of one decode query against a KV shard, merged into a running state) over its
   axes ``kv_bytes`` (the K and V bytes it reads), ``head_dim`` and ``group`` (query heads per KV head);
-* ``merge``, ``rescale``, ``finalize``, ``finalize-flat`` over ``elems`` (a state's elements).
+* ``merge``, ``rescale``, ``finalize``, ``finalize-flat`` over ``elems`` (a state's elements);
+* the prefill blocks ``attn-fwd`` and ``attn-bwd`` over ``row_heads``, ``keys`` and ``head_dim`` (fp32 and fp64:
+  the dtypes CPU real runs of prefill use).
 
 The grid is small on purpose (calibrate stays within a few minutes on two CPU cores); workloads between grid points
 are interpolated in log space by :class:`~simulator.kernel_model.KernelProfile`, and beyond them extrapolated, which
@@ -26,10 +28,20 @@ import torch
 from simulator.distributed.measure import Timing, robust_time
 from simulator.kernel_model import KernelProfile
 from simulator.kernels import PROFILE_AXES
-from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
+from simulator.merge import (
+    PartialState,
+    attention_delta,
+    block_backward,
+    finalize,
+    log_sum_exp,
+    merge,
+    partial_attention,
+    rescale,
+)
 
-__all__ = ["ATTEND_GRID", "ELEMS_GRID", "QUICK_ATTEND_GRID", "QUICK_ELEMS_GRID", "TORCH_DTYPES", "ProfileOptions",
-           "UnstableMeasurement", "profile_attend", "profile_small"]
+__all__ = ["ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID",
+           "TORCH_DTYPES", "ProfileOptions", "UnstableMeasurement", "profile_attend", "profile_prefill",
+           "profile_small"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
@@ -40,6 +52,10 @@ ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18
 ELEMS_GRID: tuple[float, ...] = tuple(float(2**k) for k in (8, 12, 16, 20))
 QUICK_ATTEND_GRID: tuple[tuple[float, ...], ...] = ((2.0**15, 2.0**18, 2.0**21), (32.0, 128.0), (1.0, 4.0))
 QUICK_ELEMS_GRID: tuple[float, ...] = (2.0**8, 2.0**14)
+# prefill blocks: row_heads 256 .. 4096 (x 4), keys 64 .. 1024 (x 4), head_dim 32 and 128
+PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10, 2.0**12), (2.0**6, 2.0**8, 2.0**10), (32.0, 128.0))
+QUICK_PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10), (2.0**6, 2.0**8), (32.0, 64.0))
+PREFILL_HEADS = 4  # the heads of a profiled prefill block (its query rows follow from row_heads)
 KV_HEADS = 4  # the KV heads of a profiled attend shape (its tokens follow from kv_bytes)
 
 
@@ -142,3 +158,49 @@ def profile_small(kernel: str, dtype: str, device: torch.device, opts: ProfileOp
         seconds.append(timing.median)
         spread.append(timing.spread)
     return KernelProfile(kernel, dtype, PROFILE_AXES[kernel], (tuple(grid),), tuple(seconds), tuple(spread))
+
+
+def profile_prefill(dtype: str, device: torch.device, opts: ProfileOptions = ProfileOptions(),
+                    grid: Sequence[Sequence[float]] = PREFILL_GRID) -> list[KernelProfile]:
+    """The prefill block kernels' profiles (``attn-fwd``: a block's partial attention merged into the running state;
+    ``attn-bwd``: its gradients, accumulated into dQ and dK/dV) over (row_heads, keys, head_dim), unmasked blocks of
+    ``PREFILL_HEADS`` heads."""
+    tdt = TORCH_DTYPES[dtype]
+    gen = torch.Generator(device="cpu").manual_seed(2)
+    fwd_s, bwd_s, fwd_sp, bwd_sp = [], [], [], []
+    for row_heads, keys, head_dim in itertools.product(*grid):
+        nq, t, d = max(1, round(row_heads / PREFILL_HEADS)), round(keys), int(head_dim)
+
+        def rand(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=gen).to(device=device, dtype=tdt)
+
+        q, k, v, dout = rand(1, PREFILL_HEADS, nq, d), rand(1, PREFILL_HEADS, t, d), rand(1, PREFILL_HEADS, t, d), \
+            rand(1, PREFILL_HEADS, nq, d)
+        scale = 1 / math.sqrt(d)
+        acc = partial_attention(q, k[:, :, :1], v[:, :, :1], scale)
+        state = partial_attention(q, k, v, scale)
+        lse, delta = log_sum_exp(state), attention_delta(finalize(state), dout)
+        dq_acc, dk_acc, dv_acc = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+        def fwd(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, acc: PartialState = acc,
+                scale: float = scale) -> None:
+            merge(acc, partial_attention(q, k, v, scale))
+
+        def bwd(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, lse: torch.Tensor = lse,
+                delta: torch.Tensor = delta, dout: torch.Tensor = dout, scale: float = scale,
+                acc: tuple[torch.Tensor, ...] = (dq_acc, dk_acc, dv_acc)) -> None:
+            dq, dk, dv = block_backward(q, k, v, scale, None, lse, delta, dout)
+            acc[0].add_(dq)
+            acc[1].add_(dk)
+            acc[2].add_(dv)
+
+        where = f"row_heads {row_heads:g}, keys {keys:g}, head_dim {d}"
+        tf = _check("attn-fwd", dtype, where, _time(fwd, device, opts, opts.budget_s), opts)
+        tb = _check("attn-bwd", dtype, where, _time(bwd, device, opts, opts.budget_s), opts)
+        fwd_s.append(tf.median)
+        bwd_s.append(tb.median)
+        fwd_sp.append(tf.spread)
+        bwd_sp.append(tb.spread)
+    axes, g = PROFILE_AXES["attn-fwd"], tuple(tuple(x) for x in grid)
+    return [KernelProfile("attn-fwd", dtype, axes, g, tuple(fwd_s), tuple(fwd_sp)),
+            KernelProfile("attn-bwd", dtype, axes, g, tuple(bwd_s), tuple(bwd_sp))]
