@@ -104,7 +104,9 @@ def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
     assert len(cluster.ranks) == 2 and cluster.message_overhead_s > 0
     spec = cluster.specs[cluster.ranks[0]]
     assert spec.mem_bw_Bps > 0 and spec.peak_flops["fp32"] > 0
-    assert {k for k, _ in spec.kernels} == {"attend", "merge", "rescale", "finalize", "finalize-flat"}
+    assert {k for k, _ in spec.kernels} == {"attend", "merge", "rescale", "finalize", "finalize-flat", "attn-fwd",
+                                            "attn-bwd"}
+    assert ("attn-fwd", "fp32") in spec.kernels and ("attn-fwd", "bf16") not in spec.kernels  # CPU prefill: fp32/64
     assert {d for _, d in spec.kernels} == {"fp32", "bf16"}
     attend = spec.kernels[("attend", "bf16")]
     assert attend.axes == ("kv_bytes", "head_dim", "group") and len(attend.seconds) == 12
