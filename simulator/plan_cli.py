@@ -85,7 +85,8 @@ def cmd_plan_ttft(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     result = plan_ttft(req)
     targets = f"a time to first token of {seconds(req.ttft_s)}" + \
         (f" and {ms(req.tbt_s)} between tokens" if req.tbt_s is not None else "")
-    say(f"{req.scenario}: {result.kind}, target {targets}, up to {req.max_nodes} nodes"
+    say(f"{req.scenario}: {result.model} {result.kind} on {result.topology}, target {targets}, up to "
+        f"{req.max_nodes} nodes"
         + (f" ({', '.join(req.sets)})" if req.sets else ""))
     if result.rows:
         say(("answer: " if result.met else "not met; the lowest TTFT: ") + _config(result.rows[0]))
@@ -115,7 +116,7 @@ def _write(out: Path, frame: pd.DataFrame, result: TtftPlan, req: TtftRequest, a
                "reproduce": result.reproduce, "rows": frame.to_dict(orient="records")}
         write_text_atomic(out, json.dumps(doc, indent=2, default=str) + "\n")
     else:
-        meta = {"model": req.scenario, "ttft_s": req.ttft_s, "target_s": req.tbt_s, "topology": req.scenario,
+        meta = {"model": result.model, "ttft_s": req.ttft_s, "target_s": req.tbt_s, "topology": result.topology,
                 "command": shlex.join(["treering", *args.argv]), "version": __version__, "sets": list(req.sets),
                 "reproduce": shlex.join(result.reproduce)}
         write_plan_report(frame.assign(binding=[result.binding] + [""] * (len(frame) - 1)), out, meta)

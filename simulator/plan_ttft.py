@@ -7,7 +7,8 @@ model). A configuration is (node count, tensor-parallel degree ``tp``, prefill s
 
 * strategies: ``ring``, ``allgather``, ``ulysses`` (a prefill scenario's own ``algorithms:``, ``single`` left out);
   layouts: ``contiguous``, ``zigzag``, ``striped`` when causal (the scenario's own otherwise);
-* ``tp`` (``scope: model`` only; ``--tp`` fixes it): the divisors of the GPUs per node that suit the heads;
+* ``tp`` (``scope: model`` only; ``--tp`` fixes it): the divisors of the GPUs per node that suit the heads, less
+  those whose share of the weights alone is over the usable memory (it does not shrink with more nodes);
 * TTFT is the prefill's simulated latency; a generate workload is then run with the fastest fitting prefill of
   each (nodes, tp), every decode schedule of its ``algorithms:``, for TPOT (mean time per output token) and memory.
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from simulator.algorithms import label, resolve
 from simulator.algorithms.prefill import PREFILL_REGISTRY
+from simulator.cluster.devices import DTYPE_BYTES
 from simulator.errors import InputError
 from simulator.plan import ms, tp_candidates
 from simulator.points import prepare_point, simulate_point
@@ -100,6 +102,8 @@ class TtftPlan:
     evaluated: int
     kind: str  # the workload's: prefill or generate
     reproduce: list[str]  # the command that runs the answer (treering run SCENARIO --set ...)
+    model: str = ""  # the scenario's model (a preset's name, or custom)
+    topology: str = ""
 
 
 def seconds(x: float) -> str:
@@ -278,7 +282,9 @@ def plan_ttft(req: TtftRequest, progress: Progress | None = None) -> TtftPlan:
     if req.tp is not None:
         tps = [req.tp]
     elif wl.scope == "model":
-        tps = tp_candidates(gpn, heads, kv)
+        usable = min(probe.capacity(n) for n in probe.cluster.ranks)
+        weights = wl.model_preset().params * DTYPE_BYTES[wl.dtype]
+        tps = [t for t in tp_candidates(gpn, heads, kv) if weights / t <= usable] or [gpn]  # weights alone: no fit
     else:
         tps = [wl.tp]
     found: dict[int, list[Config]] = {}
@@ -304,7 +310,7 @@ def plan_ttft(req: TtftRequest, progress: Progress | None = None) -> TtftPlan:
     rows = _per_strategy(found[b], s)
     smaller = [n for n in found if n < b]
     binding = _binding(s, found[max(smaller)], max(smaller)) if smaller else "none: one node is enough"
-    return TtftPlan(True, rows, binding, s.count, s.kind, _reproduce(req, rows[0]))
+    return TtftPlan(True, rows, binding, s.count, s.kind, _reproduce(req, rows[0]), *_names(s))
 
 
 def _rank(s: _Search) -> Callable[[Config], tuple[bool, int, float, float]]:
@@ -337,7 +343,8 @@ def _unmet(s: _Search, found: dict[int, list[Config]], req: TtftRequest) -> Ttft
     every = [c for cs in found.values() for c in cs]
     fitting = [c for c in every if c.fits]
     if not fitting:
-        return TtftPlan(False, [], f"memory: nothing fits in {req.max_nodes} node(s) or fewer", s.count, s.kind, [])
+        return TtftPlan(False, [], f"memory: nothing fits in {req.max_nodes} node(s) or fewer", s.count, s.kind, [],
+                        *_names(s))
     fast = min(fitting, key=lambda c: (c.ttft_s, c.gpus))
     rows = _per_strategy([c for c in found[fast.nodes] if c.fits], s)
     rows = [fast, *[c for c in rows if c.strategy != fast.strategy]]
@@ -346,7 +353,12 @@ def _unmet(s: _Search, found: dict[int, list[Config]], req: TtftRequest) -> Ttft
         low = min((c for c in fitting if not math.isnan(c.tpot_s)), key=lambda c: c.tpot_s, default=None)
         if low is not None:
             why += f"; the lowest TPOT is {ms(low.tpot_s)} ({low.decode} on {low.nodes} node(s))"
-    return TtftPlan(False, rows, why, s.count, s.kind, _reproduce(req, fast))
+    return TtftPlan(False, rows, why, s.count, s.kind, _reproduce(req, fast), *_names(s))
+
+
+def _names(s: _Search) -> tuple[str, str]:
+    model = s.wl.model if isinstance(s.wl.model, str) else "custom"
+    return model, s.base.scenario.topology
 
 
 def _reproduce(req: TtftRequest, c: Config) -> list[str]:

@@ -4,6 +4,7 @@ cluster sizes, the unreachable case, memory respected, the reproduce command, ba
 from __future__ import annotations
 
 import itertools
+import json
 import shlex
 from pathlib import Path
 
@@ -139,3 +140,16 @@ def test_ttft_needs_a_scenario_and_tbt_a_generate_workload(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("treering: error: --tbt: a prefill workload has no tokens to decode")
     assert main(["plan", "--model", "llama-3.1-8b", "--context", "1M"]) == 2
     assert capsys.readouterr().err.startswith("treering: error: --tbt: required")
+
+
+def test_plan_files_json_and_report(tmp_path, capsys):
+    path = _write(tmp_path, GENERATE)
+    args = ["plan", path, "--ttft", "10s", "--tbt", "1s", "--max-nodes", "1", "--tp", "1"]
+    assert main([*args, "-o", str(tmp_path / "p.json")]) == 0
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert doc["met"] and doc["rows"][0]["met"] and doc["rows"][0]["nodes"] == 1
+    assert doc["reproduce"][:3] == ["treering", "run", path] and doc["request"]["ttft_s"] == 10.0
+    assert main([*args, "-o", str(tmp_path / "rep")]) == 0
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "target: 10 s to first token and 1000 ms between tokens" in report
+    assert "Smallest configuration that meets a time to first token of 10 s" in report
