@@ -345,7 +345,7 @@ def _unmet(s: _Search, found: dict[int, list[Config]], req: TtftRequest) -> Ttft
     if not fitting:
         return TtftPlan(False, [], f"memory: nothing fits in {req.max_nodes} node(s) or fewer", s.count, s.kind, [],
                         *_names(s))
-    fast = min(fitting, key=lambda c: (c.ttft_s, c.gpus))
+    fast = min(fitting, key=lambda c: (c.ttft_s, c.gpus, c.tpot_s if not math.isnan(c.tpot_s) else 0.0))
     rows = _per_strategy([c for c in found[fast.nodes] if c.fits], s)
     rows = [fast, *[c for c in rows if c.strategy != fast.strategy]]
     why = f"cannot go below a TTFT of {seconds(fast.ttft_s)} up to {req.max_nodes} nodes ({fast.bound()})"
