@@ -137,7 +137,7 @@ def generate_rows(point: Point, cluster: Cluster, layout: Layout) -> list[dict[s
         steps = [_step(wl, cluster, layout, name, params, i) for i in range(wl.new_tokens)]
         phases = [pre, *steps]
         flops = pflops + sum(_decode_flops(wl, model, wl.prompt + i) for i in range(wl.new_tokens))
-        latency = sum(ph.latency_s for ph in phases)
+        latency = pre.latency_s + sum(st.latency_s for st in steps)  # (summed in the committed reports' order)
         compute = sum(ph.compute_s for ph in phases)
         peaks = [peak for ph in phases for peak in ph.peaks]
         rows.append({
@@ -145,7 +145,7 @@ def generate_rows(point: Point, cluster: Cluster, layout: Layout) -> list[dict[s
             "ranks": layout.ranks, "nodes": len(set(cluster.host_indices([n for n, _ in pre.peaks]))),
             "context": wl.prompt, "batch": pshape.batch, "heads": pshape.heads, "head_dim": pshape.head_dim,
             "dtype": pshape.dtype, "latency_s": latency, "compute_s": compute, "comm_s": latency - compute,
-            "bytes_moved": sum(ph.bytes_moved for ph in phases),
+            "bytes_moved": sum(st.bytes_moved for st in steps) + pre.bytes_moved,
             "peak_mem_bytes": max(b for _, b in peaks),
             "oom": any(b > cluster.specs[node].mem_bytes for node, b in peaks),
             "events": sum(ph.events for ph in phases), "sim_wall_s": sum(ph.wall_s for ph in phases),
