@@ -24,6 +24,8 @@ from simulator.units import parse_time_strict
 __all__ = ["cmd_plan_ttft", "ttft_frame"]
 
 _DECODE_ONLY = ("model", "context", "eff_mem", "eff_flops", "weight_dtype", "kv_dtype")
+_SCENARIO_KEYS = (("algorithms", "ring,tree,tree-p2p", "algorithms=[ring, tree]"), ("batch", 1, "workload.batch=N"),
+                  ("dtype", "bf16", "workload.dtype=D"), ("mem_fraction", 0.9, "mem_fraction=F"))  # decode flags
 
 
 def _target(value: str | None, flag: str) -> float | None:
@@ -49,6 +51,9 @@ def _request(args: argparse.Namespace) -> TtftRequest:
         if getattr(args, key) is not None:
             raise InputError("the scenario sets it (change it with --set KEY=VALUE)",
                              field="--" + key.replace("_", "-"))
+    for key, default, hint in _SCENARIO_KEYS:
+        if getattr(args, key) != default:
+            raise InputError(f"the scenario sets it (change it with --set {hint})", field="--" + key.replace("_", "-"))
     return TtftRequest(scenario=args.scenario, ttft_s=ttft, tbt_s=tbt, tp=args.tp, max_nodes=args.max_nodes,
                        sets=tuple(args.sets), force=args.force)
 

@@ -34,7 +34,7 @@ from simulator.algorithms.prefill import PREFILL_REGISTRY
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.errors import InputError
 from simulator.plan import ms, tp_candidates
-from simulator.points import prepare_point, simulate_point
+from simulator.points import cluster_for, prepare_point, simulate_point
 from simulator.scenario import Point, load_scenario, scenario_points
 from simulator.workloads import GenerateWorkload, PrefillWorkload
 
@@ -270,19 +270,25 @@ def plan_ttft(req: TtftRequest, progress: Progress | None = None) -> TtftPlan:
     if not s.strategies():
         raise base.locate(InputError("needs a context-parallel strategy (ring, allgather or ulysses)",
                                      field="algorithms"))
-    probe = prepare_point(s._point({"topology_params.nodes": 1}))
-    if probe.cluster.num_hosts != 1:
+    one = s._point({"topology_params.nodes": 1})
+    cluster = cluster_for(one)  # (not prepare_point: the scenario's own tp and layout may not suit one node)
+    if cluster.num_hosts != 1:
         raise base.locate(InputError(f"plan varies topology_params.nodes; {base.scenario.topology} has "
-                                     f"{probe.cluster.num_hosts} nodes with nodes: 1 (use a parametric preset)",
+                                     f"{cluster.num_hosts} nodes with nodes: 1 (use a parametric preset)",
                                      field="topology"))
-    gpn = len(probe.cluster.ranks)
+    gpn = len(cluster.ranks)
     wl = s.wl
     shape = wl.shape() if isinstance(wl, PrefillWorkload) else wl.prefill_shape()
     heads, kv = shape.heads, shape.kv_heads
     if req.tp is not None:
+        if wl.scope != "model" or req.tp not in tp_candidates(gpn, heads, kv):
+            why = "needs scope: model" if wl.scope != "model" else \
+                f"must divide the {gpn} GPUs per node and suit the model's {heads} heads and {kv} KV heads; " \
+                f"candidates: {', '.join(map(str, tp_candidates(gpn, heads, kv)))}"
+            raise InputError(why, field="--tp")
         tps = [req.tp]
     elif wl.scope == "model":
-        usable = min(probe.capacity(n) for n in probe.cluster.ranks)
+        usable = min(cluster.specs[n].mem_bytes for n in cluster.ranks) * one.scenario.mem_fraction
         weights = wl.model_preset().params * DTYPE_BYTES[wl.dtype]
         tps = [t for t in tp_candidates(gpn, heads, kv) if weights / t <= usable] or [gpn]  # weights alone: no fit
     else:
@@ -341,6 +347,9 @@ def _binding(s: _Search, configs: list[Config], nodes: int) -> str:
 
 def _unmet(s: _Search, found: dict[int, list[Config]], req: TtftRequest) -> TtftPlan:
     every = [c for cs in found.values() for c in cs]
+    errors = [e for e in s.prefills.values() if isinstance(e, InputError)]
+    if not every and errors:  # no configuration could be built at all: say why
+        raise errors[0]
     fitting = [c for c in every if c.fits]
     if not fitting:
         return TtftPlan(False, [], f"memory: nothing fits in {req.max_nodes} node(s) or fewer", s.count, s.kind, [],

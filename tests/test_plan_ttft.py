@@ -116,6 +116,10 @@ def test_tbt_binds_when_decode_is_too_slow(tmp_path):
     (["--ttft", "2"], "treering: error: --ttft: give a unit"),
     (["--ttft", "2s", "--tbt", "0ms"], "treering: error: --tbt: must be positive"),
     (["--ttft", "2s", "--model", "llama-3.1-8b"], "treering: error: --model: the scenario sets it"),
+    (["--ttft", "2s", "--tp", "3"], "treering: error: --tp: must divide the 8 GPUs per node and suit the model's 32 "
+                                    "heads and 8 KV heads; candidates: 1, 2, 4, 8"),
+    (["--ttft", "2s", "--mem-fraction", "1"], "treering: error: --mem-fraction: the scenario sets it (change it with "
+                                              "--set mem_fraction=F)"),
 ])
 def test_bad_targets_exit_2_located(tmp_path, capsys, extra, message):
     path = _write(tmp_path, GENERATE)
@@ -131,6 +135,13 @@ def test_ttft_on_a_decode_workload_exits_2_at_its_kind(capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"treering: error: {path}:{line}: workload.kind: --ttft plans prefill and generate "
                           "workloads, not decode")
+
+
+def test_a_prompt_no_cluster_can_split_is_refused_located(tmp_path, capsys):
+    path = _write(tmp_path, {**GENERATE, "workload": {**GENERATE["workload"], "prompt": 4}})
+    assert main(["plan", path, "--ttft", "2s", "--max-nodes", "1", "--tp", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"treering: error: {path}:") and "workload.prompt: the prompt (4 tokens) must have" in err
 
 
 def test_ttft_needs_a_scenario_and_tbt_a_generate_workload(tmp_path, capsys):
