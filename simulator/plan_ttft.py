@@ -175,8 +175,8 @@ class _Search:
             try:
                 prep = prepare_point(self._point(sets, "prefill"))
             except InputError as err:  # e.g. Ulysses' heads, fewer tokens than ranks: not a configuration
-                self.prefills[key] = err
-                return err
+                self.prefills[key] = self._as_generate(err)
+                return self.prefills[key]
             self.count += 1
             if self.progress:
                 self.progress(f"{nodes} node(s), tp {tp}, {strategy} {layout} ({self.count} simulated)")
@@ -186,6 +186,14 @@ class _Search:
                                         row["compute_s"], row["peak_mem_bytes"], usable, bool(row["oom"]),
                                         sets=_set_items(sets))
         return self.prefills[key]
+
+    def _as_generate(self, err: InputError) -> InputError:
+        """An error of a generate request's prefill phase, told in the generate workload's keys."""
+        keys = {"workload.sequence": "workload.prompt", "algorithms.0": "workload.prefill"}
+        if self.kind != "generate" or err.field not in keys:
+            return err
+        message = err.message.replace("the sequence", "the prompt").split(" (sweep point")[0]
+        return self.base.locate(InputError(message, field=keys[err.field]))
 
     def generate(self, best: Config) -> list[Config]:
         """A generate request run with ``best``'s prefill: one configuration per decode schedule."""
