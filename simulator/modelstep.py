@@ -112,15 +112,15 @@ def dense_layer(model: ModelPreset, shape: Shape, tp: int, cluster: Cluster, wei
     return sched
 
 
-# elementwise kernels per row of each stage, before its matmul (name, FLOPs per row, elements read + written per
-# row): the RMSNorm fused with the residual add reads the hidden state and the residual and writes both; RoPE
-# rotates q and k; SiLU-and-mul reads gate and up and writes their product.
+# elementwise kernels of each stage (name, FLOPs per row, elements read + written per row), run in sequence with
+# its matmul op on the same rank (their order inside a stage does not change its time): the RMSNorm fused with the
+# residual add reads the hidden state and the residual and writes both; RoPE rotates q and k (after the QKV
+# projection); SiLU-and-mul reads gate and up and writes their product (between the MLP's matmuls).
 def _elementwise(model: ModelPreset, tp: int) -> dict[str, tuple[tuple[str, float, float], ...]]:
     h, qk = model.hidden, (model.heads + model.kv_heads) * model.head_dim // tp
     inter = model.intermediate // tp
     norm = ("norm", 5.0 * h, 4.0 * h)
-    return {"qkv": (norm,), "o-proj": (("rope", 3.0 * qk, 2.0 * qk),),
-            "mlp": (norm, ("silu-mul", 4.0 * inter, 3.0 * inter))}
+    return {"qkv": (norm, ("rope", 3.0 * qk, 2.0 * qk)), "mlp": (norm, ("silu-mul", 4.0 * inter, 3.0 * inter))}
 
 
 def _kernels(sched: Schedule, r: int, stage: str, flops: float, nbytes: float, dtype: str, deps: Sequence[int],
