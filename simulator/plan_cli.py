@@ -25,7 +25,8 @@ __all__ = ["cmd_plan_ttft", "ttft_frame"]
 
 _DECODE_ONLY = ("model", "context", "eff_mem", "eff_flops", "weight_dtype", "kv_dtype")
 _SCENARIO_KEYS = (("algorithms", "ring,tree,tree-p2p", "algorithms=[ring, tree]"), ("batch", 1, "workload.batch=N"),
-                  ("dtype", "bf16", "workload.dtype=D"), ("mem_fraction", 0.9, "mem_fraction=F"))  # decode flags
+                  ("dtype", "bf16", "workload.dtype=D"), ("mem_fraction", 0.9, "mem_fraction=F"),
+                  ("topology", "dgx-h100", "topology=T"))  # the decode plan's flags, with their defaults
 
 
 def _target(value: str | None, flag: str) -> float | None:
