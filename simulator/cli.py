@@ -33,6 +33,7 @@ from simulator.outdir import check_output_dir, check_output_file, output_lock
 from simulator.overlap import find_overlap, overlap_shape
 from simulator.paths import DEFAULT_SCENARIO
 from simulator.plan import PlanRequest, PlanRow, plan
+from simulator.plan_cli import cmd_plan_ttft
 from simulator.points import PreparedPoint, check_points, layout_of, point_runs, prepare_point
 from simulator.report.pages import TIMELINE_FILE, write_report
 from simulator.report.plan_report import write_plan_report
@@ -107,10 +108,14 @@ def _parser() -> argparse.ArgumentParser:
     trace.add_argument("--window", default=None, metavar="START:END",
                        help="simulated time to show, e.g. 0:2ms or 1ms: (default: all of it)")
     sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
-    pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target")
-    pl.add_argument("--model", required=True, help=f"model preset: {', '.join(PRESETS)}")
-    pl.add_argument("--context", required=True, help="tokens of context: 1048576, 128K, 1M (K = 1024)")
-    pl.add_argument("--tbt", required=True, help="time-between-tokens target with its unit, e.g. 50ms")
+    pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target, or "
+                                     "whose prefill (generate) meets a time-to-first-token target (SCENARIO --ttft)")
+    pl.add_argument("scenario", nargs="?", default=None,
+                    help="with --ttft: a prefill or generate scenario (its topology family, model, prompt)")
+    pl.add_argument("--ttft", default=None, help="time-to-first-token target with its unit, e.g. 2s (needs SCENARIO)")
+    pl.add_argument("--model", default=None, help=f"model preset: {', '.join(PRESETS)} (decode plan)")
+    pl.add_argument("--context", default=None, help="tokens of context: 1048576, 128K, 1M (K = 1024) (decode plan)")
+    pl.add_argument("--tbt", default=None, help="time-between-tokens target with its unit, e.g. 50ms")
     pl.add_argument("--topology", default="dgx-h100", help="parametric preset or topology file (default dgx-h100)")
     pl.add_argument("--algorithms", default="ring,tree,tree-p2p", help="comma-separated (default ring,tree,tree-p2p)")
     pl.add_argument("--batch", type=_count(1), default=1, help="sequences decoded together (default 1)")
@@ -313,6 +318,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    if args.scenario is not None or args.ttft is not None:
+        return cmd_plan_ttft(args, _say)
+    for flag, value in (("--model", args.model), ("--context", args.context), ("--tbt", args.tbt)):
+        if value is None:
+            raise InputError("required (or plan a prefill: treering plan SCENARIO --ttft T)", field=flag)
     if args.model not in PRESETS:
         raise InputError(f"unknown model preset {excerpt(args.model)}; presets: {', '.join(PRESETS)}", field="--model")
     try:

@@ -6,6 +6,11 @@
 * ``comm_hidden_frac``: of the critical rank's (the last to finish) transfer time (the union of its sends' and
   receives' intervals), the share during which it was computing; NaN when it transfers nothing;
 * ``imbalance``: max / mean of the ranks' compute time.
+
+With ``scope: model`` (:func:`simulator.modelstep.prefill_model`) a row is the whole prefill: ``latency_s`` every
+layer's dense part and attention and the LM head, ``tflops_per_gpu`` the model's FLOPs
+(:func:`~simulator.modelstep.prefill_model_flops`), ``comm_hidden_frac`` and ``imbalance`` those of one layer's
+attention; the extra columns ``scope``, ``model`` and ``tp`` say so (``scope`` is in every prefill row).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
 from simulator.limits import check_schedule
 from simulator.memory import timeline_peaks
+from simulator.modelstep import attention_layer, prefill_model, prefill_model_flops, tp_shape
 from simulator.prefill_numeric import make_prefill_inputs, run_prefill_numeric
 from simulator.scenario import Point
 from simulator.schedule import COMPUTE_KINDS, Schedule
@@ -53,16 +59,21 @@ def _algorithms(point: Point) -> list[tuple[str, dict[str, Any]]]:
 
 
 def check_prefill(point: Point, layout: Layout, numeric: bool = False) -> None:
-    """Bad input, located: unknown algorithms, fewer tokens than ranks, Ulysses heads, numeric size."""
-    shape = _workload(point).shape()
-    p = layout.ranks
+    """Bad input, located: unknown algorithms, fewer tokens than ranks, Ulysses heads, tp, numeric size."""
+    wl = _workload(point)
+    shape = wl.shape()
     try:
+        if layout.ranks % wl.tp:
+            raise InputError(f"tp ({wl.tp}) must divide the {layout.ranks} GPUs of the topology", field="workload.tp")
+        if numeric and wl.scope == "model":
+            raise InputError("--numeric checks one attention layer (scope: attention)", field="workload.scope")
+        p = layout.ranks // wl.tp  # the context-parallel group
         if shape.sequence < p:
             raise InputError(f"the sequence ({shape.sequence} tokens) must have at least one token per rank ({p} "
                              f"ranks)", field="workload.sequence")
         for i, (name, _) in enumerate(_algorithms(point)):
             if name == "ulysses":
-                check_ulysses(shape, p)
+                check_ulysses(tp_shape(shape, wl.tp), p)
             check_schedule(f"prefill:{name}", p, f"algorithms.{i}", point.force)
         scores = shape.batch * shape.heads * shape.sequence ** 2
         if numeric and scores > NUMERIC_MAX_SCORES:
@@ -126,7 +137,10 @@ def prefill_rows(point: Point, cluster: Cluster, layout: Layout, numeric: bool =
                  ) -> list[dict[str, Any]]:
     """One row per algorithm of a prefill point (the cluster's GPUs as ``layout``)."""
     check_prefill(point, layout, numeric)
-    shape = _workload(point).shape()
+    wl = _workload(point)
+    shape = wl.shape()
+    if wl.scope == "model":
+        return [_model_row(point, cluster, layout, name, params) for name, params in _algorithms(point)]
     rows = []
     for name, params in _algorithms(point):
         sched = _schedule(point, name, params, shape, layout)
@@ -147,7 +161,7 @@ def prefill_rows(point: Point, cluster: Cluster, layout: Layout, numeric: bool =
             "events": result.events, "sim_wall_s": wall,
             "phase": "train" if shape.backward else "prefill", "sequence": shape.sequence, "layout": shape.layout,
             "tflops_per_gpu": shape.model_flops / result.makespan / sched.ranks / 1e12 if result.makespan else 0.0,
-            "comm_hidden_frac": timing["comm_hidden_frac"], "imbalance": timing["imbalance"],
+            "comm_hidden_frac": timing["comm_hidden_frac"], "imbalance": timing["imbalance"], "scope": "attention",
         }
         if numeric:
             dtype = np.float64 if shape.dtype == "fp64" else np.float32
@@ -161,11 +175,46 @@ def prefill_rows(point: Point, cluster: Cluster, layout: Layout, numeric: bool =
     return rows
 
 
+def _model_row(point: Point, cluster: Cluster, layout: Layout, name: str, params: dict[str, Any]
+               ) -> dict[str, Any]:
+    """The row of a whole prefill (``scope: model``)."""
+    wl = _workload(point)
+    shape = wl.shape()
+    t0 = time.perf_counter()
+    try:
+        step = prefill_model(wl.model_preset(), name, params, shape, wl.tp, cluster, layout.fabric)
+    except InputError as err:
+        raise point.locate(err) from None
+    wall = time.perf_counter() - t0
+    assert step.attention is not None
+    p = len(cluster.ranks)
+    timing = prefill_timing(step.attention, p)
+    return {
+        "scenario": point.scenario.name, "algorithm": label(name, params, PREFILL_REGISTRY),
+        "topology": cluster.name, "ranks": p, "nodes": cluster.num_hosts, "context": shape.sequence,
+        "batch": shape.batch, "heads": shape.heads, "head_dim": shape.head_dim, "dtype": shape.dtype,
+        "latency_s": step.latency_s, "compute_s": step.compute_s, "comm_s": step.latency_s - step.compute_s,
+        "bytes_moved": step.bytes_moved, "peak_mem_bytes": max(step.peaks),
+        "oom": any(peak > cluster.specs[n].mem_bytes for n, peak in zip(cluster.ranks, step.peaks, strict=True)),
+        "events": step.events, "sim_wall_s": wall, "phase": "prefill", "sequence": shape.sequence,
+        "layout": shape.layout, "tflops_per_gpu": prefill_model_flops(wl.model_preset(), shape) / step.latency_s / p
+        / 1e12, "comm_hidden_frac": timing["comm_hidden_frac"], "imbalance": timing["imbalance"], "scope": "model",
+        "model": wl.model if isinstance(wl.model, str) else "custom", "tp": wl.tp,
+    }
+
+
 def prefill_runs(point: Point, cluster: Cluster, layout: Layout, record_links: bool = False
                  ) -> list[tuple[str, Schedule, SimResult]]:
-    """Every algorithm of a prefill point simulated, with its schedule and full result (timelines, traces)."""
+    """Every algorithm of a prefill point simulated, with its schedule and full result (timelines, traces); for
+    ``scope: model``, one layer's attention."""
     check_prefill(point, layout)
-    shape = _workload(point).shape()
-    return [(label(name, params, PREFILL_REGISTRY), sched, simulate(sched, cluster, record_links))
-            for name, params in _algorithms(point)
-            for sched in [_schedule(point, name, params, shape, layout)]]
+    wl = _workload(point)
+    shape = wl.shape()
+    runs = []
+    for name, params in _algorithms(point):
+        if wl.scope == "model":
+            sched = attention_layer(name, params, shape, wl.tp, cluster, build=build_prefill, fabric=layout.fabric)
+        else:
+            sched = _schedule(point, name, params, shape, layout)
+        runs.append((label(name, params, PREFILL_REGISTRY), sched, simulate(sched, cluster, record_links)))
+    return runs

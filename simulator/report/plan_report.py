@@ -44,8 +44,14 @@ def _config(row: pd.Series) -> str:
     names = {"nodes": "node(s)", "gpus": "GPUs", "tp": "way tensor parallel"}
     where = ", ".join(f"{_num(row[c])} {names[c]}" for c in names if c in row and pd.notna(row[c]))
     text = f"`{row['algorithm']}` on {where}"
+    if "layout" in row and pd.notna(row["layout"]):
+        text += f" ({row['layout']})"
+    if "ttft_s" in row and pd.notna(row["ttft_s"]):
+        text += f", TTFT {float(row['ttft_s']):.4g} s"
     if "tbt_ms" in row and pd.notna(row["tbt_ms"]):
         text += f", {float(row['tbt_ms']):.4g} ms"
+    if "tpot_ms" in row and pd.notna(row["tpot_ms"]):
+        text += f", {float(row['tpot_ms']):.4g} ms per output token"
     if "peak_mem_GB" in row and pd.notna(row["peak_mem_GB"]):
         text += f", {float(row['peak_mem_GB']):.4g} GB per GPU"
     return text
@@ -56,18 +62,21 @@ def plan_conclusion(frame: pd.DataFrame, meta: dict[str, Any]) -> list[str]:
     one that fits), and each algorithm's verdict with its binding constraint."""
     target = meta.get("target_s")
     goal = f"a time between tokens of {target * 1e3:g} ms" if target else "the target"
+    if meta.get("ttft_s"):  # plan SCENARIO --ttft: a time to first token, and perhaps one between tokens
+        goal = f"a time to first token of {meta['ttft_s']:g} s" + (f" and {goal}" if target else "")
     met = frame[frame.apply(_met, axis=1)] if len(frame) else frame
-    order = [c for c in ("gpus", "tbt_ms") if c in frame]
+    order = [c for c in ("gpus", "ttft_s", "tbt_ms") if c in frame]
     lines = []
     if len(met):
         best = met.assign(**{c: pd.to_numeric(met[c], errors="coerce") for c in order}).sort_values(order).iloc[0]
         lines.append(f"Smallest configuration that meets {goal}: {_config(best)}.")
     else:
         lines.append(f"No algorithm meets {goal} within the search.")
-        if "tbt_ms" in frame:
-            fits = frame.assign(tbt_ms=pd.to_numeric(frame["tbt_ms"], errors="coerce")).dropna(subset=["tbt_ms"])
+        speed = next((c for c in ("ttft_s", "tbt_ms") if c in frame), None)
+        if speed:
+            fits = frame.assign(**{speed: pd.to_numeric(frame[speed], errors="coerce")}).dropna(subset=[speed])
             if len(fits):
-                lines.append(f"The fastest configuration that fits: {_config(fits.sort_values('tbt_ms').iloc[0])}.")
+                lines.append(f"The fastest configuration that fits: {_config(fits.sort_values(speed).iloc[0])}.")
     for _, row in frame.iterrows():
         verdict = "meets it" if _met(row) else "does not meet it"
         why = [f"binding: {row[c]}" if c == "binding" else f"bottleneck: {row[c]}"
@@ -103,8 +112,10 @@ def write_plan_report(frame: pd.DataFrame, out_dir: Path, meta: dict[str, Any],
     title = f"treering plan: {meta.get('model', '?')}, context {meta.get('context', '?'):,} tokens" \
         if isinstance(meta.get("context"), int) else f"treering plan: {meta.get('model', '?')}"
     target = meta.get("target_s")
+    goal = [f"{meta['ttft_s']:g} s to first token"] if meta.get("ttft_s") else []
+    goal += [f"{target * 1e3:g} ms between tokens"] if target else []
     facts = [f"model: `{meta.get('model', '?')}`", f"topology: `{meta.get('topology', '?')}`",
-             f"target: {target * 1e3:g} ms between tokens" if target else "target: ?",
+             f"target: {' and '.join(goal) or '?'}",
              f"treering version: {meta.get('version', '?')}", "reproduce:"]
     if meta.get("sets"):
         facts.insert(2, "what-if: " + ", ".join(f"`{s}`" for s in meta["sets"]))

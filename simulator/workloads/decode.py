@@ -13,7 +13,7 @@ from simulator.units import parse_tokens
 from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["DType", "DecodeWorkload", "ModelRef", "Tokens"]
+__all__ = ["DType", "DecodeWorkload", "ModelRef", "Tokens", "check_scope", "heads_kv", "whole_model"]
 
 DType = Literal["fp64", "fp32", "bf16", "fp16", "fp8"]
 
@@ -35,6 +35,36 @@ def _known_model(v: ModelShape | str) -> ModelShape | str:
 
 
 ModelRef = Annotated[ModelShape | str, AfterValidator(_known_model)]  # a preset's name, or a model block
+
+
+def heads_kv(model: ModelShape | str) -> tuple[int, int]:
+    """(query heads, KV heads) of a preset or of a model block."""
+    if isinstance(model, str):
+        preset = PRESETS[model]
+        return preset.heads, preset.kv_heads
+    return model.heads, model.kv_heads or model.heads
+
+
+def check_scope(scope: str, model: ModelShape | str, tp: int) -> None:
+    """``scope: model`` needs a whole model; ``tp`` must divide the heads, and it and the KV heads one another
+    (pydantic's ValueError, located by the caller)."""
+    if scope == "model" and not isinstance(model, str) and model.missing_for_model():
+        raise ValueError(f"scope: model needs a model preset ({', '.join(PRESETS)}) or a whole model; this "
+                         f"model block lacks {', '.join(model.missing_for_model())}")
+    heads, kv = heads_kv(model)
+    if heads % tp:
+        raise ValueError(f"tp ({tp}) must divide the {heads} attention heads")
+    if kv % tp and tp % kv:
+        raise ValueError(f"tp ({tp}) and the {kv} KV heads must divide one another")
+
+
+def whole_model(model: ModelShape | str) -> ModelPreset:
+    """The whole model of ``scope: model``: the preset, or the user's block (parameters from its shapes)."""
+    if isinstance(model, str):
+        return PRESETS[model]
+    assert model.layers and model.hidden and model.intermediate and model.vocab, "validated by check_scope"
+    return custom_model(model.layers, model.hidden, model.heads, model.kv_heads or model.heads, model.head_dim,
+                        model.intermediate, model.vocab)
 
 
 class DecodeWorkload(Strict):
@@ -62,30 +92,16 @@ class DecodeWorkload(Strict):
 
     @model_validator(mode="after")
     def _scope(self) -> DecodeWorkload:
-        if self.scope == "model" and not isinstance(self.model, str) and self.model.missing_for_model():
-            raise ValueError(f"scope: model needs a model preset ({', '.join(PRESETS)}) or a whole model; this "
-                             f"model block lacks {', '.join(self.model.missing_for_model())}")
-        heads, kv = self.heads_kv()
-        if heads % self.tp:
-            raise ValueError(f"tp ({self.tp}) must divide the {heads} attention heads")
-        if kv % self.tp and self.tp % kv:
-            raise ValueError(f"tp ({self.tp}) and the {kv} KV heads must divide one another")
+        check_scope(self.scope, self.model, self.tp)
         return self
 
     def heads_kv(self) -> tuple[int, int]:
         """(query heads, KV heads) of the whole model."""
-        if isinstance(self.model, str):
-            preset = PRESETS[self.model]
-            return preset.heads, preset.kv_heads
-        return self.model.heads, self.model.kv_heads or self.model.heads
+        return heads_kv(self.model)
 
     def model_preset(self) -> ModelPreset:
         """The whole model of ``scope: model``: the preset, or the user's block (parameters from its shapes)."""
-        if isinstance(self.model, str):
-            return PRESETS[self.model]
-        m = self.model
-        assert m.layers and m.hidden and m.intermediate and m.vocab, "validated by _scope"
-        return custom_model(m.layers, m.hidden, m.heads, m.kv_heads or m.heads, m.head_dim, m.intermediate, m.vocab)
+        return whole_model(self.model)
 
     @property
     def model_name(self) -> str:

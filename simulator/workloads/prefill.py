@@ -5,14 +5,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from simulator.models import PRESETS
-from simulator.workloads.base import Count, ModelShape, Strict
-from simulator.workloads.decode import DType, ModelRef, Tokens
+from simulator.models import PRESETS, ModelPreset
+from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
+from simulator.workloads.decode import DType, ModelRef, Tokens, check_scope, whole_model
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["PrefillWorkload", "model_dims"]
+__all__ = ["PrefillWorkload", "check_phase_scope", "model_dims"]
+
+
+def check_phase_scope(scope: str, model: ModelShape | str, tp: int) -> None:
+    """As decode's (:func:`~simulator.workloads.decode.check_scope`); ``tp`` > 1 needs ``scope: model``."""
+    check_scope(scope, model, tp)
+    if tp > 1 and scope != "model":
+        raise ValueError(f"tp ({tp}) needs scope: model (one attention layer is context parallel only)")
 
 
 def model_dims(model: ModelShape | str) -> tuple[int, int, int]:
@@ -26,20 +33,37 @@ def model_dims(model: ModelShape | str) -> tuple[int, int, int]:
 class PrefillWorkload(Strict):
     """``batch`` sequences of ``sequence`` tokens attend to themselves, split over every GPU by ``layout``.
 
-    ``model`` is an attention shape or a preset name; one attention layer is simulated (``scope: attention``).
-    ``causal`` masks by global position. ``layout``: ``contiguous``, ``zigzag`` (2P chunks, rank r owns r and
-    2P-1-r) or ``striped`` (rank r owns r, r+P, ...). ``backward: true`` adds the backward pass.
+    ``model`` is an attention shape, a whole model or a preset name; ``scope: attention`` simulates one attention
+    layer, ``scope: model`` (a preset or a whole model, forward only) the whole prefill: every layer's projections,
+    MLP and elementwise kernels on the roofline beside its attention schedule, and the LM head of the last tokens;
+    ``tp`` (``scope: model``) splits heads and weights over groups of ``tp`` consecutive GPUs, the sequence over the
+    ``GPUs / tp`` groups. ``causal`` masks by global position. ``layout``: ``contiguous``, ``zigzag`` (2P chunks,
+    rank r owns r and 2P-1-r) or ``striped`` (rank r owns r, r+P, ...). ``backward: true`` adds the backward pass.
     """
 
     kind: Literal["prefill"]
     model: ModelRef
-    scope: Literal["attention"] = Field("attention", description="one attention layer (scope: model is not built yet)")
+    scope: Literal["attention", "model"] = Field(
+        "attention", description="attention: one attention layer; model: every layer's dense part too, and the LM head")
+    tp: SmallCount = Field(1, description="tensor-parallel degree (scope: model)")
     batch: Count = 1
     sequence: Tokens = Field(description="tokens per sequence, e.g. 131072, '128K' or '1M' (K = 2^10, M = 2^20)")
     dtype: DType = "bf16"
     causal: bool = True
     layout: Literal["contiguous", "zigzag", "striped"] = "zigzag"
     backward: bool = False
+
+    @model_validator(mode="after")
+    def _scope(self) -> PrefillWorkload:
+        check_phase_scope(self.scope, self.model, self.tp)
+        if self.scope == "model" and self.backward:
+            raise ValueError("scope: model is forward only (a training step's weight gradients and optimizer "
+                             "states are not modelled); use scope: attention with backward: true")
+        return self
+
+    def model_preset(self) -> ModelPreset:
+        """The whole model of ``scope: model``."""
+        return whole_model(self.model)
 
     def shape(self) -> PrefillShape:
         """The attention shape (a preset's, or the one given)."""
