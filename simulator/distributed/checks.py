@@ -8,6 +8,7 @@ from pathlib import Path
 from simulator.errors import InputError
 from simulator.points import PreparedPoint, prepare_point
 from simulator.scenario import DecodeWorkload, load_scenario
+from simulator.workloads import PrefillWorkload
 
 __all__ = ["check_scenario", "out_dir"]
 
@@ -18,10 +19,11 @@ def out_dir(args: argparse.Namespace, prepared: list[PreparedPoint]) -> Path:
 
 
 def check_scenario(args: argparse.Namespace) -> list[PreparedPoint]:
-    """Load and check the scenario (decode workloads only) before any rank starts."""
+    """Load and check the scenario (decode and prefill workloads) before any rank starts."""
     prepared = []
     for point in load_scenario(args.scenario, args.sets):
-        if not isinstance(point.scenario.workload, DecodeWorkload):
-            raise InputError("validate needs a decode workload", file=point.source, field="workload.kind")
+        if not isinstance(point.scenario.workload, (DecodeWorkload, PrefillWorkload)):
+            raise InputError("validate needs a decode or prefill workload", file=point.source,
+                             field="workload.kind")
         prepared.append(prepare_point(point))
     return prepared

@@ -153,7 +153,10 @@ class _RealTransfers:
             raise ValueError(f"op #{op.id}: no native collective {op.fn!r}")
 
     def run_rank(self) -> dict[str, Any]:
-        """Execute this rank's ops; returns its buffers."""
+        """Execute this rank's ops; returns its buffers (none on a rank the schedule does not use, e.g. ``single``
+        on several processes)."""
+        if self.rank >= self.sched.ranks:
+            return {}
         for op in self.sched.ops:
             if op.rank != self.rank:
                 continue
