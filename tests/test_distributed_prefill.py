@@ -172,3 +172,15 @@ def test_reference_by_blocks_equals_the_closed_form_backward():
         got = reference_by_blocks(inp, block_scores=2 * 4 * 23 * 3)  # 3 query rows per block
         for a, b in zip(got, want, strict=True):
             assert np.abs(a - b).max() < 1e-12
+
+
+def test_validate_refuses_other_workloads_before_any_rank_starts(tmp_path, capsys):
+    from simulator.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text("name: c\ntopology: dgx-h100\nworkload: {kind: collective, collective: allreduce, bytes: 1 MiB}\n"
+                    "algorithms: [ring]\n")
+    assert main(["validate", str(path), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("treering: error: ") and "workload.kind: validate needs a decode or prefill workload" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
