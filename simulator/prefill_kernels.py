@@ -20,8 +20,9 @@ head of the whole model).
 Costs come from :class:`~simulator.workloads.prefill_shape.PrefillShape` (a block's unmasked pairs), not from a
 decode shape. Array-API generic through the merge core (numpy in numeric mode, torch in real runs).
 
-Payload rules (the second entry of :data:`PREFILL_KERNELS`): what each kernel leaves in every buffer it writes, as a descriptor, so that
-a real receiver sizes and unpacks a message without executing anything (:mod:`simulator.payload`):
+Payload rules (the second entry of :data:`PREFILL_KERNELS`): what each kernel leaves in every buffer it writes, as a
+descriptor, so that a real receiver sizes and unpacks a message without executing anything
+(:mod:`simulator.payload`):
 
 * ``("rows", arrays, batch, heads, h0, runs, last)``: ``arrays`` tensors (b, heads, tokens, last) (``last`` 0:
   (b, heads, tokens), lse and delta) of the positions ``runs`` (a tuple of
