@@ -33,7 +33,7 @@ import numpy as np
 
 from simulator.errors import InputError, excerpt
 
-__all__ = ["KernelProfile", "parse_kernel_profiles", "profile_to_yaml"]
+__all__ = ["KernelProfile", "extrapolated_text", "parse_kernel_profiles", "profile_to_yaml"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,11 @@ class KernelProfile:
     def ranges(self) -> str:
         """The profiled range of every axis, for messages."""
         return ", ".join(f"{a} {v[0]:g}..{v[-1]:g}" for a, v in zip(self.axes, self.grid, strict=True))
+
+
+def extrapolated_text(extrapolated: Mapping[tuple[str, str, str], tuple[str, ...]]) -> str:
+    """What a run's ``extrapolated`` (device, kernel, dtype) -> axes says, as one cell: ``attend fp32: kv_bytes``."""
+    return "; ".join(f"{fn} {dt}: {', '.join(axes)}" for (_, fn, dt), axes in sorted(extrapolated.items()))
 
 
 def profile_to_yaml(p: KernelProfile) -> dict[str, Any]:

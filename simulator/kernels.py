@@ -5,7 +5,8 @@ Each :class:`Kernel` says, in one place,
 * ``run``: what it does to a rank's named buffers (the numeric executor and the real ``torch.distributed`` runner
   both call it, on numpy arrays or torch tensors, through the merge core);
 * ``result``: the payload rule, i.e. what its output buffer holds afterwards, as a buffer descriptor
-  (:mod:`simulator.payload`), so that a real receiver can size and unpack a message without executing anything;
+  (:mod:`simulator.payload`), so that a real receiver can size and unpack a message without executing anything
+  (the prefill kernels give ``writes`` instead: the descriptor of every buffer they write, from the op);
 * ``cost``: its (FLOPs, bytes) for a decode shape and the op's size ``n`` (tokens for ``attend`` and ``copy`` of
   a KV shard, elements for elementwise kernels), on the roofline. Builders take op costs from here
   (:func:`kernel_cost`).
@@ -99,6 +100,7 @@ class Kernel:
     result: Callable[[Sequence[Descriptor | None], Descriptor | None, DecodeShape], Descriptor | None]
     cost: Callable[[DecodeShape, int], tuple[float, float]]
     dims: Callable[[DecodeShape, int], tuple[float, ...]] | None = None  # its shape on its profile's axes
+    writes: Callable[[Op, Any, Any], dict[str, Descriptor]] | None = None  # (op, held descriptors, shape)
 
 
 # -- numeric semantics ---------------------------------------------------------------------------------------------
@@ -240,7 +242,12 @@ def _prefill_cost(shape: DecodeShape, n: int) -> tuple[float, float]:
     raise ValueError("prefill kernels are costed by PrefillShape from a block's unmasked pairs, not by a decode shape")
 
 
-KERNELS.update({name: Kernel(name, run, result, _prefill_cost) for name, (run, result) in PREFILL_KERNELS.items()})
+def _by_writes(args: Sequence[Descriptor | None], prev: Descriptor | None, shape: DecodeShape) -> Descriptor:
+    raise ValueError("a prefill kernel's payload rule needs the op: use Kernel.writes")
+
+
+KERNELS.update({name: Kernel(name, run, _by_writes, _prefill_cost, writes=writes)
+                for name, (run, writes) in PREFILL_KERNELS.items()})
 
 
 PROFILE_AXES: dict[str, tuple[str, ...]] = {

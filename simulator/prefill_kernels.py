@@ -18,18 +18,30 @@ head of the whole model).
 ==============  ===================================================================================================
 
 Costs come from :class:`~simulator.workloads.prefill_shape.PrefillShape` (a block's unmasked pairs), not from a
-decode shape. Array-API generic through the merge core.
+decode shape. Array-API generic through the merge core (numpy in numeric mode, torch in real runs).
+
+Payload rules (the second entry of :data:`PREFILL_KERNELS`): what each kernel leaves in every buffer it writes, as a
+descriptor, so that a real receiver sizes and unpacks a message without executing anything
+(:mod:`simulator.payload`):
+
+* ``("rows", arrays, batch, heads, h0, runs, last)``: ``arrays`` tensors (b, heads, tokens, last) (``last`` 0:
+  (b, heads, tokens), lse and delta) of the positions ``runs`` (a tuple of
+  :class:`~simulator.workloads.layouts.Run`, in storage order), heads [h0, h0 + heads);
+* ``("state-rows", batch, heads, h0, runs, head_dim)``: a running state, o (b, heads, tokens, head_dim), l and m.
+
+A rule sees the op (slices need its ``lo``/``hi``) and the descriptors the rank holds; it returns
+``{buffer: descriptor}`` (``attn-final`` also writes ``lse``, ``attn-bwd`` its dK/dV buffer ``args[5]``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from array_api_compat import array_namespace
 
-from simulator.dense import visible
 from simulator.merge import (
     PartialState,
     attention_delta,
@@ -39,9 +51,14 @@ from simulator.merge import (
     merge,
     partial_attention,
 )
-from simulator.schedule import Op
+from simulator.schedule import Op, Schedule
+from simulator.workloads.layouts import Run, positions, run_tokens
+from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["PREFILL_KERNELS", "PrefillBuffers", "Rows", "StateRows"]
+__all__ = ["PREFILL_KERNELS", "PrefillBuffers", "Rows", "StateRows", "cut_runs", "initial_descriptors",
+           "rows_shapes"]
+
+Descriptor = tuple[Any, ...]
 
 @dataclass(frozen=True)
 class Rows:
@@ -70,7 +87,7 @@ class StateRows:
 
 
 def _cat(xs: list[Any], axis: int) -> Any:
-    return np.concatenate(xs, axis=axis)
+    return array_namespace(*xs).concat(xs, axis=axis)
 
 
 def _concat(parts: list[Rows]) -> Rows:
@@ -108,7 +125,13 @@ def _ctx(ex: Any) -> PrefillBuffers:
 def _mask(ex: PrefillBuffers, q: Rows, kv: Rows) -> Any:
     if q.h0 // ex.group < kv.h0 or (q.h0 + q.heads - 1) // ex.group >= kv.h0 + kv.heads:
         raise ValueError(f"query heads from {q.h0} need KV heads the block does not hold (from {kv.h0})")
-    return visible(q.pos, kv.pos, ex.causal)[None, None]
+    if not ex.causal:
+        return None
+    xp = array_namespace(q.arrays[0])
+    device = getattr(q.arrays[0], "device", None)
+    qpos = xp.asarray(q.pos, device=device) if device is not None else xp.asarray(q.pos)
+    kpos = xp.asarray(kv.pos, device=device) if device is not None else xp.asarray(kv.pos)
+    return (kpos[None, :] <= qpos[:, None])[None, None]  # visible iff key position <= query position
 
 
 def _kv_for(ex: PrefillBuffers, q: Rows, kv: Rows) -> tuple[Any, Any]:
@@ -177,14 +200,112 @@ def _add(ex: Any, op: Op) -> None:
     b[op.out] = Rows(tuple(x + y for x, y in zip(got.arrays, own.arrays, strict=True)), own.pos, own.h0)
 
 
-def _rows(args: Sequence[Any], prev: Any, shape: Any) -> tuple[Any, ...]:
-    """Payload rule: a row block (real runs of prefill schedules do not size messages from it yet)."""
-    return ("rows",)
+# -- payload rules: what a kernel leaves in the buffers it writes (descriptors; see the module docstring) ----------
+
+def cut_runs(runs: Sequence[Run], lo: int, hi: int) -> tuple[Run, ...]:
+    """Rows [lo, hi) (by storage index) of the positions ``runs``, as runs."""
+    out, at = [], 0
+    for r in runs:
+        a, b = max(lo - at, 0), min(hi - at, r.size)
+        if a < b:
+            out.append(Run(r.start + a * r.step, r.step, b - a))
+        at += r.size
+    return tuple(out)
 
 
-PREFILL_KERNELS: dict[str, tuple[Callable[[Any, Op], None], Callable[[Sequence[Any], Any, Any], Any]]] = {
-    "attn-fwd": (_fwd, _rows), "attn-final": (_final, _rows), "attn-delta": (_delta, _rows),
-    "attn-bwd": (_bwd, _rows), "concat": (_concat_kernel, _rows), "slice-heads": (_slice_heads, _rows),
-    "slice-rows": (_slice_rows, _rows), "add": (_add, _rows),
+def rows_shapes(desc: Descriptor) -> list[tuple[int, ...]]:
+    """The arrays a row-block descriptor stands for, in the order a message packs them."""
+    if desc[0] == "rows":
+        _, arrays, b, h, _h0, runs, last = desc
+        one = (b, h, run_tokens(runs), last) if last else (b, h, run_tokens(runs))
+        return [one] * arrays
+    if desc[0] == "state-rows":
+        _, b, h, _h0, runs, d = desc
+        t = run_tokens(runs)
+        return [(b, h, t, d), (b, h, t), (b, h, t)]
+    raise ValueError(f"not a row-block descriptor: {desc[0]!r}")
+
+
+def initial_descriptors(sched: Schedule, shape: PrefillShape) -> list[dict[str, Descriptor]]:
+    """What every rank starts with: q and dO (its rows, every head), K and V (``kv...``: every KV head)."""
+    held: list[dict[str, Descriptor]] = [{} for _ in range(sched.ranks)]
+    b, d = shape.batch, shape.head_dim
+    for rank, names in sched.initial.items():
+        runs = tuple(sched.meta["runs"][rank])
+        for name in names:
+            if name in ("q", "dout"):
+                held[rank][name] = ("rows", 1, b, shape.heads, 0, runs, d)
+            elif name.startswith("kv"):
+                held[rank][name] = ("rows", 2, b, shape.kv_heads, 0, runs, d)
+            else:
+                raise ValueError(f"rank {rank}: no descriptor for initial buffer {name!r}")
+    return held
+
+
+Held = Mapping[str, Any]
+Writes = dict[str, Descriptor]
+
+
+def _desc(held: Held, op: Op, i: int) -> Descriptor:
+    desc = held.get(op.args[i])
+    if desc is None:
+        raise ValueError(f"op #{op.id} on rank {op.rank} reads {op.args[i]!r}, which it does not hold")
+    return tuple(desc)
+
+
+def _w_fwd(op: Op, held: Held, shape: PrefillShape) -> Writes:
+    _, _, b, h, h0, runs, d = _desc(held, op, 0)
+    return {op.out: ("state-rows", b, h, h0, runs, d)}
+
+
+def _w_final(op: Op, held: Held, shape: PrefillShape) -> Writes:
+    _, b, h, h0, runs, d = _desc(held, op, 0)
+    return {op.out: ("rows", 1, b, h, h0, runs, d), "lse": ("rows", 1, b, h, h0, runs, 0)}
+
+
+def _w_delta(op: Op, held: Held, shape: PrefillShape) -> Writes:
+    _, _, b, h, h0, runs, _d = _desc(held, op, 0)
+    return {op.out: ("rows", 1, b, h, h0, runs, 0)}
+
+
+def _w_bwd(op: Op, held: Held, shape: PrefillShape) -> Writes:
+    q, kv = _desc(held, op, 0), _desc(held, op, 1)
+    _, _, b, h, h0, runs, d = q
+    lo, hi = h0 // shape.group, (h0 + h - 1) // shape.group + 1  # the KV heads these query heads use
+    return {op.out: ("rows", 1, b, h, h0, runs, d), op.args[5]: ("rows", 2, b, hi - lo, lo, kv[5], d)}
+
+
+def _w_concat(op: Op, held: Held, shape: PrefillShape) -> Writes:
+    parts = [_desc(held, op, i) for i in range(len(op.args))]
+    _, arrays, b, _h, _h0, _runs, last = parts[0]
+    pos = [positions(p[5]) for p in parts]
+    if len(parts) == 1 or not all(np.array_equal(x, pos[0]) for x in pos):  # along rows
+        runs = tuple(r for p in parts for r in p[5])
+        return {op.out: ("rows", arrays, b, parts[0][3], parts[0][4], runs, last)}
+    heads = {p[4]: p[3] for p in parts}  # along heads; equal h0 summed
+    return {op.out: ("rows", arrays, b, sum(heads.values()), min(heads), parts[0][5], last)}
+
+
+def _w_slice_heads(op: Op, held: Held, shape: PrefillShape) -> Writes:
+    tag, arrays, b, _h, _h0, runs, last = _desc(held, op, 0)
+    return {op.out: (tag, arrays, b, op.hi - op.lo, op.lo, runs, last)}
+
+
+def _w_slice_rows(op: Op, held: Held, shape: PrefillShape) -> Writes:
+    tag, arrays, b, h, h0, runs, last = _desc(held, op, 0)
+    return {op.out: (tag, arrays, b, h, h0, cut_runs(runs, op.lo, op.hi), last)}
+
+
+def _w_add(op: Op, held: Held, shape: PrefillShape) -> Writes:
+    return {op.out: _desc(held, op, 0)}
+
+
+WriteRule = Callable[[Op, Held, PrefillShape], Writes]
+
+PREFILL_KERNELS: dict[str, tuple[Callable[[Any, Op], None], WriteRule]] = {
+    "attn-fwd": (_fwd, _w_fwd), "attn-final": (_final, _w_final), "attn-delta": (_delta, _w_delta),
+    "attn-bwd": (_bwd, _w_bwd), "concat": (_concat_kernel, _w_concat), "slice-heads": (_slice_heads, _w_slice_heads),
+    "slice-rows": (_slice_rows, _w_slice_rows), "add": (_add, _w_add),
 }
-"""name -> (numeric semantics, payload rule); :mod:`simulator.kernels` registers them."""
+"""name -> (numeric semantics, payload rule: the descriptors of the buffers it writes); :mod:`simulator.kernels`
+registers them."""

@@ -20,15 +20,18 @@ from simulator.prefill_kernels import Rows
 from simulator.schedule import Op, Schedule
 from simulator.workloads.layouts import positions
 
-__all__ = ["PrefillExecutor", "PrefillInputs", "PrefillResult", "make_prefill_inputs", "run_prefill_numeric"]
+__all__ = ["PrefillExecutor", "PrefillInputs", "PrefillResult", "block_error", "check_cover", "make_prefill_inputs",
+           "run_prefill_numeric"]
 
 
 @dataclass(frozen=True)
 class PrefillInputs:
-    q: np.ndarray  # (b, heads, n, d)
-    k: np.ndarray  # (b, kv_heads, n, d)
-    v: np.ndarray
-    dout: np.ndarray  # (b, heads, n, d)
+    """Inputs of a prefill (numpy arrays; torch tensors in real runs)."""
+
+    q: Any  # (b, heads, n, d)
+    k: Any  # (b, kv_heads, n, d)
+    v: Any
+    dout: Any  # (b, heads, n, d)
     scale: float
     causal: bool
 
@@ -50,13 +53,16 @@ def make_prefill_inputs(rng: np.random.Generator, batch: int, heads: int, kv_hea
 class PrefillExecutor:
     """Named per-rank buffers; ``run`` executes a whole schedule in id order."""
 
-    def __init__(self, sched: Schedule, inp: PrefillInputs) -> None:
+    def __init__(self, sched: Schedule, inp: PrefillInputs, only: int | None = None) -> None:
+        """``inp``: numpy arrays or torch tensors; ``only``: set up only this rank's buffers (a real run's rank)."""
         self.inp = inp
         self.scale, self.causal = inp.scale, inp.causal
         self.group = inp.q.shape[1] // inp.k.shape[1]
         self.buf: list[dict[str, Any]] = [{} for _ in range(sched.ranks)]
         self.in_flight: dict[int, tuple[Any, ...]] = {}
         for rank, names in sched.initial.items():
+            if only is not None and rank != only:
+                continue
             pos = positions(sched.meta["runs"][rank])
             for name in names:
                 if name == "q":
@@ -68,16 +74,32 @@ class PrefillExecutor:
                 else:
                     raise ValueError(f"rank {rank}: no numeric value for initial buffer {name!r}")
 
+    def payload(self, op: Op) -> tuple[Any, ...]:
+        """What a send carries: its buffers, whole."""
+        if op.hi >= 0:
+            raise ValueError(f"op #{op.id}: prefill sends carry whole buffers, not slices")
+        return tuple(self.buf[op.rank][name] for name in op.args)
+
+    def store(self, op: Op, vals: tuple[Any, ...]) -> None:
+        """What a recv does with the values that arrived: they become its buffers."""
+        if op.into:
+            raise ValueError(f"op #{op.id}: prefill receives replace whole buffers")
+        for name, value in zip(op.args, vals, strict=True):
+            self.buf[op.rank][name] = value
+
+    def send(self, op: Op) -> None:
+        self.in_flight[op.id] = self.payload(op)
+
+    def recv(self, op: Op) -> None:
+        assert op.match is not None
+        self.store(op, self.in_flight.pop(op.match))
+
     def execute(self, op: Op) -> None:
-        b = self.buf[op.rank]
+        """Run one op (transfers through :meth:`send` / :meth:`recv`, which a real runner replaces)."""
         if op.kind == "send":
-            if op.hi >= 0:
-                raise ValueError(f"op #{op.id}: prefill sends carry whole buffers, not slices")
-            self.in_flight[op.id] = tuple(b[name] for name in op.args)
+            self.send(op)
         elif op.kind == "recv":
-            assert op.match is not None
-            for name, value in zip(op.args, self.in_flight.pop(op.match), strict=True):
-                b[name] = value
+            self.recv(op)
         elif op.kind != "launch" and op.fn:
             kernel(op.fn).run(cast("RankBuffers", self), op)  # prefill kernels check for PrefillBuffers
 
@@ -86,7 +108,8 @@ class PrefillExecutor:
             self.execute(op)
 
 
-def _err(got: Rows, ref: np.ndarray, which: int = 0) -> float:
+def block_error(got: Rows, ref: np.ndarray, which: int = 0) -> float:
+    """Largest |difference| of array ``which`` of a row block from the same rows and heads of ``ref``."""
     arr = np.asarray(got.arrays[which], dtype=np.float64)
     want = ref[:, got.h0:got.h0 + got.heads][:, :, got.pos]
     return float(np.abs(arr - want).max()) if arr.size else 0.0
@@ -100,20 +123,21 @@ def run_prefill_numeric(sched: Schedule, inp: PrefillInputs) -> PrefillResult:
     pos = np.arange(n)
     mask = visible(pos, pos, inp.causal)[None, None]
     out_ref, _ = dense_forward(inp.q, inp.k, inp.v, inp.scale, mask)
-    err = max(_err(ex.buf[r][name], out_ref) for r, name in sched.meta["outputs"])
-    _check_cover([ex.buf[r][name] for r, name in sched.meta["outputs"]], n, inp.q.shape[1])
+    err = max(block_error(ex.buf[r][name], out_ref) for r, name in sched.meta["outputs"])
+    check_cover([ex.buf[r][name] for r, name in sched.meta["outputs"]], n, inp.q.shape[1])
     grad_err = 0.0
     if sched.meta.get("grads"):
         dq_ref, dk_ref, dv_ref = dense_backward(inp.q, inp.k, inp.v, inp.scale, mask, inp.dout)
         for r, dq_name, dkv_name in sched.meta["grads"]:
             dkv = ex.buf[r][dkv_name]
-            grad_err = max(grad_err, _err(ex.buf[r][dq_name], dq_ref), _err(dkv, dk_ref, 0), _err(dkv, dv_ref, 1))
-        _check_cover([ex.buf[r][name] for r, _, name in sched.meta["grads"]], n, inp.k.shape[1])
-        _check_cover([ex.buf[r][name] for r, name, _ in sched.meta["grads"]], n, inp.q.shape[1])
+            grad_err = max(grad_err, block_error(ex.buf[r][dq_name], dq_ref), block_error(dkv, dk_ref, 0),
+                           block_error(dkv, dv_ref, 1))
+        check_cover([ex.buf[r][name] for r, _, name in sched.meta["grads"]], n, inp.k.shape[1])
+        check_cover([ex.buf[r][name] for r, name, _ in sched.meta["grads"]], n, inp.q.shape[1])
     return PrefillResult(err, grad_err)
 
 
-def _check_cover(blocks: list[Rows], n: int, heads: int) -> None:
+def check_cover(blocks: list[Rows], n: int, heads: int) -> None:
     """The blocks hold every position once, with every head."""
     if sorted(int(x) for blk in blocks for x in blk.pos) != list(range(n)) or any(
             blk.h0 != 0 or blk.heads != heads for blk in blocks):

@@ -18,7 +18,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_validate_args(p: argparse.ArgumentParser) -> None:
     """The options of ``treering validate``."""
     p.add_argument("scenario", nargs="?", default=None,
-                   help="a decode scenario YAML (its schedules run for real); omit with --nccl-tests")
+                   help="a decode or prefill scenario YAML (its schedules run for real); omit with --nccl-tests")
     p.add_argument("--nccl-tests", dest="nccl_tests", action="append", default=[], metavar="LOG",
                    help="an nccl-tests output log (all_reduce_perf, ...): compare its bus bandwidth per size with the "
                         "simulator on --topology; no ranks are started (repeat for several logs)")
@@ -32,7 +32,8 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=10, help="timed iterations per point (median is reported)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
     p.add_argument("--collectives", choices=["native", "decomposed"], default="native",
-                   help="native: one dist.all_reduce per collective; decomposed: the schedule's own sends")
+                   help="native: one dist.all_reduce per collective; decomposed: the schedule's own sends "
+                        "(prefill schedules always run decomposed)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the random q, K, V and of --random's shapes (default 0)")
     p.add_argument("--random", type=int, default=None, metavar="N",

@@ -2,6 +2,13 @@
 ``isend``/``irecv`` and, with ``collectives="native"``, each collective becomes one ``dist.all_reduce`` (MAX then
 SUM for ``tree``, as in the Tree Attention paper's reference code).
 
+:class:`RankRunner` runs decode schedules (on the numeric :class:`~simulator.numeric.Executor`'s buffers),
+:class:`PrefillRankRunner` prefill and training schedules (on the
+:class:`~simulator.prefill_numeric.PrefillExecutor`'s row blocks); both are the same transfer logic
+(:class:`_RealTransfers`) over the executor of their kind, and messages are sized and unpacked from the payload
+rules (:mod:`simulator.payload`), never by executing anything twice. Prefill schedules run their collectives
+(all-gather of pieces, reduce-scatter, all-to-all) as the schedule's own sends (``collectives="decomposed"``).
+
 The rank walks its own ops in program order. Sends and receives are posted without blocking; a receive is waited
 for (and unpacked) when an op that depends on it runs, a send when an op depends on its buffer being free, and
 everything at the end. Messages are tagged with the send's op id, so that several in flight between one pair of
@@ -11,6 +18,7 @@ ranks cannot be confused. This cannot deadlock: op ids give every rank the same 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,11 +27,14 @@ import torch.distributed as dist
 from simulator.kernels import Descriptor, KVShard
 from simulator.merge import PartialState
 from simulator.numeric import Executor, Inputs
-from simulator.payload import component_shapes, message_elements
+from simulator.payload import Shape, component_shapes, message_elements
+from simulator.prefill_kernels import Rows, StateRows
+from simulator.prefill_numeric import PrefillExecutor, PrefillInputs
 from simulator.schedule import Op, Schedule
+from simulator.workloads.layouts import positions
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["RankRunner"]
+__all__ = ["PrefillRankRunner", "RankRunner"]
 
 _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
@@ -42,12 +53,16 @@ def _pack(values: tuple[Any, ...]) -> torch.Tensor:
             parts += [value.o, value.l, value.m]
         elif isinstance(value, KVShard):
             parts += [value.k, value.v]
+        elif isinstance(value, Rows):
+            parts += list(value.arrays)
+        elif isinstance(value, StateRows):
+            parts += [value.state.o, value.state.l, value.state.m]
         else:
             parts.append(value)
     return torch.cat([p.reshape(-1) for p in parts]) if parts else torch.empty(0)
 
 
-def _unpack(flat: torch.Tensor, descs: list[Descriptor], shape: DecodeShape) -> tuple[Any, ...]:
+def _unpack(flat: torch.Tensor, descs: list[Descriptor], shape: Shape) -> tuple[Any, ...]:
     out: list[Any] = []
     at = 0
     for desc in descs:
@@ -62,37 +77,37 @@ def _unpack(flat: torch.Tensor, descs: list[Descriptor], shape: DecodeShape) -> 
             n = arrays[0].numel()
             packed = flat[at - 2 * n:at].reshape(2, *arrays[0].shape)
             out.append(KVShard.from_packed(packed, desc[1], desc[2]))
+        elif desc[0] == "rows":
+            out.append(Rows(tuple(arrays), positions(desc[5]), desc[4]))
+        elif desc[0] == "state-rows":
+            out.append(StateRows(PartialState(*arrays), positions(desc[4]), desc[3]))
         else:
             out.append(arrays[0])
     return tuple(out)
 
 
-class RankRunner(Executor):
-    """One rank's real execution of a schedule (the process group must be initialised)."""
+class _RealTransfers:
+    """The real half of a rank runner: transfers as ``isend``/``irecv``, native collectives, the walk of a rank's
+    ops. Mixed into an executor, which holds the buffers and runs the compute ops (:meth:`execute`)."""
 
-    def __init__(self, sched: Schedule, inp: Inputs, rank: int, shape: DecodeShape,
-                 layouts: dict[int, list[Descriptor]], collectives: str = "native",
-                 device: torch.device | None = None, pool: dict[Any, torch.Tensor] | None = None) -> None:
-        super().__init__(sched, inp)
-        # ``pool`` keeps allocations across iterations (decode steps), as a real implementation does: this
-        # rank's KV cache, one contiguous block that is only ever read; and receive buffers. A recv that replaces
-        # a buffer reuses the one of the same name and size (the schedule's dependencies guarantee its previous
-        # contents were consumed); a recv into a slice of a buffer gets its own.
-        self.pool = {} if pool is None else pool
-        for name, value in list(self.buf[rank].items()):
-            if isinstance(value, KVShard):
-                key = ("kv-cache", name, value.lo, value.hi)
-                if key not in self.pool:
-                    self.pool[key] = torch.stack([value.k, value.v])
-                self.buf[rank][name] = KVShard.from_packed(self.pool[key], value.lo, value.hi)
+    # the executor's (declared only: the executor after this class in the MRO defines them)
+    buf: list[dict[str, Any]]
+    inp: Any
+    execute: Callable[[Op], None]
+    payload: Callable[[Op], tuple[Any, ...]]
+    store: Callable[[Op, tuple[Any, ...]], None]
+
+    def _setup(self, sched: Schedule, rank: int, shape: Shape, layouts: dict[int, list[Descriptor]],
+               collectives: str, device: torch.device | None, pool: dict[Any, torch.Tensor] | None) -> None:
         if collectives not in ("native", "decomposed"):
             raise ValueError(f"collectives must be native or decomposed, got {collectives!r}")
+        self.pool = {} if pool is None else pool
         self.sched = sched
         self.rank = rank
         self.shape = shape
         self.layouts = layouts
         self.native = collectives == "native"
-        self.device = device or inp.q.device
+        self.device = device or self.inp.q.device
         self.pending: dict[int, Any] = {}  # op id -> (work, buffer, op) of posted transfers not yet waited for
         self.coll_ranks: dict[str, set[int]] = {}  # collective tag -> the ranks that take part
         for o in sched.ops:
@@ -138,7 +153,10 @@ class RankRunner(Executor):
             raise ValueError(f"op #{op.id}: no native collective {op.fn!r}")
 
     def run_rank(self) -> dict[str, Any]:
-        """Execute this rank's ops; returns its buffers."""
+        """Execute this rank's ops; returns its buffers (none on a rank the schedule does not use, e.g. ``single``
+        on several processes)."""
+        if self.rank >= self.sched.ranks:
+            return {}
         for op in self.sched.ops:
             if op.rank != self.rank:
                 continue
@@ -152,3 +170,33 @@ class RankRunner(Executor):
         for op_id in list(self.pending):
             self._wait(op_id)
         return self.buf[self.rank]
+
+
+class RankRunner(_RealTransfers, Executor):
+    """One rank's real execution of a decode schedule (the process group must be initialised)."""
+
+    def __init__(self, sched: Schedule, inp: Inputs, rank: int, shape: DecodeShape,
+                 layouts: dict[int, list[Descriptor]], collectives: str = "native",
+                 device: torch.device | None = None, pool: dict[Any, torch.Tensor] | None = None) -> None:
+        Executor.__init__(self, sched, inp)
+        # ``pool`` keeps allocations across iterations (decode steps), as a real implementation does: this
+        # rank's KV cache, one contiguous block that is only ever read; and receive buffers. A recv that replaces
+        # a buffer reuses the one of the same name and size (the schedule's dependencies guarantee its previous
+        # contents were consumed); a recv into a slice of a buffer gets its own.
+        self._setup(sched, rank, shape, layouts, collectives, device, pool)
+        for name, value in list(self.buf[rank].items()):
+            if isinstance(value, KVShard):
+                key = ("kv-cache", name, value.lo, value.hi)
+                if key not in self.pool:
+                    self.pool[key] = torch.stack([value.k, value.v])
+                self.buf[rank][name] = KVShard.from_packed(self.pool[key], value.lo, value.hi)
+
+
+class PrefillRankRunner(_RealTransfers, PrefillExecutor):
+    """One rank's real execution of a prefill (or training) schedule: ``inp`` holds torch tensors of the whole
+    sequence, of which the rank takes its own rows. ``pool`` keeps receive buffers across iterations."""
+
+    def __init__(self, sched: Schedule, inp: PrefillInputs, rank: int, layouts: dict[int, list[Descriptor]],
+                 device: torch.device | None = None, pool: dict[Any, torch.Tensor] | None = None) -> None:
+        PrefillExecutor.__init__(self, sched, inp, only=rank)
+        self._setup(sched, rank, sched.meta["shape"], layouts, "decomposed", device, pool)

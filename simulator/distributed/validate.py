@@ -5,7 +5,8 @@ iteration's time is the maximum over ranks (barrier, run, all_reduce MAX) and th
 ``measured_s``. Rank 0 then checks the outputs against single-device attention (``max_abs_err``) and against the
 simulator's numeric mode on the same torch inputs (``bitwise_equal_to_sim``: equal bit for bit; expected where
 the merge order is the same, i.e. with ``--collectives decomposed`` or schedules without collectives), simulates
-the same schedule on the topology (``predicted_s``) and writes ``validation.csv`` and ``summary.md``.
+the same schedule on the topology (``predicted_s``) and writes ``validation.csv`` and ``summary.md``. Prefill points
+(outputs and gradients, ``grad_max_abs_err``) run in :mod:`.prefill_validate`.
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ from simulator.algorithms import build_schedule
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.distributed.checks import check_scenario, out_dir
 from simulator.distributed.common import device_for, init_group, rank_layout
+from simulator.distributed.prefill_validate import prefill_point_rows
 from simulator.distributed.runner import RankRunner
 from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.files import write_csv_atomic, write_text_atomic
+from simulator.kernel_model import extrapolated_text
 from simulator.numeric import Inputs, dense_attention, make_inputs, max_abs_error, run_numeric
 from simulator.payload import transfer_layouts
 from simulator.points import PreparedPoint
@@ -44,6 +47,7 @@ COLUMNS = ["algorithm", "ranks", "context", "measured_s", "predicted_s", "error_
 SPREAD = ["measured_q1_s", "measured_q3_s"]  # quartiles of the per-iteration times (measured_s is their median)
 EXTRA = ["extrapolated"]  # kernels the prediction timed beyond their profiled shapes (and on which axes)
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PER_ALGORITHM = ["grad_max_abs_err"]  # prefill: dQ, dK, dV against torch autograd (NaN without a backward)
 
 
 def _cluster(args: argparse.Namespace, point: Point, ranks: int) -> Cluster:
@@ -114,8 +118,7 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
             "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
             "max_abs_err": max_abs_error([o.double() for o in outputs.values()], dense_attention(np_inputs)),
             "bitwise_equal_to_sim": bitwise, "measured_q1_s": q1, "measured_q3_s": q3,
-            "extrapolated": "; ".join(f"{fn} {dt}: {', '.join(axes)}" for (_, fn, dt), axes in
-                                      sorted(result.extrapolated.items())),
+            "extrapolated": extrapolated_text(result.extrapolated),
             **dict(point.swept),
         })
     return rows
@@ -130,7 +133,7 @@ def _faster(frame: pd.DataFrame) -> tuple[int, list[str], int]:
     """Points where the faster algorithm was predicted right, and the others: a tie where the measured times of
     the predicted and the measured fastest overlap within their iterations' interquartile ranges (the machine
     does not tell them apart), else a miss. Returns (right, ties described, points)."""
-    keys = [c for c in frame.columns if c not in COLUMNS + SPREAD + EXTRA or c in ("ranks", "context")]
+    keys = [c for c in frame.columns if c not in COLUMNS + SPREAD + EXTRA + PER_ALGORITHM or c in ("ranks", "context")]
     right, ties, points = 0, [], 0
     for _, grp in frame.groupby(keys, dropna=False) if keys else [((), frame)]:
         points += 1
@@ -166,6 +169,7 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         faster += (f"; {len(ties)} more {'is a tie' if len(ties) == 1 else 'are ties'} (the measured times overlap "
                    "within their iterations' interquartile ranges): " + "; ".join(ties))
     extrapolated = int((frame["extrapolated"].fillna("") != "").sum()) if "extrapolated" in frame else 0
+    grads = frame["grad_max_abs_err"].dropna() if "grad_max_abs_err" in frame else pd.Series(dtype=float)
     return [
         f"- points x algorithms: {len(frame)}",
         f"- median |error|: {err.median():.1f} %, 90th percentile: {err.quantile(0.9):.1f} %, max |error|: "
@@ -175,7 +179,7 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         f"- predictions with a kernel timed beyond its profiled shapes: {extrapolated} of {len(frame)}",
         f"- max abs error against single-device attention: {frame['max_abs_err'].max():.3g}",
         f"- bitwise equal to the simulator's numeric mode: {int(frame['bitwise_equal_to_sim'].sum())} of {len(frame)}",
-    ]
+    ] + ([f"- max abs error of dQ, dK, dV against torch autograd: {grads.max():.3g}"] if len(grads) else [])
 
 
 def summarize(frame: pd.DataFrame, command: str) -> str:
@@ -190,7 +194,8 @@ def run_rank(args: argparse.Namespace) -> None:
     init_group(args.backend, args.timeout)
     # no try/finally: on an error the rank exits at once (destroying the group could wait on failed peers)
     device = device_for(args.backend)
-    rows = [row for prep in prepared for row in _point_rows(args, prep, device)]
+    rows = [row for prep in prepared for row in (prefill_point_rows(args, prep, device, _cluster)
+                                                 if prep.kind == "prefill" else _point_rows(args, prep, device))]
     if dist.get_rank() == 0:
         frame = pd.DataFrame(rows)
         out = out_dir(args, prepared)
