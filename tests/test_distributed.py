@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 from simulator.cli import main
 from simulator.cluster.topology import load_topology
-from simulator.distributed.random_shapes import HEAD_DIMS
+from simulator.distributed.random_shapes import HEAD_DIMS, PREFILL_HEAD_DIMS
 
 pytestmark = pytest.mark.slow
 
@@ -179,6 +179,21 @@ def test_random_shapes_validate_end_to_end_off_the_grid(tmp_path, capsys):
     assert frame["bitwise_equal_to_sim"].all()
     summary = (out / "summary.md").read_text()
     assert "90th percentile" in summary and "  - tree-p2p: median |error|" in summary
+
+
+def test_random_prefill_shapes_validate_end_to_end(tmp_path):
+    """`validate --random` on a prefill scenario draws prefill and training shapes off the prefill profile's grid;
+    the real runs' outputs and gradients equal torch autograd."""
+    out = tmp_path / "rp"
+    assert main(["validate", "scenarios/validate-prefill.yaml", "--random", "3", "--seed", "1", "--procs", "2",
+                 "--iters", "1", "--warmup", "0", "--max-kv-bytes", "4 MiB", "-o", str(out)]) == 0
+    frame = pd.read_csv(out / "validation.csv")
+    assert len(frame) == 3 * 3 and frame["random.head_dim"].isin(PREFILL_HEAD_DIMS).all()
+    assert set(frame["random.dtype"]) == {"fp32", "fp64"} and frame["random.backward"].any()
+    tol = frame["random.dtype"].map({"fp64": 1e-10, "fp32": 1e-4})
+    assert (frame["max_abs_err"] < tol).all() and frame["bitwise_equal_to_sim"].all()
+    back = frame["random.backward"]
+    assert (frame.loc[back, "grad_max_abs_err"] < tol[back]).all()
 
 
 def test_summary_counts_a_tie_only_where_the_iterations_overlap():

@@ -23,7 +23,7 @@ def out_dir(args: argparse.Namespace, prepared: list[PreparedPoint]) -> Path:
 
 def check_scenario(args: argparse.Namespace) -> list[PreparedPoint]:
     """Load and check the scenario (decode and prefill workloads) before any rank starts. With ``--random N``,
-    the scenario's first point gives the topology and algorithms, and N random decode shapes replace its workload
+    the scenario's first point gives the topology and algorithms, and N random shapes replace its workload
     (:mod:`simulator.distributed.random_shapes`)."""
     points = load_scenario(args.scenario, args.sets)
     for point in points:
@@ -31,9 +31,6 @@ def check_scenario(args: argparse.Namespace) -> list[PreparedPoint]:
             raise InputError("validate needs a decode or prefill workload", file=point.source,
                              field="workload.kind")
     if getattr(args, "random", None) is not None:
-        if not isinstance(points[0].scenario.workload, DecodeWorkload):
-            raise InputError("--random draws decode shapes: give a decode scenario (its topology and algorithms "
-                             "are used)", file=points[0].source, field="workload.kind")
         if args.random < 1:
             raise InputError(f"must be at least 1, got {args.random}", field="--random")
         try:

@@ -37,12 +37,13 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the random q, K, V and of --random's shapes (default 0)")
     p.add_argument("--random", type=int, default=None, metavar="N",
-                   help="validate N random decode shapes (batch 1-8, heads 1-32, head_dim off the calibration grid, "
-                        "contexts 1k-200k, fp32/fp64/bf16) instead of the scenario's workload; the scenario gives "
-                        "the topology and algorithms")
+                   help="validate N random shapes instead of the scenario's workload (decode: batch 1-8, heads "
+                        "1-32, head_dim off the calibration grid, contexts 1k-200k, fp32/fp64/bf16; prefill: batch "
+                        "1-2, heads 2-16, sequences 1k-8k, any layout, forward or training); the scenario gives the "
+                        "topology and algorithms")
     p.add_argument("--max-kv-bytes", dest="max_kv_bytes", default="512 MiB",
-                   help="--random: a draw whose KV cache (all ranks) exceeds this gets a shorter context "
-                        "(default 512 MiB)")
+                   help="--random: a draw whose KV cache (all ranks; prefill: a rank's largest score block) exceeds "
+                        "this gets a shorter context (default 512 MiB)")
     p.add_argument("--inject-fault", type=int, default=None, metavar="RANK",
                    help="testing aid: this rank raises an error at its first op")
 
