@@ -9,7 +9,8 @@ Two steps, because the GPU is lent for minutes and the analysis needs none:
    * the decode ``attend`` kernel (the merge core the schedules run) on random shapes off that grid (head dims
      calibrate does not profile, contexts 1k-200k log-uniform) -> ``OUT/decode.csv``;
    * causal prefill attention, ``torch.nn.functional.scaled_dot_product_attention`` forward and forward+backward in
-     bf16, on a few fixed *calibration* shapes and on random *held-out* shapes -> ``OUT/prefill.csv``.
+     bf16, on a few fixed *calibration* shapes and on random *held-out* shapes -> ``OUT/prefill.csv``; and SDPA's
+     profile as the simulator's ``attn-fwd`` / ``attn-bwd`` kernels (causal and full blocks) -> ``profiles.yaml``.
 2. ``python benchmarks/gpu_kernels.py report OUT`` (anywhere) predicts every measured case with the simulator and
    prints the errors:
    * decode: the profile's log-space interpolation (``KernelProfile.predict``) against the measured time, and the
@@ -135,14 +136,16 @@ def _measure(out: Path, smoke: bool) -> None:
     print(f"prefill: {len(rows)} shapes in {time.time() - t0:.0f} s", flush=True)
 
 
-SDPA_GRID = ((2.0**16, 2.0**18, 2.0**20, 2.0**22), (512.5, 2048.5, 8192.5, 32768.5), (64.0, 128.0, 256.0))
-SMOKE_SDPA_GRID = ((2.0**10, 2.0**12), (32.5, 128.5), (32.0, 64.0))
+SDPA_GRID = ((2.0**16, 2.0**18, 2.0**20, 2.0**22), (2.0**10, 2.0**12, 2.0**14, 2.0**16), (64.0, 128.0, 256.0),
+             (0.5, 1.0))
+SMOKE_SDPA_GRID = ((2.0**8, 2.0**10), (2.0**6, 2.0**8), (32.0, 64.0), (0.5, 1.0))
 
 
 def _profile_sdpa(dev: Any, sync: Any, smoke: bool) -> list[Any]:
-    """Profiles of causal SDPA (bf16) as the simulator's ``attn-fwd`` and ``attn-bwd`` kernels, on their axes
-    (row_heads = heads x query rows, keys = visible keys per query row, head_dim): a causal sequence of n tokens has
-    (n + 1) / 2 keys per row. The backward is (forward + backward) - forward."""
+    """Profiles of SDPA (bf16) as the simulator's ``attn-fwd`` and ``attn-bwd`` kernels, on their axes (row_heads =
+    heads x query rows, span = keys, head_dim, density = the share of pairs the mask keeps): a sequence of n tokens
+    attending to itself, causal (density (n + 1) / 2n, recorded as 0.5) or not (1). The backward is (forward +
+    backward) - forward."""
     import torch
     import torch.nn.functional as F
 
@@ -152,19 +155,20 @@ def _profile_sdpa(dev: Any, sync: Any, smoke: bool) -> list[Any]:
 
     grid = SMOKE_SDPA_GRID if smoke else SDPA_GRID
     fwd_s, bwd_s, fwd_sp, bwd_sp = [], [], [], []
-    for row_heads, keys, d in itertools.product(*grid):
-        n = round(2 * keys - 1)
-        bh = round(row_heads / n)
+    for row_heads, span, d, density in itertools.product(*grid):
+        n = round(span)
+        bh = max(1, round(row_heads / n))
+        causal = density < 1
         q, k, v = (torch.randn(1, bh, n, int(d), device=dev, dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
         do = torch.randn_like(q)
 
-        def fwd(q=q, k=k, v=v) -> Any:
+        def fwd(q=q, k=k, v=v, causal=causal) -> Any:
             with torch.no_grad():
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-        def fwd_bwd(q=q, k=k, v=v, do=do) -> None:
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+        def fwd_bwd(q=q, k=k, v=v, do=do, causal=causal) -> None:
+            F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
 
         tf = robust_time(fwd, sync, budget_s=0.5)
         tb = robust_time(fwd_bwd, sync, budget_s=0.5)

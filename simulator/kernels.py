@@ -256,9 +256,9 @@ PROFILE_AXES: dict[str, tuple[str, ...]] = {
     "rescale": ("elems",),
     "finalize": ("elems",),
     "finalize-flat": ("elems",),
-    # prefill blocks: query rows x heads, visible keys per query row, head dimension
-    "attn-fwd": ("row_heads", "keys", "head_dim"),
-    "attn-bwd": ("row_heads", "keys", "head_dim"),
+    # prefill blocks: query rows x heads, keys spanned, head dimension, share of the pairs the mask keeps
+    "attn-fwd": ("row_heads", "span", "head_dim", "density"),
+    "attn-bwd": ("row_heads", "span", "head_dim", "density"),
 }  # the kernels ``treering calibrate`` profiles over shapes, and their axes
 
 

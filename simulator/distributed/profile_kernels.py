@@ -52,9 +52,11 @@ ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18
 ELEMS_GRID: tuple[float, ...] = tuple(float(2**k) for k in (8, 12, 16, 20))
 QUICK_ATTEND_GRID: tuple[tuple[float, ...], ...] = ((2.0**15, 2.0**18, 2.0**21), (32.0, 128.0), (1.0, 4.0))
 QUICK_ELEMS_GRID: tuple[float, ...] = (2.0**8, 2.0**14)
-# prefill blocks: row_heads 256 .. 4096 (x 4), keys 64 .. 1024 (x 4), head_dim 32 and 128
-PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10, 2.0**12), (2.0**6, 2.0**8, 2.0**10), (32.0, 128.0))
-QUICK_PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10), (2.0**6, 2.0**8), (32.0, 64.0))
+# prefill blocks: row_heads 256 .. 4096 (x 4), span 64 .. 1024 keys (x 4), head_dim 32 and 128, density: a causal
+# (diagonal) block and a full one
+PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10, 2.0**12), (2.0**6, 2.0**8, 2.0**10), (32.0, 128.0),
+                                               (0.5, 1.0))
+QUICK_PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10), (2.0**6, 2.0**8), (32.0, 64.0), (0.5, 1.0))
 PREFILL_HEADS = 4  # the heads of a profiled prefill block (its query rows follow from row_heads)
 KV_HEADS = 4  # the KV heads of a profiled attend shape (its tokens follow from kv_bytes)
 
@@ -163,13 +165,16 @@ def profile_small(kernel: str, dtype: str, device: torch.device, opts: ProfileOp
 def profile_prefill(dtype: str, device: torch.device, opts: ProfileOptions = ProfileOptions(),
                     grid: Sequence[Sequence[float]] = PREFILL_GRID) -> list[KernelProfile]:
     """The prefill block kernels' profiles (``attn-fwd``: a block's partial attention merged into the running state;
-    ``attn-bwd``: its gradients, accumulated into dQ and dK/dV) over (row_heads, keys, head_dim), unmasked blocks of
-    ``PREFILL_HEADS`` heads."""
+    ``attn-bwd``: its gradients, accumulated into dQ and dK/dV) over (row_heads, span, head_dim, density): blocks of
+    ``PREFILL_HEADS`` heads, full (density 1) or causal (query i sees the keys up to its place on the diagonal:
+    about half the pairs, recorded as density 0.5)."""
     tdt = TORCH_DTYPES[dtype]
     gen = torch.Generator(device="cpu").manual_seed(2)
     fwd_s, bwd_s, fwd_sp, bwd_sp = [], [], [], []
-    for row_heads, keys, head_dim in itertools.product(*grid):
-        nq, t, d = max(1, round(row_heads / PREFILL_HEADS)), round(keys), int(head_dim)
+    for row_heads, span, head_dim, density in itertools.product(*grid):
+        nq, t, d = max(1, round(row_heads / PREFILL_HEADS)), round(span), int(head_dim)
+        mask = None if density >= 1 else (
+            torch.arange(t, device=device)[None, :] * nq <= torch.arange(nq, device=device)[:, None] * t)
 
         def rand(*shape: int) -> torch.Tensor:
             return torch.randn(*shape, generator=gen).to(device=device, dtype=tdt)
@@ -178,23 +183,23 @@ def profile_prefill(dtype: str, device: torch.device, opts: ProfileOptions = Pro
             rand(1, PREFILL_HEADS, nq, d)
         scale = 1 / math.sqrt(d)
         acc = partial_attention(q, k[:, :, :1], v[:, :, :1], scale)
-        state = partial_attention(q, k, v, scale)
+        state = partial_attention(q, k, v, scale, mask)
         lse, delta = log_sum_exp(state), attention_delta(finalize(state), dout)
         dq_acc, dk_acc, dv_acc = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 
         def fwd(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, acc: PartialState = acc,
-                scale: float = scale) -> None:
-            merge(acc, partial_attention(q, k, v, scale))
+                scale: float = scale, mask: torch.Tensor | None = mask) -> None:
+            merge(acc, partial_attention(q, k, v, scale, mask))
 
         def bwd(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, lse: torch.Tensor = lse,
                 delta: torch.Tensor = delta, dout: torch.Tensor = dout, scale: float = scale,
-                acc: tuple[torch.Tensor, ...] = (dq_acc, dk_acc, dv_acc)) -> None:
-            dq, dk, dv = block_backward(q, k, v, scale, None, lse, delta, dout)
+                acc: tuple[torch.Tensor, ...] = (dq_acc, dk_acc, dv_acc), mask: torch.Tensor | None = mask) -> None:
+            dq, dk, dv = block_backward(q, k, v, scale, mask, lse, delta, dout)
             acc[0].add_(dq)
             acc[1].add_(dk)
             acc[2].add_(dv)
 
-        where = f"row_heads {row_heads:g}, keys {keys:g}, head_dim {d}"
+        where = f"row_heads {row_heads:g}, span {t}, head_dim {d}, density {density:g}"
         tf = _check("attn-fwd", dtype, where, _time(fwd, device, opts, opts.budget_s), opts)
         tb = _check("attn-bwd", dtype, where, _time(bwd, device, opts, opts.budget_s), opts)
         fwd_s.append(tf.median)

@@ -57,11 +57,12 @@ def _block_size(shape: PrefillShape, q_runs: tuple[Run, ...], k_runs: tuple[Run,
     return run_tokens(q_runs), shape.sequence if k_runs is None else run_tokens(k_runs), pairs
 
 
-def block_dims(shape: PrefillShape, nq: int, pairs: int, heads: int | None = None) -> tuple[float, ...]:
+def block_dims(shape: PrefillShape, nq: int, nk: int, pairs: int, heads: int | None = None) -> tuple[float, ...]:
     """An attention block's shape on its profile's axes (:data:`simulator.kernels.PROFILE_AXES`): query rows x
-    heads, visible keys per query row (unmasked pairs / rows), head dimension."""
+    heads, keys it spans, head dimension, and the share of its (query, key) pairs the mask keeps (a kernel that skips
+    masked tiles costs in proportion to it; one that computes every pair, as the merge core does, does not)."""
     h = shape.heads if heads is None else heads
-    return float(shape.batch * h * nq), pairs / nq, float(shape.head_dim)
+    return float(shape.batch * h * nq), float(nk), float(shape.head_dim), pairs / (nq * nk)
 
 
 def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: tuple[Run, ...],
@@ -77,7 +78,7 @@ def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: t
     nq, nk, pairs = size
     flops, nbytes = shape.forward_cost(nq, nk, pairs, heads)
     return sched.add_compute(rank, f"attn-fwd[{kv_buf}]", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
-                             fn="attn-fwd", out=out, args=(q_buf, kv_buf), dims=block_dims(shape, nq, pairs, heads),
+                             fn="attn-fwd", out=out, args=(q_buf, kv_buf), dims=block_dims(shape, nq, nk, pairs, heads),
                              alloc=[(out, shape.state_bytes(nq, heads))] if first else (), free=free)
 
 
@@ -113,7 +114,7 @@ def add_backward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: 
         return None
     nq, nk, pairs = size
     flops, nbytes = shape.backward_cost(nq, nk, pairs, heads)
-    dims = block_dims(shape, nq, pairs, heads)
+    dims = block_dims(shape, nq, nk, pairs, heads)
     alloc = [(dq, shape.q_bytes(nq, heads))] if alloc_dq else []
     if alloc_dkv is not None:
         alloc.append((dkv_buf, alloc_dkv))
