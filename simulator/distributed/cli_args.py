@@ -45,6 +45,14 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=16, help="attention shape of the compute measurement")
     p.add_argument("--head-dim", type=int, default=128, help="head dimension of the compute measurement")
     p.add_argument("--reps", type=int, default=15, help="repetitions per measured size (median)")
+    p.add_argument("--from-nccl-tests", dest="from_nccl_tests", action="append", default=[], metavar="LOG",
+                   help="fit the topology's bandwidths and NCCL's protocol latencies to nccl-tests logs instead of "
+                        "measuring (no ranks are started; repeat for several logs)")
+    p.add_argument("--topology", default=None,
+                   help="with --from-nccl-tests: the base topology (preset or file; default: inferred from the log)")
+    p.add_argument("--hold-out", dest="hold_out", default="every-other",
+                   help="with --from-nccl-tests: what the held-out check leaves out of its fit: every-other (size), "
+                        "a collective's name, or none")
 
 
 def parser() -> argparse.ArgumentParser:
