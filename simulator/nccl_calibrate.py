@@ -42,7 +42,8 @@ def parameter_lines(fit: Fit) -> list[str]:
     for p in fit.params:
         v = fit.values[p.name]
         what = {"intra_bandwidth": "every link inside a server", "inter_bandwidth": "every link leaving a server"}
-        label = what.get(p.name, f"{p.name.split('.')[0]} per-hop latency, {p.name.split('.')[1]} (ring; tree alike)")
+        proto, _, hw = p.name.partition(".")
+        label = what.get(p.name) or f"{proto} per-hop latency, {hw} (ring; tree alike)"
         if p.name in fit.held:
             out.append(f"{p.name}: {_value(p.kind, v)} held ({label}): {fit.held[p.name]}")
         else:

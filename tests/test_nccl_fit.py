@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from simulator.cli import main
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.collective_rows import bus_factor
-from simulator.nccl_fit import Sample, apply, fit_logs, parameters, read_samples, simulated
+from simulator.collectives.protocols import base_latency, hop_latency
+from simulator.errors import InputError
+from simulator.nccl_fit import Sample, apply, parameters, simulated
+from simulator.points import simulate_point
+from simulator.scenario import scenario_points
 
 LOG = str(Path(__file__).parent / "fixtures" / "nccltests" / "all_reduce_h100_2x8_a3mega.log")
 SIZES = [8 * 4**k for k in range(16)]  # 8 B to 8 GiB
@@ -36,16 +42,63 @@ def synthetic_log(cluster: Cluster, sizes: list[int], path: Path, hosts: int) ->
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_the_fit_recovers_the_parameters_that_made_a_log(tmp_path):
+def test_calibrate_recovers_the_parameters_that_made_a_log(tmp_path, capsys):
+    """A log the engine generated with known bandwidths and latencies: the fit finds them within 1 %, the written
+    topology loads, and validate --nccl-tests on it reproduces the log."""
     base = load_topology("dgx-h100", {"nodes": 2, "gpus_per_node": 2})
     params = parameters(base, multi_node=True)
-    values = {p.name: TRUTH.get(p.name, p.start) for p in params}
     log = tmp_path / "synthetic.log"
-    synthetic_log(apply(base, params, values), SIZES, log, hosts=2)
-    samples, _ = read_samples([str(log)])
-    fit = fit_logs(base, samples)
-    for name, true in TRUTH.items():
-        assert name not in fit.held
-        assert fit.values[name] == pytest.approx(true, rel=0.01), name
-    fitted, _ = simulated(fit.cluster, samples)
-    assert [t / s.time_s for t, s in zip(fitted, samples, strict=True)] == pytest.approx([1.0] * len(samples), rel=5e-3)
+    synthetic_log(apply(base, params, {p.name: TRUTH.get(p.name, p.start) for p in params}), SIZES, log, hosts=2)
+    out = tmp_path / "fitted.yaml"
+    assert main(["calibrate", "--from-nccl-tests", str(log), "-o", str(out), "--hold-out", "none"]) == 0
+    said = capsys.readouterr().out
+    assert "base topology: preset dgx-h100 with nodes: 2, gpus_per_node: 2 (inferred from the log" in said
+    assert "inter_bandwidth: 50 GB/s -> 40 GB/s (x0.8" in said and f"wrote {out}" in said
+    text = out.read_text()
+    assert text.startswith("# Written by `treering calibrate --from-nccl-tests") and "nccl_latency:" in text
+    assert "R^2 of log time" in text and f"{log}:" in text
+    fitted = load_topology(str(out))
+    nic = [bw for u, v, bw in fitted.graph.edges(data="bandwidth") if u == "n0.nic0" and v == "rail0"]
+    assert nic == [pytest.approx(TRUTH["inter_bandwidth"], rel=0.01)]
+    for proto in ("LL", "LL128", "Simple"):
+        assert fitted.nccl_latency[f"ring.{proto}.net"] == pytest.approx(TRUTH[f"{proto}.net"], rel=0.01)
+        tree_over_ring = hop_latency("tree", proto, "net") / hop_latency("ring", proto, "net")  # NCCL's ratio kept
+        assert fitted.nccl_latency[f"tree.{proto}.net"] == pytest.approx(TRUTH[f"{proto}.net"] * tree_over_ring,
+                                                                         rel=0.01)
+    assert main(["validate", "--nccl-tests", str(log), "--topology", str(out), "-o", str(tmp_path / "v")]) == 0
+    frame = pd.read_csv(tmp_path / "v" / "nccl_validation.csv")
+    assert len(frame) == len(SIZES)  # (validate reads the busbw column, printed to 0.001 GB/s: large sizes only)
+    assert frame[frame["measured_busbw_GBps"] >= 1]["error_pct"].abs().max() < 1.0
+
+
+TWO_GPUS = ("name: t\nnodes:\n  - {name: a.gpu0, kind: gpu, device: h100-sxm}\n"
+            "  - {name: a.gpu1, kind: gpu, device: h100-sxm}\n"
+            "links:\n  - {a: a.gpu0, b: a.gpu1, bandwidth: 100 GB/s, latency: 1 us, class: nvlink}\n")
+
+
+def test_nccl_latency_in_a_topology_replaces_nccl_constants(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(TWO_GPUS + "nccl_latency:\n  ring: {LL: {base: 20 us, nvlink: 3 us}}\n")
+    cluster = load_topology(str(path))
+    assert hop_latency("ring", "LL", "nvlink", cluster.nccl_latency) == pytest.approx(3e-6)
+    assert base_latency("ring", "LL", cluster.nccl_latency) == pytest.approx(20e-6)
+    assert hop_latency("ring", "Simple", "nvlink", cluster.nccl_latency) == pytest.approx(3.4e-6)  # NCCL's
+    # a ring allreduce of 8 bytes on 2 GPUs: the base latency, then 2 (P - 1) = 2 hops of 3 us, 8 B at 100 GB/s
+    tree = {"name": "x", "topology": str(path), "algorithms": [{"name": "ring", "protocol": "LL"}],
+            "workload": {"kind": "collective", "collective": "allreduce", "bytes": 8, "dtype": "fp32"}}
+    row = simulate_point(scenario_points(tree, "x", tmp_path, [])[0]).rows[0]
+    assert row["time_s"] == pytest.approx(20e-6 + 2 * 3e-6, rel=0.05)
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ("{ring: {LL2: {net: 1 us}}}", "t.yaml:7: nccl_latency.ring.LL2: unknown protocol 'LL2'; valid: LL, LL128, Simple"),
+    ("{ring: {LL: {wan: 1 us}}}", "nccl_latency.ring.LL.wan: unknown latency 'wan'; valid: base, nvlink, pci, net"),
+    ("{ring: {LL: {net: -1 us}}}", "nccl_latency.ring.LL.net: must not be negative"),
+    ("[1]", "nccl_latency: must map algorithm names (ring, tree, nvls) to mappings"),
+])
+def test_bad_nccl_latency_tables_are_located(tmp_path, table, message):
+    path = tmp_path / "t.yaml"
+    path.write_text(TWO_GPUS + f"nccl_latency: {table}\n")
+    with pytest.raises(InputError) as err:
+        load_topology(str(path))
+    assert message in str(err.value)
