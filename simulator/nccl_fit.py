@@ -247,64 +247,83 @@ def fit_logs(base: Cluster, samples: Sequence[Sample]) -> Fit:
                          line=s.line if s else None, field="--from-nccl-tests")
     params = parameters(base, base.num_hosts > 1)
     measured = np.log([s.time_s for s in samples])
+    engine = _Engine(base, params, samples)
+
+    def closed_forms(values: dict[str, float]) -> np.ndarray:
+        return np.log(predicted(apply(base, params, values), samples))
+
     # the tuner's closed forms first (continuous in the parameters: the minimum over the candidates), to start the
     # engine's fit in the right basin (the engine's time jumps where auto's choice changes)
-    values, _ = _least_squares(base, params, {p.name: p.start for p in params}, samples, measured, _predicted_log)
-    values, evals = _least_squares(base, params, values, samples, measured, _simulated_log)
-    polished, more = _polish(base, params, values, samples, measured)
-    evals += more
+    values = _least_squares(params, {p.name: p.start for p in params}, measured, closed_forms)
+    values = _least_squares(params, values, measured, engine.log_times)
+    polished = _polish(params, values, measured, engine.log_times)
     if polished != values:  # a jump got the fit out of a local minimum: descend again from there
-        values, more = _least_squares(base, params, polished, samples, measured, _simulated_log)
-        evals += more
-    return Fit(apply(base, params, values), tuple(params), values, _held(base, params, values, samples), evals)
+        values = _least_squares(params, polished, measured, engine.log_times)
+    return Fit(apply(base, params, values), tuple(params), values, _held(base, params, values, samples),
+               engine.simulations)
 
 
-def _predicted_log(cluster: Cluster, samples: Sequence[Sample]) -> np.ndarray:
-    return np.log(predicted(cluster, samples))
+class _Engine:
+    """The engine's log time per sample for parameter values, each (sample, choice, the values its time depends
+    on) simulated once: a protocol's latency moves only the sizes that ``auto`` runs with that protocol."""
+
+    def __init__(self, base: Cluster, params: Sequence[Param], samples: Sequence[Sample]) -> None:
+        self.base, self.params, self.samples = base, list(params), list(samples)
+        self.cache: dict[tuple[object, ...], float] = {}
+        self.simulations = 0
+
+    def log_times(self, values: dict[str, float]) -> np.ndarray:
+        cluster = apply(self.base, self.params, values)
+        fabric = fabric_of(cluster)
+        ranks = list(range(len(cluster.ranks)))
+        switch = fabric.nvls and fabric.nodes == 1
+        out = []
+        for i, s in enumerate(self.samples):
+            n, elem = _elements(s)
+            choice = choose(s.operation, ranks, n, fabric, elem_bytes=elem, dtype=s.dtype, switch=switch)
+            key = (i, choice, *(values[p.name] for p in self.params
+                                if p.kind == "bandwidth" or p.name.startswith(f"{choice.protocol}.")))
+            if key not in self.cache:
+                sched, _ = collective_schedule(cluster, fabric, s.operation, n, elem, s.dtype, choice.algo,
+                                               choice.protocol, choice.channels)
+                self.cache[key] = math.log(simulate(sched, cluster).makespan)
+                self.simulations += 1
+            out.append(self.cache[key])
+        return np.array(out)
 
 
-def _simulated_log(cluster: Cluster, samples: Sequence[Sample]) -> np.ndarray:
-    return np.log(simulated(cluster, samples)[0])
+Model = Callable[[dict[str, float]], np.ndarray]
 
 
-def _least_squares(base: Cluster, params: Sequence[Param], values: dict[str, float], samples: Sequence[Sample],
-                   measured: np.ndarray, model: Callable[[Cluster, Sequence[Sample]], np.ndarray]
-                   ) -> tuple[dict[str, float], int]:
-    free = params
-    evals = 0
-
+def _least_squares(params: Sequence[Param], values: dict[str, float], measured: np.ndarray, model: Model
+                   ) -> dict[str, float]:
     def with_x(x: np.ndarray) -> dict[str, float]:
-        out = dict(values)
-        out.update({p.name: p.start * math.exp(xi) for p, xi in zip(free, x, strict=True)})
-        return out
+        return {**values, **{p.name: p.start * math.exp(xi) for p, xi in zip(params, x, strict=True)}}
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        nonlocal evals
-        evals += 1
-        return model(apply(base, params, with_x(x)), samples) - measured
+        return model(with_x(x)) - measured
 
-    x0 = np.clip([math.log(values[p.name] / p.start) for p in free], -_BOUND + 1e-6, _BOUND - 1e-6)
+    x0 = np.clip([math.log(values[p.name] / p.start) for p in params], -_BOUND + 1e-6, _BOUND - 1e-6)
     result = least_squares(residuals, x0, bounds=(-_BOUND, _BOUND), diff_step=_STEP, x_scale=1.0, xtol=1e-8,
                            ftol=1e-10, gtol=1e-10, max_nfev=_MAX_NFEV)
-    return with_x(result.x), evals
+    return with_x(result.x)
 
 
-def _polish(base: Cluster, params: Sequence[Param], values: dict[str, float], samples: Sequence[Sample],
-            measured: np.ndarray) -> tuple[dict[str, float], int]:
+def _polish(params: Sequence[Param], values: dict[str, float], measured: np.ndarray, model: Model
+            ) -> dict[str, float]:
     """One pass of jumps of each parameter by the factors :data:`_JUMPS`, each kept if it lowers the squared error:
     where ``auto``'s choice changes, the engine's time jumps, and a descent can stop at a local minimum."""
     def cost(v: dict[str, float]) -> float:
-        return float(np.sum((_simulated_log(apply(base, params, v), samples) - measured) ** 2))
+        return float(np.sum((model(v) - measured) ** 2))
 
-    best, evals = cost(values), 1
+    best = cost(values)
     for p in params:
         for factor in _JUMPS:
             trial = {**values, p.name: values[p.name] * factor}
             c = cost(trial)
-            evals += 1
             if c < best:
                 best, values = c, trial
-    return values, evals
+    return values
 
 
 def _held(base: Cluster, params: Sequence[Param], values: dict[str, float], samples: Sequence[Sample]
