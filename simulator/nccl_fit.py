@@ -111,7 +111,7 @@ def read_samples(logs: Sequence[str]) -> tuple[list[Sample], list[NcclTestsRun]]
                                  field="ranks")
             runs.append(run)
             dtype = nccl_dtype(run)
-            samples += [Sample(Path(log).name, row.line, run.collective, run.ranks, row.nbytes, dtype,
+            samples += [Sample(log, row.line, run.collective, run.ranks, row.nbytes, dtype,
                                row.out_of_place.time_s)
                         for row in run.rows if row.nbytes > 0 and row.out_of_place.time_s > 0]
     return samples, runs
@@ -353,7 +353,8 @@ def quality(cluster: Cluster, samples: Sequence[Sample], part: str) -> pd.DataFr
     for s, t, c in zip(samples, times, chosen, strict=True):
         factor = bus_factor(s.operation, s.ranks) * s.nbytes / 1e9
         measured, fitted = factor / s.time_s, factor / t
-        rows.append({"log": s.log, "collective": s.operation, "ranks": s.ranks, "bytes": s.nbytes, "part": part,
+        rows.append({"log": Path(s.log).name, "collective": s.operation, "ranks": s.ranks, "bytes": s.nbytes,
+                     "part": part,
                      "measured_time_s": s.time_s, "fitted_time_s": float(t), "measured_busbw_GBps": measured,
                      "fitted_busbw_GBps": fitted, "error_pct": 100.0 * (fitted - measured) / measured,
                      "chosen": c})

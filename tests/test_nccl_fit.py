@@ -102,3 +102,56 @@ def test_bad_nccl_latency_tables_are_located(tmp_path, table, message):
     with pytest.raises(InputError) as err:
         load_topology(str(path))
     assert message in str(err.value)
+
+
+def small_log(tmp_path: Path, sizes: list[int], invert: bool = False) -> Path:
+    """A synthetic 2 x 2 H100 log (engine times on the dgx-h100 preset); ``invert``: times reversed in size order."""
+    base = load_topology("dgx-h100", {"nodes": 2, "gpus_per_node": 2})
+    log = tmp_path / "small.log"
+    synthetic_log(base, sizes, log, hosts=2)
+    if invert:
+        lines = log.read_text().splitlines()
+        rows = [i for i, line in enumerate(lines) if line and not line.startswith(("#", "/"))]
+        cells = [lines[i].split() for i in rows]
+        for i, c in zip(rows, cells, strict=True):
+            src = cells[len(cells) - 1 - rows.index(i)]
+            lines[i] = " ".join(c[:5] + src[5:])
+        log.write_text("\n".join(lines) + "\n")
+    return log
+
+
+GB10 = str(Path(__file__).parent / "fixtures" / "nccltests" / "all_gather_gb10_2x1.log")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--from-nccl-tests", "nope.log"], "nope.log: no such file"),
+    (["--from-nccl-tests", "{empty}"], "empty.log:1: no nccl-tests result table"),
+    (["--from-nccl-tests", "{small}", "--topology", "no-such-preset"],
+     "topology: unknown topology preset 'no-such-preset'; presets:"),
+    (["--from-nccl-tests", "{small}", "--topology", "{two}"],
+     "small.log:10: --topology: the topology has 2 GPUs and cannot be sized to the run's 4 ranks"),
+    (["--from-nccl-tests", GB10], "all_gather_gb10_2x1.log: --topology: cannot infer the cluster from the log (it "
+                                  "names NVIDIA GB10); give --topology"),
+    (["--from-nccl-tests", "{small}", "--hold-out", "none"],
+     "small.log:12: --from-nccl-tests: too few sizes to fit: 4, the fit needs at least 6"),
+    (["--from-nccl-tests", "{small}", "--hold-out", "odd"], "--hold-out: must be every-other, none or a collective"),
+])
+def test_bad_calibrations_exit_2_and_write_nothing(argv, message, tmp_path, capsys):
+    (tmp_path / "empty.log").write_text("all_reduce_perf ran but printed nothing\n")
+    (tmp_path / "two.yaml").write_text(TWO_GPUS)
+    small = small_log(tmp_path, [8, 1024, 2**20, 2**30])
+    names = {"empty": tmp_path / "empty.log", "small": small, "two": tmp_path / "two.yaml"}
+    out = tmp_path / "fitted.yaml"
+    assert main(["calibrate", *(a.format(**names) for a in argv), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_a_log_the_model_cannot_describe_is_refused(tmp_path, capsys):
+    log = small_log(tmp_path, [8 * 16**k for k in range(8)], invert=True)  # larger messages, shorter times
+    out = tmp_path / "fitted.yaml"
+    assert main(["calibrate", "--from-nccl-tests", str(log), "-o", str(out), "--hold-out", "none"]) == 2
+    err = capsys.readouterr().err
+    assert "--from-nccl-tests: the fit leaves a large residual: median |error| of the bus bandwidth" in err
+    assert "nothing written" in err and not out.exists()
