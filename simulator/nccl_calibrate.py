@@ -15,17 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 from simulator.files import write_text_atomic
-from simulator.nccl_fit import (
-    HOLD_OUT,
-    Fit,
-    base_topology,
-    check_fit,
-    fit_logs,
-    quality,
-    read_samples,
-    scores,
-    split,
-)
+from simulator.nccl_fit import Fit, base_topology, fit_logs, read_samples
+from simulator.nccl_fit_quality import HOLD_OUT, check_fit, quality, scores, split
 from simulator.nccl_fit_yaml import render_fitted
 from simulator.outdir import check_output_file
 

@@ -24,19 +24,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from scipy.optimize import least_squares
 
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.nccl_keys import PROTOCOLS, latency_key
 from simulator.cluster.topology import Cluster, load_topology
-from simulator.collective_rows import bus_factor, collective_schedule
+from simulator.collective_rows import collective_schedule
 from simulator.collectives import fabric_of
 from simulator.collectives.protocols import hop_latency
 from simulator.collectives.tuner import choose, predict
@@ -45,14 +43,11 @@ from simulator.errors import InputError
 from simulator.nccl_validate import OPERATIONS, nccl_dtype
 from simulator.nccltests import NcclTestsRun, read_nccl_tests
 
-__all__ = ["HOLD_OUT", "MAX_MEDIAN_ERROR_PCT", "MIN_R2", "MIN_SENSITIVITY", "MIN_SIZES", "Fit", "Param", "Sample",
-           "base_topology", "fit_logs", "quality", "read_samples"]
+__all__ = ["MIN_SENSITIVITY", "MIN_SIZES", "Fit", "Param", "Sample", "apply", "base_topology", "fit_logs", "parameters",
+           "predicted", "read_samples", "simulated"]
 
 MIN_SIZES = 6  # sizes a fit needs (five parameters at most)
 MIN_SENSITIVITY = 0.02  # d log(time) / d log(parameter) below which a parameter is not determined by the log
-MAX_MEDIAN_ERROR_PCT = 15.0  # a fit whose median |busbw error| exceeds this is refused
-MIN_R2 = 0.95  # ... or whose R^2 of log time is below this
-HOLD_OUT = "every-other"
 _STEP = 1e-3  # finite-difference step of the Jacobian, in log of a parameter
 _JUMPS = (0.5, 0.8, 0.95, 1.05, 1.25, 2.0)  # factors of the polishing pass (:func:`_polish`)
 _MAX_NFEV = 30  # least-squares iterations at most (each simulates every size 1 + free parameters times)
@@ -344,61 +339,3 @@ def _held(base: Cluster, params: Sequence[Param], values: dict[str, float], samp
                    else f"auto picks {p.name.split('.')[0]} for no size, or its hops are hidden")
             held[p.name] = f"not determined by the log, no size depends on it ({why})"
     return held
-
-
-def quality(cluster: Cluster, samples: Sequence[Sample], part: str) -> pd.DataFrame:
-    """Measured against the fitted topology's engine, per sample: busbw (GB/s), time, error (%)."""
-    times, chosen = simulated(cluster, samples)
-    rows = []
-    for s, t, c in zip(samples, times, chosen, strict=True):
-        factor = bus_factor(s.operation, s.ranks) * s.nbytes / 1e9
-        measured, fitted = factor / s.time_s, factor / t
-        rows.append({"log": Path(s.log).name, "collective": s.operation, "ranks": s.ranks, "bytes": s.nbytes,
-                     "part": part,
-                     "measured_time_s": s.time_s, "fitted_time_s": float(t), "measured_busbw_GBps": measured,
-                     "fitted_busbw_GBps": fitted, "error_pct": 100.0 * (fitted - measured) / measured,
-                     "chosen": c})
-    return pd.DataFrame(rows)
-
-
-def scores(frame: pd.DataFrame) -> dict[str, float]:
-    """Median and max |error| of the bus bandwidth (%), and R^2 of log time."""
-    err = frame["error_pct"].abs()
-    lm, lf = np.log(frame["measured_time_s"].to_numpy()), np.log(frame["fitted_time_s"].to_numpy())
-    total = float(np.sum((lm - lm.mean()) ** 2))
-    r2 = 1.0 - float(np.sum((lm - lf) ** 2)) / total if total > 0 else math.nan
-    return {"median": float(statistics.median(err)), "max": float(err.max()), "r2": r2, "sizes": float(len(frame))}
-
-
-def check_fit(frame: pd.DataFrame, where: Sample) -> dict[str, float]:
-    """:func:`scores`, or an :class:`InputError` when the fit leaves too large a residual."""
-    sc = scores(frame)
-    if sc["median"] > MAX_MEDIAN_ERROR_PCT or not sc["r2"] >= MIN_R2:
-        raise InputError(f"the fit leaves a large residual: median |error| of the bus bandwidth {sc['median']:.1f} % "
-                         f"(at most {MAX_MEDIAN_ERROR_PCT:g} % accepted), max {sc['max']:.1f} %, R^2 of log time "
-                         f"{sc['r2']:.3f} (at least {MIN_R2:g}): the topology's mechanism does not describe this log; "
-                         f"nothing written", file=where.log, line=where.line, field="--from-nccl-tests")
-    return sc
-
-
-def split(samples: Sequence[Sample], hold_out: str) -> tuple[list[Sample], list[Sample]]:
-    """(fitted, held out): ``every-other`` size of each run held out, a collective's sizes, or ``none``."""
-    if hold_out == "none":
-        return list(samples), []
-    if hold_out == HOLD_OUT:
-        by_run: dict[tuple[str, str], list[Sample]] = {}
-        for s in samples:
-            by_run.setdefault((s.log, s.operation), []).append(s)
-        fit, held = [], []
-        for group in by_run.values():
-            ordered = sorted(group, key=lambda s: s.nbytes)
-            fit += ordered[::2]
-            held += ordered[1::2]
-        return fit, held
-    if hold_out not in OPERATIONS:
-        raise InputError(f"must be {HOLD_OUT}, none or a collective ({', '.join(OPERATIONS)}), got {hold_out!r}",
-                         field="--hold-out")
-    held = [s for s in samples if s.operation == hold_out]
-    if not held:
-        raise InputError(f"the logs have no {hold_out} run to hold out", field="--hold-out")
-    return [s for s in samples if s.operation != hold_out], held
