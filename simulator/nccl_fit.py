@@ -50,7 +50,8 @@ MIN_SIZES = 6  # sizes a fit needs (five parameters at most)
 MIN_SENSITIVITY = 0.02  # d log(time) / d log(parameter) below which a parameter is not determined by the log
 _STEP = 1e-3  # finite-difference step of the Jacobian, in log of a parameter
 _JUMPS = (0.5, 0.8, 0.95, 1.05, 1.25, 2.0)  # factors of the polishing pass (:func:`_polish`)
-_MAX_NFEV = 30  # least-squares iterations at most (each simulates every size 1 + free parameters times)
+_MAX_NFEV = 30  # least-squares iterations at most on the closed forms
+_MAX_NFEV_ENGINE = 8  # ... and on the engine (each evaluates every size 1 + parameters times)
 _BOUND = math.log(1e4)  # a factor of at most 10^4 either way from the start
 _DEVICE_PRESETS = {"H100": "dgx-h100", "H200": "hgx-h200", "B200": "hgx-b200", "A100": "dgx-a100",
                    "MI300X": "mi300x"}
@@ -249,11 +250,11 @@ def fit_logs(base: Cluster, samples: Sequence[Sample]) -> Fit:
 
     # the tuner's closed forms first (continuous in the parameters: the minimum over the candidates), to start the
     # engine's fit in the right basin (the engine's time jumps where auto's choice changes)
-    values = _least_squares(params, {p.name: p.start for p in params}, measured, closed_forms)
-    values = _least_squares(params, values, measured, engine.log_times)
+    values = _least_squares(params, {p.name: p.start for p in params}, measured, closed_forms, _MAX_NFEV)
+    values = _least_squares(params, values, measured, engine.log_times, _MAX_NFEV_ENGINE)
     polished = _polish(params, values, measured, engine.log_times)
     if polished != values:  # a jump got the fit out of a local minimum: descend again from there
-        values = _least_squares(params, polished, measured, engine.log_times)
+        values = _least_squares(params, polished, measured, engine.log_times, _MAX_NFEV_ENGINE)
     return Fit(apply(base, params, values), tuple(params), values, _held(base, params, values, samples),
                engine.simulations)
 
@@ -290,8 +291,8 @@ class _Engine:
 Model = Callable[[dict[str, float]], np.ndarray]
 
 
-def _least_squares(params: Sequence[Param], values: dict[str, float], measured: np.ndarray, model: Model
-                   ) -> dict[str, float]:
+def _least_squares(params: Sequence[Param], values: dict[str, float], measured: np.ndarray, model: Model,
+                   max_nfev: int) -> dict[str, float]:
     def with_x(x: np.ndarray) -> dict[str, float]:
         return {**values, **{p.name: p.start * math.exp(xi) for p, xi in zip(params, x, strict=True)}}
 
@@ -300,7 +301,7 @@ def _least_squares(params: Sequence[Param], values: dict[str, float], measured: 
 
     x0 = np.clip([math.log(values[p.name] / p.start) for p in params], -_BOUND + 1e-6, _BOUND - 1e-6)
     result = least_squares(residuals, x0, bounds=(-_BOUND, _BOUND), diff_step=_STEP, x_scale=1.0, xtol=1e-8,
-                           ftol=1e-10, gtol=1e-10, max_nfev=_MAX_NFEV)
+                           ftol=1e-10, gtol=1e-10, max_nfev=max_nfev)
     return with_x(result.x)
 
 
