@@ -78,7 +78,7 @@ def calibrate_from_nccl_tests(logs: Sequence[str], out: str, topology: str | Non
                 "from nccl-tests logs: " + ", ".join(f"{r.source}:{r.line} ({r.collective}, {r.ranks} ranks, "
                                                      f"{len(r.rows)} sizes)" for r in runs),
                 "Fitted with the simulator's own collective model (auto: NCCL's choice; the engine) by least squares",
-                f"on log time ({fit.simulations} simulations of every size). Parameters, start -> fitted:",
+                f"on log time ({fit.simulations} collectives simulated). Parameters, start -> fitted:",
                 *(f"  {line}" for line in lines),
                 "Only bandwidths and the hop latencies above were fitted; everything else is the base topology's."]
     write_text_atomic(path, render_fitted(fit.cluster, comments))

@@ -89,7 +89,7 @@ class Fit:
     params: tuple[Param, ...]
     values: dict[str, float]
     held: dict[str, str]  # name -> why it kept its start
-    simulations: int  # times every size was simulated
+    simulations: int  # collectives the engine simulated
 
 
 def read_samples(logs: Sequence[str]) -> tuple[list[Sample], list[NcclTestsRun]]:
