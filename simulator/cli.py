@@ -26,6 +26,7 @@ from simulator.distributed.launch import RankFailure, spawn
 from simulator.errors import InputError, excerpt
 from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.models import PRESETS
+from simulator.nccl_calibrate import calibrate_from_nccl_tests
 from simulator.nccl_validate import summarize as nccl_summary
 from simulator.nccl_validate import summary_lines as nccl_summary_lines
 from simulator.nccl_validate import validate_nccl_tests
@@ -521,6 +522,8 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """validate / calibrate: check the inputs here, then start the local ranks (rank 0 prints and writes)."""
     if args.verb == "validate" and args.nccl_tests:
         return _cmd_validate_nccl_tests(args)
+    if args.verb == "calibrate" and args.from_nccl_tests:
+        return calibrate_from_nccl_tests(args.from_nccl_tests, args.out, args.topology, args.hold_out, args.argv, _say)
     if args.procs < 1:
         raise InputError(f"must be at least 1, got {args.procs}", field="--procs")
     if args.verb == "validate":

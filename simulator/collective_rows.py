@@ -16,7 +16,7 @@ from typing import Any
 
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.topology import Cluster
-from simulator.collectives import COLLECTIVE_ALGORITHMS, collective, fabric_of, operation_algorithm
+from simulator.collectives import COLLECTIVE_ALGORITHMS, Choice, Fabric, collective, fabric_of, operation_algorithm
 from simulator.collectives.protocols import PROTOCOLS
 from simulator.engine.core import SimResult, simulate
 from simulator.errors import InputError
@@ -24,7 +24,7 @@ from simulator.scenario import Point
 from simulator.schedule import Schedule
 from simulator.workloads.collective import CollectiveWorkload
 
-__all__ = ["bus_factor", "check_collective", "collective_rows", "collective_runs"]
+__all__ = ["bus_factor", "check_collective", "collective_rows", "collective_runs", "collective_schedule"]
 
 
 
@@ -73,6 +73,23 @@ def check_collective(point: Point, cluster: Cluster) -> None:
         raise point.locate(InputError("a collective needs at least 2 GPUs", field="topology"))
 
 
+def collective_schedule(cluster: Cluster, fabric: Fabric, operation: str, n: int, elem_bytes: int, dtype: str,
+                        algo: str = "auto", protocol: str = "auto", channels: int | None = None
+                        ) -> tuple[Schedule, Choice]:
+    """One ``operation`` of ``n`` elements over every GPU of ``cluster`` as a schedule, and the choice it runs with
+    (the NVSwitch joins as a rank where NVLS may run)."""
+    placement = list(cluster.ranks)
+    switch = None
+    if fabric.nvls and fabric.nodes == 1 and algo in ("auto", "nvls"):
+        switch = len(placement)
+        placement.append(fabric.switch[0])
+    sched = Schedule(len(placement), placement=tuple(placement), name=operation)
+    _, choice = collective(sched, operation, list(range(len(cluster.ranks))), "x", n, fabric, algo=algo,
+                           protocol=protocol, channels=channels, elem_bytes=elem_bytes, dtype=dtype, tag=operation,
+                           deps={}, switch_rank=switch)
+    return sched, choice
+
+
 def collective_runs(point: Point, cluster: Cluster) -> list[tuple[str, Schedule, SimResult, dict[str, Any]]]:
     """Every algorithm entry of a collective point, built and simulated: (label, schedule, result, row)."""
     wl = point.scenario.workload
@@ -85,16 +102,9 @@ def collective_runs(point: Point, cluster: Cluster) -> list[tuple[str, Schedule,
     out = []
     for i, raw in enumerate(point.scenario.algorithms):
         name, protocol, channels, label = _entry(raw, f"algorithms.{i}")
-        placement = list(cluster.ranks)
-        switch = None
-        if fabric.nvls and fabric.nodes == 1 and name in ("auto", "nvls"):
-            switch = len(placement)
-            placement.append(fabric.switch[0])
-        sched = Schedule(len(placement), placement=tuple(placement), name=wl.collective)
         try:
-            _, choice = collective(sched, wl.collective, list(range(p)), "x", n, fabric, algo=name,
-                                   protocol=protocol, channels=channels, elem_bytes=elem, dtype=wl.dtype,
-                                   tag=wl.collective, deps={}, switch_rank=switch)
+            sched, choice = collective_schedule(cluster, fabric, wl.collective, n, elem, wl.dtype, name, protocol,
+                                                channels)
         except InputError as err:
             raise point.locate(err.located(field=f"algorithms.{i}")) from None
         except ValueError as err:

@@ -23,7 +23,7 @@ from simulator.points import prepare_point, simulate_point
 from simulator.report.markdown import markdown_table
 from simulator.scenario import scenario_points
 
-__all__ = ["NCCL_DTYPES", "summary_lines", "validate_nccl_tests"]
+__all__ = ["NCCL_DTYPES", "OPERATIONS", "nccl_dtype", "summary_lines", "validate_nccl_tests"]
 
 # nccl-tests' type names -> the dtype of the same element size (what a collective's bytes depend on)
 NCCL_DTYPES: dict[str, str] = {
@@ -33,10 +33,10 @@ NCCL_DTYPES: dict[str, str] = {
     "int8": "fp8", "uint8": "fp8", "char": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "f8e4m3": "fp8",
     "f8e5m2": "fp8",
 }
-_OPERATIONS = ("allreduce", "allgather", "reduce-scatter", "alltoall", "broadcast", "reduce")
+OPERATIONS = ("allreduce", "allgather", "reduce-scatter", "alltoall", "broadcast", "reduce")
 
 
-def _dtype(run: NcclTestsRun) -> str:
+def nccl_dtype(run: NcclTestsRun) -> str:
     names = {row.dtype for row in run.rows}
     if len(names) != 1 or next(iter(names)) not in NCCL_DTYPES:
         raise InputError(f"data type {', '.join(sorted(names))} is not one treering models; known: "
@@ -65,10 +65,10 @@ def validate_nccl_tests(logs: Sequence[str], topology: str, sets: Sequence[str] 
     rows = []
     for log in logs:
         for run in read_nccl_tests(log):
-            if run.collective not in _OPERATIONS:
+            if run.collective not in OPERATIONS:
                 raise InputError(f"collective {run.collective!r} is not modelled; treering models "
-                                 f"{', '.join(_OPERATIONS)}", file=run.source, line=run.line)
-            dtype = _dtype(run)
+                                 f"{', '.join(OPERATIONS)}", file=run.source, line=run.line)
+            dtype = nccl_dtype(run)
             for row in run.rows:
                 if row.nbytes <= 0 or not math.isfinite(row.out_of_place.busbw_Bps):
                     continue

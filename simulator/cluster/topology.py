@@ -8,7 +8,8 @@ Two YAML forms are accepted (see docs/topology.md):
 
 * explicit: ``devices:`` (named specs), ``nodes:``, ``links:``, optional ``message_overhead`` (per message, at the
   sender), ``comm_overhead`` (per communication operation: one collective, or one standalone send/recv) and
-  ``collective_overhead`` (a collective's start, when it differs from a standalone send's);
+  ``collective_overhead`` (a collective's start, when it differs from a standalone send's) and ``nccl_latency``
+  (NCCL's protocol latencies replaced: ``{ring: {LL: {net: 50 us}}}``, :mod:`simulator.collectives.protocols`);
 * parametric: ``builder: cluster`` with ``params:`` defaults (see :mod:`simulator.cluster.builders`), which a scenario's
   ``topology_params`` override.
 """
@@ -25,6 +26,7 @@ import networkx as nx
 
 from simulator.cluster.builders import expand_preset
 from simulator.cluster.devices import DeviceSpec, parse_device_spec
+from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency_key
 from simulator.cluster.routing import Edge, Router
 from simulator.errors import InputError, excerpt
 from simulator.paths import TOPOLOGY_DIR
@@ -52,6 +54,7 @@ class Cluster:
     host_cores: Mapping[str, int] = field(default_factory=dict)  # hosts whose ranks share CPU cores
     host_mem_bw: Mapping[str, float] = field(default_factory=dict)  # and their memory bandwidth (bytes/s)
     host_copy_bw: Mapping[str, float] = field(default_factory=dict)  # bytes/s one core copies for a transfer
+    nccl_latency: Mapping[str, float] = field(default_factory=dict)  # "ring.LL.net" -> s (collectives/protocols.py)
     _router: Router = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -189,7 +192,7 @@ def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict
 
 
 _TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "collective_overhead",
-             "host_cores", "host_mem_bw", "host_copy_bw", "description"}
+             "host_cores", "host_mem_bw", "host_copy_bw", "description", "nccl_latency"}
 
 
 def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster:
@@ -226,7 +229,8 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
                       comm_overhead_s=comm, collective_overhead_s=coll,
                       host_cores=_host_cores(raw.get("host_cores", {}), locate),
                       host_mem_bw=_host_bandwidths("host_mem_bw", raw, locate),
-                      host_copy_bw=_host_bandwidths("host_copy_bw", raw, locate))
+                      host_copy_bw=_host_bandwidths("host_copy_bw", raw, locate),
+                      nccl_latency=_nccl_latency(raw.get("nccl_latency", {}), locate))
     hosts = {cluster.host_of(r) for r in ranks}
     tables = {"host_cores": cluster.host_cores, "host_mem_bw": cluster.host_mem_bw,
               "host_copy_bw": cluster.host_copy_bw}
@@ -246,6 +250,29 @@ def _host_bandwidths(key: str, raw: Mapping[str, Any],
     if not isinstance(table, Mapping):
         raise locate((key,), InputError("must map host names to bandwidths"))
     return {str(h): _quantity("bandwidth", v, locate, (key, h), None) for h, v in table.items()}
+
+
+def _nccl_latency(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, float]:
+    """``nccl_latency: {ALGO: {PROTOCOL: {KIND: TIME}}}``, flattened to ``{"ALGO.PROTOCOL.KIND": seconds}``."""
+    out: dict[str, float] = {}
+    levels = (("algorithm", ALGOS), ("protocol", PROTOCOLS), ("latency", LATENCY_KINDS))
+
+    def walk(node: Any, path: tuple[Any, ...]) -> None:
+        if len(path) == len(levels):
+            out[latency_key(*path)] = _quantity("time", node, locate, ("nccl_latency", *path), 0.0)
+            return
+        what, valid = levels[len(path)]
+        if not isinstance(node, Mapping):
+            raise locate(("nccl_latency", *path), InputError(f"must map {what} names ({', '.join(valid)}) to "
+                                                             f"{'times' if len(path) == 2 else 'mappings'}"))
+        for key, sub in node.items():
+            if key not in valid:
+                raise locate(("nccl_latency", *path, key),
+                             InputError(f"unknown {what} {excerpt(key)}; valid: {', '.join(valid)}"))
+            walk(sub, (*path, key))
+
+    walk(raw, ())
+    return out
 
 
 def _host_cores(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, int]:

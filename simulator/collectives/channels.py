@@ -65,14 +65,15 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
           root: int | None = None, switch_rank: int | None = None) -> dict[int, tuple[int, ...]]:
     """Append one collective; returns every rank's frontier (the ops after which its buffer holds the result)."""
     family = _PROTO_FAMILY[choice.algo]
+    table = fabric.cluster.nccl_latency if fabric.cluster is not None else None
     b = CollBuilder.start(sched, ranks, buf, n, elem_bytes, dtype, op, tag, deps, operation,
                           root if operation in ("broadcast", "reduce") else None,
-                          launch_s=base_latency(family, choice.protocol))
+                          launch_s=base_latency(family, choice.protocol, table))
     if len(ranks) < 2 or n == 0:
         return b.front
     b.wire = wire_factor(family, choice.protocol)
     b.hop_s = lambda a, c: hop_latency(family, choice.protocol, fabric.hw(a, c) if max(a, c) < len(fabric.hosts)
-                                       else fabric.intra)
+                                       else fabric.intra, table)
     if choice.algo == "nvls":
         if switch_rank is None or not (fabric.nvls and fabric.nodes == 1):
             raise InputError("nvls needs one NVSwitch server with NVLink SHARP (H100, H200), the switch as a rank")

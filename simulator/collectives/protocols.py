@@ -18,14 +18,20 @@ flag (twice the bytes on the wire; NCCL's model: ``busBw * 0.5``), LL128 128-byt
 (``nvlsEfficiency``). Channels used for a message: NCCL drops channels while ``bytes < channels * threads *
 threshold`` (``src/enqueue.cc``; threads 512 / 640 / 512, thresholds 8 (x ranks for ring LL) / 8 / 64 bytes,
 ``src/include/comm.h``, ``device.h``).
+
+A topology may replace any of these latencies (``nccl_latency:``, what ``treering calibrate --from-nccl-tests``
+fits): ``table`` maps ``"ALGO.PROTOCOL.KIND"`` (KIND ``base``, ``nvlink``, ``pci`` or ``net``) to seconds.
 """
 
 from __future__ import annotations
 
-__all__ = ["ALGOS", "PROTOCOLS", "base_latency", "channels_for", "hop_latency", "wire_factor"]
+from collections.abc import Mapping
 
-PROTOCOLS = ("LL", "LL128", "Simple")
-ALGOS = ("ring", "tree", "nvls")
+from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency_key
+
+__all__ = ["ALGOS", "LATENCY_KINDS", "PROTOCOLS", "base_latency", "channels_for", "hop_latency", "latency_key",
+           "wire_factor"]
+
 _US = 1e-6
 _BASE = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
 _HOP = {
@@ -45,13 +51,18 @@ def _index(proto: str) -> int:
     return PROTOCOLS.index(proto)
 
 
-def base_latency(algo: str, proto: str) -> float:
-    """Seconds a collective of ``algo`` with ``proto`` costs once (NCCL's ``baseLatencies``)."""
+def base_latency(algo: str, proto: str, table: Mapping[str, float] | None = None) -> float:
+    """Seconds a collective of ``algo`` with ``proto`` costs once (NCCL's ``baseLatencies``, or ``table``'s)."""
+    if table and (key := latency_key(algo, proto, "base")) in table:
+        return table[key]
     return _BASE[algo][_index(proto)] * _US
 
 
-def hop_latency(algo: str, proto: str, hw: str) -> float:
-    """Seconds of one step over a hop of class ``hw`` (``nvlink``, ``pci``, ``net``): NCCL's ``hwLatencies``."""
+def hop_latency(algo: str, proto: str, hw: str, table: Mapping[str, float] | None = None) -> float:
+    """Seconds of one step over a hop of class ``hw`` (``nvlink``, ``pci``, ``net``): NCCL's ``hwLatencies``, or
+    ``table``'s."""
+    if table and (key := latency_key(algo, proto, hw)) in table:
+        return table[key]
     return _HOP[hw][algo][_index(proto)] * _US
 
 

@@ -88,12 +88,14 @@ class _Predictor:
     def __init__(self, cluster: Cluster, fabric: Fabric, choice: Choice, ranks: list[int]) -> None:
         self.cluster, self.fabric, self.choice, self.ranks = cluster, fabric, choice, ranks
         self.family = protocol_family(choice.algo)
-        self.launch = max(cluster.collective_start_s, base_latency(self.family, choice.protocol))
+        self.launch = max(cluster.collective_start_s,
+                          base_latency(self.family, choice.protocol, cluster.nccl_latency))
 
     def hop(self, a: int, b: int) -> float:
         route = self.cluster.route(self.cluster.ranks[a], self.cluster.ranks[b])
         wire = self.cluster.message_overhead_s + self.cluster.route_latency(route)
-        return max(wire, hop_latency(self.family, self.choice.protocol, self.fabric.hw(a, b)))
+        return max(wire, hop_latency(self.family, self.choice.protocol, self.fabric.hw(a, b),
+                                     self.cluster.nccl_latency))
 
     def shared_bw(self, paths: Sequence[Sequence[tuple[int, int]]]) -> float:
         """Bottleneck bandwidth one path (a list of rank hops) gets when all ``paths`` run at once."""

@@ -68,6 +68,14 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-ci", dest="max_ci", type=float, default=0.15,
                    help="refuse to write a profile whose any point's median is known less precisely than this "
                         "(half-width of its 95 %% confidence interval over the median; default 0.15)")
+    p.add_argument("--from-nccl-tests", dest="from_nccl_tests", action="append", default=[], metavar="LOG",
+                   help="fit the topology's bandwidths and NCCL's protocol latencies to nccl-tests logs instead of "
+                        "measuring (no ranks are started; repeat for several logs)")
+    p.add_argument("--topology", default=None,
+                   help="with --from-nccl-tests: the base topology (preset or file; default: inferred from the log)")
+    p.add_argument("--hold-out", dest="hold_out", default="every-other",
+                   help="with --from-nccl-tests: what the held-out check leaves out of its fit: every-other (size), "
+                        "a collective's name, or none")
 
 
 def parser() -> argparse.ArgumentParser:
