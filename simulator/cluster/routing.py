@@ -37,7 +37,7 @@ _BATCH = 128  # destinations per compiled Dijkstra call (memory: batch x nodes f
 _VECTOR_DEGREE = 32  # scan successors with numpy above this out-degree
 _GROUP_MAX = 512  # a group larger than this is searched as a whole graph
 _ENTRY_SOURCES_MAX = 64  # a group entered from more distinct nodes than this is searched as a whole graph
-_ROW_FLOATS_MAX = 1 << 23  # distances to entry nodes kept per router (64 MiB)
+_ROW_FLOATS_MAX = 1 << 23  # distances to entry nodes kept per router (64 MiB), and as much again in blocks
 
 Dist = tuple[Callable[[int], float], Callable[[np.ndarray], np.ndarray]]  # distance of one node, of many
 
@@ -84,6 +84,8 @@ class Router:
                 self._members[g].append(i)
         self._row_of: dict[int, int] = {}  # entry node -> its row in self._rows (distances to it from every node)
         self._rows = np.zeros((0, n))
+        self._blocks: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]] = {}  # see _block
+        self._block_floats = 0
         self._routes: dict[tuple[str, str], tuple[Edge, ...]] = {}
 
     def _two_hop_bound(self, s: int, d: int) -> float:
@@ -189,8 +191,9 @@ class Router:
 
     def _composed(self, group: int, inside: dict[int, float], consts: dict[int, float]) -> Dist:
         """d(v) = min(d_group(v), min over entry nodes x of d(v, x) + consts[x])."""
-        rix = np.array([self._row_of[x] for x in consts], dtype=np.int64)
-        c = np.array(list(consts.values()))
+        xs = sorted(consts)
+        rix = np.array([self._row_of[x] for x in xs], dtype=np.int64)
+        c = np.array([consts[x] for x in xs])
         rows = self._rows
         inf = float("inf")
 
@@ -199,12 +202,25 @@ class Router:
             return min(inside.get(v, inf), via)
 
         def many(idx: np.ndarray) -> np.ndarray:
-            via = (rows[np.ix_(rix, idx)] + c[:, None]).min(axis=0) if len(c) else np.full(len(idx), inf)
-            for pos in np.flatnonzero(self._group_np[idx] == group).tolist():
+            block, groups = self._block(idx, rix)
+            via = (block + c[:, None]).min(axis=0) if len(c) else np.full(len(idx), inf)
+            for pos in np.flatnonzero(groups == group).tolist():
                 via[pos] = min(via[pos], inside.get(int(idx[pos]), inf))
             return via
 
         return one, many
+
+    def _block(self, idx: np.ndarray, rix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Distances from the successors ``idx`` of one node to entry nodes ``rix``, and their groups: kept, as
+        the servers behind one switch share their entry nodes (``idx`` is one of ``self._succ_np``'s arrays)."""
+        key = (id(idx), rix.tobytes())
+        hit = self._blocks.get(key)
+        if hit is None:
+            hit = (self._rows[np.ix_(rix, idx)], self._group_np[idx])
+            if self._block_floats + hit[0].size <= _ROW_FLOATS_MAX:
+                self._blocks[key] = hit
+                self._block_floats += hit[0].size
+        return hit
 
     def _walk(self, src: str, dst: str, dist: Dist) -> tuple[Edge, ...]:
         at, many = dist
