@@ -109,16 +109,18 @@ class FlowNetwork:
                             stack.append(link)
         return flows
 
-    def allocate(self, now: float) -> set[int]:
+    def allocate(self, now: float, changed_links: bool = True) -> set[int]:
         """Recompute the max-min fair rates of the flows around the links touched since the last call.
 
-        Returns the links whose load may have changed (the touched ones and those of the recomputed flows).
+        Returns the links whose load may have changed (the touched ones and those of the recomputed flows; an
+        empty set when ``changed_links`` is false, for a caller that does not read them).
         """
         if not self._touched:
             return set()
         flows = self._component()
-        changed = set(self._touched)
-        changed.update(link for f in flows for link in self.routes[f])
+        changed = set(self._touched) if changed_links else set()
+        if changed_links:
+            changed.update(link for f in flows for link in self.routes[f])
         self._touched.clear()
         self.allocations += 1
         if len(flows) == 1:  # a flow alone on its links gets the narrowest one
