@@ -5,8 +5,9 @@ The route walks from the source, at each node choosing among the successors that
 destination; when there are several, a hash (BLAKE2b of ``src|dst|hop``) picks one, so that different pairs spread
 over equal-cost paths as ECMP does while the same pair always takes the same path, in every run and process.
 
-The walk needs distances *to* the destination, found in one of three ways, whichever applies first (they agree:
-``tests/test_topology.py`` compares every route of the shipped topologies with the plain search):
+The walk needs distances *to* the destination, found in one of three ways, whichever applies first (they give the
+same routes: ``tests/test_topology.py`` compares routes of the shipped topologies and of random graphs with those of
+:meth:`Router.plain_route`, the whole-graph search):
 
 * a pair joined by a path of at most two links (GPUs on one switch): a Dijkstra from the destination over the
   reversed graph bounded by that path's length (only the few nodes within it);
