@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import networkx as nx
+import numpy as np
 import pytest
 
+from simulator.cluster.routing import Router
 from simulator.cluster.summary import bisection_bandwidth, summarize
 from simulator.cluster.topology import list_presets, load_topology
 from simulator.errors import InputError
@@ -75,3 +78,38 @@ def test_bad_param_names_field():
     assert exc.value.field == "topology_params.nodes"
     with pytest.raises(InputError, match="unknown parameter"):
         load_topology("dgx-h100", {"gpus": 2})
+
+
+@pytest.mark.parametrize(("preset", "params"), [("dgx-h100", {"nodes": 6}), ("gb200-nvl72", {"nodes": 2}),
+                                                ("rtx4090-pcie", {"nodes": 3}), ("mi300x", {"nodes": 3}),
+                                                ("cluster", {"nodes": 12, "gpus_per_node": 2, "nodes_per_leaf": 2,
+                                                             "spines": 3, "oversubscription": 2})])
+def test_routes_match_the_whole_graph_search(preset, params):
+    """Every shortcut the router takes (bounded search near the destination, distances through a server's entry
+    links) gives the route of a Dijkstra over the whole graph, ECMP picks included."""
+    cluster = load_topology(preset, params)
+    router = Router(cluster.graph)
+    nodes = [*cluster.ranks, *(n for n, k in cluster.graph.nodes(data="kind") if k == "switch")]
+    pairs = [(a, b) for a in nodes for b in nodes if a != b]
+    pairs = [pairs[i] for i in np.random.default_rng(0).permutation(len(pairs))[:1500]]
+    router.prepare(pairs)
+    assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_routes_match_on_random_grouped_graphs(seed):
+    """Random graphs of ``h.x`` groups joined to each other and to ``sw`` switches, with latencies from a small
+    set (many equal-cost paths): the router's routes are the whole-graph search's."""
+    rng = np.random.default_rng(seed)
+    g = nx.DiGraph()
+    names = [f"h{i}.x{j}" for i in range(6) for j in range(int(rng.integers(1, 5)))] + [f"sw{k}" for k in range(3)]
+    for _ in range(4 * len(names)):
+        u, v = rng.choice(len(names), size=2, replace=False)
+        lat = float(rng.choice([1e-7, 2e-7, 3e-7]))
+        g.add_edge(names[u], names[v], latency=lat)
+        g.add_edge(names[v], names[u], latency=lat)
+    router = Router(g)
+    reach = dict(nx.all_pairs_shortest_path_length(g))
+    pairs = [(a, b) for a in g for b in g if a != b and b in reach[a]]
+    router.prepare(pairs)
+    assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from simulator.collectives.fabric import Fabric
@@ -80,6 +81,14 @@ def add_kernel(sched: Schedule, shape: DecodeShape, rank: int, fn: str, n: int, 
                **options: Any) -> int:
     """A compute op running kernel ``fn`` of size ``n`` (:mod:`simulator.kernels`), its cost from the kernel table;
     ``options`` are :meth:`Schedule.add_compute`'s (deps, out, args, alloc, free, fused, kind...)."""
+    flops, nbytes, dims = _cost(fn, shape, n)
+    return sched.add_compute(rank, name or fn, flops=flops, nbytes=nbytes, dtype=shape.dtype, fn=fn, dims=dims,
+                             **options)
+
+
+@lru_cache(maxsize=4096)
+def _cost(fn: str, shape: DecodeShape, n: int) -> tuple[float, float, tuple[float, ...]]:
+    """:func:`kernel_cost` and :func:`kernel_dims`, once per (kernel, shape, size): a ring step repeats the same few
+    sizes P times."""
     flops, nbytes = kernel_cost(fn, shape, n)
-    return sched.add_compute(rank, name or fn, flops=flops, nbytes=nbytes, dtype=shape.dtype, fn=fn,
-                             dims=kernel_dims(fn, shape, n), **options)
+    return flops, nbytes, kernel_dims(fn, shape, n)

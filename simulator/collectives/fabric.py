@@ -179,8 +179,11 @@ def fabric_of(cluster: Cluster) -> Fabric:
     intra = "nvlink" if classes & set(_NVLINK_CLASSES) else "pci"
     mesh = len(gpus) > 1 and all(graph.has_edge(a, b) for a in gpus for b in gpus if a != b)
     switch = []
+    by_host: dict[str, list[str]] = {}
+    for node in cluster.ranks:
+        by_host.setdefault(cluster.host_of(node), []).append(node)
     for host in host_index:
-        members = [n for n in cluster.ranks if cluster.host_of(n) == host]
+        members = by_host[host]
         shared = set.intersection(*(set(graph.successors(g)) for g in members))
         sw = sorted(n for n in shared if graph.nodes[n].get("kind") == "switch")
         switch.append(sw[0] if sw and len(members) > 1 else "")

@@ -27,6 +27,7 @@ __all__ = ["candidates", "choose", "predict"]
 
 _AUTO = {"allreduce": ("ring", "tree", "nvls")}
 _CACHE: dict[tuple[object, ...], tuple[object, float]] = {}
+_WIRES: dict[int, tuple[Cluster, dict[tuple[int, int], float]]] = {}
 
 
 def candidates(operation: str, algo: str, protocol: str, ranks: Sequence[int], fabric: Fabric,
@@ -90,10 +91,16 @@ class _Predictor:
         self.family = protocol_family(choice.algo)
         self.launch = max(cluster.collective_start_s,
                           base_latency(self.family, choice.protocol, cluster.nccl_latency))
+        held = _WIRES.get(id(cluster))
+        if held is None or held[0] is not cluster:
+            held = _WIRES[id(cluster)] = (cluster, {})
+        self.wires = held[1]  # (rank, rank) -> message overhead + route latency, shared by every candidate
 
     def hop(self, a: int, b: int) -> float:
-        route = self.cluster.route(self.cluster.ranks[a], self.cluster.ranks[b])
-        wire = self.cluster.message_overhead_s + self.cluster.route_latency(route)
+        wire = self.wires.get((a, b))
+        if wire is None:
+            route = self.cluster.route(self.cluster.ranks[a], self.cluster.ranks[b])
+            wire = self.wires[(a, b)] = self.cluster.message_overhead_s + self.cluster.route_latency(route)
         return max(wire, hop_latency(self.family, self.choice.protocol, self.fabric.hw(a, b),
                                      self.cluster.nccl_latency))
 

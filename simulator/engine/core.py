@@ -323,7 +323,7 @@ class _Run:
     def _reallocate(self) -> None:
         self.dirty = False
         self.events += 1
-        changed = self.net.allocate(self.env.now)
+        changed = self.net.allocate(self.env.now, changed_links=self.record_links)
         if self.record_links:
             for link in sorted(changed):
                 if link < len(self.edge_names):  # not a virtual core or memory link

@@ -6,7 +6,8 @@ from every other link they cross (Bertsekas & Gallager, *Data Networks*, Sec. 6.
 this costs O(sum of route lengths x log links).
 
 Rates of flows that share no link, directly or through other flows, are independent, so a change (flows starting
-or finishing) only re-runs the filling on the connected component of flows around the links it touched. Progress
+or finishing) only re-runs the filling on the connected components of flows around the links it touched, each on
+its own (a flow alone on its links simply gets its narrowest link, as most of a ring's flows do). Progress
 is lazy: a flow's remaining bytes are brought up to date only when its rate changes; a heap of predicted finish
 times gives the next completion.
 """
@@ -94,33 +95,49 @@ class FlowNetwork:
         self._touched.update(route)
         del self.remaining[flow], self.updated[flow], self.rate[flow], self.version[flow]
 
-    def _component(self) -> set[int]:
-        """Flows connected, through shared links, to the links touched since the last allocation."""
-        flows: set[int] = set()
-        stack = [link for link in self._touched if link in self.on_link]
-        seen_links = set(stack)
-        while stack:
-            for f in self.on_link[stack.pop()]:
-                if f not in flows:
-                    flows.add(f)
-                    for link in self.routes[f]:
-                        if link not in seen_links:
-                            seen_links.add(link)
-                            stack.append(link)
-        return flows
+    def _components(self) -> list[set[int]]:
+        """Flows connected, through shared links, to the links touched since the last allocation: one set per
+        connected component (a ring's flows, each alone on its links, are as many components)."""
+        comps: list[set[int]] = []
+        seen_links: set[int] = set()
+        for seed in self._touched:
+            if seed in seen_links or seed not in self.on_link:
+                continue
+            flows: set[int] = set()
+            stack = [seed]
+            seen_links.add(seed)
+            while stack:
+                for f in self.on_link[stack.pop()]:
+                    if f not in flows:
+                        flows.add(f)
+                        for link in self.routes[f]:
+                            if link not in seen_links:
+                                seen_links.add(link)
+                                stack.append(link)
+            comps.append(flows)
+        return comps
 
-    def allocate(self, now: float) -> set[int]:
-        """Recompute the max-min fair rates of the flows around the links touched since the last call.
+    def allocate(self, now: float, changed_links: bool = True) -> set[int]:
+        """Recompute the max-min fair rates of the flows around the links touched since the last call, one
+        connected component at a time (components share no link, so their rates are independent).
 
-        Returns the links whose load may have changed (the touched ones and those of the recomputed flows).
+        Returns the links whose load may have changed (the touched ones and those of the recomputed flows; an
+        empty set when ``changed_links`` is false, for a caller that does not read them).
         """
         if not self._touched:
             return set()
-        flows = self._component()
-        changed = set(self._touched)
-        changed.update(link for f in flows for link in self.routes[f])
+        comps = self._components()
+        changed = set(self._touched) if changed_links else set()
         self._touched.clear()
         self.allocations += 1
+        for flows in comps:
+            if changed_links:
+                changed.update(link for f in flows for link in self.routes[f])
+            self._rerate(flows, now)
+        return changed
+
+    def _rerate(self, flows: set[int], now: float) -> None:
+        """New max-min rates of one component's flows; progress brought up to ``now`` where a rate changes."""
         if len(flows) == 1:  # a flow alone on its links gets the narrowest one
             (only,) = flows
             route = self.routes[only]
@@ -136,7 +153,6 @@ class FlowNetwork:
             self.rate[f] = new
             self.version[f] += 1
             heapq.heappush(self._eta, (now + max(self.remaining[f], 0.0) / new, self.version[f], f))
-        return changed
 
     def load(self, link: int) -> float:
         """Bytes/s flowing on ``link`` now (a flow that crosses it twice counts twice)."""
