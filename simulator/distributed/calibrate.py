@@ -310,7 +310,8 @@ def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[st
                 "comments say how they were measured)."]
     worst = max(profiles, key=lambda p: max(p.spread, default=0.0))
     return ["# Kernel profiles (kernels:, rank 0 alone, each point repeated until the 95 % confidence interval of its "
-            "median was within 3 % or 0.8 s passed; spread = interquartile range / median): "
+            "median was within 3 % or 0.8 s passed, at least 11 runs unless that took 4 s; spread = interquartile "
+            "range / median): "
             + "; ".join(f"{p.kernel} {p.dtype} over {p.ranges()} ({len(p.seconds)} points, median spread "
                         f"{statistics.median(p.spread):.1%})" for p in profiles)
             + f". Largest spread: {max(worst.spread):.1%} ({worst.kernel} {worst.dtype}). Shapes between grid points "

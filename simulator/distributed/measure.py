@@ -55,8 +55,11 @@ def median_ci(samples: Sequence[float]) -> tuple[float, float]:
 
 def robust_time(fn: Callable[[], object], sync: Callable[[], None] = lambda: None, *, warmup: int = 2,
                 min_reps: int = 5, max_reps: int = 41, rel_ci: float = 0.03, budget_s: float = 2.0,
-                sample_s: float = 1e-3, clock: Callable[[], float] = time.perf_counter) -> Timing:
-    """Time ``fn`` (``sync`` waits for asynchronous work, e.g. ``torch.cuda.synchronize``) as the module says."""
+                sample_s: float = 1e-3, clock: Callable[[], float] = time.perf_counter,
+                cap_s: float | None = None) -> Timing:
+    """Time ``fn`` (``sync`` waits for asynchronous work, e.g. ``torch.cuda.synchronize``) as the module says.
+
+    At least ``min_reps`` repetitions unless they would take longer than ``cap_s`` (default: no cap)."""
     t0 = clock()
     for _ in range(max(1, warmup)):
         fn()
@@ -73,7 +76,7 @@ def robust_time(fn: Callable[[], object], sync: Callable[[], None] = lambda: Non
         dt = clock() - t0
         times.append(dt / inner)
         spent += dt
-        if len(times) >= min_reps:
+        if len(times) >= min_reps or (cap_s is not None and spent >= cap_s and len(times) >= 3):
             med = statistics.median(times)
             lo, hi = median_ci(times)
             ci = max(med - lo, hi - med) / med if med > 0 else 0.0

@@ -12,7 +12,8 @@ device and dtype asked for, timed by :func:`~simulator.distributed.measure.robus
 The grid is small on purpose (calibrate stays within a few minutes on two CPU cores); workloads between grid points
 are interpolated in log space by :class:`~simulator.kernel_model.KernelProfile`, and beyond them extrapolated, which
 the simulator reports. A profiled point whose median is not stable (confidence interval above ``max_ci`` after the
-repetitions allowed) makes the whole profile refuse: :class:`UnstableMeasurement` names it.
+repetitions allowed) or whose runs spread widely makes the whole profile refuse: :class:`UnstableMeasurement`
+names it.
 """
 
 from __future__ import annotations
@@ -67,29 +68,35 @@ class UnstableMeasurement(RuntimeError):
 
 @dataclass(frozen=True)
 class ProfileOptions:
-    """How hard to try: the confidence interval aimed at, the worst one accepted, time per point."""
+    """How hard to try: the confidence interval of the median aimed at, time per point (``budget_s`` once at least
+    ``min_reps`` ran; ``cap_s`` at most), and the spread accepted (interquartile range over the median)."""
 
     rel_ci: float = 0.03
-    max_ci: float = 0.15
+    max_ci: float = 0.15  # the largest spread accepted
     budget_s: float = 0.8
+    cap_s: float = 4.0
+    min_reps: int = 11
     max_reps: int = 41
 
 
 def _check(kernel: str, dtype: str, where: str, t: Timing, opts: ProfileOptions) -> Timing:
-    if t.ci > opts.max_ci:
+    """Refuse a point whose runs spread too widely (interquartile range over the median: robust to one outlier,
+    unlike the order-statistics interval of a few runs, which spans nearly all of them)."""
+    if t.spread > opts.max_ci:
         raise UnstableMeasurement(
-            f"{kernel} {dtype} at {where}: the median of {t.n} runs is known only to +-{t.ci:.0%} (accepted: "
-            f"+-{opts.max_ci:.0%}); the machine is too busy for a calibration: rerun when it is quiet")
+            f"{kernel} {dtype} at {where}: {t.n} runs spread by {t.spread:.0%} of their median (interquartile range; "
+            f"accepted: {opts.max_ci:.0%}); the machine is too busy for a calibration: rerun when it is quiet")
     return t
 
 
 def _time(fn: Callable[[], object], device: torch.device, opts: ProfileOptions, budget_s: float) -> Timing:
     """Time ``fn`` on ``device``: a CUDA kernel by wall time after synchronizing; a CPU kernel (one thread) by its
     thread's CPU time, which other processes' preemptions do not inflate."""
+    common = {"rel_ci": opts.rel_ci, "budget_s": budget_s, "max_reps": opts.max_reps, "min_reps": opts.min_reps,
+              "cap_s": opts.cap_s}
     if device.type == "cuda":
-        return robust_time(fn, torch.cuda.synchronize, rel_ci=opts.rel_ci, budget_s=budget_s,
-                           max_reps=opts.max_reps)
-    return robust_time(fn, rel_ci=opts.rel_ci, budget_s=budget_s, max_reps=opts.max_reps, clock=time.thread_time)
+        return robust_time(fn, torch.cuda.synchronize, **common)  # type: ignore[arg-type]
+    return robust_time(fn, clock=time.thread_time, **common)  # type: ignore[arg-type]
 
 
 def attend_shape(kv_bytes: float, head_dim: int, group: int, dtype: str) -> tuple[int, int, int, int, int]:

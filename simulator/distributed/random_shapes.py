@@ -3,7 +3,8 @@
 A model that is right only on the workload it was developed against is not validated. These draws span what a
 planner asks about (the issue's ranges): batch 1-8, heads 1-32, kv_heads a divisor of heads, head_dim 32-256,
 contexts 1k-200k tokens (log-uniform), dtype fp32 / fp64 / bf16. A prefill base scenario gets prefill draws instead:
-batch 1-2, heads 2-16 with kv_heads a divisor (and heads a multiple of P, for ulysses), sequences 1k-8k, fp32 or
+batch 1-2, heads 2-16 with kv_heads a divisor (heads a multiple of P, kv_heads a multiple or a divisor of P, as
+Ulysses needs), sequences 1k-8k, fp32 or
 fp64, causal or not, any layout, forward or forward + backward. Two rules keep them honest and runnable:
 
 * **off the grid**: head dimensions are drawn from values that ``treering calibrate`` does not profile (it
@@ -125,7 +126,8 @@ def draw_prefill_shapes(n: int, seed: int, ranks: int, max_bytes: int = MAX_KV_B
     out = []
     for _ in range(n):
         heads = ranks * rng.randint(1, max(1, 16 // ranks))
-        kv_heads = rng.choice([d for d in range(1, heads + 1) if heads % d == 0])
+        # Ulysses splits KV heads over the ranks (a multiple of P) or replicates them (a divisor of P)
+        kv_heads = rng.choice([d for d in range(1, heads + 1) if heads % d == 0 and (d % ranks == 0 or ranks % d == 0)])
         batch, head_dim, dtype = rng.randint(1, 2), rng.choice(PREFILL_HEAD_DIMS), rng.choice(["fp32", "fp64"])
         sequence = round(math.exp(rng.uniform(math.log(1024), math.log(8192))))
         elem = 4 if dtype == "fp32" else 8
