@@ -12,8 +12,7 @@ device and dtype asked for, timed by :func:`~simulator.distributed.measure.robus
 The grid is small on purpose (calibrate stays within a few minutes on two CPU cores); workloads between grid points
 are interpolated in log space by :class:`~simulator.kernel_model.KernelProfile`, and beyond them extrapolated, which
 the simulator reports. A profiled point whose median is not stable (confidence interval above ``max_ci`` after the
-repetitions allowed) or whose runs spread widely makes the whole profile refuse: :class:`UnstableMeasurement`
-names it.
+repetitions allowed) makes the whole profile refuse: :class:`UnstableMeasurement` names it.
 """
 
 from __future__ import annotations
@@ -68,11 +67,11 @@ class UnstableMeasurement(RuntimeError):
 
 @dataclass(frozen=True)
 class ProfileOptions:
-    """How hard to try: the confidence interval of the median aimed at, time per point (``budget_s`` once at least
-    ``min_reps`` ran; ``cap_s`` at most), and the spread accepted (interquartile range over the median)."""
+    """How hard to try: the confidence interval of the median aimed at (``rel_ci``) and the worst accepted
+    (``max_ci``), time per point (``budget_s`` once at least ``min_reps`` ran; ``cap_s`` at most)."""
 
     rel_ci: float = 0.03
-    max_ci: float = 0.15  # the largest spread accepted
+    max_ci: float = 0.15
     budget_s: float = 0.8
     cap_s: float = 4.0
     min_reps: int = 11
@@ -80,12 +79,12 @@ class ProfileOptions:
 
 
 def _check(kernel: str, dtype: str, where: str, t: Timing, opts: ProfileOptions) -> Timing:
-    """Refuse a point whose runs spread too widely (interquartile range over the median: robust to one outlier,
-    unlike the order-statistics interval of a few runs, which spans nearly all of them)."""
-    if t.spread > opts.max_ci:
+    """Refuse a point whose median is not known well enough after the repetitions allowed."""
+    if t.ci > opts.max_ci:
         raise UnstableMeasurement(
-            f"{kernel} {dtype} at {where}: {t.n} runs spread by {t.spread:.0%} of their median (interquartile range; "
-            f"accepted: {opts.max_ci:.0%}); the machine is too busy for a calibration: rerun when it is quiet")
+            f"{kernel} {dtype} at {where}: the median of {t.n} runs is known only to +-{t.ci:.0%} (95 % confidence; "
+            f"accepted: +-{opts.max_ci:.0%}; the runs spread by {t.spread:.0%} of it); the machine is too busy for a "
+            "calibration: rerun when it is quiet")
     return t
 
 
