@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -545,7 +546,10 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if dtype not in ("fp32", "fp64", "bf16", "fp16"):
                 raise InputError(f"unknown dtype {dtype!r}; valid: fp32, fp64, bf16, fp16", field="--kernel-dtypes")
     try:
-        spawn(args.procs, list(argv), args.timeout)
+        with tempfile.TemporaryDirectory(prefix="treering-calibrate-") as tmp:
+            # calibrate's rank 0 creates this file when its kernel profiles are done; the others sleep until then
+            os.environ["TREERING_PROFILED_MARKER"] = str(Path(tmp) / "profiled")
+            spawn(args.procs, list(argv), args.timeout)
     except RankFailure as err:
         print(f"treering: {args.verb} failed: {err}", file=sys.stderr)
         return 1

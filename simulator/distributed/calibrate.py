@@ -271,15 +271,30 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
     return out
 
 
+PROFILED_MARKER = "TREERING_PROFILED_MARKER"  # set by the local launcher: a file rank 0 creates when it is done
+
+
+def _profiles_quietly(args: argparse.Namespace) -> list[KernelProfile]:
+    """Rank 0 profiles the kernels before the process group forms; started by ``treering calibrate``, the other
+    ranks sleep until it is done (they poll for a marker file every 0.1 s). Waiting in a barrier, or connecting to
+    the rendezvous, they took CPU from the kernels being timed (the runs of one point spread by up to 126 % of
+    their median, against under 10 % alone). Under torchrun (no marker) they go on to the rendezvous."""
+    marker = os.environ.get(PROFILED_MARKER)
+    if int(os.environ.get("RANK", "0")) != 0:
+        deadline = time.monotonic() + args.timeout
+        while marker and not Path(marker).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return []
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    profiles = _profiles(args, torch.device("cuda", local) if args.backend == "nccl" else torch.device("cpu"))
+    if marker:
+        Path(marker).touch()
+    return profiles
+
+
 def run_rank(args: argparse.Namespace) -> None:
     """One rank of ``treering calibrate`` (rank 0 writes the topology)."""
-    # The kernel profiles first, on rank 0, before the process group exists: the other ranks wait in the
-    # rendezvous, asleep; waiting in a gloo barrier instead, they took CPU from the kernels being timed (their
-    # runs spread by up to 90 % of the median, against under 10 % alone).
-    profiles: list[KernelProfile] = []
-    if int(os.environ.get("RANK", "0")) == 0 and args.kernel_dtypes:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        profiles = _profiles(args, torch.device("cuda", local) if args.backend == "nccl" else torch.device("cpu"))
+    profiles = _profiles_quietly(args) if args.kernel_dtypes else []
     init_group(args.backend, args.timeout)
     # no try/finally: on an error the rank exits at once (destroying the group could wait on failed peers)
     device = device_for(args.backend)
