@@ -71,7 +71,7 @@ class ProfileOptions:
     (``max_ci``), time per point (``budget_s`` once at least ``min_reps`` ran; ``cap_s`` at most)."""
 
     rel_ci: float = 0.03
-    max_ci: float = 0.25
+    max_ci: float = 0.5
     budget_s: float = 0.8
     cap_s: float = 4.0
     min_reps: int = 11
