@@ -68,15 +68,17 @@ def _float64(x: Any) -> np.ndarray:
 def dense_attention(inp: Inputs) -> np.ndarray:
     """Single-device softmax attention in float64, independent of the merge core (the reference)."""
     q, k, v = (_float64(x) for x in (inp.q, inp.k, inp.v))
-    group = q.shape[1] // k.shape[1]
-    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
-    s = np.einsum("bhqd,bhtd->bhqt", q, k) * inp.scale
+    b, heads, nq, d = q.shape
+    kv_heads = k.shape[1]
+    qg = q.reshape(b, kv_heads, heads // kv_heads, nq, d)  # query heads grouped by their KV head (no K/V copies)
+    s = np.einsum("bkgqd,bktd->bkgqt", qg, k) * inp.scale
     if inp.mask is not None:
-        s = np.where(np.asarray(inp.mask)[:, None, None, :], s, -np.inf)
+        s = np.where(np.asarray(inp.mask)[:, None, None, None, :], s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - np.where(np.isinf(m), 0.0, m))
     l = p.sum(axis=-1, keepdims=True)
-    return np.where(l > 0, (p @ v) / np.where(l > 0, l, 1.0), 0.0)
+    out = np.where(l > 0, np.einsum("bkgqt,bktd->bkgqd", p, v) / np.where(l > 0, l, 1.0), 0.0)
+    return out.reshape(b, heads, nq, d)
 
 
 class Executor:
