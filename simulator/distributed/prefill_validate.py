@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch.distributed as dist
 
 from simulator.algorithms import label, resolve
 from simulator.algorithms.prefill import PREFILL_REGISTRY, build_prefill
-from simulator.distributed.common import rank_layout
+from simulator.distributed.common import rank_layout, timed_iterations
 from simulator.distributed.prefill_run import check_outputs, gather_results, to_torch
 from simulator.distributed.runner import PrefillRankRunner
 from simulator.engine.core import simulate
@@ -73,26 +72,8 @@ def reference_by_blocks(inp: PrefillInputs, block_scores: int = REFERENCE_BLOCK_
 
 def _time_runs(args: argparse.Namespace, sched: Schedule, inp: PrefillInputs, device: torch.device
                ) -> tuple[list[float], dict[str, Any]]:
-    rank = dist.get_rank()
-    layouts = transfer_layouts(sched, sched.meta["shape"])
-    times: list[float] = []
-    bufs: dict[str, Any] = {}
-    pool: dict[Any, torch.Tensor] = {}
-    for it in range(args.warmup + args.iters):
-        bufs = {}  # free the previous iteration's buffers before the clock starts
-        if args.inject_fault == rank:
-            raise RuntimeError(f"injected fault on rank {rank} (--inject-fault)")
-        runner = PrefillRankRunner(sched, inp, rank, layouts, device, pool)
-        dist.barrier()
-        t0 = time.perf_counter()
-        bufs = runner.run_rank()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if it >= args.warmup:
-            times.append(float(elapsed.item()))
-    return times, bufs
+    rank, layouts = dist.get_rank(), transfer_layouts(sched, sched.meta["shape"])
+    return timed_iterations(args, lambda pool: PrefillRankRunner(sched, inp, rank, layouts, device, pool), device)
 
 
 def _bitwise(sched: Schedule, inp: PrefillInputs, results: dict[int, dict[str, Rows]]) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch.distributed as dist
 from simulator.algorithms import build_schedule
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.distributed.checks import check_scenario, out_dir
-from simulator.distributed.common import device_for, init_group, rank_layout
+from simulator.distributed.common import device_for, init_group, rank_layout, timed_iterations
 from simulator.distributed.prefill_validate import prefill_point_rows
 from simulator.distributed.runner import RankRunner
 from simulator.engine.core import simulate
@@ -62,26 +61,9 @@ def _cluster(args: argparse.Namespace, point: Point, ranks: int) -> Cluster:
 
 def _time_runs(args: argparse.Namespace, sched: Schedule, inp: Inputs, shape: DecodeShape,
                device: torch.device) -> tuple[list[float], dict[str, Any]]:
-    rank = dist.get_rank()
-    layouts = transfer_layouts(sched, shape)
-    times: list[float] = []
-    bufs: dict[str, Any] = {}
-    pool: dict[Any, torch.Tensor] = {}
-    for it in range(args.warmup + args.iters):
-        bufs = {}  # free the previous iteration's buffers before the clock starts
-        if args.inject_fault == rank:
-            raise RuntimeError(f"injected fault on rank {rank} (--inject-fault)")
-        runner = RankRunner(sched, inp, rank, shape, layouts, args.collectives, device, pool)
-        dist.barrier()
-        t0 = time.perf_counter()
-        bufs = runner.run_rank()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if it >= args.warmup:
-            times.append(float(elapsed.item()))
-    return times, bufs
+    rank, layouts = dist.get_rank(), transfer_layouts(sched, shape)
+    return timed_iterations(args, lambda pool: RankRunner(sched, inp, rank, shape, layouts, args.collectives, device,
+                                                          pool), device)
 
 
 def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.device) -> list[dict[str, Any]]:
