@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from simulator.cluster.devices import DTYPE_BYTES
 from simulator.distributed.measure import Timing, robust_time
 from simulator.kernel_model import KernelProfile
 from simulator.kernels import PROFILE_AXES
@@ -45,7 +46,6 @@ __all__ = ["ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID", "QU
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
-DTYPE_BYTES = {"fp32": 4, "fp64": 8, "bf16": 2, "fp16": 2}
 # kv_bytes 32 KiB .. 128 MiB (x 8), head_dim 32 .. 256 (x 2), group 1, 4, 16
 ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18, 21, 24, 27)),
                                               (32.0, 64.0, 128.0, 256.0), (1.0, 4.0, 16.0))

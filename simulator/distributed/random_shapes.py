@@ -25,6 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from simulator.cluster.devices import DTYPE_BYTES
 from simulator.scenario import DecodeWorkload, Point
 from simulator.workloads import PrefillWorkload
 
@@ -49,7 +50,7 @@ class RandomShape:
     kv_capped: bool  # the drawn context was scaled down to fit the memory limit
 
     def kv_bytes(self) -> int:
-        elem = {"fp32": 4, "fp64": 8, "bf16": 2}[self.dtype]
+        elem = DTYPE_BYTES[self.dtype]
         return 2 * self.batch * self.kv_heads * self.context * self.head_dim * elem
 
     def columns(self) -> dict[str, Any]:
@@ -130,7 +131,7 @@ def draw_prefill_shapes(n: int, seed: int, ranks: int, max_bytes: int = MAX_KV_B
         kv_heads = rng.choice([d for d in range(1, heads + 1) if heads % d == 0 and (d % ranks == 0 or ranks % d == 0)])
         batch, head_dim, dtype = rng.randint(1, 2), rng.choice(PREFILL_HEAD_DIMS), rng.choice(["fp32", "fp64"])
         sequence = round(math.exp(rng.uniform(math.log(1024), math.log(8192))))
-        elem = 4 if dtype == "fp32" else 8
+        elem = DTYPE_BYTES[dtype]
         limit = math.isqrt(max(1, max_bytes * ranks // (batch * heads * elem)))
         capped = sequence > limit
         sequence = max(2 * ranks, min(sequence, limit))
