@@ -18,6 +18,7 @@ In the topology YAML, under a device spec::
           grid: [[32768, 262144, 2097152], [32, 128], [1, 4]]
           seconds: [...]   # one median per grid point, row-major (last axis fastest)
           spread: [...]    # optional: each point's interquartile range over its median
+          loaded: 2        # optional (default 1): copies of the kernel run at once on the host while timed
 
 Pure data and numpy: no simpy, no torch.
 """
@@ -46,6 +47,7 @@ class KernelProfile:
     grid: tuple[tuple[float, ...], ...]
     seconds: tuple[float, ...]  # row-major over the grid, last axis fastest
     spread: tuple[float, ...] = ()
+    loaded: int = 1  # copies of the kernel that ran at once on the host while it was timed (this one included)
 
     def __post_init__(self) -> None:
         if len(self.axes) != len(self.grid):
@@ -60,6 +62,8 @@ class KernelProfile:
             raise ValueError("every measured time must be positive")
         if self.spread and len(self.spread) != len(self.seconds):
             raise ValueError(f"{len(self.spread)} spreads for {len(self.seconds)} times")
+        if isinstance(self.loaded, bool) or not isinstance(self.loaded, int) or self.loaded < 1:
+            raise ValueError(f"loaded must be a positive integer (copies run at once), got {self.loaded!r}")
 
     def predict(self, dims: Sequence[float]) -> tuple[float, tuple[str, ...]]:
         """(seconds, the axes on which ``dims`` lies outside the profiled range) for a shape ``dims``."""
@@ -100,6 +104,8 @@ def profile_to_yaml(p: KernelProfile) -> dict[str, Any]:
                            "seconds": [float(f"{s:.6g}") for s in p.seconds]}
     if p.spread:
         out["spread"] = [float(f"{s:.3g}") for s in p.spread]
+    if p.loaded > 1:
+        out["loaded"] = p.loaded
     return out
 
 
@@ -133,10 +139,10 @@ def _profile(kernel: str, dtype: str, body: Any, axes: tuple[str, ...], path: tu
              locate: Callable[[tuple[Any, ...], InputError], InputError]) -> KernelProfile:
     if not isinstance(body, Mapping):
         raise locate(path, InputError("must be a mapping with axes, grid and seconds"))
-    unknown = set(body) - {"axes", "grid", "seconds", "spread"}
+    unknown = set(body) - {"axes", "grid", "seconds", "spread", "loaded"}
     if unknown:
         key = sorted(unknown, key=str)[0]
-        raise locate((*path, key), InputError("unknown key; valid keys: axes, grid, seconds, spread"))
+        raise locate((*path, key), InputError("unknown key; valid keys: axes, grid, seconds, spread, loaded"))
     for key in ("axes", "grid", "seconds"):
         if key not in body:
             raise locate(path, InputError(f"missing {key!r}"))
@@ -149,7 +155,8 @@ def _profile(kernel: str, dtype: str, body: Any, axes: tuple[str, ...], path: tu
             raise locate((*path, key), InputError(f"must be a list, got {excerpt(value)}"))
     try:
         return KernelProfile(kernel, dtype, tuple(axes), tuple(tuple(float(v) for v in _list(vals)) for vals in grid),
-                             tuple(float(s) for s in seconds), tuple(float(s) for s in spread))
+                             tuple(float(s) for s in seconds), tuple(float(s) for s in spread),
+                             body.get("loaded", 1))
     except (TypeError, ValueError) as err:
         raise locate(path, InputError(str(err))) from None
 

@@ -209,6 +209,33 @@ def test_memory_bound_kernels_share_the_host_memory_bandwidth():
         assert math.isclose(ends[op], 1e-6 + 1e-7, rel_tol=REL)
 
 
+@pytest.mark.parametrize(("loaded", "factor"), [(1, 1 / 0.75), (2, 1.0)])
+def test_a_profile_timed_under_the_hosts_load_is_not_slowed_again(loaded, factor):
+    """A kernel profiled while the host's other cores ran it too (``loaded: 2``) has the memory sharing in its
+    measured time: two at once take the profile's time, where a profile timed alone shares host_mem_bw."""
+    profile = {"axes": ["kv_bytes", "head_dim", "group"], "grid": [[1e6, 1e8], [64], [1]], "seconds": [2e-3, 2e-3],
+               "loaded": loaded}
+    cluster = _shared_cores_cluster(2, 2, mem_bw="10 GB/s", launch="1 us", host_mem_bw="15 GB/s")
+    raw_cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "10 GB/s", "mem": "8 GB", "launch_overhead": "1 us",
+               "kernels": {"attend": {"fp32": profile}}}
+    cluster = override_cpu(cluster, raw_cpu)
+    sched = Schedule(2, placement=cluster.ranks)
+    ops = [sched.add_compute(r, "attend", fn="attend", nbytes=1e7, dims=(1e7, 64.0, 1.0)) for r in range(2)]
+    ends = simulate(sched, cluster).op_ends()
+    for op in ops:
+        assert math.isclose(ends[op], 2e-3 * factor, rel_tol=REL)
+
+
+def override_cpu(cluster, raw_cpu):
+    """The cluster with its ``cpu`` device spec parsed again from ``raw_cpu``."""
+    import dataclasses
+
+    from simulator.cluster.devices import parse_device_spec
+
+    spec = parse_device_spec("cpu", raw_cpu, lambda sub, err: err)
+    return dataclasses.replace(cluster, specs={n: spec if s.name == "cpu" else s for n, s in cluster.specs.items()})
+
+
 def test_loopback_copies_share_the_host_cores_with_kernels():
     cluster = _shared_cores_cluster(3, 2, mem_bw="10 GB/s", link_bw="100 GB/s", host_copy_bw="5 GB/s")
     alone = Schedule(3, placement=cluster.ranks)

@@ -169,3 +169,28 @@ def test_calibrate_refuses_kernels_from_a_topology_without_profiles(tmp_path, ca
     assert not out.exists()
     assert main(["calibrate", "--procs", "2", "-o", str(out), "--kernel-dtypes", "fp33"]) == 2
     assert "--kernel-dtypes: unknown dtype 'fp33'" in capsys.readouterr().err
+
+
+def test_profiling_under_the_hosts_load_runs_the_same_call_elsewhere_and_says_so(tmp_path) -> None:
+    import torch
+
+    from simulator.distributed.host_load import HostLoad
+    from simulator.distributed.profile_kernels import ProfileOptions, profile_kernel
+
+    opts = ProfileOptions(budget_s=0.05, min_reps=3)
+    with HostLoad(2) as load:
+        procs = list(load._procs)
+        p = profile_kernel("merge", "fp32", torch.device("cpu"), ((256.0, 4096.0),), opts, load)
+        # a call the loading process cannot build is an error on the profiling side, and the process lives on
+        with pytest.raises(RuntimeError, match="a process loading the host failed: KeyError"):
+            load.start("attend", "fp99", (1e4, 32.0, 1.0))
+        again = profile_kernel("rescale", "fp32", torch.device("cpu"), ((256.0,),), opts, load)
+    assert all(proc.poll() is not None for proc in procs)  # gone once the profiling is done
+    assert p.loaded == 2 and again.loaded == 2 and len(p.seconds) == 2 and all(s > 0 for s in p.seconds)
+    body = profile_to_yaml(p)
+    assert body["loaded"] == 2 and "loaded" not in profile_to_yaml(KernelProfile(
+        "merge", "fp32", ("elems",), ((1.0, 2.0),), (1e-5, 2e-5)))
+    cluster = load_topology(_topology_with(tmp_path, {"merge": {"fp32": body}}))
+    assert cluster.specs["g0"].kernels[("merge", "fp32")].loaded == 2
+    with pytest.raises(InputError, match="loaded must be a positive integer"):
+        load_topology(_topology_with(tmp_path, {"merge": {"fp32": {**body, "loaded": 0}}}))

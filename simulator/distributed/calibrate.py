@@ -44,6 +44,7 @@ import yaml
 
 from simulator.cluster.topology import load_topology
 from simulator.distributed.common import device_for, init_group
+from simulator.distributed.host_load import HostLoad
 from simulator.distributed.profile_kernels import (
     ATTEND_GRID,
     ELEMS_GRID,
@@ -66,7 +67,6 @@ __all__ = ["PoorFit", "fit_linear", "run_rank"]
 PINGPONG_SIZES = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB
 SHARDS = [256, 1024, 4096, 16384, 65536]
 LARGE_MESSAGE = 2**20  # ping-pong sizes from here on set the per-flow bandwidth
-MIN_R2 = 0.9  # a ping-pong fit explaining less is refused (nothing written)
 
 
 class PoorFit(RuntimeError):
@@ -253,7 +253,9 @@ def _matmul_flops(device: torch.device, dtype: torch.dtype, reps: int) -> float:
 
 
 def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProfile]:
-    """The kernels' profiles over shapes (rank 0 alone; :mod:`simulator.distributed.profile_kernels`)."""
+    """The kernels' profiles over shapes (:mod:`simulator.distributed.profile_kernels`), timed on rank 0. On a CPU,
+    with as many copies of each kernel running at once as the calibrated ranks will run on this host's cores
+    (min(ranks, CPUs), :class:`~simulator.distributed.host_load.HostLoad`): the lockstep schedules run them so."""
     if args.kernels_from:
         cluster = load_topology(args.kernels_from)
         return list(cluster.specs[cluster.ranks[0]].kernels.values())
@@ -262,12 +264,14 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
     quick = args.kernel_grid == "quick"
     attend_grid, elems_grid, prefill_grid = (QUICK_ATTEND_GRID, QUICK_ELEMS_GRID, QUICK_PREFILL_GRID) if quick else (
         ATTEND_GRID, ELEMS_GRID, PREFILL_GRID)
-    for dtype in filter(None, args.kernel_dtypes.split(",")):
-        out.append(profile_attend(dtype, device, opts, attend_grid))
-        out += [profile_small(k, dtype, device, opts, elems_grid)
-                for k in ("merge", "rescale", "finalize", "finalize-flat")]
-        if dtype in ("fp32", "fp64"):
-            out += profile_prefill(dtype, device, opts, prefill_grid)
+    copies = 1 if device.type == "cuda" else min(int(os.environ.get("WORLD_SIZE", "1")), os.cpu_count() or 1)
+    with HostLoad(copies) as load:
+        for dtype in filter(None, args.kernel_dtypes.split(",")):
+            out.append(profile_attend(dtype, device, opts, attend_grid, load))
+            out += [profile_small(k, dtype, device, opts, elems_grid, load)
+                    for k in ("merge", "rescale", "finalize", "finalize-flat")]
+            if dtype in ("fp32", "fp64"):
+                out += profile_prefill(dtype, device, opts, prefill_grid, load)
     return out
 
 
@@ -329,7 +333,11 @@ def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[st
         return [f"# Kernel profiles (kernels:): taken from {source} (an earlier calibration of this machine; its "
                 "comments say how they were measured)."]
     worst = max(profiles, key=lambda p: max(p.spread, default=0.0))
-    return ["# Kernel profiles (kernels:, rank 0 alone, each point repeated until the 95 % confidence interval of its "
+    loaded = max(p.loaded for p in profiles)
+    how = "rank 0 alone" if loaded == 1 else (f"timed on rank 0 while {loaded - 1} more process(es) ran the same "
+                                               "call on this host's other cores, as the ranks of a lockstep schedule "
+                                               f"do (loaded: {loaded})")
+    return [f"# Kernel profiles (kernels:, {how}; each point repeated until the 95 % confidence interval of its "
             "median was within 3 % or 0.8 s passed, at least 11 runs unless that took 4 s; spread = interquartile "
             "range / median): "
             + "; ".join(f"{p.kernel} {p.dtype} over {p.ranges()} ({len(p.seconds)} points, median spread "
@@ -367,9 +375,10 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     large = sizes >= LARGE_MESSAGE
     flow_bw = float(np.median(sizes[large] / np.maximum(one_way[large] - overhead, 1e-12)))
     r2_p2p, res_p2p = fit_quality(overhead + sizes / flow_bw, one_way)
-    if r2_p2p < MIN_R2:
+    if r2_p2p < args.min_r2:
         raise PoorFit(f"the ping-pong fit one-way = {overhead * 1e6:.1f} us + bytes / {flow_bw / 1e9:.2f} GB/s "
-                      f"explains too little of the measurements (R^2 = {r2_p2p:.3f}, accepted from {MIN_R2}; largest "
+                      f"explains too little of the measurements (R^2 = {r2_p2p:.3f}, accepted from {args.min_r2}, "
+                      f"--min-r2; largest "
                       f"relative residual {res_p2p:.0%}): the machine was too busy; nothing written, rerun when it is "
                       "quiet")
     ring_s, ring_cpu = ring

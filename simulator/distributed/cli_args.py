@@ -63,11 +63,13 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
                    help="take the kernel profiles of this earlier calibration of the same machine instead of "
                         "measuring them again (they are measured on one rank alone, whatever --procs)")
     p.add_argument("--kernel-grid", dest="kernel_grid", choices=["full", "quick"], default="full",
-                   help="full: kv_bytes 32 KiB-128 MiB x head_dim 32-256 x group 1-16 (about a minute per dtype on "
+                   help="full: kv_bytes 32 KiB-256 MiB x head_dim 32-256 x group 1-32 (about a minute per dtype on "
                         "two cores); quick: kv_bytes up to 2 MiB, head_dim 32 and 128, group 1 and 4 (a smoke test)")
     p.add_argument("--max-ci", dest="max_ci", type=float, default=0.5,
                    help="refuse to write the profiles if any point's median is known less precisely than this "
                         "(half-width of its 95 %% confidence interval over the median; default 0.5)")
+    p.add_argument("--min-r2", dest="min_r2", type=float, default=0.9,
+                   help="refuse to write the topology if the ping-pong fit's R^2 is below this (default 0.9)")
     p.add_argument("--from-nccl-tests", dest="from_nccl_tests", action="append", default=[], metavar="LOG",
                    help="fit the topology's bandwidths and NCCL's protocol latencies to nccl-tests logs instead of "
                         "measuring (no ranks are started; repeat for several logs)")

@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,21 +41,25 @@ from simulator.merge import (
     rescale,
 )
 
+if TYPE_CHECKING:
+    from simulator.distributed.host_load import HostLoad
+
 __all__ = ["ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID",
-           "TORCH_DTYPES", "ProfileOptions", "UnstableMeasurement", "profile_attend", "profile_prefill",
-           "profile_small"]
+           "TORCH_DTYPES", "ProfileOptions", "UnstableMeasurement", "build_point", "profile_attend", "profile_kernel",
+           "profile_prefill", "profile_small"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
-# kv_bytes 32 KiB .. 128 MiB (x 8), head_dim 32 .. 256 (x 2), group 1, 4, 16
-ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18, 21, 24, 27)),
-                                              (32.0, 64.0, 128.0, 256.0), (1.0, 4.0, 16.0))
+# kv_bytes 32 KiB .. 256 MiB (x 8, then x 2: a rank's shard of the 512 MiB caches validate --random draws), head_dim
+# 32 .. 256 (x 2), group 1, 4, 32 (query heads per KV head: 1 to 32 heads)
+ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18, 21, 24, 27, 28)),
+                                              (32.0, 64.0, 128.0, 256.0), (1.0, 4.0, 32.0))
 ELEMS_GRID: tuple[float, ...] = tuple(float(2**k) for k in (8, 12, 16, 20))
 QUICK_ATTEND_GRID: tuple[tuple[float, ...], ...] = ((2.0**15, 2.0**18, 2.0**21), (32.0, 128.0), (1.0, 4.0))
 QUICK_ELEMS_GRID: tuple[float, ...] = (2.0**8, 2.0**14)
-# prefill blocks: row_heads 256 .. 4096 (x 4), span 64 .. 1024 keys (x 4), head_dim 32 and 128, density: a causal
+# prefill blocks: row_heads 256 .. 4096 (x 4), span 64 .. 4096 keys (x 8), head_dim 32 and 128, density: a causal
 # (diagonal) block and a full one
-PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10, 2.0**12), (2.0**6, 2.0**8, 2.0**10), (32.0, 128.0),
+PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10, 2.0**12), (2.0**6, 2.0**9, 2.0**12), (32.0, 128.0),
                                                (0.5, 1.0))
 QUICK_PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10), (2.0**6, 2.0**8), (32.0, 64.0), (0.5, 1.0))
 PREFILL_HEADS = 4  # the heads of a profiled prefill block (its query rows follow from row_heads)
@@ -104,38 +109,55 @@ def attend_shape(kv_bytes: float, head_dim: int, group: int, dtype: str) -> tupl
     return 1, KV_HEADS * group, KV_HEADS, head_dim, tokens
 
 
-def profile_attend(dtype: str, device: torch.device, opts: ProfileOptions = ProfileOptions(),
-                   grid: Sequence[Sequence[float]] = ATTEND_GRID) -> KernelProfile:
-    """The ``attend`` kernel's profile in ``dtype`` over ``grid`` (kv_bytes, head_dim, group)."""
+def build_point(kernel: str, dtype: str, point: tuple[float, ...], device: torch.device) -> Callable[[], object]:
+    """One call of ``kernel`` in ``dtype`` at ``point`` (a grid point on the kernel's axes), ready to be timed: the
+    same function builds what rank 0 times and what the processes loading the host's other cores run."""
     tdt = TORCH_DTYPES[dtype]
-    seconds, spread = [], []
     gen = torch.Generator(device="cpu").manual_seed(0)
-    for kv_bytes, head_dim, group in itertools.product(*grid):
-        b, h, kvh, d, t = attend_shape(kv_bytes, int(head_dim), int(group), dtype)
-        q = torch.randn(b, h, 1, d, generator=gen).to(device=device, dtype=tdt)
-        k = torch.randn(b, kvh, t, d, generator=gen).to(device=device, dtype=tdt)
-        v = torch.randn(b, kvh, t, d, generator=gen).to(device=device, dtype=tdt)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=tdt)
+
+    if kernel == "attend":
+        b, h, kvh, d, t = attend_shape(point[0], int(point[1]), int(point[2]), dtype)
+        q, k, v = rand(b, h, 1, d), rand(b, kvh, t, d), rand(b, kvh, t, d)
         acc = partial_attention(q, k[:, :, :1], v[:, :, :1], 1 / math.sqrt(d))
-
-        def once(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, acc: PartialState = acc,
-                 d: int = d) -> None:
-            merge(acc, partial_attention(q, k, v, 1 / math.sqrt(d)))
-
-        timing = _check("attend", dtype, f"kv_bytes {kv_bytes:g}, head_dim {d}, group {int(group)}",
-                        _time(once, device, opts, opts.budget_s), opts)
-        seconds.append(timing.median)
-        spread.append(timing.spread)
-        del q, k, v, acc
-    return KernelProfile("attend", dtype, PROFILE_AXES["attend"], tuple(tuple(g) for g in grid), tuple(seconds),
-                         tuple(spread))
+        return lambda: merge(acc, partial_attention(q, k, v, 1 / math.sqrt(d)))
+    if kernel in ("attn-fwd", "attn-bwd"):
+        return _prefill_block(kernel, point, rand, device)
+    a, b_ = _state(int(point[0]), rand), _state(int(point[0]), rand)
+    flat_ol = torch.cat([a.o.reshape(-1), a.l.reshape(-1)])
+    return _small_kernels(a, b_, flat_ol)[kernel]
 
 
-def _state(elems: int, device: torch.device, tdt: torch.dtype, gen: torch.Generator) -> PartialState:
+def _prefill_block(kernel: str, point: tuple[float, ...], rand: Callable[..., torch.Tensor],
+                   device: torch.device) -> Callable[[], object]:
+    """A prefill block of ``PREFILL_HEADS`` heads: full (density 1) or causal (query i sees the keys up to its
+    place on the diagonal: about half the pairs, recorded as density 0.5)."""
+    row_heads, span, head_dim, density = point
+    nq, t, d = max(1, round(row_heads / PREFILL_HEADS)), round(span), int(head_dim)
+    mask = None if density >= 1 else (
+        torch.arange(t, device=device)[None, :] * nq <= torch.arange(nq, device=device)[:, None] * t)
+    q, k, v, dout = rand(1, PREFILL_HEADS, nq, d), rand(1, PREFILL_HEADS, t, d), rand(1, PREFILL_HEADS, t, d), \
+        rand(1, PREFILL_HEADS, nq, d)
+    scale = 1 / math.sqrt(d)
+    if kernel == "attn-fwd":
+        acc = partial_attention(q, k[:, :, :1], v[:, :, :1], scale)
+        return lambda: merge(acc, partial_attention(q, k, v, scale, mask))
+    state = partial_attention(q, k, v, scale, mask)
+    lse, delta = log_sum_exp(state), attention_delta(finalize(state), dout)
+    grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+
+    def bwd() -> None:
+        for acc, g in zip(grads, block_backward(q, k, v, scale, mask, lse, delta, dout), strict=True):
+            acc.add_(g)
+    return bwd
+
+
+def _state(elems: int, rand: Callable[..., torch.Tensor]) -> PartialState:
     heads = max(1, elems // 128)
     d = max(1, elems // heads)
-    o = torch.randn(1, heads, 1, d, generator=gen).to(device=device, dtype=tdt)
-    l = torch.rand(1, heads, 1, generator=gen).to(device=device, dtype=tdt) + 1
-    m = torch.randn(1, heads, 1, generator=gen).to(device=device, dtype=tdt)
+    o, l, m = rand(1, heads, 1, d), rand(1, heads, 1).abs() + 1, rand(1, heads, 1)
     return PartialState(o, l, m)
 
 
@@ -151,67 +173,45 @@ def _small_kernels(a: PartialState, b: PartialState, flat_ol: torch.Tensor) -> d
     }
 
 
-def profile_small(kernel: str, dtype: str, device: torch.device, opts: ProfileOptions = ProfileOptions(),
-                  grid: Sequence[float] = ELEMS_GRID) -> KernelProfile:
-    """A small kernel's profile (``merge``, ``rescale``, ``finalize`` or ``finalize-flat``) over ``elems``."""
-    tdt = TORCH_DTYPES[dtype]
-    gen = torch.Generator(device="cpu").manual_seed(1)
+def profile_kernel(kernel: str, dtype: str, device: torch.device, grid: Sequence[Sequence[float]],
+                   opts: ProfileOptions = ProfileOptions(), load: HostLoad | None = None) -> KernelProfile:
+    """``kernel``'s profile in ``dtype`` over ``grid`` (one list of values per axis of ``PROFILE_AXES[kernel]``),
+    each point timed while ``load`` runs the same call on the host's other cores (None: alone)."""
+    axes = PROFILE_AXES[kernel]
+    budget = opts.budget_s / 3 if len(axes) == 1 else opts.budget_s
     seconds, spread = [], []
-    for elems in grid:
-        a, b = _state(int(elems), device, tdt, gen), _state(int(elems), device, tdt, gen)
-        flat_ol = torch.cat([a.o.reshape(-1), a.l.reshape(-1)])
-        fns = _small_kernels(a, b, flat_ol)
-        timing = _check(kernel, dtype, f"elems {elems:g}",
-                        _time(fns[kernel], device, opts, opts.budget_s / 3), opts)
+    for point in itertools.product(*grid):
+        fn = build_point(kernel, dtype, point, device)
+        where = ", ".join(f"{a} {v:g}" for a, v in zip(axes, point, strict=True))
+        if load is not None:
+            load.start(kernel, dtype, point)
+        try:
+            timing = _check(kernel, dtype, where, _time(fn, device, opts, budget), opts)
+        finally:
+            if load is not None:
+                load.stop()
         seconds.append(timing.median)
         spread.append(timing.spread)
-    return KernelProfile(kernel, dtype, PROFILE_AXES[kernel], (tuple(grid),), tuple(seconds), tuple(spread))
+        del fn
+    return KernelProfile(kernel, dtype, axes, tuple(tuple(float(x) for x in g) for g in grid), tuple(seconds),
+                         tuple(spread), load.copies if load is not None else 1)
+
+
+def profile_attend(dtype: str, device: torch.device, opts: ProfileOptions = ProfileOptions(),
+                   grid: Sequence[Sequence[float]] = ATTEND_GRID, load: HostLoad | None = None) -> KernelProfile:
+    """The ``attend`` kernel's profile in ``dtype`` over ``grid`` (kv_bytes, head_dim, group)."""
+    return profile_kernel("attend", dtype, device, grid, opts, load)
+
+
+def profile_small(kernel: str, dtype: str, device: torch.device, opts: ProfileOptions = ProfileOptions(),
+                  grid: Sequence[float] = ELEMS_GRID, load: HostLoad | None = None) -> KernelProfile:
+    """A small kernel's profile (``merge``, ``rescale``, ``finalize`` or ``finalize-flat``) over ``elems``."""
+    return profile_kernel(kernel, dtype, device, (tuple(grid),), opts, load)
 
 
 def profile_prefill(dtype: str, device: torch.device, opts: ProfileOptions = ProfileOptions(),
-                    grid: Sequence[Sequence[float]] = PREFILL_GRID) -> list[KernelProfile]:
+                    grid: Sequence[Sequence[float]] = PREFILL_GRID, load: HostLoad | None = None
+                    ) -> list[KernelProfile]:
     """The prefill block kernels' profiles (``attn-fwd``: a block's partial attention merged into the running state;
-    ``attn-bwd``: its gradients, accumulated into dQ and dK/dV) over (row_heads, span, head_dim, density): blocks of
-    ``PREFILL_HEADS`` heads, full (density 1) or causal (query i sees the keys up to its place on the diagonal:
-    about half the pairs, recorded as density 0.5)."""
-    tdt = TORCH_DTYPES[dtype]
-    gen = torch.Generator(device="cpu").manual_seed(2)
-    fwd_s, bwd_s, fwd_sp, bwd_sp = [], [], [], []
-    for row_heads, span, head_dim, density in itertools.product(*grid):
-        nq, t, d = max(1, round(row_heads / PREFILL_HEADS)), round(span), int(head_dim)
-        mask = None if density >= 1 else (
-            torch.arange(t, device=device)[None, :] * nq <= torch.arange(nq, device=device)[:, None] * t)
-
-        def rand(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=gen).to(device=device, dtype=tdt)
-
-        q, k, v, dout = rand(1, PREFILL_HEADS, nq, d), rand(1, PREFILL_HEADS, t, d), rand(1, PREFILL_HEADS, t, d), \
-            rand(1, PREFILL_HEADS, nq, d)
-        scale = 1 / math.sqrt(d)
-        acc = partial_attention(q, k[:, :, :1], v[:, :, :1], scale)
-        state = partial_attention(q, k, v, scale, mask)
-        lse, delta = log_sum_exp(state), attention_delta(finalize(state), dout)
-        dq_acc, dk_acc, dv_acc = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-
-        def fwd(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, acc: PartialState = acc,
-                scale: float = scale, mask: torch.Tensor | None = mask) -> None:
-            merge(acc, partial_attention(q, k, v, scale, mask))
-
-        def bwd(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v, lse: torch.Tensor = lse,
-                delta: torch.Tensor = delta, dout: torch.Tensor = dout, scale: float = scale,
-                acc: tuple[torch.Tensor, ...] = (dq_acc, dk_acc, dv_acc), mask: torch.Tensor | None = mask) -> None:
-            dq, dk, dv = block_backward(q, k, v, scale, mask, lse, delta, dout)
-            acc[0].add_(dq)
-            acc[1].add_(dk)
-            acc[2].add_(dv)
-
-        where = f"row_heads {row_heads:g}, span {t}, head_dim {d}, density {density:g}"
-        tf = _check("attn-fwd", dtype, where, _time(fwd, device, opts, opts.budget_s), opts)
-        tb = _check("attn-bwd", dtype, where, _time(bwd, device, opts, opts.budget_s), opts)
-        fwd_s.append(tf.median)
-        bwd_s.append(tb.median)
-        fwd_sp.append(tf.spread)
-        bwd_sp.append(tb.spread)
-    axes, g = PROFILE_AXES["attn-fwd"], tuple(tuple(x) for x in grid)
-    return [KernelProfile("attn-fwd", dtype, axes, g, tuple(fwd_s), tuple(fwd_sp)),
-            KernelProfile("attn-bwd", dtype, axes, g, tuple(bwd_s), tuple(bwd_sp))]
+    ``attn-bwd``: its gradients, accumulated into dQ and dK/dV) over (row_heads, span, head_dim, density)."""
+    return [profile_kernel(k, dtype, device, grid, opts, load) for k in ("attn-fwd", "attn-bwd")]

@@ -5,7 +5,9 @@ Per host with ``host_cores`` C, in units of bytes of copying (``host_copy_bw`` s
 * a host link of C x s: every kernel and, with ``host_copy_bw``, every byte copied by a transfer's sender and by
   its receiver (the loopback transport copies through the kernel on the CPU) share the host's cores max-min;
 * a rank link of s: one rank's kernels run one at a time on at most one core;
-* with ``host_mem_bw``, a memory link of ``host_mem_bw / mem_bw`` x s that memory-bound kernels also cross.
+* with ``host_mem_bw``, a memory link of ``host_mem_bw / mem_bw`` x s that memory-bound kernels also cross, except
+  kernels timed from a profile measured with the host's other cores running the same kernel (``loaded`` > 1: the
+  sharing of memory is in the measured time already, :mod:`simulator.distributed.host_load`).
 
 A kernel of roofline duration d is a flow of d x s: alone on the host it takes exactly d.
 """
@@ -64,13 +66,20 @@ class HostResources:
         """The links a kernel crosses and its size (duration in the host's unit)."""
         r = op.rank
         links: tuple[int, ...] = (self.rank_link[r], self.host_link[r])
-        if r in self.mem_link and _memory_bound(self.cluster.specs[self.place[r]], op):
+        spec = self.cluster.specs[self.place[r]]
+        if r in self.mem_link and _memory_bound(spec, op) and not _loaded_profile(spec, op):
             links = (*links, self.mem_link[r])
         return links, duration * self.scale[r]
 
     def transfer(self, src: int, dst: int) -> tuple[int, ...]:
         """The host core links a transfer's copies cross (sender's host, then receiver's; once each)."""
         return tuple(self.host_link[r] for r in (src, dst) if self.copies.get(r))
+
+
+def _loaded_profile(spec: DeviceSpec, op: Op) -> bool:
+    """Whether the op is timed from a profile measured under the host's load (see the module docstring)."""
+    profile = spec.kernels.get((op.fn, op.dtype)) if op.dims and not op.fused else None
+    return profile is not None and profile.loaded > 1
 
 
 def _memory_bound(spec: DeviceSpec, op: Op) -> bool:
