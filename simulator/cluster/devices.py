@@ -80,8 +80,13 @@ def profiled_time(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]
                   ) -> tuple[float, tuple[str, ...]] | None:
     """(seconds, axes extrapolated on) of kernel ``fn`` of shape ``dims`` from the device's profile, or None when
     the device has no profile of ``fn`` in ``dtype`` (or the op carries no shape)."""
-    profile = spec.kernels.get((fn, dtype)) if dims else None
+    profile = kernel_profile(spec, fn, dtype, dims)
     return None if profile is None else profile.predict(dims)
+
+
+def kernel_profile(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]) -> KernelProfile | None:
+    """The device's profile of kernel ``fn`` in ``dtype``, if it has one and the op carries a shape (``dims``)."""
+    return spec.kernels.get((fn, dtype)) if dims else None
 
 
 _SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "eff_mem", "attention_efficiency",

@@ -61,7 +61,8 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
                         "stay on the roofline)")
     p.add_argument("--kernels-from", dest="kernels_from", default=None, metavar="TOPOLOGY",
                    help="take the kernel profiles of this earlier calibration of the same machine instead of "
-                        "measuring them again (they are measured on one rank alone, whatever --procs)")
+                        "measuring them again (timed on one rank, with min(its --procs, CPUs) copies of each kernel "
+                        "running at once)")
     p.add_argument("--kernel-grid", dest="kernel_grid", choices=["full", "quick"], default="full",
                    help="full: kv_bytes 32 KiB-256 MiB x head_dim 32-256 x group 1-32 (about a minute per dtype on "
                         "two cores); quick: kv_bytes up to 2 MiB, head_dim 32 and 128, group 1 and 4 (a smoke test)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simulator.cluster.devices import DeviceSpec, roofline
+from simulator.cluster.devices import DeviceSpec, kernel_profile, roofline
 from simulator.cluster.topology import Cluster
 from simulator.schedule import Op
 
@@ -78,7 +78,7 @@ class HostResources:
 
 def _loaded_profile(spec: DeviceSpec, op: Op) -> bool:
     """Whether the op is timed from a profile measured under the host's load (see the module docstring)."""
-    profile = spec.kernels.get((op.fn, op.dtype)) if op.dims and not op.fused else None
+    profile = None if op.fused else kernel_profile(spec, op.fn, op.dtype, op.dims)
     return profile is not None and profile.loaded > 1
 
 
