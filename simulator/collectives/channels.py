@@ -23,10 +23,12 @@ Algorithms per operation (NCCL's, ``src/graph/tuning.cc``):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from simulator.collectives.base import CollBuilder, chunk_bounds
+from simulator.collectives.caps import fabric_cap
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
@@ -82,6 +84,9 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
     if choice.algo == "pairwise":
         _pairwise_alltoall(b, list(ranks))
         return b.front
+    if choice.algo in ("ring", "tree"):  # NCCL's own algorithms: its per-channel caps (collectives.caps)
+        cap = fabric_cap(fabric, operation, family, choice.protocol, ranks, choice.channels)
+        b.cap = cap if math.isfinite(cap) else 0.0
     rings = fabric.rings(ranks, choice.channels)
     start = dict(b.front)
     ends: dict[int, tuple[int, ...]] = {r: () for r in ranks}
