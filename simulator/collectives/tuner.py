@@ -149,11 +149,17 @@ class _Predictor:
             pairs = [[(self.ranks[i], self.ranks[(i + k) % p])] for k in range(1, p) for i in range(p)]
             hop = max(self.hop(a, b) for (a, b), in pairs)
             return self.launch + (p - 1) * (hop + nbytes / p / self.shared_bw(pairs[:p]))
-        if algo == "nvls":  # a pipeline of slices, each up to the switch and down again; latency paid once
+        if algo == "nvls":  # a pipeline of slices (of the payload), each up to the switch and down again
             hop = self.hop(self.ranks[0], self.ranks[-1])
-            slices = min(MAX_SLICES, max(1, math.ceil(nbytes / PIPELINE_SLICE_BYTES)))
+            payload = nbytes / wire_factor("nvls", self.choice.protocol)
+            slices = min(MAX_SLICES, max(1, math.ceil(payload / PIPELINE_SLICE_BYTES)))
             bw = self.shared_bw([[(self.ranks[0], self.ranks[1])]])
-            return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw
+            # the protocol's latency paid by the first slice each way, every later slice its message's own
+            cl = self.cluster
+            gpu = cl.ranks[self.ranks[0]]
+            switch = self.fabric.switch[self.fabric.hosts[self.ranks[0]]] if self.fabric.switch else gpu
+            step = cl.message_overhead_s + (cl.route_latency(cl.route(gpu, switch)) if switch != gpu else 0.0)
+            return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw + (slices - 1) * step
         if algo in ("ring", "tree"):  # as channels.build caps them
             self.cap = fabric_cap(self.fabric, operation, self.family, self.choice.protocol, self.ranks, c) \
                 * wire_factor(self.family, self.choice.protocol)
