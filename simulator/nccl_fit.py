@@ -13,8 +13,9 @@ A handful of physical parameters are fitted, each a factor on the base topology:
   rank count the log cannot tell a base latency from a hop's (both add the same to every size).
 
 The fit is ``scipy.optimize.least_squares`` on log time: first on the tuner's closed forms (continuous: the fastest
-candidate's prediction; from NCCL's latencies and from 4x them, the better kept), then on the engine from there (the fitted topology reproduces the log under the engine,
-which ``treering validate --nccl-tests`` runs), with one pass of jumps per parameter (:func:`_polish`) where
+candidate's prediction; from NCCL's latencies and from 4x them, the better kept), then on the engine from there
+(the fitted topology reproduces the log under the engine, which ``treering validate --nccl-tests`` runs), with
+one pass of jumps per parameter (:func:`_polish`) where
 ``auto``'s choice flips and the engine's time jumps. Each (size, choice, values it depends on) is simulated once.
 A parameter the log does not determine (its largest effect on a size's time is under :data:`MIN_SENSITIVITY` per
 e-fold at the fit: a bandwidth that never binds, a protocol ``auto`` never picks) is reported as such; it keeps the
