@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import ZERO_COMPUTE
 
@@ -19,6 +20,7 @@ from simulator.collectives.protocols import base_latency, hop_latency, wire_fact
 from simulator.collectives.tuner import predict
 from simulator.engine.core import simulate
 from simulator.engine.network import FlowNetwork, max_min_rates
+from simulator.numeric import make_inputs, run_numeric
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
@@ -147,3 +149,14 @@ def test_a_small_decode_allreduce_keeps_ncclS_ring():
     sched, _, _ = _tree_decode(1)
     assert sched.meta["allreduce"] == "max: ring/LL, sum: ring/LL"
     assert sched.ranks == 8 and sched.placement is None
+
+
+def test_the_decode_tree_through_the_nvswitch_computes_attention():
+    """The switch adds every GPU's slice to the first one's, numerically: the output is dense attention's."""
+    cluster = load_topology("dgx-h100")
+    shape = DecodeShape(batch=2048, heads=16, kv_heads=16, head_dim=128, context=64, dtype="fp32")
+    sched = build_tree(shape, Layout(cluster.host_indices(cluster.ranks), fabric_of(cluster)))
+    assert sched.meta["allreduce"].endswith("sum: nvls/Simple")
+    inp = make_inputs(np.random.default_rng(0), shape.batch, shape.heads, shape.kv_heads, shape.head_dim,
+                      shape.context, np.float32)
+    assert run_numeric(sched, inp).max_abs_err < 1e-5
