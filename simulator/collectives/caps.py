@@ -123,6 +123,8 @@ def fabric_cap(fabric: Fabric, operation: str, family: str, proto: str, ranks: S
         nodes = cluster.ranks
         links = [e for a, b in zip(ring, [*ring[1:], ring[0]], strict=True) for e in cluster.route(nodes[a], nodes[b])]
         hit = _NARROWEST[key] = (cluster, min((cluster.graph.edges[e]["bandwidth"] for e in links), default=math.inf))
+    if not math.isfinite(hit[1]):  # no link between the ranks: nothing to cap
+        return math.inf
     servers = len(fabric.groups(ranks))
     return channel_cap(arch, operation, family, proto, nodes=servers, channels=channels,
                        width=nccl_width(arch, hit[1], servers))
