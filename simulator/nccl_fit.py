@@ -13,8 +13,9 @@ A handful of physical parameters are fitted, each a factor on the base topology:
   rank count the log cannot tell a base latency from a hop's (both add the same to every size).
 
 The fit is ``scipy.optimize.least_squares`` on log time: first on the tuner's closed forms (continuous: the fastest
-candidate's prediction), then on the engine from there (the fitted topology reproduces the log under the engine,
-which ``treering validate --nccl-tests`` runs), with one pass of jumps per parameter (:func:`_polish`) where
+candidate's prediction; from NCCL's latencies and from 4x them, the better kept), then on the engine from there
+(the fitted topology reproduces the log under the engine, which ``treering validate --nccl-tests`` runs), with
+one pass of jumps per parameter (:func:`_polish`) where
 ``auto``'s choice flips and the engine's time jumps. Each (size, choice, values it depends on) is simulated once.
 A parameter the log does not determine (its largest effect on a size's time is under :data:`MIN_SENSITIVITY` per
 e-fold at the fit: a bandwidth that never binds, a protocol ``auto`` never picks) is reported as such; it keeps the
@@ -53,7 +54,8 @@ MIN_SENSITIVITY = 0.02  # d log(time) / d log(parameter) below which a parameter
 _STEP = 1e-3  # finite-difference step of the Jacobian, in log of a parameter
 _JUMPS = (0.5, 0.8, 0.95, 1.05, 1.25, 2.0)  # factors of the polishing pass (:func:`_polish`)
 _MAX_NFEV = 30  # least-squares iterations at most on the closed forms
-_MAX_NFEV_ENGINE = 8  # ... and on the engine (each evaluates every size 1 + parameters times)
+_MAX_NFEV_ENGINE = 12  # ... and on the engine (each evaluates every size 1 + parameters times)
+_START_SCALE = 4.0  # the closed-form fit's second start: every latency this many times NCCL's
 _BOUND = math.log(1e4)  # a factor of at most 10^4 either way from the start
 _DEVICE_PRESETS = {"H100": "dgx-h100", "H200": "hgx-h200", "B200": "hgx-b200", "A100": "dgx-a100",
                    "MI300X": "mi300x"}
@@ -252,7 +254,12 @@ def fit_logs(base: Cluster, samples: Sequence[Sample]) -> Fit:
 
     # the tuner's closed forms first (continuous in the parameters: the minimum over the candidates), to start the
     # engine's fit in the right basin (the engine's time jumps where auto's choice changes)
-    values = _least_squares(params, {p.name: p.start for p in params}, measured, closed_forms, _MAX_NFEV)
+    # from NCCL's latencies and from latencies _START_SCALE times them (where a cap, such as NCCL's LL bandwidth,
+    # flattens the sizes that would otherwise pull the latencies up, the descent from NCCL's values can stop in a
+    # basin where another protocol explains the log): the better closed-form fit goes on
+    fits = [_least_squares(params, {p.name: p.start * (1.0 if p.kind == "bandwidth" else scale) for p in params},
+                           measured, closed_forms, _MAX_NFEV) for scale in (1.0, _START_SCALE)]
+    values = min(fits, key=lambda v: float(np.sum((closed_forms(v) - measured) ** 2)))
     values = _least_squares(params, values, measured, engine.log_times, _MAX_NFEV_ENGINE)
     polished = _polish(params, values, measured, engine.log_times)
     if polished != values:  # a jump got the fit out of a local minimum: descend again from there

@@ -102,6 +102,7 @@ class Executor:
         self.scale, self.mask = inp.scale, inp.mask
         self.o_shape, self.ml_shape = tuple(q.shape), tuple(q.shape[:-1])
         self.in_flight: dict[int, tuple[Any, ...]] = {}
+        self._grown: set[tuple[int, str]] = set()  # (rank, buffer) transport buffers made by :meth:`store`
 
     def state(self, value: Any) -> PartialState:
         return state_of(value)
@@ -122,9 +123,17 @@ class Executor:
         return tuple(vals)
 
     def store(self, op: Op, vals: tuple[Any, ...]) -> None:
-        """What a recv does with the values that arrived."""
+        """What a recv does with the values that arrived. Slices ``into`` a buffer the rank does not hold (an
+        NVSwitch reducing in the network, NVLS) land in a transport buffer that grows to hold them."""
         for name, value in zip(op.args, vals, strict=True):
             if op.into:
+                held = self.buf[op.rank].get(name)
+                if held is None or ((op.rank, name) in self._grown and len(held) < op.hi):
+                    grown = self.xp.zeros(op.hi, dtype=value.dtype)
+                    if held is not None:
+                        grown[:len(held)] = held
+                    self.buf[op.rank][name] = grown
+                    self._grown.add((op.rank, name))
                 self.buf[op.rank][name][op.lo:op.hi] = value
             else:
                 self.buf[op.rank][name] = value

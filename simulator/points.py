@@ -256,11 +256,14 @@ def _simulate(prep: PreparedPoint, algo: Algorithm, seed: int = 0, record_links:
     t0 = time.perf_counter()
     result = simulate(sched, cluster, record_links)
     wall = time.perf_counter() - t0
-    place = sched.placement_on(cluster.ranks)
+    gpus = sched.meta.get("compute_ranks", sched.ranks)  # a switch reducing in the network (NVLS) is no GPU
+    place = sched.placement_on(cluster.ranks)[:gpus]
     numbers = result_numbers(sched, result)
-    peaks, compute_s = numbers["peaks"], numbers["compute_s"]
+    peaks, compute_s = numbers["peaks"][:gpus], numbers["compute_s"]
     extra = {"max_abs_err": _numeric_error(sched, shape, seed)} if prep.numeric else {}
-    run = RunResult(algo.label, sched.ranks, len(set(cluster.host_indices(place))), result.makespan, compute_s,
+    if "allreduce" in sched.meta:  # what NCCL's rule picked for the schedule's allreduces
+        extra["allreduce"] = sched.meta["allreduce"]
+    run = RunResult(algo.label, gpus, len(set(cluster.host_indices(place))), result.makespan, compute_s,
                     numbers["bytes_moved"], tuple(peaks), tuple(prep.capacity(n) for n in place),
                     result.events, wall, extra)
     return run, (sched, result)

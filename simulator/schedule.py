@@ -70,6 +70,7 @@ class Op(NamedTuple):
     redop: str = ""
     into: bool = False
     floor_s: float = 0.0  # a launch's or a transfer's fixed latency is at least this (a protocol's, see engine)
+    rate_cap: float = 0.0  # a send's flow never exceeds this many bytes/s (0: no cap; a channel's, see collectives)
     dims: tuple[float, ...] = ()  # a compute op's shape on its kernel profile's axes (simulator.kernel_model)
 
 
@@ -130,13 +131,15 @@ class Schedule:
                      recv_deps: Iterable[int] = (), not_before_s: float = 0.0, args: Sequence[str] = (),
                      dst_args: Sequence[str] | None = None, lo: int = 0, hi: int = -1,
                      alloc: Sequence[tuple[str, float]] = (), free_src: Sequence[str] = (),
-                     coll: str = "", into: bool = False, floor_s: float = 0.0) -> tuple[int, int]:
+                     coll: str = "", into: bool = False, floor_s: float = 0.0,
+                     rate_cap: float = 0.0) -> tuple[int, int]:
         """Append a matched send (on ``src``) and recv (on ``dst``); returns ``(send_id, recv_id)``.
 
         The send reads buffers ``args`` (slice ``lo:hi``); the recv writes them as ``dst_args`` (default: the same
         names; ``into=True`` writes into slice ``lo:hi`` of existing flat buffers) and allocates ``alloc`` on
         ``dst``; ``free_src`` buffers are released on ``src`` once sent. ``floor_s``: the transfer's fixed latency
-        (message overhead + route latency) is at least this (a protocol's per-hop latency).
+        (message overhead + route latency) is at least this (a protocol's per-hop latency); ``rate_cap``: the
+        transfer's bytes never flow faster than this (bytes/s; 0: only the links limit it).
         """
         if nbytes < 0:
             raise ValueError(f"nbytes must not be negative, got {nbytes}")
@@ -149,7 +152,7 @@ class Schedule:
         sid = len(self.ops)
         self.ops.append(Op(sid, src, "send", name, sd, nbytes=float(nbytes), peer=dst, match=sid + 1,
                            not_before_s=not_before_s, args=tuple(args), lo=lo, hi=hi, free=tuple(free_src),
-                           coll=coll, floor_s=floor_s))
+                           coll=coll, floor_s=floor_s, rate_cap=float(rate_cap)))
         self.ops.append(Op(sid + 1, dst, "recv", name, rd, nbytes=float(nbytes), peer=src, match=sid,
                            not_before_s=not_before_s, args=dargs, lo=lo, hi=hi, alloc=tuple(alloc), coll=coll,
                            into=into))

@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from simulator.algorithms.base import Layout, add_attend, add_finalize, add_kernel, new_decode_schedule
-from simulator.collectives import allreduce
+from simulator.collectives import allreduce, check_algorithm, collective
+from simulator.collectives.tuner import choose
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
@@ -25,26 +26,65 @@ __all__ = ["build_tree", "build_tree_p2p"]
 def build_tree(shape: DecodeShape, layout: Layout, allreduce_algo: str = "auto") -> Schedule:
     """Tree Attention decode (the paper's reference code): every rank computes its local partial state, then an
     allreduce(max) of m, a local rescale, and an allreduce(sum) of (o, l) over ``allreduce_algo``; every rank
-    ends with the output."""
+    ends with the output.
+
+    On one NVSwitch server with NVLink SHARP (``layout.fabric.nvls``), where ``auto`` picks NVLS for the (o, l)
+    allreduce as NCCL would, the server's switch joins as one more rank (``sched.meta["compute_ranks"]`` stays the
+    GPU count; it holds no memory and no output) and the allreduces may run in the switch.
+    ``sched.meta["allreduce"]`` says what each allreduce ran with (``max: ring/LL, sum: nvls/Simple``)."""
     p = layout.ranks
     sched = new_decode_schedule("tree", shape, p)
+    sched.meta["compute_ranks"] = p
     ranks = layout.ring_order()  # the order ring collectives pass data in
+    n_ol = shape.batch * shape.model_dim + shape.ml_elems
+    switch = _nvls_switch(sched, layout, ranks, allreduce_algo, n_ol, shape)
     local = {r: (add_attend(sched, shape, r, r, "kv0", [], first=True),) for r in ranks}
     packed = {r: (add_kernel(sched, shape, r, "pack-m", 0, deps=local[r], out="m", args=("acc",), fused=True),)
               for r in ranks}  # a view of acc.m: no cost
     common = {"algo": allreduce_algo, "elem_bytes": shape.elem_bytes, "dtype": shape.dtype, "fabric": layout.fabric}
-    front = allreduce(sched, ranks, layout.hosts, "m", shape.ml_elems, op="max", tag="allreduce-max", deps=packed,
-                      **common)  # type: ignore[arg-type]
-    n_ol = shape.batch * shape.model_dim + shape.ml_elems
+    chosen = []
+    if layout.fabric is not None:
+        check_algorithm(allreduce_algo)
+        front, c_max = collective(sched, "allreduce", ranks, "m", shape.ml_elems, layout.fabric, algo=allreduce_algo,
+                                  op="max", elem_bytes=shape.elem_bytes, dtype=shape.dtype, tag="allreduce-max",
+                                  deps=packed, switch_rank=switch)
+        chosen.append(f"max: {c_max.algo}/{c_max.protocol}")
+    else:
+        front = allreduce(sched, ranks, layout.hosts, "m", shape.ml_elems, op="max", tag="allreduce-max",
+                          deps=packed, **common)  # type: ignore[arg-type]
     scaled = {r: (add_kernel(sched, shape, r, "rescale", n_ol, deps=front[r], out="ol", args=("acc", "m")),)
               for r in ranks}
-    front = allreduce(sched, ranks, layout.hosts, "ol", n_ol, op="sum", tag="allreduce-sum", deps=scaled,
-                      **common)  # type: ignore[arg-type]
+    if layout.fabric is not None:
+        front, c_sum = collective(sched, "allreduce", ranks, "ol", n_ol, layout.fabric, algo=allreduce_algo,
+                                  op="sum", elem_bytes=shape.elem_bytes, dtype=shape.dtype, tag="allreduce-sum",
+                                  deps=scaled, switch_rank=switch)
+        chosen.append(f"sum: {c_sum.algo}/{c_sum.protocol}")
+        sched.meta["allreduce"] = ", ".join(chosen)
+    else:
+        front = allreduce(sched, ranks, layout.hosts, "ol", n_ol, op="sum", tag="allreduce-sum", deps=scaled,
+                          **common)  # type: ignore[arg-type]
     for r in ranks:
         add_kernel(sched, shape, r, "finalize-flat", shape.batch * shape.model_dim, name="finalize", deps=front[r],
                    out="out", args=("ol", "m"))
     sched.meta["outputs"] = [(r, "out") for r in ranks]
     return sched
+
+
+def _nvls_switch(sched: Schedule, layout: Layout, ranks: list[int], algo: str, n_ol: int,
+                 shape: DecodeShape) -> int | None:
+    """Add the server's NVSwitch as rank ``layout.ranks`` where ``algo`` may be NVLS and NCCL's rule picks it for
+    the (o, l) allreduce (the larger one); the schedule is then placed explicitly (GPUs, then the switch)."""
+    fabric = layout.fabric
+    if (fabric is None or fabric.cluster is None or not fabric.nvls or algo != "auto" or len(ranks) < 2
+            or len(fabric.groups(ranks)) != 1):
+        return None
+    if choose("allreduce", ranks, n_ol, fabric, elem_bytes=shape.elem_bytes, dtype=shape.dtype).algo != "nvls":
+        return None
+    server = fabric.hosts[ranks[0]]
+    switch = sched.ranks
+    sched.ranks += 1
+    sched.placement = (*fabric.cluster.ranks[:switch], fabric.switch[server])
+    return switch
 
 
 def _kary_rounds(members: Sequence[int], arity: int) -> list[list[tuple[int, int]]]:

@@ -56,6 +56,7 @@ class CollBuilder:
     wire: float = 1.0  # bytes on the wire per payload byte (a protocol's line format)
     hop_s: Callable[[int, int], float] | None = None  # a protocol's per-hop latency from rank a to rank b
     offset: int = 0  # this builder works on elements offset .. offset + n of ``buf`` (one channel's share)
+    cap: float = 0.0  # a channel's payload bytes/s at most (0: no cap; NCCL's per-channel caps, collectives.caps)
 
     def view(self, lo: int, hi: int) -> CollBuilder:
         """A builder over elements ``lo:hi`` of this one's range that shares its frontier (one channel, one chunk)."""
@@ -109,7 +110,7 @@ class CollBuilder:
             snd, recv = self.sched.add_transfer(
                 src, dst, self.nbytes(lo, hi) * self.wire, self.tag, send_deps=before[src], recv_deps=before[dst],
                 args=(self.buf,), dst_args=(tmp,) if reduce else None, lo=lo, hi=hi, coll=self.tag,
-                into=not reduce, floor_s=self.hop_s(src, dst) if self.hop_s else 0.0)
+                into=not reduce, floor_s=self.hop_s(src, dst) if self.hop_s else 0.0, rate_cap=self.cap * self.wire)
             sends.setdefault(src, []).append((snd, lo, hi))
             received.append((recv, dst, lo, hi, tmp))
         for src, items in sends.items():

@@ -23,10 +23,12 @@ Algorithms per operation (NCCL's, ``src/graph/tuning.cc``):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from simulator.collectives.base import CollBuilder, chunk_bounds
+from simulator.collectives.caps import fabric_cap
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
@@ -82,6 +84,9 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
     if choice.algo == "pairwise":
         _pairwise_alltoall(b, list(ranks))
         return b.front
+    if choice.algo in ("ring", "tree"):  # NCCL's own algorithms: its per-channel caps (collectives.caps)
+        cap = fabric_cap(fabric, operation, family, choice.protocol, ranks, choice.channels)
+        b.cap = cap if math.isfinite(cap) else 0.0
     rings = fabric.rings(ranks, choice.channels)
     start = dict(b.front)
     ends: dict[int, tuple[int, ...]] = {r: () for r in ranks}
@@ -166,7 +171,8 @@ def _hierarchical_allreduce(b: CollBuilder, ring: list[int], fabric: Fabric) -> 
 
 def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
     """NVLink SHARP: each slice of every GPU's buffer goes up once, the switch reduces it (no time: it reduces at
-    line rate), and multicasts the result down once; slices pipeline (up and down use the two link directions), the
+    line rate; the first GPU's slice lands in the switch's buffer, the others' are added to it), and multicasts the
+    result down once; slices pipeline (up and down use the two link directions), the
     protocol's latency paid by the first (the fill, as in :func:`simulator.collectives.ring.ring_broadcast`)."""
     sched, size = b.sched, b.elem_bytes * b.wire
     up = {r: b.front[r] for r in ranks}
@@ -174,14 +180,18 @@ def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
     for k, (lo, hi) in enumerate(ring_slices(b)):
         lo, hi = lo + b.offset, hi + b.offset
         recvs = []
-        for r in ranks:
+        for i, r in enumerate(ranks):  # the first GPU's slice lands in the switch's buffer, the others' are added
             snd, rcv = sched.add_transfer(r, switch, (hi - lo) * size, b.tag, send_deps=up[r], args=(b.buf,),
-                                          dst_args=(f"{b.tag}.nvls{k}.{r}",), lo=lo, hi=hi, coll=b.tag,
+                                          dst_args=(b.buf if i == 0 else f"{b.tag}.nvls{k}.{r}",), lo=lo, hi=hi,
+                                          coll=b.tag, into=i == 0,
                                           floor_s=b.hop_s(r, switch) if b.hop_s and k == 0 else 0.0)
             up[r] = (snd,)
             recvs.append(rcv)
-        red = sched.add_compute(switch, f"{b.tag}.reduce", flops=0.0, dtype=b.dtype, deps=recvs,
-                                fn=f"reduce-{b.op}", out=b.buf, lo=lo, hi=hi, fused=True, coll=b.tag)
+        red = recvs[0]
+        for r, rcv in zip(ranks[1:], recvs[1:], strict=True):
+            red = sched.add_compute(switch, f"{b.tag}.reduce", flops=0.0, dtype=b.dtype, deps=(rcv, red),
+                                    fn=f"reduce-{b.op}", out=b.buf, args=(f"{b.tag}.nvls{k}.{r}",), lo=lo, hi=hi,
+                                    fused=True, coll=b.tag)
         for r in ranks:
             _, rcv = sched.add_transfer(switch, r, (hi - lo) * size, b.tag, send_deps=(red,), recv_deps=down[r],
                                         args=(b.buf,), lo=lo, hi=hi, coll=b.tag, into=True,

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import Cluster
+from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.protocols import PROTOCOLS, base_latency, channels_for, hop_latency, wire_factor
@@ -95,6 +96,7 @@ class _Predictor:
         if held is None or held[0] is not cluster:
             held = _WIRES[id(cluster)] = (cluster, {})
         self.wires = held[1]  # (rank, rank) -> message overhead + route latency, shared by every candidate
+        self.cap = math.inf  # a channel's bytes/s on the wire at most (NCCL's per-channel caps), set by time()
 
     def hop(self, a: int, b: int) -> float:
         wire = self.wires.get((a, b))
@@ -129,7 +131,7 @@ class _Predictor:
             depth = max(len(chain) for chain in chains[0])
             # one slice: a chain is busy on one hop at a time, and the channels' rotated chains on different links
             busy = [ch for k in range(c if slices > 1 else 1) for ch in chains[k] if ch]
-            t += 2 * (depth * hop + (slices + depth - 1) * share / slices / self.shared_bw(busy))
+            t += 2 * (depth * hop + (slices + depth - 1) * share / slices / min(self.shared_bw(busy), self.cap))
         if len(groups) > 1:
             pairs = []
             for k in range(c):
@@ -137,7 +139,7 @@ class _Predictor:
                 pairs += [[(leaders[(i - 1) // 2], leaders[i])] for i in range(1, len(leaders))]
             levels = math.ceil(math.log2(len(groups) + 1)) - 1
             hop = max(self.hop(a, b) for (a, b), in pairs)
-            t += 2 * levels * (hop + share / self.shared_bw(pairs))
+            t += 2 * levels * (hop + share / min(self.shared_bw(pairs), self.cap))
         return t
 
     def time(self, operation: str, nbytes: float) -> float:
@@ -147,14 +149,23 @@ class _Predictor:
             pairs = [[(self.ranks[i], self.ranks[(i + k) % p])] for k in range(1, p) for i in range(p)]
             hop = max(self.hop(a, b) for (a, b), in pairs)
             return self.launch + (p - 1) * (hop + nbytes / p / self.shared_bw(pairs[:p]))
-        if algo == "nvls":  # a pipeline of slices, each up to the switch and down again; latency paid once
+        if algo == "nvls":  # a pipeline of slices (of the payload), each up to the switch and down again
             hop = self.hop(self.ranks[0], self.ranks[-1])
-            slices = min(MAX_SLICES, max(1, math.ceil(nbytes / PIPELINE_SLICE_BYTES)))
+            payload = nbytes / wire_factor("nvls", self.choice.protocol)
+            slices = min(MAX_SLICES, max(1, math.ceil(payload / PIPELINE_SLICE_BYTES)))
             bw = self.shared_bw([[(self.ranks[0], self.ranks[1])]])
-            return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw
+            # the protocol's latency paid by the first slice each way, every later slice its message's own
+            cl = self.cluster
+            gpu = cl.ranks[self.ranks[0]]
+            switch = self.fabric.switch[self.fabric.hosts[self.ranks[0]]] if self.fabric.switch else gpu
+            step = cl.message_overhead_s + (cl.route_latency(cl.route(gpu, switch)) if switch != gpu else 0.0)
+            return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw + (slices - 1) * step
+        if algo in ("ring", "tree"):  # as channels.build caps them
+            self.cap = fabric_cap(self.fabric, operation, self.family, self.choice.protocol, self.ranks, c) \
+                * wire_factor(self.family, self.choice.protocol)
         rings = self.fabric.rings(self.ranks, c)
         hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
-        bw = self.shared_bw(hops) * c
+        bw = min(self.shared_bw(hops), self.cap) * c
         step = max(self.hop(a, b) for h in hops for a, b in h)
         if algo == "tree":
             return self.launch + self.tree(nbytes / c)

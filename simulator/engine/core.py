@@ -299,7 +299,7 @@ class _Run:
             self._at(delay, partial(self._inject, send, link_ids))
 
     def _inject(self, send: Op, link_ids: list[int]) -> None:
-        self.net.add(send.id, link_ids, send.nbytes, self.env.now)
+        self.net.add(send.id, link_ids, send.nbytes, self.env.now, cap=send.rate_cap)
         self.flow_op[send.id] = send
         self._mark_dirty()
 

@@ -10,6 +10,11 @@ or finishing) only re-runs the filling on the connected components of flows arou
 its own (a flow alone on its links simply gets its narrowest link, as most of a ring's flows do). Progress
 is lazy: a flow's remaining bytes are brought up to date only when its rate changes; a heap of predicted finish
 times gives the next completion.
+
+A flow may carry a rate cap (bytes/s): a private virtual link of that capacity that only it crosses. Progressive
+filling over it is max-min fairness with a per-flow upper bound, exactly (the cap is one more constraint; a capped
+flow frees what it cannot use for the flows it shares links with). A communication library's per-channel
+bandwidth limits (NCCL's ``perChMax*Bw``, :mod:`simulator.collectives.caps`) are such caps.
 """
 
 from __future__ import annotations
@@ -66,10 +71,22 @@ class FlowNetwork:
         self._touched: set[int] = set()  # links whose set of flows changed since the last allocation
         self._eta: list[tuple[float, int, int]] = []  # (finish time, version, flow)
         self.allocations = 0
+        self._spare_caps: list[int] = []  # ids of cap links no flow holds now (reused before new ones)
+        self._cap_link: dict[int, int] = {}  # flow -> its private cap link
 
-    def add(self, flow: int, links: Iterable[int], nbytes: float, now: float) -> None:
-        """Start draining ``flow`` at time ``now`` (rate 0 until the next :meth:`allocate`)."""
+    def add(self, flow: int, links: Iterable[int], nbytes: float, now: float, cap: float = 0.0) -> None:
+        """Start draining ``flow`` at time ``now`` (rate 0 until the next :meth:`allocate`); ``cap`` > 0: the flow
+        never goes faster (bytes/s), through a private link of that capacity appended to its route."""
         route = tuple(links)
+        if cap > 0.0:
+            if self._spare_caps:
+                private = self._spare_caps.pop()
+                self.capacity[private] = float(cap)
+            else:
+                private = len(self.capacity)
+                self.capacity.append(float(cap))
+            self._cap_link[flow] = private
+            route = (*route, private)
         self.routes[flow] = route
         self.remaining[flow] = float(nbytes)
         self.updated[flow] = now
@@ -94,6 +111,10 @@ class FlowNetwork:
                 del self.on_link[link]
         self._touched.update(route)
         del self.remaining[flow], self.updated[flow], self.rate[flow], self.version[flow]
+        private = self._cap_link.pop(flow, None)
+        if private is not None:
+            self._touched.discard(private)
+            self._spare_caps.append(private)
 
     def _components(self) -> list[set[int]]:
         """Flows connected, through shared links, to the links touched since the last allocation: one set per
