@@ -73,6 +73,13 @@ class Op(NamedTuple):
     dims: tuple[float, ...] = ()  # a compute op's shape on its kernel profile's axes (simulator.kernel_model)
 
 
+_new = tuple.__new__  # an Op from all its fields in order: 5 times faster than Op(...) with keywords
+
+
+def _tuple(items: Iterable[Any]) -> tuple[Any, ...]:
+    return items if type(items) is tuple else tuple(items)
+
+
 @dataclass
 class Schedule:
     """Per-rank ops. ``placement[r]`` names the cluster node of rank ``r`` (default: the cluster's ranks).
@@ -91,9 +98,10 @@ class Schedule:
     def _check(self, rank: int, deps: Iterable[int]) -> tuple[int, ...]:
         if not 0 <= rank < self.ranks:
             raise ValueError(f"rank {rank} out of range 0..{self.ranks - 1}")
-        deps_t = tuple(deps)
+        deps_t = deps if type(deps) is tuple else tuple(deps)
+        n = len(self.ops)
         for d in deps_t:
-            if not 0 <= d < len(self.ops):
+            if not 0 <= d < n:
                 raise ValueError(f"dependency {d} does not name an earlier op")
         return deps_t
 
@@ -106,11 +114,11 @@ class Schedule:
         profile's axes, for devices whose kernels were profiled (:mod:`simulator.kernel_model`)."""
         if kind not in COMPUTE_KINDS:
             raise ValueError(f"kind must be one of {sorted(COMPUTE_KINDS)}, got {kind!r}")
-        op = Op(len(self.ops), rank, kind, name, self._check(rank, deps), flops=float(flops),
-                nbytes=float(nbytes), dtype=dtype, not_before_s=not_before_s, fn=fn, out=out, args=tuple(args),
-                lo=lo, hi=hi, alloc=tuple(alloc), free=tuple(free), fused=fused, coll=coll, dims=dims)
-        self.ops.append(op)
-        return op.id
+        oid = len(self.ops)
+        self.ops.append(_new(Op, (oid, rank, kind, name, self._check(rank, deps), float(flops), float(nbytes), dtype,
+                                  None, None, not_before_s, fn, out, _tuple(args), lo, hi, _tuple(alloc),
+                                  _tuple(free), fused, coll, None, "", False, 0.0, dims)))
+        return oid
 
     def add_launch(self, rank: int, name: str, *, deps: Iterable[int] = (), coll: str = "", fn: str = "",
                    out: str = "", root: int | None = None, redop: str = "", floor_s: float = 0.0) -> int:
@@ -121,10 +129,10 @@ class Schedule:
         can issue it as one native collective. ``floor_s``: the launch takes at least this long (a protocol's base
         latency).
         """
-        op = Op(len(self.ops), rank, "launch", name, self._check(rank, deps), coll=coll, fn=fn, out=out, root=root,
-                redop=redop, floor_s=floor_s)
-        self.ops.append(op)
-        return op.id
+        oid = len(self.ops)
+        self.ops.append(_new(Op, (oid, rank, "launch", name, self._check(rank, deps), 0.0, 0.0, "fp32", None, None,
+                                  0.0, fn, out, (), 0, -1, (), (), False, coll, root, redop, False, floor_s, ())))
+        return oid
 
     def add_transfer(self, src: int, dst: int, nbytes: float, name: str, *, send_deps: Iterable[int] = (),
                      recv_deps: Iterable[int] = (), not_before_s: float = 0.0, args: Sequence[str] = (),
@@ -143,16 +151,16 @@ class Schedule:
         if src == dst:
             raise ValueError(f"a transfer needs two different ranks, got {src} twice")
         sd, rd = self._check(src, send_deps), self._check(dst, recv_deps)
-        dargs = tuple(args if dst_args is None else dst_args)
-        if len(dargs) != len(args):
+        sargs = _tuple(args)
+        dargs = sargs if dst_args is None else _tuple(dst_args)
+        if len(dargs) != len(sargs):
             raise ValueError("dst_args must name as many buffers as args")
         sid = len(self.ops)
-        self.ops.append(Op(sid, src, "send", name, sd, nbytes=float(nbytes), peer=dst, match=sid + 1,
-                           not_before_s=not_before_s, args=tuple(args), lo=lo, hi=hi, free=tuple(free_src),
-                           coll=coll, floor_s=floor_s))
-        self.ops.append(Op(sid + 1, dst, "recv", name, rd, nbytes=float(nbytes), peer=src, match=sid,
-                           not_before_s=not_before_s, args=dargs, lo=lo, hi=hi, alloc=tuple(alloc), coll=coll,
-                           into=into))
+        size = float(nbytes)
+        self.ops.append(_new(Op, (sid, src, "send", name, sd, 0.0, size, "fp32", dst, sid + 1, not_before_s, "", "",
+                                  sargs, lo, hi, (), _tuple(free_src), False, coll, None, "", False, floor_s, ())))
+        self.ops.append(_new(Op, (sid + 1, dst, "recv", name, rd, 0.0, size, "fp32", src, sid, not_before_s, "", "",
+                                  dargs, lo, hi, _tuple(alloc), (), False, coll, None, "", into, 0.0, ())))
         return sid, sid + 1
 
     @staticmethod

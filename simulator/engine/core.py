@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import simpy
 
-from simulator.cluster.devices import compute_time, profiled_time
+from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.topology import Cluster
 from simulator.engine.host import HostResources
 from simulator.engine.network import FlowNetwork
@@ -45,7 +45,8 @@ from simulator.schedule import COMPUTE_KINDS, Op, Schedule
 
 __all__ = ["Record", "SimResult", "simulate"]
 
-Callback = Callable[[], None]
+Callback = Callable[[Any], None]
+_new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
 
 
 class Record(NamedTuple):
@@ -153,11 +154,12 @@ class _Run:
         self.generation = 0
         self.events = 0
         self.simpy_events = 0
-        self._calendar: dict[float, list[Callback]] = {}
+        self._calendar: dict[float, list[tuple[Callback, Any]]] = {}
         self.timeline: list[Record] = []
 
     # -- the calendar: every callback due at one time runs from one simpy event ----------------------------------
-    def _at(self, delay: float, callback: Callback) -> None:
+    def _at(self, delay: float, callback: Callback, arg: Any) -> None:
+        """Call ``callback(arg)`` in ``delay`` seconds (after what is already due then)."""
         when = self.env.now + delay
         due = self._calendar.get(when)
         if due is None:
@@ -165,21 +167,19 @@ class _Run:
             ev = self.env.timeout(delay)
             ev.callbacks.append(partial(self._run_due, when))  # type: ignore[union-attr]
             self.simpy_events += 1
-        due.append(callback)
+        due.append((callback, arg))
 
     def _run_due(self, when: float, _event: object = None) -> None:
         due = self._calendar[when]
-        i = 0
-        while i < len(due):  # callbacks may add more for this same instant
-            due[i]()
-            i += 1
-        self.events += i
+        for callback, arg in due:  # callbacks may add more for this same instant: the loop runs those too
+            callback(arg)
+        self.events += len(due)
         del self._calendar[when]
 
     def run(self) -> SimResult:
         for op in self.ops:
             if not op.deps:
-                self._at(op.not_before_s, partial(self._ready, op))
+                self._at(op.not_before_s, self._ready, op)
         self.env.run()
         unfinished = [op.id for op in self.ops if self.start[op.id] is None]
         if unfinished:
@@ -197,46 +197,55 @@ class _Run:
         key = (id(spec), op.flops, op.nbytes, op.dtype, op.fused, op.fn, op.dims)  # the cluster holds its specs
         hit = self._durations.get(key)
         if hit is None:
-            if spec is None:  # a switch reducing in the network (NVLS), at line rate
-                hit = 0.0
-            else:
-                profiled = None if op.fused else profiled_time(spec, op.fn, op.dtype, op.dims)
-                if profiled is None:
-                    hit = compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused, fn=op.fn)
-                else:
-                    hit, outside = profiled
-                    if outside:
-                        where = (spec.name, op.fn, op.dtype)
-                        self.extrapolated[where] = tuple(sorted({*self.extrapolated.get(where, ()), *outside}))
-            self._durations[key] = hit
+            hit = self._durations[key] = self._new_duration(spec, op)
+        return hit
+
+    def _new_duration(self, spec: DeviceSpec | None, op: Op) -> float:
+        if spec is None:  # a switch reducing in the network (NVLS), at line rate
+            return 0.0
+        profiled = None if op.fused else profiled_time(spec, op.fn, op.dtype, op.dims)
+        if profiled is None:
+            return compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused, fn=op.fn)
+        hit, outside = profiled
+        if outside:
+            where = (spec.name, op.fn, op.dtype)
+            self.extrapolated[where] = tuple(sorted({*self.extrapolated.get(where, ()), *outside}))
         return hit
 
     def _ready(self, op: Op) -> None:
         now = self.env.now
         if now < op.not_before_s:
-            self._at(op.not_before_s - now, partial(self._ready, op))
+            self._at(op.not_before_s - now, self._ready, op)
             return
         kind = op.kind
-        program = self.program[op.rank]
+        rank = op.rank
+        program = self.program[rank]
         if program:
-            if program[self.cursor[op.rank]] != op.id:
+            if program[self.cursor[rank]] != op.id:
                 self.held[op.id] = True
                 return
-            if kind in ("send", "recv"):  # posted: the thread goes on to its next op
-                self._issued(op.rank)
+            if kind == "send" or kind == "recv":  # posted: the thread goes on to its next op
+                self._issued(rank)
         self.ready[op.id] = True
         if kind in COMPUTE_KINDS:
             if program:  # its turn in program order: the rank's previous kernel has returned
                 self._start_kernel(op)
                 return
-            begin = max(now, self.stream_free[op.rank])
-            end = begin + self._duration(op)
-            self.stream_free[op.rank] = end
+            spec = self.specs[rank]
+            key = (id(spec), op.flops, op.nbytes, op.dtype, op.fused, op.fn, op.dims)  # as _duration, inlined
+            duration = self._durations.get(key)
+            if duration is None:
+                duration = self._durations[key] = self._new_duration(spec, op)
+            begin = self.stream_free[rank]  # one FIFO compute stream: max(now, when it is free)
+            if begin < now:
+                begin = now
+            end = begin + duration
+            self.stream_free[rank] = end
             self.start[op.id] = begin
-            self._at(end - now, partial(self._done, op))
+            self._at(end - now, self._done, op)
         elif kind == "launch":
             self.start[op.id] = now
-            self._at(max(self.cluster.collective_start_s, op.floor_s), partial(self._launched, op))
+            self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
         else:
             assert op.match is not None
             if self.ready[op.match]:  # both ends ready: the transfer starts
@@ -257,7 +266,7 @@ class _Run:
             nxt = program[self.cursor[rank]]
             if self.held[nxt]:
                 self.held[nxt] = False
-                self._at(0.0, partial(self._ready, self.ops[nxt]))
+                self._at(0.0, self._ready, self.ops[nxt])
 
     def _start_kernel(self, op: Op) -> None:
         """Start a kernel of a rank whose host's cores are shared: work drained as a flow."""
@@ -294,11 +303,12 @@ class _Run:
         delay = (max(self.cluster.message_overhead_s + latency, send.floor_s)
                  + (0.0 if send.coll else self.cluster.comm_overhead_s))
         if not link_ids or send.nbytes == 0:
-            self._at(delay, partial(self._finish_transfer, send))
+            self._at(delay, self._finish_transfer, send)
         else:
-            self._at(delay, partial(self._inject, send, link_ids))
+            self._at(delay, self._inject, (send, link_ids))
 
-    def _inject(self, send: Op, link_ids: list[int]) -> None:
+    def _inject(self, flow: tuple[Op, list[int]]) -> None:
+        send, link_ids = flow
         self.net.add(send.id, link_ids, send.nbytes, self.env.now)
         self.flow_op[send.id] = send
         self._mark_dirty()
@@ -332,10 +342,10 @@ class _Run:
         self.generation += 1
         when, due = self.net.next_finish()
         if due:
-            gen = self.generation
-            self._at(when - self.env.now, partial(self._drained, gen, due))
+            self._at(when - self.env.now, self._drained, (self.generation, due))
 
-    def _drained(self, gen: int, due: list[int]) -> None:
+    def _drained(self, predicted: tuple[int, list[int]]) -> None:
+        gen, due = predicted
         if gen != self.generation:
             return  # rates changed since this finish was predicted
         for flow in due:
@@ -353,14 +363,13 @@ class _Run:
         self._done(self.ops[send.match])
 
     def _done(self, op: Op) -> None:
-        now = self.env.now
-        start = self.start[op.id]
-        assert start is not None
-        self.timeline.append(Record(op.rank, op.id, op.kind, op.name, start, now, op.nbytes, op.flops))
+        oid = op.id
+        self.timeline.append(_new(Record, (op.rank, oid, op.kind, op.name, self.start[oid], self.env.now, op.nbytes,
+                                           op.flops)))
         pending = self.pending
-        for child in self.children[op.id]:
+        for child in self.children[oid]:
             pending[child] -= 1
-            if pending[child] == 0:
+            if not pending[child]:
                 self._ready(self.ops[child])
 
 
