@@ -170,10 +170,19 @@ class _Run:
         due.append((callback, arg))
 
     def _run_due(self, when: float, _event: object = None) -> None:
+        """Run every callback due now, then, if flows started or finished, recompute rates once: after everything
+        else of this instant (nothing else is queued for it: the calendar has one simpy event per time)."""
         due = self._calendar[when]
-        for callback, arg in due:  # callbacks may add more for this same instant: the loop runs those too
-            callback(arg)
-        self.events += len(due)
+        done = 0
+        while True:
+            while done < len(due):  # callbacks may add more for this same instant: run those too
+                callback, arg = due[done]
+                callback(arg)
+                done += 1
+            if not self.dirty:
+                break
+            self._reallocate()  # may predict a finish at this same instant: due grows, the loop goes on
+        self.events += done
         del self._calendar[when]
 
     def run(self) -> SimResult:
@@ -314,21 +323,8 @@ class _Run:
         self._mark_dirty()
 
     def _mark_dirty(self) -> None:
-        if not self.dirty:
-            self.dirty = True
-            self._after_instant()
-
-    def _after_instant(self) -> None:
-        """Reallocate once every other event of this instant has run (whatever they start or finish)."""
-        ev = self.env.timeout(0.0)
-        ev.callbacks.append(self._settled)  # type: ignore[union-attr]
-        self.simpy_events += 1
-
-    def _settled(self, _e: object) -> None:
-        if self.env.peek() == self.env.now:  # more of this instant is queued: go behind it
-            self._after_instant()
-        else:
-            self._reallocate()
+        """Rates are recomputed once every other callback of this instant has run (see _run_due)."""
+        self.dirty = True
 
     def _reallocate(self) -> None:
         self.dirty = False
