@@ -111,6 +111,7 @@ class SimResult:
 class _Run:
     def __init__(self, schedule: Schedule, cluster: Cluster, record_links: bool = False) -> None:
         self.env = simpy.Environment()
+        self.now: float = self.env.now  # the simulated time, kept by _run_due (a plain attribute: read for every op)
         self.record_links = record_links
         self.link_load: list[tuple[float, str, str, float]] = []
         self.sched = schedule
@@ -119,9 +120,10 @@ class _Run:
         self.place = schedule.placement_on(cluster.ranks)
         self.pending = [len(op.deps) for op in schedule.ops]
         self.children: list[list[int]] = [[] for _ in schedule.ops]
+        children = self.children
         for op in schedule.ops:
             for d in op.deps:
-                self.children[d].append(op.id)
+                children[d].append(op.id)
         self.start: list[float | None] = [None] * len(schedule.ops)
         self.ready: list[bool] = [False] * len(schedule.ops)
         self.stream_free = [0.0] * schedule.ranks
@@ -138,9 +140,10 @@ class _Run:
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
         # ranks on shared host cores are host threads that issue their ops in program order (see _ready)
         self.program: list[list[int]] = [[] for _ in range(schedule.ranks)]
-        for op in schedule.ops:
-            if self.hosts.shares(op.rank):
-                self.program[op.rank].append(op.id)
+        if any(self.hosts.shares(r) for r in range(schedule.ranks)):
+            for op in schedule.ops:
+                if self.hosts.shares(op.rank):
+                    self.program[op.rank].append(op.id)
         self.cursor = [0] * schedule.ranks
         self.held = [False] * len(schedule.ops)  # dependencies met, waiting for its turn in program order
         self.net = FlowNetwork(capacity)
@@ -160,7 +163,7 @@ class _Run:
     # -- the calendar: every callback due at one time runs from one simpy event ----------------------------------
     def _at(self, delay: float, callback: Callback, arg: Any) -> None:
         """Call ``callback(arg)`` in ``delay`` seconds (after what is already due then)."""
-        when = self.env.now + delay
+        when = self.now + delay  # the time simpy gives the timeout below: its now + delay
         due = self._calendar.get(when)
         if due is None:
             due = self._calendar[when] = []
@@ -172,6 +175,7 @@ class _Run:
     def _run_due(self, when: float, _event: object = None) -> None:
         """Run every callback due now, then, if flows started or finished, recompute rates once: after everything
         else of this instant (nothing else is queued for it: the calendar has one simpy event per time)."""
+        self.now = when
         due = self._calendar[when]
         done = 0
         while True:
@@ -222,7 +226,7 @@ class _Run:
         return hit
 
     def _ready(self, op: Op) -> None:
-        now = self.env.now
+        now = self.now
         if now < op.not_before_s:
             self._at(op.not_before_s - now, self._ready, op)
             return
@@ -279,13 +283,13 @@ class _Run:
 
     def _start_kernel(self, op: Op) -> None:
         """Start a kernel of a rank whose host's cores are shared: work drained as a flow."""
-        self.start[op.id] = self.env.now
+        self.start[op.id] = self.now
         duration = self._duration(op)
         if duration <= 0:
             self._kernel_done(op)
             return
         links, work = self.hosts.kernel(op, duration)
-        self.net.add(op.id, links, work, self.env.now)
+        self.net.add(op.id, links, work, self.now)
         self.flow_op[op.id] = op
         self._mark_dirty()
 
@@ -306,7 +310,7 @@ class _Run:
         return hit
 
     def _start_transfer(self, send: Op, recv: Op) -> None:
-        now = self.env.now
+        now = self.now
         self.start[send.id] = self.start[recv.id] = now
         link_ids, latency = self._path(send.rank, recv.rank)
         delay = (max(self.cluster.message_overhead_s + latency, send.floor_s)
@@ -318,7 +322,7 @@ class _Run:
 
     def _inject(self, flow: tuple[Op, list[int]]) -> None:
         send, link_ids = flow
-        self.net.add(send.id, link_ids, send.nbytes, self.env.now)
+        self.net.add(send.id, link_ids, send.nbytes, self.now)
         self.flow_op[send.id] = send
         self._mark_dirty()
 
@@ -329,16 +333,16 @@ class _Run:
     def _reallocate(self) -> None:
         self.dirty = False
         self.events += 1
-        changed = self.net.allocate(self.env.now, changed_links=self.record_links)
+        changed = self.net.allocate(self.now, changed_links=self.record_links)
         if self.record_links:
             for link in sorted(changed):
                 if link < len(self.edge_names):  # not a virtual core or memory link
                     u, v = self.edge_names[link]
-                    self.link_load.append((self.env.now, u, v, self.net.load(link)))
+                    self.link_load.append((self.now, u, v, self.net.load(link)))
         self.generation += 1
         when, due = self.net.next_finish()
         if due:
-            self._at(when - self.env.now, self._drained, (self.generation, due))
+            self._at(when - self.now, self._drained, (self.generation, due))
 
     def _drained(self, predicted: tuple[int, list[int]]) -> None:
         gen, due = predicted
@@ -360,7 +364,7 @@ class _Run:
 
     def _done(self, op: Op) -> None:
         oid = op.id
-        self.timeline.append(_new(Record, (op.rank, oid, op.kind, op.name, self.start[oid], self.env.now, op.nbytes,
+        self.timeline.append(_new(Record, (op.rank, oid, op.kind, op.name, self.start[oid], self.now, op.nbytes,
                                            op.flops)))
         pending = self.pending
         for child in self.children[oid]:
