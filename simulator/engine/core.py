@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from operator import attrgetter
 from typing import Any, NamedTuple
 
+import numpy as np
 import simpy
 
 from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
@@ -125,6 +125,7 @@ class _Run:
             for d in op.deps:
                 children[d].append(op.id)
         self.start: list[float | None] = [None] * len(schedule.ops)
+        self.end: list[float | None] = [None] * len(schedule.ops)
         self.ready: list[bool] = [False] * len(schedule.ops)
         self.stream_free = [0.0] * schedule.ranks
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
@@ -149,7 +150,7 @@ class _Run:
         self.net = FlowNetwork(capacity)
         self._durations: dict[tuple[Any, ...], float] = {}
         self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
-        self._paths: dict[tuple[int, int], tuple[list[int], float]] = {}
+        self._paths: dict[tuple[int, int], tuple[tuple[int, ...], float]] = {}
         cluster.prepare_routes({(self.place[op.rank], self.place[op.peer]) for op in schedule.ops
                                 if op.kind == "send" and op.peer is not None})
         self.flow_op: dict[int, Op] = {}
@@ -158,7 +159,6 @@ class _Run:
         self.events = 0
         self.simpy_events = 0
         self._calendar: dict[float, list[tuple[Callback, Any]]] = {}
-        self.timeline: list[Record] = []
 
     # -- the calendar: every callback due at one time runs from one simpy event ----------------------------------
     def _at(self, delay: float, callback: Callback, arg: Any) -> None:
@@ -194,14 +194,21 @@ class _Run:
             if not op.deps:
                 self._at(op.not_before_s, self._ready, op)
         self.env.run()
-        unfinished = [op.id for op in self.ops if self.start[op.id] is None]
-        if unfinished:
+        ops, start, end = self.ops, self.start, self.end
+        if None in start:
+            unfinished = [i for i, t in enumerate(start) if t is None]
             raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
-        ends: dict[int, float] = {}
-        for rec in self.timeline:
-            ends[rec.rank] = max(ends.get(rec.rank, 0.0), rec.end)
-        self.timeline.sort(key=attrgetter("start", "rank", "op"))
-        return SimResult(self.timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
+        done = list(range(len(ops))) if None not in end else [i for i, t in enumerate(end) if t is not None]
+        ranks = np.array([ops[i].rank for i in done], dtype=np.int64)
+        ends_at = np.array([end[i] for i in done], dtype=float)
+        last = np.full(self.sched.ranks, -np.inf)
+        np.maximum.at(last, ranks, ends_at)
+        ends = {r: float(last[r]) for r in np.unique(ranks).tolist()}
+        # the timeline in (start, rank, op) order: one sort of arrays rather than of millions of key tuples
+        order = np.lexsort((np.array(done, dtype=np.int64), ranks, np.array([start[i] for i in done], dtype=float)))
+        timeline = [_new(Record, (op.rank, i, op.kind, op.name, start[i], end[i], op.nbytes, op.flops))
+                    for i in (done[k] for k in order.tolist()) for op in (ops[i],)]
+        return SimResult(timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
                          self.link_load, self.extrapolated)
 
     # -- op life cycle -----------------------------------------------------------------------------------------
@@ -297,14 +304,14 @@ class _Run:
         self._done(op)
         self._issued(op.rank)
 
-    def _path(self, src: int, dst: int) -> tuple[list[int], float]:
+    def _path(self, src: int, dst: int) -> tuple[tuple[int, ...], float]:
         """Link ids a transfer between two ranks crosses (route, then host cores its copies use) and its latency."""
         hit = self._paths.get((src, dst))
         if hit is None:
             a, b = self.place[src], self.place[dst]
             route = self.cluster.route(a, b) if a != b else ()
             route_ids = [self.links[e] for e in route]
-            links = route_ids + list(self.hosts.transfer(src, dst)) if route else []
+            links = (*route_ids, *self.hosts.transfer(src, dst)) if route else ()
             latency = sum(self.latency[i] for i in route_ids)  # Cluster.route_latency, from a list
             hit = self._paths[(src, dst)] = (links, latency)
         return hit
@@ -320,7 +327,7 @@ class _Run:
         else:
             self._at(delay, self._inject, (send, link_ids))
 
-    def _inject(self, flow: tuple[Op, list[int]]) -> None:
+    def _inject(self, flow: tuple[Op, tuple[int, ...]]) -> None:
         send, link_ids = flow
         self.net.add(send.id, link_ids, send.nbytes, self.now)
         self.flow_op[send.id] = send
@@ -363,9 +370,10 @@ class _Run:
         self._done(self.ops[send.match])
 
     def _done(self, op: Op) -> None:
+        """The op has ended: its end is recorded (the timeline is built from them once the run is over) and the
+        ops that waited only for it become ready."""
         oid = op.id
-        self.timeline.append(_new(Record, (op.rank, oid, op.kind, op.name, self.start[oid], self.now, op.nbytes,
-                                           op.flops)))
+        self.end[oid] = self.now
         pending = self.pending
         for child in self.children[oid]:
             pending[child] -= 1
