@@ -30,6 +30,7 @@ a transfer's other end, nothing else. Memory: ``alloc`` (name, bytes) pairs are 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -78,6 +79,12 @@ _new = tuple.__new__  # an Op from all its fields in order: 5 times faster than 
 
 def _tuple(items: Iterable[Any]) -> tuple[Any, ...]:
     return items if type(items) is tuple else tuple(items)
+
+
+def _earlier(deps: Sequence[tuple[int, ...]], n: int) -> bool:
+    """Whether every id in ``deps`` names one of the ``n`` ops already there (min and max in C, for large steps)."""
+    named = [d for d in deps if d]
+    return not named or (min(map(min, named)) >= 0 and max(map(max, named)) < n)
 
 
 @dataclass
@@ -162,6 +169,58 @@ class Schedule:
         self.ops.append(_new(Op, (sid + 1, dst, "recv", name, rd, 0.0, size, "fp32", src, sid, not_before_s, "", "",
                                   dargs, lo, hi, _tuple(alloc), (), False, coll, None, "", into, 0.0, ())))
         return sid, sid + 1
+
+    def add_transfers(self, src: Sequence[int], dst: Sequence[int], nbytes: Sequence[float], name: Sequence[str],
+                      send_deps: Sequence[tuple[int, ...]], recv_deps: Sequence[tuple[int, ...]], *,
+                      args: tuple[str, ...] = (), dst_args: tuple[str, ...] | None = None,
+                      alloc: tuple[tuple[str, float], ...] = (), coll: str = "") -> int:
+        """Many transfers at once (one step of a collective or a ring), the k-th from ``src[k]`` to ``dst[k]``:
+        the same ops as :meth:`add_transfer` called for each k in order, with the options shared; returns the
+        first send's id (transfer k's send is ``first + 2k``, its recv ``first + 2k + 1``)."""
+        m = len(src)
+        if not len(dst) == len(nbytes) == len(name) == len(send_deps) == len(recv_deps) == m:
+            raise ValueError("add_transfers needs one dst, size, name and deps of each end per transfer")
+        first = len(self.ops)
+        if m and (min(*src, *dst) < 0 or max(*src, *dst) >= self.ranks or min(nbytes) < 0
+                  or any(map(operator.eq, src, dst)) or not _earlier(send_deps, first)
+                  or not _earlier(recv_deps, first)):
+            for k in range(m):  # the first bad one raises add_transfer's error (nothing is added)
+                if nbytes[k] < 0:
+                    raise ValueError(f"nbytes must not be negative, got {nbytes[k]}")
+                if src[k] == dst[k]:
+                    raise ValueError(f"a transfer needs two different ranks, got {src[k]} twice")
+                self._check(src[k], send_deps[k])
+                self._check(dst[k], recv_deps[k])
+        dargs = args if dst_args is None else dst_args
+        if len(dargs) != len(args):
+            raise ValueError("dst_args must name as many buffers as args")
+        ops: list[Op] = []
+        for k in range(m):
+            sid, size = first + 2 * k, float(nbytes[k])
+            ops.append(_new(Op, (sid, src[k], "send", name[k], send_deps[k], 0.0, size, "fp32", dst[k], sid + 1, 0.0,
+                                 "", "", args, 0, -1, (), (), False, coll, None, "", False, 0.0, ())))
+            ops.append(_new(Op, (sid + 1, dst[k], "recv", name[k], recv_deps[k], 0.0, size, "fp32", src[k], sid, 0.0,
+                                 "", "", dargs, 0, -1, alloc, (), False, coll, None, "", False, 0.0, ())))
+        self.ops.extend(ops)
+        return first
+
+    def add_computes(self, rank: Sequence[int], name: Sequence[str], flops: Sequence[float],
+                     nbytes: Sequence[float], dims: Sequence[tuple[float, ...]], deps: Sequence[tuple[int, ...]], *,
+                     dtype: str = "fp32", fn: str = "", out: str = "", args: tuple[str, ...] = (),
+                     alloc: tuple[tuple[str, float], ...] = ()) -> int:
+        """Many compute ops at once, the k-th on ``rank[k]``: the same ops as :meth:`add_compute` called for each k
+        in order, with the options shared; returns the first one's id (the k-th is ``first + k``)."""
+        m = len(rank)
+        if not len(name) == len(flops) == len(nbytes) == len(dims) == len(deps) == m:
+            raise ValueError("add_computes needs one name, cost, dims and deps per op")
+        first = len(self.ops)
+        if m and (min(rank) < 0 or max(rank) >= self.ranks or not _earlier(deps, first)):
+            for k in range(m):  # find the first bad one: _check raises its error
+                self._check(rank[k], deps[k])
+        self.ops.extend([_new(Op, (first + k, rank[k], "compute", name[k], deps[k], float(flops[k]),
+                                   float(nbytes[k]), dtype, None, None, 0.0, fn, out, args, 0, -1, alloc, (), False,
+                                   "", None, "", False, 0.0, dims[k])) for k in range(m)])
+        return first
 
     @staticmethod
     def combine(parts: Sequence[tuple[Schedule, Sequence[str]]], name: str = "") -> Schedule:

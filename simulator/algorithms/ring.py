@@ -29,8 +29,11 @@ from simulator.workloads.shape import DecodeShape
 __all__ = ["build_ring", "build_ring_q"]
 
 
-def _ids(*ops: int | None) -> tuple[int, ...]:
-    return tuple(op for op in ops if op is not None)
+def _ids(a: int | None, b: int | None = None) -> tuple[int, ...]:
+    """The ops given (at most two), without the Nones (called for every op of a large ring: no generator)."""
+    if a is None:
+        return () if b is None else (b,)
+    return (a,) if b is None else (a, b)
 
 
 def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Schedule:
@@ -56,6 +59,7 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
     have: list[int | None] = [None] * p  # op after which rank r's current buffer holds its step's shard
     sent: list[int | None] = [None] * p  # rank r's send of the previous step (its buffer is in use until done)
     attend: list[int | None] = [None] * p  # rank r's latest attention
+    ranks = range(p)
 
     for step in range(p):
         held = [order[(pos[r] - step) % p] for r in range(p)]  # the shard each rank holds at this step
@@ -65,21 +69,19 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
             # posted before this step's attention (in program order too), so that the shard travels while the
             # rank computes: a host thread that issues ops in order (as a CPU rank does) overlaps them as well
             cur, nxt = (f"kv{step % 2}",), (f"kv{(step + 1) % 2}",)
-            alloc = ((nxt[0], max_kv),) if step == 0 else ()
-            for r in range(p):
-                dst, shard = nxt_of[r], held[r]
-                # the receive buffer's previous shard (step - 1) has been attended to and sent on
-                snd, recv = sched.add_transfer(r, dst, kv_size[shard], kv_name[shard], send_deps=_ids(have[r]),
-                                               recv_deps=_ids(attend[dst], sent[dst]), args=cur, dst_args=nxt,
-                                               alloc=alloc)
-                new_have[dst], new_sent[r] = recv, snd
-        args = ("q", f"kv{step % 2}" if overlap else "kv0")
-        alloc = first_alloc if step == 0 else ()
-        for r in range(p):
-            name, flops, nbytes, dims = attends[held[r]]
-            attend[r] = sched.add_compute(r, name, flops=flops, nbytes=nbytes, dtype=dtype, fn="attend",
-                                          dims=dims, deps=_ids(have[r], attend[r]), out="acc", args=args,
-                                          alloc=alloc)
+            # one transfer per rank, all at once: rank r sends the shard it holds to nxt_of[r]; the receive
+            # buffer's previous shard (step - 1) has been attended to and sent on
+            first = sched.add_transfers(ranks, nxt_of, [kv_size[h] for h in held], [kv_name[h] for h in held],
+                                        [_ids(h) for h in have], [_ids(attend[d], sent[d]) for d in nxt_of],
+                                        args=cur, dst_args=nxt, alloc=((nxt[0], max_kv),) if step == 0 else ())
+            for r in ranks:
+                new_have[nxt_of[r]], new_sent[r] = first + 2 * r + 1, first + 2 * r
+        costs = [attends[h] for h in held]
+        first = sched.add_computes(ranks, [c[0] for c in costs], [c[1] for c in costs], [c[2] for c in costs],
+                                   [c[3] for c in costs], [_ids(have[r], attend[r]) for r in ranks], dtype=dtype,
+                                   fn="attend", out="acc", args=("q", f"kv{step % 2}" if overlap else "kv0"),
+                                   alloc=first_alloc if step == 0 else ())
+        attend = list(range(first, first + p))
         if step == p - 1:
             break
         if not overlap:  # attend, then exchange in place
