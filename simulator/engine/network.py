@@ -64,7 +64,6 @@ class FlowNetwork:
         self._alone: dict[tuple[int, ...], float] = {}  # route -> rate of a flow alone on it (its narrowest link)
         self._touched: set[int] = set()  # links whose set of flows changed since the last allocation
         self._eta: list[tuple[float, int, int]] = []  # (finish time, version, flow)
-        self._due: list[tuple[float, int, int]] = []  # entries next_finish took off _eta (still valid when due)
         self.allocations = 0
 
     def add(self, flow: int, links: Iterable[int], nbytes: float, now: float) -> None:
@@ -164,16 +163,16 @@ class FlowNetwork:
         return sum(self.state[f][2] * self.routes[f].count(link) for f in self.on_link.get(link, ()))
 
     def next_finish(self) -> tuple[float, list[int]]:
-        """Earliest predicted finish time and every flow predicted to finish then (``(inf, [])`` when idle)."""
+        """Earliest predicted finish time and every flow predicted to finish then (``(inf, [])`` when idle).
+
+        Entries left by flows since re-rated or removed are dropped when they reach the top; the flows due are
+        read off the heap in place: every entry within the tolerance of the top has all its ancestors within it
+        too, so a walk from the root that stops at later entries finds them all (no pop and push back)."""
         heap, state = self._eta, self.state
-        for entry in self._due:  # last call's due flows that are still running with the same rate: back in
-            st = state.get(entry[2])
-            if st is not None and st[3] == entry[1]:
-                heapq.heappush(heap, entry)
-        self._due = due_entries = []
         while heap:
-            st = state.get(heap[0][2])
-            if st is not None and st[3] == heap[0][1]:
+            _, version, flow = heap[0]
+            st = state.get(flow)
+            if st is not None and st[3] == version:
                 break
             heapq.heappop(heap)
         if not heap:
@@ -181,10 +180,18 @@ class FlowNetwork:
         best = heap[0][0]
         tol = FINISH_RTOL * max(best, 1e-30)
         due = []
-        while heap and heap[0][0] - best <= tol:
-            entry = heapq.heappop(heap)
-            st = state.get(entry[2])
-            if st is not None and st[3] == entry[1]:
-                due.append(entry[2])
-                due_entries.append(entry)  # still predicted: it goes back at the next call unless removed
+        n = len(heap)
+        stack = [0]
+        while stack:
+            i = stack.pop()
+            when, version, flow = heap[i]
+            if when - best <= tol:
+                st = state.get(flow)
+                if st is not None and st[3] == version:
+                    due.append(flow)
+                i = 2 * i + 1
+                if i < n:
+                    stack.append(i)
+                    if i + 1 < n:
+                        stack.append(i + 1)
         return best, sorted(due)
