@@ -16,14 +16,16 @@
   ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own;
   ``message_overhead + latency`` is raised to the send's ``floor_s``, a protocol's per-hop latency, if lower),
   then drains over every directed link of the route at its max-min fair rate (:mod:`simulator.engine.network`). Rates
-  are recomputed once per simulated instant at which flows start or finish: the recomputation is an event of
-  lower priority than everything else at that instant, scheduled at most once per instant.
+  are recomputed once per simulated instant at which flows start or finish, after every other callback of that
+  instant has run.
 
 Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)``, where
 ``overhead = message_overhead (+ comm_overhead outside a collective)``.
 
 Everything due at one instant runs from one simpy event (a calendar of callbacks per time), so lockstep
-schedules (P ranks finishing a step together) cost one event per instant rather than one per op.
+schedules (P ranks finishing a step together) cost one event per instant rather than one per op. The run keeps
+each op's start and end by op id; the timeline (one :class:`Record` per op, in (start, rank, op) order) is built
+once the run is over.
 """
 
 from __future__ import annotations
