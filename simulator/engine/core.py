@@ -128,7 +128,7 @@ class _Run:
                 children[d].append(op.id)
         self.start: list[float | None] = [None] * len(schedule.ops)
         self.end: list[float | None] = [None] * len(schedule.ops)
-        self.ready: list[bool] = [False] * len(schedule.ops)
+        self.ready = bytearray(len(schedule.ops))  # 1 once the op is ready (a byte per op, not a list slot)
         self.stream_free = [0.0] * schedule.ranks
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         self.links: dict[tuple[str, str], int] = {}
@@ -148,7 +148,7 @@ class _Run:
                 if self.hosts.shares(op.rank):
                     self.program[op.rank].append(op.id)
         self.cursor = [0] * schedule.ranks
-        self.held = [False] * len(schedule.ops)  # dependencies met, waiting for its turn in program order
+        self.held = bytearray(len(schedule.ops))  # dependencies met, waiting for its turn in program order
         self.net = FlowNetwork(capacity)
         self._durations: dict[tuple[Any, ...], float] = {}
         self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
@@ -200,16 +200,22 @@ class _Run:
         if None in start:
             unfinished = [i for i, t in enumerate(start) if t is None]
             raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
-        done = list(range(len(ops))) if None not in end else [i for i, t in enumerate(end) if t is not None]
-        ranks = np.array([ops[i].rank for i in done], dtype=np.int64)
-        ends_at = np.array([end[i] for i in done], dtype=float)
+        self.children, self.pending = [], []  # the timeline is built without them
+        self.ready, self.held = bytearray(), bytearray()
+        if None in end:  # started but never ended: not on the timeline
+            ids = np.array([i for i, t in enumerate(end) if t is not None], dtype=np.int64)
+        else:
+            ids = np.arange(len(ops), dtype=np.int64)
+        ranks = np.fromiter((op.rank for op in ops), dtype=np.int64, count=len(ops))[ids]
         last = np.full(self.sched.ranks, -np.inf)
-        np.maximum.at(last, ranks, ends_at)
+        np.maximum.at(last, ranks, np.array([t for t in end if t is not None], dtype=float))
         ends = {r: float(last[r]) for r in np.unique(ranks).tolist()}
         # the timeline in (start, rank, op) order: one sort of arrays rather than of millions of key tuples
-        order = np.lexsort((np.array(done, dtype=np.int64), ranks, np.array([start[i] for i in done], dtype=float)))
-        timeline = [_new(Record, (op.rank, i, op.kind, op.name, start[i], end[i], op.nbytes, op.flops))
-                    for i in (done[k] for k in order.tolist()) for op in (ops[i],)]
+        order = ids[np.lexsort((ids, ranks, np.array(start, dtype=float)[ids]))]
+        timeline: list[Record] = []
+        for lo in range(0, len(order), 1 << 16):  # op ids as Python ints a slice at a time, not all at once
+            timeline += [_new(Record, (op.rank, i, op.kind, op.name, start[i], end[i], op.nbytes, op.flops))
+                         for i in order[lo:lo + (1 << 16)].tolist() for op in (ops[i],)]
         return SimResult(timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
                          self.link_load, self.extrapolated)
 
@@ -244,11 +250,11 @@ class _Run:
         program = self.program[rank]
         if program:
             if program[self.cursor[rank]] != op.id:
-                self.held[op.id] = True
+                self.held[op.id] = 1
                 return
             if kind == "send" or kind == "recv":  # posted: the thread goes on to its next op
                 self._issued(rank)
-        self.ready[op.id] = True
+        self.ready[op.id] = 1
         if kind in COMPUTE_KINDS:
             if program:  # its turn in program order: the rank's previous kernel has returned
                 self._start_kernel(op)
@@ -287,7 +293,7 @@ class _Run:
         if self.cursor[rank] < len(program):
             nxt = program[self.cursor[rank]]
             if self.held[nxt]:
-                self.held[nxt] = False
+                self.held[nxt] = 0
                 self._at(0.0, self._ready, self.ops[nxt])
 
     def _start_kernel(self, op: Op) -> None:
