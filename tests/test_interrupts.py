@@ -13,12 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-# 8 points of ring on 256 ranks: each a few seconds of simulation, so that signals land mid-sweep (128 ranks
-# became too fast once the engine got faster: the sweep could end before the signal)
+# 8 points of ring on 128 ranks: each a few seconds of simulation, so that signals land mid-sweep
 SLOW = """\
 name: slow
 topology: dgx-h100
-topology_params: {nodes: 32}
+topology_params: {nodes: 16}
 workload: {kind: decode, model: {heads: 16, head_dim: 128}, batch: 1, context: 65536, dtype: bf16}
 algorithms: [ring]
 sweep:
