@@ -54,12 +54,19 @@ def test_a_capped_flow_leaves_the_rest_of_its_link_to_the_others():
     net.add(1, [0], 1000.0, 0.0, cap=20.0)
     net.add(2, [0], 1000.0, 0.0)
     net.allocate(0.0)
-    assert net.rate == {1: 20.0, 2: 80.0}
+    assert (net.rate(1), net.rate(2)) == (20.0, 80.0)
     assert max_min_rates({1: [0, 1], 2: [0]}, [100.0, 20.0]) == {1: 20.0, 2: 80.0}  # the cap as a private link
     net.remove(1)  # its private link is reused by the next capped flow
     net.add(3, [0], 1000.0, 0.0, cap=70.0)
     net.allocate(0.0)
-    assert net.rate[3] == 50.0 and net.rate[2] == 50.0 and len(net.capacity) == 2
+    assert net.rate(3) == 50.0 and net.rate(2) == 50.0 and len(net.capacity) == 2
+    net.remove(2)  # flow 3 alone on its route: its narrowest link is its cap
+    net.allocate(0.0)
+    assert net.rate(3) == 70.0
+    net.remove(3)  # the same route with the private link reused at another cap: not a cached rate
+    net.add(4, [0], 1000.0, 0.0, cap=30.0)
+    net.allocate(0.0)
+    assert net.rate(4) == 30.0
 
 
 def test_ll_on_a_fast_link_is_capped_at_ncclS_ll_bandwidth():

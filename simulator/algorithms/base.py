@@ -12,7 +12,8 @@ from simulator.kernels import kernel_cost, kernel_dims
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape, shard_bounds
 
-__all__ = ["Layout", "add_attend", "add_finalize", "add_kernel", "new_decode_schedule"]
+__all__ = ["Layout", "add_attend", "add_finalize", "add_kernel", "attend_kernel", "kernel_cost_of",
+           "new_decode_schedule"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,18 @@ def add_attend(sched: Schedule, shape: DecodeShape, rank: int, shard: int, kv_bu
     lo, hi = sched.meta["shards"][shard]
     return add_kernel(sched, shape, rank, "attend", hi - lo, name=f"attend[{shard}]", deps=deps, out="acc",
                       args=(q_buf, kv_buf), alloc=[("acc", shape.state_bytes)] if first else ())
+
+
+def attend_kernel(sched: Schedule, shape: DecodeShape, shard: int) -> tuple[str, float, float, tuple[float, ...]]:
+    """The name, FLOPs, bytes and dims of :func:`add_attend`'s kernel on shard ``shard`` (for builders that emit
+    the same attention for many ranks)."""
+    lo, hi = sched.meta["shards"][shard]
+    return (f"attend[{shard}]", *_cost("attend", shape, hi - lo))
+
+
+def kernel_cost_of(shape: DecodeShape, fn: str, n: int) -> tuple[float, float, tuple[float, ...]]:
+    """FLOPs, bytes and dims of kernel ``fn`` of size ``n`` (as :func:`add_kernel` gives them)."""
+    return _cost(fn, shape, n)
 
 
 def add_finalize(sched: Schedule, shape: DecodeShape, rank: int, deps: Iterable[int]) -> int:

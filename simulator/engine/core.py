@@ -16,14 +16,16 @@
   ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own;
   ``message_overhead + latency`` is raised to the send's ``floor_s``, a protocol's per-hop latency, if lower),
   then drains over every directed link of the route at its max-min fair rate (:mod:`simulator.engine.network`). Rates
-  are recomputed once per simulated instant at which flows start or finish: the recomputation is an event of
-  lower priority than everything else at that instant, scheduled at most once per instant.
+  are recomputed once per simulated instant at which flows start or finish, after every other callback of that
+  instant has run.
 
 Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)``, where
 ``overhead = message_overhead (+ comm_overhead outside a collective)``.
 
 Everything due at one instant runs from one simpy event (a calendar of callbacks per time), so lockstep
-schedules (P ranks finishing a step together) cost one event per instant rather than one per op.
+schedules (P ranks finishing a step together) cost one event per instant rather than one per op. The run keeps
+each op's start and end by op id; the timeline (one :class:`Record` per op, in (start, rank, op) order) is built
+once the run is over.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from operator import attrgetter
 from typing import Any, NamedTuple
 
+import numpy as np
 import simpy
 
-from simulator.cluster.devices import compute_time, profiled_time
+from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.topology import Cluster
 from simulator.engine.host import HostResources
 from simulator.engine.network import FlowNetwork
@@ -45,7 +47,8 @@ from simulator.schedule import COMPUTE_KINDS, Op, Schedule
 
 __all__ = ["Record", "SimResult", "simulate"]
 
-Callback = Callable[[], None]
+Callback = Callable[[Any], None]
+_new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
 
 
 class Record(NamedTuple):
@@ -110,6 +113,7 @@ class SimResult:
 class _Run:
     def __init__(self, schedule: Schedule, cluster: Cluster, record_links: bool = False) -> None:
         self.env = simpy.Environment()
+        self.now: float = self.env.now  # the simulated time, kept by _run_due (a plain attribute: read for every op)
         self.record_links = record_links
         self.link_load: list[tuple[float, str, str, float]] = []
         self.sched = schedule
@@ -118,11 +122,13 @@ class _Run:
         self.place = schedule.placement_on(cluster.ranks)
         self.pending = [len(op.deps) for op in schedule.ops]
         self.children: list[list[int]] = [[] for _ in schedule.ops]
+        children = self.children
         for op in schedule.ops:
             for d in op.deps:
-                self.children[d].append(op.id)
+                children[d].append(op.id)
         self.start: list[float | None] = [None] * len(schedule.ops)
-        self.ready: list[bool] = [False] * len(schedule.ops)
+        self.end: list[float | None] = [None] * len(schedule.ops)
+        self.ready = bytearray(len(schedule.ops))  # 1 once the op is ready (a byte per op, not a list slot)
         self.stream_free = [0.0] * schedule.ranks
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         self.links: dict[tuple[str, str], int] = {}
@@ -137,15 +143,16 @@ class _Run:
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
         # ranks on shared host cores are host threads that issue their ops in program order (see _ready)
         self.program: list[list[int]] = [[] for _ in range(schedule.ranks)]
-        for op in schedule.ops:
-            if self.hosts.shares(op.rank):
-                self.program[op.rank].append(op.id)
+        if any(self.hosts.shares(r) for r in range(schedule.ranks)):
+            for op in schedule.ops:
+                if self.hosts.shares(op.rank):
+                    self.program[op.rank].append(op.id)
         self.cursor = [0] * schedule.ranks
-        self.held = [False] * len(schedule.ops)  # dependencies met, waiting for its turn in program order
+        self.held = bytearray(len(schedule.ops))  # dependencies met, waiting for its turn in program order
         self.net = FlowNetwork(capacity)
         self._durations: dict[tuple[Any, ...], float] = {}
         self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
-        self._paths: dict[tuple[int, int], tuple[list[int], float]] = {}
+        self._paths: dict[tuple[int, int], tuple[tuple[int, ...], float]] = {}
         cluster.prepare_routes({(self.place[op.rank], self.place[op.peer]) for op in schedule.ops
                                 if op.kind == "send" and op.peer is not None})
         self.flow_op: dict[int, Op] = {}
@@ -153,42 +160,63 @@ class _Run:
         self.generation = 0
         self.events = 0
         self.simpy_events = 0
-        self._calendar: dict[float, list[Callback]] = {}
-        self.timeline: list[Record] = []
+        self._calendar: dict[float, list[tuple[Callback, Any]]] = {}
 
     # -- the calendar: every callback due at one time runs from one simpy event ----------------------------------
-    def _at(self, delay: float, callback: Callback) -> None:
-        when = self.env.now + delay
+    def _at(self, delay: float, callback: Callback, arg: Any) -> None:
+        """Call ``callback(arg)`` in ``delay`` seconds (after what is already due then)."""
+        when = self.now + delay  # the time simpy gives the timeout below: its now + delay
         due = self._calendar.get(when)
         if due is None:
             due = self._calendar[when] = []
             ev = self.env.timeout(delay)
             ev.callbacks.append(partial(self._run_due, when))  # type: ignore[union-attr]
             self.simpy_events += 1
-        due.append(callback)
+        due.append((callback, arg))
 
     def _run_due(self, when: float, _event: object = None) -> None:
+        """Run every callback due now, then, if flows started or finished, recompute rates once: after everything
+        else of this instant (nothing else is queued for it: the calendar has one simpy event per time)."""
+        self.now = when
         due = self._calendar[when]
-        i = 0
-        while i < len(due):  # callbacks may add more for this same instant
-            due[i]()
-            i += 1
-        self.events += i
+        done = 0
+        while True:
+            while done < len(due):  # callbacks may add more for this same instant: run those too
+                callback, arg = due[done]
+                callback(arg)
+                done += 1
+            if not self.dirty:
+                break
+            self._reallocate()  # may predict a finish at this same instant: due grows, the loop goes on
+        self.events += done
         del self._calendar[when]
 
     def run(self) -> SimResult:
         for op in self.ops:
             if not op.deps:
-                self._at(op.not_before_s, partial(self._ready, op))
+                self._at(op.not_before_s, self._ready, op)
         self.env.run()
-        unfinished = [op.id for op in self.ops if self.start[op.id] is None]
-        if unfinished:
+        ops, start, end = self.ops, self.start, self.end
+        if None in start:
+            unfinished = [i for i, t in enumerate(start) if t is None]
             raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
-        ends: dict[int, float] = {}
-        for rec in self.timeline:
-            ends[rec.rank] = max(ends.get(rec.rank, 0.0), rec.end)
-        self.timeline.sort(key=attrgetter("start", "rank", "op"))
-        return SimResult(self.timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
+        self.children, self.pending = [], []  # the timeline is built without them
+        self.ready, self.held = bytearray(), bytearray()
+        if None in end:  # started but never ended: not on the timeline
+            ids = np.array([i for i, t in enumerate(end) if t is not None], dtype=np.int64)
+        else:
+            ids = np.arange(len(ops), dtype=np.int64)
+        ranks = np.fromiter((op.rank for op in ops), dtype=np.int64, count=len(ops))[ids]
+        last = np.full(self.sched.ranks, -np.inf)
+        np.maximum.at(last, ranks, np.array([t for t in end if t is not None], dtype=float))
+        ends = {r: float(last[r]) for r in np.unique(ranks).tolist()}
+        # the timeline in (start, rank, op) order: one sort of arrays rather than of millions of key tuples
+        order = ids[np.lexsort((ids, ranks, np.array(start, dtype=float)[ids]))]
+        timeline: list[Record] = []
+        for lo in range(0, len(order), 1 << 16):  # op ids as Python ints a slice at a time, not all at once
+            timeline += [_new(Record, (op.rank, i, op.kind, op.name, start[i], end[i], op.nbytes, op.flops))
+                         for i in order[lo:lo + (1 << 16)].tolist() for op in (ops[i],)]
+        return SimResult(timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
                          self.link_load, self.extrapolated)
 
     # -- op life cycle -----------------------------------------------------------------------------------------
@@ -197,46 +225,55 @@ class _Run:
         key = (id(spec), op.flops, op.nbytes, op.dtype, op.fused, op.fn, op.dims)  # the cluster holds its specs
         hit = self._durations.get(key)
         if hit is None:
-            if spec is None:  # a switch reducing in the network (NVLS), at line rate
-                hit = 0.0
-            else:
-                profiled = None if op.fused else profiled_time(spec, op.fn, op.dtype, op.dims)
-                if profiled is None:
-                    hit = compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused, fn=op.fn)
-                else:
-                    hit, outside = profiled
-                    if outside:
-                        where = (spec.name, op.fn, op.dtype)
-                        self.extrapolated[where] = tuple(sorted({*self.extrapolated.get(where, ()), *outside}))
-            self._durations[key] = hit
+            hit = self._durations[key] = self._new_duration(spec, op)
+        return hit
+
+    def _new_duration(self, spec: DeviceSpec | None, op: Op) -> float:
+        if spec is None:  # a switch reducing in the network (NVLS), at line rate
+            return 0.0
+        profiled = None if op.fused else profiled_time(spec, op.fn, op.dtype, op.dims)
+        if profiled is None:
+            return compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused, fn=op.fn)
+        hit, outside = profiled
+        if outside:
+            where = (spec.name, op.fn, op.dtype)
+            self.extrapolated[where] = tuple(sorted({*self.extrapolated.get(where, ()), *outside}))
         return hit
 
     def _ready(self, op: Op) -> None:
-        now = self.env.now
+        now = self.now
         if now < op.not_before_s:
-            self._at(op.not_before_s - now, partial(self._ready, op))
+            self._at(op.not_before_s - now, self._ready, op)
             return
         kind = op.kind
-        program = self.program[op.rank]
+        rank = op.rank
+        program = self.program[rank]
         if program:
-            if program[self.cursor[op.rank]] != op.id:
-                self.held[op.id] = True
+            if program[self.cursor[rank]] != op.id:
+                self.held[op.id] = 1
                 return
-            if kind in ("send", "recv"):  # posted: the thread goes on to its next op
-                self._issued(op.rank)
-        self.ready[op.id] = True
+            if kind == "send" or kind == "recv":  # posted: the thread goes on to its next op
+                self._issued(rank)
+        self.ready[op.id] = 1
         if kind in COMPUTE_KINDS:
             if program:  # its turn in program order: the rank's previous kernel has returned
                 self._start_kernel(op)
                 return
-            begin = max(now, self.stream_free[op.rank])
-            end = begin + self._duration(op)
-            self.stream_free[op.rank] = end
+            spec = self.specs[rank]
+            key = (id(spec), op.flops, op.nbytes, op.dtype, op.fused, op.fn, op.dims)  # as _duration, inlined
+            duration = self._durations.get(key)
+            if duration is None:
+                duration = self._durations[key] = self._new_duration(spec, op)
+            begin = self.stream_free[rank]  # one FIFO compute stream: max(now, when it is free)
+            if begin < now:
+                begin = now
+            end = begin + duration
+            self.stream_free[rank] = end
             self.start[op.id] = begin
-            self._at(end - now, partial(self._done, op))
+            self._at(end - now, self._done, op)
         elif kind == "launch":
             self.start[op.id] = now
-            self._at(max(self.cluster.collective_start_s, op.floor_s), partial(self._launched, op))
+            self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
         else:
             assert op.match is not None
             if self.ready[op.match]:  # both ends ready: the transfer starts
@@ -256,18 +293,18 @@ class _Run:
         if self.cursor[rank] < len(program):
             nxt = program[self.cursor[rank]]
             if self.held[nxt]:
-                self.held[nxt] = False
-                self._at(0.0, partial(self._ready, self.ops[nxt]))
+                self.held[nxt] = 0
+                self._at(0.0, self._ready, self.ops[nxt])
 
     def _start_kernel(self, op: Op) -> None:
         """Start a kernel of a rank whose host's cores are shared: work drained as a flow."""
-        self.start[op.id] = self.env.now
+        self.start[op.id] = self.now
         duration = self._duration(op)
         if duration <= 0:
             self._kernel_done(op)
             return
         links, work = self.hosts.kernel(op, duration)
-        self.net.add(op.id, links, work, self.env.now)
+        self.net.add(op.id, links, work, self.now)
         self.flow_op[op.id] = op
         self._mark_dirty()
 
@@ -275,67 +312,55 @@ class _Run:
         self._done(op)
         self._issued(op.rank)
 
-    def _path(self, src: int, dst: int) -> tuple[list[int], float]:
+    def _path(self, src: int, dst: int) -> tuple[tuple[int, ...], float]:
         """Link ids a transfer between two ranks crosses (route, then host cores its copies use) and its latency."""
         hit = self._paths.get((src, dst))
         if hit is None:
             a, b = self.place[src], self.place[dst]
             route = self.cluster.route(a, b) if a != b else ()
             route_ids = [self.links[e] for e in route]
-            links = route_ids + list(self.hosts.transfer(src, dst)) if route else []
+            links = (*route_ids, *self.hosts.transfer(src, dst)) if route else ()
             latency = sum(self.latency[i] for i in route_ids)  # Cluster.route_latency, from a list
             hit = self._paths[(src, dst)] = (links, latency)
         return hit
 
     def _start_transfer(self, send: Op, recv: Op) -> None:
-        now = self.env.now
+        now = self.now
         self.start[send.id] = self.start[recv.id] = now
         link_ids, latency = self._path(send.rank, recv.rank)
         delay = (max(self.cluster.message_overhead_s + latency, send.floor_s)
                  + (0.0 if send.coll else self.cluster.comm_overhead_s))
         if not link_ids or send.nbytes == 0:
-            self._at(delay, partial(self._finish_transfer, send))
+            self._at(delay, self._finish_transfer, send)
         else:
-            self._at(delay, partial(self._inject, send, link_ids))
+            self._at(delay, self._inject, (send, link_ids))
 
-    def _inject(self, send: Op, link_ids: list[int]) -> None:
-        self.net.add(send.id, link_ids, send.nbytes, self.env.now, cap=send.rate_cap)
+    def _inject(self, flow: tuple[Op, tuple[int, ...]]) -> None:
+        send, link_ids = flow
+        self.net.add(send.id, link_ids, send.nbytes, self.now, cap=send.rate_cap)
         self.flow_op[send.id] = send
         self._mark_dirty()
 
     def _mark_dirty(self) -> None:
-        if not self.dirty:
-            self.dirty = True
-            self._after_instant()
-
-    def _after_instant(self) -> None:
-        """Reallocate once every other event of this instant has run (whatever they start or finish)."""
-        ev = self.env.timeout(0.0)
-        ev.callbacks.append(self._settled)  # type: ignore[union-attr]
-        self.simpy_events += 1
-
-    def _settled(self, _e: object) -> None:
-        if self.env.peek() == self.env.now:  # more of this instant is queued: go behind it
-            self._after_instant()
-        else:
-            self._reallocate()
+        """Rates are recomputed once every other callback of this instant has run (see _run_due)."""
+        self.dirty = True
 
     def _reallocate(self) -> None:
         self.dirty = False
         self.events += 1
-        changed = self.net.allocate(self.env.now, changed_links=self.record_links)
+        changed = self.net.allocate(self.now, changed_links=self.record_links)
         if self.record_links:
             for link in sorted(changed):
                 if link < len(self.edge_names):  # not a virtual core or memory link
                     u, v = self.edge_names[link]
-                    self.link_load.append((self.env.now, u, v, self.net.load(link)))
+                    self.link_load.append((self.now, u, v, self.net.load(link)))
         self.generation += 1
         when, due = self.net.next_finish()
         if due:
-            gen = self.generation
-            self._at(when - self.env.now, partial(self._drained, gen, due))
+            self._at(when - self.now, self._drained, (self.generation, due))
 
-    def _drained(self, gen: int, due: list[int]) -> None:
+    def _drained(self, predicted: tuple[int, list[int]]) -> None:
+        gen, due = predicted
         if gen != self.generation:
             return  # rates changed since this finish was predicted
         for flow in due:
@@ -353,14 +378,14 @@ class _Run:
         self._done(self.ops[send.match])
 
     def _done(self, op: Op) -> None:
-        now = self.env.now
-        start = self.start[op.id]
-        assert start is not None
-        self.timeline.append(Record(op.rank, op.id, op.kind, op.name, start, now, op.nbytes, op.flops))
+        """The op has ended: its end is recorded (the timeline is built from them once the run is over) and the
+        ops that waited only for it become ready."""
+        oid = op.id
+        self.end[oid] = self.now
         pending = self.pending
-        for child in self.children[op.id]:
+        for child in self.children[oid]:
             pending[child] -= 1
-            if pending[child] == 0:
+            if not pending[child]:
                 self._ready(self.ops[child])
 
 

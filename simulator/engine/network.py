@@ -64,10 +64,9 @@ class FlowNetwork:
         self.capacity = list(capacity)
         self.routes: dict[int, tuple[int, ...]] = {}
         self.on_link: dict[int, set[int]] = {}
-        self.remaining: dict[int, float] = {}  # bytes left at time self.updated[f]
-        self.updated: dict[int, float] = {}
-        self.rate: dict[int, float] = {}
-        self.version: dict[int, int] = {}
+        # flow -> [bytes left at time ``updated``, updated, rate, version]: one dict entry per flow
+        self.state: dict[int, list[Any]] = {}
+        self._alone: dict[tuple[int, ...], float] = {}  # route -> rate of a flow alone on it (its narrowest link)
         self._touched: set[int] = set()  # links whose set of flows changed since the last allocation
         self._eta: list[tuple[float, int, int]] = []  # (finish time, version, flow)
         self.allocations = 0
@@ -77,7 +76,7 @@ class FlowNetwork:
     def add(self, flow: int, links: Iterable[int], nbytes: float, now: float, cap: float = 0.0) -> None:
         """Start draining ``flow`` at time ``now`` (rate 0 until the next :meth:`allocate`); ``cap`` > 0: the flow
         never goes faster (bytes/s), through a private link of that capacity appended to its route."""
-        route = tuple(links)
+        route = links if type(links) is tuple else tuple(links)
         if cap > 0.0:
             if self._spare_caps:
                 private = self._spare_caps.pop()
@@ -88,10 +87,7 @@ class FlowNetwork:
             self._cap_link[flow] = private
             route = (*route, private)
         self.routes[flow] = route
-        self.remaining[flow] = float(nbytes)
-        self.updated[flow] = now
-        self.rate[flow] = 0.0
-        self.version[flow] = 0
+        self.state[flow] = [float(nbytes), now, 0.0, 0]
         on_link = self.on_link
         for link in route:
             users = on_link.get(link)
@@ -104,13 +100,15 @@ class FlowNetwork:
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
         route = self.routes.pop(flow)
-        for link in set(route):  # a link may appear twice (a flow that loads it twice as much)
-            users = self.on_link[link]
-            users.discard(flow)
-            if not users:
-                del self.on_link[link]
+        on_link = self.on_link
+        for link in route:  # a link may appear twice (a flow that loads it twice as much): discard is idempotent
+            users = on_link.get(link)
+            if users is not None:
+                users.discard(flow)
+                if not users:
+                    del on_link[link]
         self._touched.update(route)
-        del self.remaining[flow], self.updated[flow], self.rate[flow], self.version[flow]
+        del self.state[flow]
         private = self._cap_link.pop(flow, None)
         if private is not None:
             self._touched.discard(private)
@@ -121,17 +119,18 @@ class FlowNetwork:
         connected component (a ring's flows, each alone on its links, are as many components)."""
         comps: list[set[int]] = []
         seen_links: set[int] = set()
+        on_link, routes = self.on_link, self.routes
         for seed in self._touched:
-            if seed in seen_links or seed not in self.on_link:
+            if seed in seen_links or seed not in on_link:
                 continue
             flows: set[int] = set()
             stack = [seed]
             seen_links.add(seed)
             while stack:
-                for f in self.on_link[stack.pop()]:
+                for f in on_link[stack.pop()]:
                     if f not in flows:
                         flows.add(f)
-                        for link in self.routes[f]:
+                        for link in routes[f]:
                             if link not in seen_links:
                                 seen_links.add(link)
                                 stack.append(link)
@@ -162,38 +161,64 @@ class FlowNetwork:
         if len(flows) == 1:  # a flow alone on its links gets the narrowest one
             (only,) = flows
             route = self.routes[only]
-            rates: dict[Any, float] = {only: min(self.capacity[link] / route.count(link) for link in route)}
+            alone = self._alone.get(route)
+            if alone is None:
+                alone = min(self.capacity[link] / route.count(link) for link in route)
+                if only not in self._cap_link:  # a cap link's id is reused with another capacity: not cached
+                    self._alone[route] = alone
+            rates: dict[Any, float] = {only: alone}
         else:
             rates = max_min_rates({f: self.routes[f] for f in flows}, self.capacity)
+        state, eta = self.state, self._eta
         for f in flows:
             new = rates[f]
-            if new == self.rate[f] and self.version[f] > 0:
+            st = state[f]
+            if new == st[2] and st[3] > 0:
                 continue
-            self.remaining[f] -= self.rate[f] * (now - self.updated[f])
-            self.updated[f] = now
-            self.rate[f] = new
-            self.version[f] += 1
-            heapq.heappush(self._eta, (now + max(self.remaining[f], 0.0) / new, self.version[f], f))
+            st[0] -= st[2] * (now - st[1])
+            st[1] = now
+            st[2] = new
+            st[3] += 1
+            heapq.heappush(eta, (now + max(st[0], 0.0) / new, st[3], f))
+
+    def rate(self, flow: int) -> float:
+        """Bytes/s ``flow`` drains at now (as of the last :meth:`allocate`)."""
+        return float(self.state[flow][2])
 
     def load(self, link: int) -> float:
         """Bytes/s flowing on ``link`` now (a flow that crosses it twice counts twice)."""
-        return sum(self.rate[f] * self.routes[f].count(link) for f in self.on_link.get(link, ()))
+        return sum(self.state[f][2] * self.routes[f].count(link) for f in self.on_link.get(link, ()))
 
     def next_finish(self) -> tuple[float, list[int]]:
-        """Earliest predicted finish time and every flow predicted to finish then (``(inf, [])`` when idle)."""
-        heap = self._eta
-        while heap and self.version.get(heap[0][2], -1) != heap[0][1]:
+        """Earliest predicted finish time and every flow predicted to finish then (``(inf, [])`` when idle).
+
+        Entries left by flows since re-rated or removed are dropped when they reach the top; the flows due are
+        read off the heap in place: every entry within the tolerance of the top has all its ancestors within it
+        too, so a walk from the root that stops at later entries finds them all (no pop and push back)."""
+        heap, state = self._eta, self.state
+        while heap:
+            _, version, flow = heap[0]
+            st = state.get(flow)
+            if st is not None and st[3] == version:
+                break
             heapq.heappop(heap)
         if not heap:
             return float("inf"), []
         best = heap[0][0]
         tol = FINISH_RTOL * max(best, 1e-30)
-        due, keep = [], []
-        while heap and heap[0][0] - best <= tol:
-            entry = heapq.heappop(heap)
-            if self.version.get(entry[2], -1) == entry[1]:
-                due.append(entry[2])
-                keep.append(entry)
-        for entry in keep:  # still predicted: they stay until removed or re-rated
-            heapq.heappush(heap, entry)
+        due = []
+        n = len(heap)
+        stack = [0]
+        while stack:
+            i = stack.pop()
+            when, version, flow = heap[i]
+            if when - best <= tol:
+                st = state.get(flow)
+                if st is not None and st[3] == version:
+                    due.append(flow)
+                i = 2 * i + 1
+                if i < n:
+                    stack.append(i)
+                    if i + 1 < n:
+                        stack.append(i + 1)
         return best, sorted(due)
