@@ -30,9 +30,12 @@ once the run is over.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -49,6 +52,7 @@ __all__ = ["Record", "SimResult", "simulate"]
 
 Callback = Callable[[Any], None]
 _new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
+_RANK, _DEPS = itemgetter(1), itemgetter(4)  # Op.rank, Op.deps, read by map over every op (C-level)
 
 
 class Record(NamedTuple):
@@ -120,15 +124,23 @@ class _Run:
         self.ops = schedule.ops
         self.cluster = cluster
         self.place = schedule.placement_on(cluster.ranks)
-        self.pending = [len(op.deps) for op in schedule.ops]
-        self.children: list[list[int]] = [[] for _ in schedule.ops]
-        children = self.children
-        for op in schedule.ops:
-            for d in op.deps:
-                children[d].append(op.id)
-        self.start: list[float | None] = [None] * len(schedule.ops)
-        self.end: list[float | None] = [None] * len(schedule.ops)
-        self.ready = bytearray(len(schedule.ops))  # 1 once the op is ready (a byte per op, not a list slot)
+        ops = schedule.ops
+        n = len(ops)
+        # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
+        # they were appended): built by numpy, 8 bytes per edge instead of a list per op
+        deps_of = list(map(_DEPS, ops))
+        counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
+        parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=int(counts.sum()))
+        del deps_of
+        kids = np.repeat(np.arange(n, dtype=np.int64), counts)[np.argsort(parents, kind="stable")]
+        self.kids = array("q", kids.tobytes())
+        self.first_kid = array("q", np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).tobytes())
+        del kids, parents
+        self.pending = counts.tolist()
+        self.roots = np.flatnonzero(counts == 0).tolist()
+        self.start = array("d", np.full(n, np.nan).tobytes())  # seconds, by op id (NaN: not yet; 8 bytes an op)
+        self.end = self.start[:]
+        self.ready = bytearray(n)  # 1 once the op is ready (a byte per op, not a list slot)
         self.stream_free = [0.0] * schedule.ranks
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         self.links: dict[tuple[str, str], int] = {}
@@ -192,30 +204,32 @@ class _Run:
         del self._calendar[when]
 
     def run(self) -> SimResult:
-        for op in self.ops:
-            if not op.deps:
-                self._at(op.not_before_s, self._ready, op)
+        ops = self.ops
+        for i in self.roots:
+            op = ops[i]
+            self._at(op.not_before_s, self._ready, op)
         self.env.run()
-        ops, start, end = self.ops, self.start, self.end
-        if None in start:
-            unfinished = [i for i, t in enumerate(start) if t is None]
-            raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
-        self.children, self.pending = [], []  # the timeline is built without them
+        start = np.frombuffer(self.start, dtype=float)
+        end = np.frombuffer(self.end, dtype=float)
+        if np.isnan(start).any():
+            unfinished = np.flatnonzero(np.isnan(start))[:10].tolist()
+            raise RuntimeError(f"schedule deadlocked: ops {unfinished} never started")
+        self.kids, self.first_kid, self.pending = array("q"), array("q"), []  # the timeline is built without them
         self.ready, self.held = bytearray(), bytearray()
-        if None in end:  # started but never ended: not on the timeline
-            ids = np.array([i for i, t in enumerate(end) if t is not None], dtype=np.int64)
-        else:
-            ids = np.arange(len(ops), dtype=np.int64)
-        ranks = np.fromiter((op.rank for op in ops), dtype=np.int64, count=len(ops))[ids]
+        ended = ~np.isnan(end)  # started but never ended: not on the timeline
+        ids = np.flatnonzero(ended) if not ended.all() else np.arange(len(ops), dtype=np.int64)
+        ranks = np.fromiter(map(_RANK, ops), dtype=np.int64, count=len(ops))[ids]
         last = np.full(self.sched.ranks, -np.inf)
-        np.maximum.at(last, ranks, np.array([t for t in end if t is not None], dtype=float))
+        np.maximum.at(last, ranks, end[ids])
         ends = {r: float(last[r]) for r in np.unique(ranks).tolist()}
         # the timeline in (start, rank, op) order: one sort of arrays rather than of millions of key tuples
-        order = ids[np.lexsort((ids, ranks, np.array(start, dtype=float)[ids]))]
+        order = ids[np.lexsort((ids, ranks, start[ids]))]
         timeline: list[Record] = []
         for lo in range(0, len(order), 1 << 16):  # op ids as Python ints a slice at a time, not all at once
-            timeline += [_new(Record, (op.rank, i, op.kind, op.name, start[i], end[i], op.nbytes, op.flops))
-                         for i in order[lo:lo + (1 << 16)].tolist() for op in (ops[i],)]
+            chunk = order[lo:lo + (1 << 16)]
+            timeline += [_new(Record, (op.rank, i, op.kind, op.name, t0, t1, op.nbytes, op.flops))
+                         for i, t0, t1 in zip(chunk.tolist(), start[chunk].tolist(), end[chunk].tolist(),
+                                              strict=True) for op in (ops[i],)]
         return SimResult(timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
                          self.link_load, self.extrapolated)
 
@@ -382,11 +396,15 @@ class _Run:
         ops that waited only for it become ready."""
         oid = op.id
         self.end[oid] = self.now
-        pending = self.pending
-        for child in self.children[oid]:
+        first = self.first_kid
+        lo, hi = first[oid], first[oid + 1]
+        if lo == hi:
+            return
+        pending, ops = self.pending, self.ops
+        for child in self.kids[lo:hi]:
             pending[child] -= 1
             if not pending[child]:
-                self._ready(self.ops[child])
+                self._ready(ops[child])
 
 
 def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -> SimResult:
