@@ -82,6 +82,7 @@ class FlowNetwork:
         self.capacity = list(capacity)
         self.routes: dict[int, tuple[int, ...]] = {}
         self.on_link: dict[int, set[int]] = {}
+        self._extra: dict[int, int] = {}  # link -> times its flows cross it beyond once each (rarely any)
         # flow -> [bytes left at time ``updated``, updated, rate, version]: one dict entry per flow
         self.state: dict[int, list[Any]] = {}
         self._alone: dict[tuple[int, ...], float] = {}  # route -> rate of a flow alone on it (its narrowest link)
@@ -108,6 +109,12 @@ class FlowNetwork:
             route = (*route, private)
         self.routes[flow] = route
         self.state[flow] = [float(nbytes), now, 0.0, 0]
+        if len(set(route)) < len(route):  # a link crossed twice (a loopback's host cores): counted twice
+            extra = self._extra
+            for link in set(route):
+                times = route.count(link)
+                if times > 1:
+                    extra[link] = extra.get(link, 0) + times - 1
         on_link = self.on_link
         for link in route:
             users = on_link.get(link)
@@ -120,6 +127,14 @@ class FlowNetwork:
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
         route = self.routes.pop(flow)
+        if len(set(route)) < len(route):
+            extra = self._extra
+            for link in set(route):
+                times = route.count(link)
+                if times > 1:
+                    extra[link] -= times - 1
+                    if not extra[link]:
+                        del extra[link]
         on_link = self.on_link
         for link in route:  # a link may appear twice (a flow that loads it twice as much): discard is idempotent
             users = on_link.get(link)
@@ -142,26 +157,25 @@ class FlowNetwork:
         they cross each of its links."""
         comps: list[tuple[set[int], dict[int, int]]] = []
         seen_links: set[int] = set()
-        on_link, routes = self.on_link, self.routes
+        on_link, routes, extra = self.on_link, self.routes, self._extra
         for seed in self._touched:
             if seed in seen_links or seed not in on_link:
                 continue
             flows: set[int] = set()
-            count: dict[int, int] = {}
-            stack = [seed]
+            links = [seed]
             seen_links.add(seed)
-            while stack:
-                for f in on_link[stack.pop()]:
+            for link in links:  # grows while it is walked: a breadth-first search over links
+                for f in on_link[link]:
                     if f not in flows:
                         flows.add(f)
-                        for link in routes[f]:
-                            if link in count:
-                                count[link] += 1
-                            else:
-                                count[link] = 1
-                                if link not in seen_links:
-                                    seen_links.add(link)
-                                    stack.append(link)
+                        for other in routes[f]:
+                            if other not in seen_links:
+                                seen_links.add(other)
+                                links.append(other)
+            count = {link: len(on_link[link]) for link in links}
+            if extra:
+                for link in links:
+                    count[link] += extra.get(link, 0)
             comps.append((flows, count))
         return comps
 
