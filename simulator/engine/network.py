@@ -83,6 +83,7 @@ class FlowNetwork:
         self.routes: dict[int, tuple[int, ...]] = {}
         self.on_link: dict[int, set[int]] = {}
         self._extra: dict[int, int] = {}  # link -> times its flows cross it beyond once each (rarely any)
+        self._repeats: set[int] = set()  # the flows that cross a link more than once
         # flow -> [bytes left at time ``updated``, updated, rate, version]: one dict entry per flow
         self.state: dict[int, list[Any]] = {}
         self._alone: dict[tuple[int, ...], float] = {}  # route -> rate of a flow alone on it (its narrowest link)
@@ -115,6 +116,7 @@ class FlowNetwork:
                 times = route.count(link)
                 if times > 1:
                     extra[link] = extra.get(link, 0) + times - 1
+            self._repeats.add(flow)
         on_link = self.on_link
         for link in route:
             users = on_link.get(link)
@@ -127,7 +129,8 @@ class FlowNetwork:
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
         route = self.routes.pop(flow)
-        if len(set(route)) < len(route):
+        if flow in self._repeats:
+            self._repeats.discard(flow)
             extra = self._extra
             for link in set(route):
                 times = route.count(link)
