@@ -354,9 +354,9 @@ class _Run:
         if hit is None:
             a, b = self.place[src], self.place[dst]
             route = self.cluster.route(a, b) if a != b else ()
-            route_ids = [self.links[e] for e in route]
-            links = (*route_ids, *self.hosts.transfer(src, dst)) if route else ()
-            latency = sum(self.latency[i] for i in route_ids)  # Cluster.route_latency, from a list
+            route_ids = tuple(map(self.links.__getitem__, route))
+            links = (*route_ids, *self.hosts.transfer(src, dst)) if route and self.hosts.copies else route_ids
+            latency = sum(map(self.latency.__getitem__, route_ids))  # Cluster.route_latency, from a list
             hit = self._paths[(src, dst)] = (links, latency)
         return hit
 

@@ -208,7 +208,10 @@ class FlowNetwork:
             route = self.routes[only]
             alone = self._alone.get(route)
             if alone is None:
-                alone = min(self.capacity[link] / route.count(link) for link in route)
+                if only in self._repeats:
+                    alone = min(self.capacity[link] / route.count(link) for link in route)
+                else:  # each link once: its narrowest (x / 1 == x exactly)
+                    alone = float(min(map(self.capacity.__getitem__, route)))
                 if only not in self._cap_link:  # a cap link's id is reused with another capacity: not cached
                     self._alone[route] = alone
             rates: dict[Any, float] = {only: alone}
