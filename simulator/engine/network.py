@@ -3,13 +3,14 @@
 Each active flow drains over a fixed set of directed links at its max-min fair rate: repeatedly take the link with
 the smallest fair share ``remaining capacity / unfrozen flows``, freeze its flows at that share, and subtract it
 from every other link they cross (Bertsekas & Gallager, *Data Networks*, Sec. 6.5.2). With a heap keyed by share
-this costs O(sum of route lengths x log links).
+this costs O(sum of route lengths x log links); it stops once every flow has its rate.
 
 Rates of flows that share no link, directly or through other flows, are independent, so a change (flows starting
 or finishing) only re-runs the filling on the connected components of flows around the links it touched, each on
-its own (a flow alone on its links simply gets its narrowest link, as most of a ring's flows do). Progress
-is lazy: a flow's remaining bytes are brought up to date only when its rate changes; a heap of predicted finish
-times gives the next completion.
+its own (a flow alone on its links simply gets its narrowest link, as most of a ring's flows do); the links'
+flow counts are read off the per-link sets of flows. Progress is lazy: a flow's remaining bytes are brought up to
+date only when its rate changes; a heap of predicted finish times gives the next completion, kept until a
+prediction that could change it.
 
 A flow may carry a rate cap (bytes/s): a private virtual link of that capacity that only it crosses. Progressive
 filling over it is max-min fairness with a per-flow upper bound, exactly (the cap is one more constraint; a capped
