@@ -139,8 +139,10 @@ class _Run:
         del kids, parents
         self.pending = counts.tolist()
         self.roots = np.flatnonzero(counts == 0).tolist()
-        self.start = array("d", np.full(n, np.nan).tobytes())  # seconds, by op id (NaN: not yet; 8 bytes an op)
-        self.end = self.start[:]
+        # seconds, by op id (None: not yet): lists of float objects, which the ops ending at one instant share and
+        # the timeline's records reuse (an array of doubles would make a float object per record)
+        self.start: list[float | None] = [None] * n
+        self.end: list[float | None] = [None] * n
         self.ready = bytearray(n)  # 1 once the op is ready (a byte per op, not a list slot)
         self.stream_free = [0.0] * schedule.ranks
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
@@ -218,27 +220,26 @@ class _Run:
             op = ops[i]
             self._at(op.not_before_s, self._ready, op)
         self.env.run()
-        start = np.frombuffer(self.start, dtype=float)
-        end = np.frombuffer(self.end, dtype=float)
-        if np.isnan(start).any():
-            unfinished = np.flatnonzero(np.isnan(start))[:10].tolist()
-            raise RuntimeError(f"schedule deadlocked: ops {unfinished} never started")
+        start, end = self.start, self.end
+        if None in start:
+            unfinished = [i for i, t in enumerate(start) if t is None]
+            raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
         self.kids, self.first_kid, self.pending = array("q"), array("q"), []  # the timeline is built without them
         self.ready, self.held = bytearray(), bytearray()
-        ended = ~np.isnan(end)  # started but never ended: not on the timeline
-        ids = np.flatnonzero(ended) if not ended.all() else np.arange(len(ops), dtype=np.int64)
+        if None in end:  # started but never ended: not on the timeline
+            ids = np.array([i for i, t in enumerate(end) if t is not None], dtype=np.int64)
+        else:
+            ids = np.arange(len(ops), dtype=np.int64)
         ranks = np.fromiter(map(_RANK, ops), dtype=np.int64, count=len(ops))[ids]
         last = np.full(self.sched.ranks, -np.inf)
-        np.maximum.at(last, ranks, end[ids])
+        np.maximum.at(last, ranks, np.array([t for t in end if t is not None], dtype=float))
         ends = {r: float(last[r]) for r in np.unique(ranks).tolist()}
         # the timeline in (start, rank, op) order: one sort of arrays rather than of millions of key tuples
-        order = ids[np.lexsort((ids, ranks, start[ids]))]
+        order = ids[np.lexsort((ids, ranks, np.array(start, dtype=float)[ids]))]
         timeline: list[Record] = []
         for lo in range(0, len(order), 1 << 16):  # op ids as Python ints a slice at a time, not all at once
-            chunk = order[lo:lo + (1 << 16)]
-            timeline += [_new(Record, (op.rank, i, op.kind, op.name, t0, t1, op.nbytes, op.flops))
-                         for i, t0, t1 in zip(chunk.tolist(), start[chunk].tolist(), end[chunk].tolist(),
-                                              strict=True) for op in (ops[i],)]
+            timeline += [_new(Record, (op.rank, i, op.kind, op.name, start[i], end[i], op.nbytes, op.flops))
+                         for i in order[lo:lo + (1 << 16)].tolist() for op in (ops[i],)]
         return SimResult(timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
                          self.link_load, self.extrapolated)
 
