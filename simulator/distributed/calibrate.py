@@ -355,9 +355,10 @@ def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[st
     how = "rank 0 alone" if loaded == 1 else (f"timed on rank 0 while {loaded - 1} more process(es) ran the same "
                                                "call on this host's other cores, as the ranks of a lockstep schedule "
                                                f"do (loaded: {loaded})")
+    o = ProfileOptions()
     return [f"# Kernel profiles (kernels:, {how}; each point repeated until the 95 % confidence interval of its "
-            "median was within 3 % or 0.8 s passed, at least 11 runs unless that took 4 s; spread = interquartile "
-            "range / median): "
+            f"median was within {o.rel_ci:.0%} or {o.budget_s:g} s passed, at least {o.min_reps} runs unless that "
+            f"took {o.cap_s:g} s; spread = interquartile range / median): "
             + "; ".join(f"{p.kernel} {p.dtype} over {p.ranges()} ({len(p.seconds)} points, median spread "
                         f"{statistics.median(p.spread):.1%})" for p in profiles)
             + f". Largest spread: {max(worst.spread):.1%} ({worst.kernel} {worst.dtype}). Shapes between grid points "

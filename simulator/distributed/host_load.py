@@ -48,8 +48,17 @@ class HostLoad:
 
     def start(self, kernel: str, dtype: str, point: tuple[float, ...]) -> None:
         """Every loading process builds ``kernel`` at ``point`` and runs it; returns once all are running."""
+        self.request(kernel, dtype, point)
+        self.wait_running()
+
+    def request(self, kernel: str, dtype: str, point: tuple[float, ...]) -> None:
+        """Every loading process starts building ``kernel`` at ``point`` (then runs it); returns at once, so that
+        the caller builds its own copy meanwhile. :meth:`wait_running` waits for them."""
         for conn in self._conns:
             conn.send((kernel, dtype, tuple(float(x) for x in point)))
+
+    def wait_running(self) -> None:
+        """Returns once every loading process runs the call last requested."""
         self._answers("running")
 
     def stop(self) -> None:

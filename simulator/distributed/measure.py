@@ -54,15 +54,20 @@ def median_ci(samples: Sequence[float]) -> float:
 def robust_time(fn: Callable[[], object], sync: Callable[[], None] = lambda: None, *, warmup: int = 2,
                 min_reps: int = 5, max_reps: int = 41, rel_ci: float = 0.03, budget_s: float = 2.0,
                 sample_s: float = 1e-3, clock: Callable[[], float] = time.perf_counter,
-                cap_s: float | None = None) -> Timing:
+                cap_s: float | None = None, warmup_s: float = 0.05) -> Timing:
     """Time ``fn`` (``sync`` waits for asynchronous work, e.g. ``torch.cuda.synchronize``) as the module says.
 
-    At least ``min_reps`` repetitions unless they would take longer than ``cap_s`` (default: no cap)."""
+    At least ``min_reps`` repetitions unless they would take longer than ``cap_s`` (default: no cap). The warm-up
+    stops early once its calls took ``warmup_s``: one call of a long kernel has paid what a first call pays."""
     t0 = clock()
-    for _ in range(max(1, warmup)):
+    calls = 0
+    while calls < max(1, warmup):  # warm-up calls: ``warmup``, or fewer once they took ``warmup_s``
         fn()
-    sync()
-    first = (clock() - t0) / max(1, warmup)
+        sync()
+        calls += 1
+        if clock() - t0 >= warmup_s:
+            break
+    first = (clock() - t0) / calls
     inner = max(1, min(1000, math.ceil(sample_s / first))) if first > 0 else 1
     times: list[float] = []
     spent = 0.0
