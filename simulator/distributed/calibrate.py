@@ -35,7 +35,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +158,22 @@ def _ring_exchange(nbytes: int, reps: int, device: torch.device) -> tuple[float,
         walls.append(float(wall.item()))
         cpus.append(float(cpu.item()))
     return statistics.median(walls), statistics.median(cpus)
+
+
+EXCHANGE_SIZES = (16 * 2**20, 64 * 2**20, 256 * 2**20)  # the ring exchange's message sizes (bytes per rank)
+
+
+def _ring_exchanges(reps: int, device: torch.device) -> list[tuple[int, float, float]]:
+    """(bytes, wall, CPU) of :func:`_ring_exchange` at each of ``EXCHANGE_SIZES``: the slopes over the sizes are
+    the transport's aggregate bandwidth and its CPU cost per byte. One 16 MiB exchange alone gave copy costs from
+    4.3 to 6.0 GB per core-second in three calibrations of the same machine, and a 256 MiB KV shard (what a decode
+    ring passes) costs more per byte than a 16 MiB one that partly stays in the caches."""
+    return [(n, *_ring_exchange(n, reps, device)) for n in EXCHANGE_SIZES]
+
+
+def _slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """Least-squares slope of y over x."""
+    return float(np.polyfit(np.asarray(x, dtype=float), np.asarray(y, dtype=float), 1)[0])
 
 
 def _attend_times(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[tuple[float, float]]:
@@ -322,8 +338,7 @@ def run_rank(args: argparse.Namespace) -> None:
         raise RuntimeError("calibrate needs at least 2 ranks (--procs 2)")
     with _phase("ping-pong and ring exchange"):
         pp = _pingpong(args.reps, device)
-        big = 16 * 2**20
-        ring_s, ring_cpu = _ring_exchange(big, args.reps, device)
+        exchanges = _ring_exchanges(args.reps, device)
     with _phase("per-operation overheads"):
         # the per-operation overheads are the noisiest figures (scheduling delays): twice the repetitions
         allreduce_s = _after_compute(args, device, 2 * args.reps, p2p=False)
@@ -337,7 +352,7 @@ def run_rank(args: argparse.Namespace) -> None:
         shared_bw = _shared_memory_bandwidth(args, device, concurrent)
         memcpy_bw = _copy_bandwidth(device, args.reps)
     if rank == 0:
-        text = _topology(args, world, pp, (ring_s, ring_cpu), big, (allreduce_s, p2p_s), small, attend32, attend64,
+        text = _topology(args, world, pp, exchanges, (allreduce_s, p2p_s), small, attend32, attend64,
                          flops, (concurrent, shared_bw, memcpy_bw), profiles)
         write_text_atomic(Path(args.out), text)
         print(f"wrote {args.out}")
@@ -381,7 +396,8 @@ def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[
     return bw, float(np.max(np.abs(launch + x / bw - y) / y))
 
 
-def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]], ring: tuple[float, float], big: int,
+def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
+              exchanges: list[tuple[int, float, float]],
               after_compute: tuple[float, float], small: float, attend32: list[tuple[float, float]],
               attend64: list[tuple[float, float]], flops: list[float], shared: tuple[int, float, float],
               profiles: list[KernelProfile]) -> str:
@@ -400,8 +416,10 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
                       f"--min-r2; largest "
                       f"relative residual {res_p2p:.0%}): the machine was too busy; nothing written, rerun when it is "
                       "quiet")
-    ring_s, ring_cpu = ring
-    aggregate = world * big / max(ring_s - overhead, 1e-12)
+    sizes_x = [world * n for n, _, _ in exchanges]  # bytes all ranks send in one exchange
+    wall_slope = _slope(sizes_x, [w for _, w, _ in exchanges])
+    cpu_slope = _slope(sizes_x, [c for _, _, c in exchanges])
+    aggregate = 1 / wall_slope if wall_slope > 0 else flow_bw
     aggregate = max(aggregate, flow_bw)  # a lone flow is never faster than all of them together
     # the model charges a ring allreduce 2(P-1) steps of the message overhead; the rest is per collective
     allreduce_s, p2p_s = after_compute
@@ -414,7 +432,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     concurrent, shared_bw, memcpy_bw = shared
     # the CPU a loopback transfer costs, per byte and side, from the CPU time the ring exchange took (sender's and
     # receiver's processes, their transport threads and the kernel's socket work: several lone memcpys' worth)
-    copy_bw = 2 * world * big / ring_cpu if ring_cpu > 0 else memcpy_bw
+    copy_bw = 2 / cpu_slope if cpu_slope > 0 else memcpy_bw  # every byte sent is copied by its sender and receiver
     host_mem_bw = min(shared_bw, cores * mem_bw)  # what several kernels at once get, at most a core each
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16e9
     lines = [
@@ -424,9 +442,11 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"bytes / {flow_bw / 1e9:.3f} GB/s (the overhead fitted on relative error over all sizes, the bandwidth the "
         f"median over messages of {LARGE_MESSAGE >> 20} MiB and more); R^2 = {r2_p2p:.4f}, largest relative residual "
         f"{res_p2p:.1%}.",
-        f"# Aggregate bandwidth ({world} ranks each sending {big >> 20} MiB to the next at once): "
-        f"{aggregate / 1e9:.3f} GB/s (to the last arrival), using {ring_cpu / ring_s:.2f} of {os.cpu_count()} CPUs "
-        f"({ring_cpu * 1e3:.1f} ms of CPU in {ring_s * 1e3:.1f} ms).",
+        f"# Aggregate bandwidth ({world} ranks each sending "
+        f"{', '.join(str(n >> 20) for n, _, _ in exchanges)} MiB to the next at once; the slope of the time to the "
+        f"last arrival over the bytes): {aggregate / 1e9:.3f} GB/s; "
+        + ", ".join(f"{n >> 20} MiB {w * 1e3:.1f} ms using {c / w:.2f} of {os.cpu_count()} CPUs"
+                    for n, w, c in exchanges) + ".",
         f"# A {args.heads}-element all_reduce right after every rank's attention kernel (last arrival to last "
         f"return): {allreduce_s * 1e6:.1f} us -> collective_overhead {collective_overhead * 1e6:.1f} us per "
         f"collective beyond 2(P-1) message overheads. A small send/receive with the ring neighbours, issued the "
@@ -442,8 +462,8 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"# host_cores: the {world} ranks share this machine's {cores} CPUs (one thread each). host_mem_bw: "
         f"{concurrent} attend kernels at once moved {shared_bw / 1e9:.3f} GB/s together "
         f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone). host_copy_bw: a loopback transfer "
-        f"costs its sender and its receiver a core-second per {copy_bw / 1e9:.3f} GB each (the exchange's CPU "
-        f"time per byte and side; a lone memcpy moves {memcpy_bw / 1e9:.3f} GB/s on one core).",
+        f"costs its sender and its receiver a core-second per {copy_bw / 1e9:.3f} GB each (the slope of the "
+        f"exchanges' CPU time over the bytes, per side; a lone memcpy moves {memcpy_bw / 1e9:.3f} GB/s on one core).",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
         "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
         *_profile_lines(profiles, args.kernels_from),
