@@ -1,6 +1,6 @@
 """Engine speed, beside a raw simpy loop of the same event count.
 
-    python benchmarks/engine_speed.py flows [--sizes 1000 10000 100000] [--concurrency 64] [--repeat 3]
+    python benchmarks/engine_speed.py flows [--sizes 1000 10000 100000] [--concurrency 64] [--nodes 16] [--repeat 3]
     python benchmarks/engine_speed.py decode [--cases ring:8 ring:64 ring:512 ring:1024 tree:8 ... tree:4096]
                                              [--context 1000000] [--repeat 3]
 
@@ -12,7 +12,7 @@ that processes as many bare timeout events, measured in the same process: ``rati
 medians of ``--repeat`` runs (each in its own process). matplotlib is set up (fonts loaded) once before the cases,
 as it is by a report's first figure.
 
-``flows``: N flows with random endpoints over a 128-GPU fat tree.
+``flows``: N flows with random endpoints over a fat tree of ``--nodes`` 8-GPU servers (16: 128 GPUs; 128: 1,024).
 
 Flows start at uniformly random times over a window sized so that about ``--concurrency`` flows are active at
 once on average (every start and finish is a max-min reallocation over all active flows, so the cost per event
@@ -116,8 +116,8 @@ def _decode_case(algo: str, p: int, context: int) -> Case:
             "raw": raw_simpy(res.events), "latency": numbers["latency_s"]}
 
 
-def _flows_case(n: int, concurrency: int) -> Case:
-    cluster = load_topology("cluster", TOPO)
+def _flows_case(n: int, concurrency: int, nodes: int) -> Case:
+    cluster = load_topology("cluster", {**TOPO, "nodes": nodes})
     t0 = time.perf_counter()
     sched = flows_schedule(n, cluster.ranks, concurrency, np.random.default_rng(n))
     t1 = time.perf_counter()
@@ -198,6 +198,7 @@ def main() -> None:
     flows = sub.add_parser("flows")
     flows.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
     flows.add_argument("--concurrency", type=int, default=64)
+    flows.add_argument("--nodes", type=int, default=TOPO["nodes"], help="8-GPU servers in the fat tree")
     flows.add_argument("--repeat", type=int, default=3)
     decode = sub.add_parser("decode")
     decode.add_argument("--cases", nargs="+", default=["ring:8", "ring:64", "ring:512", "ring:1024", "tree:8",
@@ -215,12 +216,12 @@ def main() -> None:
     if args.what == "decode":
         bench_decode(args.cases, args.context, args.repeat)
         return
-    cluster = load_topology("cluster", TOPO)
+    cluster = load_topology("cluster", {**TOPO, "nodes": args.nodes})
     print(f"fat tree: {len(cluster.ranks)} GPUs, {cluster.graph.number_of_edges()} directed links; "
           f"target mean concurrency {args.concurrency} flows; medians of {args.repeat}")
     print(HEADER)
     for n in args.sizes:
-        runs = [_in_child(_flows_case, n, args.concurrency) for _ in range(args.repeat)]
+        runs = [_in_child(_flows_case, n, args.concurrency, args.nodes) for _ in range(args.repeat)]
         print(_line(f"flows:{n}", _median(runs), "s"), flush=True)
 
 

@@ -211,7 +211,7 @@ class Schedule:
     def add_computes(self, rank: Sequence[int], name: Sequence[str], flops: Sequence[float],
                      nbytes: Sequence[float], dims: Sequence[tuple[float, ...]], deps: Sequence[tuple[int, ...]], *,
                      dtype: str = "fp32", fn: str = "", out: str = "", args: tuple[str, ...] = (),
-                     alloc: tuple[tuple[str, float], ...] = ()) -> int:
+                     alloc: tuple[tuple[str, float], ...] = (), fused: bool = False) -> int:
         """Many compute ops at once, the k-th on ``rank[k]``: the same ops as :meth:`add_compute` called for each k
         in order, with the options shared; returns the first one's id (the k-th is ``first + k``)."""
         m = len(rank)
@@ -222,7 +222,7 @@ class Schedule:
             for k in range(m):  # find the first bad one: _check raises its error
                 self._check(rank[k], deps[k])
         self.ops.extend([_new(Op, (first + k, rank[k], "compute", name[k], deps[k], float(flops[k]),
-                                   float(nbytes[k]), dtype, None, None, 0.0, fn, out, args, 0, -1, alloc, (), False,
+                                   float(nbytes[k]), dtype, None, None, 0.0, fn, out, args, 0, -1, alloc, (), fused,
                                    "", None, "", False, 0.0, 0.0, dims[k])) for k in range(m)])
         return first
 

@@ -50,13 +50,15 @@ def test_bulk_steps_give_the_ops_of_one_call_each(plan: list[tuple[str, list[tup
                                        [f"t{i[2]}" for i in items], [i[3] for i in items], [i[4] for i in items],
                                        args=("a",), dst_args=("b",), alloc=(("b", 8.0),), coll="c")
         else:
+            fused = len(items) % 2 == 1  # a reduction inside a communication kernel, or not
             for src, _, size, deps, _ in items:
                 one.add_compute(src, f"k{size}", flops=size, nbytes=2 * size, dtype="bf16", deps=deps, fn="attend",
-                                out="acc", args=("q", "kv0"), alloc=(("acc", 4.0),), dims=(float(size),))
+                                out="acc", args=("q", "kv0"), alloc=(("acc", 4.0),), dims=(float(size),),
+                                fused=fused)
             first = bulk.add_computes([i[0] for i in items], [f"k{i[2]}" for i in items], [i[2] for i in items],
                                       [2 * i[2] for i in items], [(float(i[2]),) for i in items],
                                       [i[3] for i in items], dtype="bf16", fn="attend", out="acc",
-                                      args=("q", "kv0"), alloc=(("acc", 4.0),))
+                                      args=("q", "kv0"), alloc=(("acc", 4.0),), fused=fused)
         assert first == len(bulk.ops) - len(items) * (2 if kind == "transfers" else 1)
     assert bulk.ops == one.ops
     assert [tuple(map(type, op)) for op in bulk.ops] == [tuple(map(type, op)) for op in one.ops]

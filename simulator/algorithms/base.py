@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -12,7 +12,7 @@ from simulator.kernels import kernel_cost, kernel_dims
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape, shard_bounds
 
-__all__ = ["Layout", "add_attend", "add_finalize", "add_kernel", "attend_kernel", "kernel_cost_of",
+__all__ = ["Layout", "add_attend", "add_finalize", "add_kernel", "add_kernels", "attend_kernel", "kernel_cost_of",
            "new_decode_schedule"]
 
 
@@ -97,6 +97,18 @@ def add_kernel(sched: Schedule, shape: DecodeShape, rank: int, fn: str, n: int, 
     flops, nbytes, dims = _cost(fn, shape, n)
     return sched.add_compute(rank, name or fn, flops=flops, nbytes=nbytes, dtype=shape.dtype, fn=fn, dims=dims,
                              **options)
+
+
+def add_kernels(sched: Schedule, shape: DecodeShape, ranks: Sequence[int], fn: str, n: int,
+                deps: Sequence[tuple[int, ...]], *, name: str | None = None, out: str = "", args: tuple[str, ...] = (),
+                fused: bool = False) -> list[int]:
+    """:func:`add_kernel` on each of ``ranks`` (the k-th after ``deps[k]``), appended at once
+    (:meth:`Schedule.add_computes`): the same ops as one call per rank in that order; returns their ids."""
+    flops, nbytes, dims = _cost(fn, shape, n)
+    m = len(ranks)
+    first = sched.add_computes(ranks, [name or fn] * m, [flops] * m, [nbytes] * m, [dims] * m, deps,
+                               dtype=shape.dtype, fn=fn, out=out, args=args, fused=fused)
+    return list(range(first, first + m))
 
 
 @lru_cache(maxsize=4096)

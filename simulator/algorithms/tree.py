@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from simulator.algorithms.base import Layout, add_attend, add_finalize, add_kernel, new_decode_schedule
+from simulator.algorithms.base import (
+    Layout,
+    add_attend,
+    add_finalize,
+    add_kernel,
+    add_kernels,
+    attend_kernel,
+    new_decode_schedule,
+)
 from simulator.collectives import allreduce, check_algorithm, collective
 from simulator.collectives.tuner import choose
 from simulator.schedule import Schedule
@@ -38,9 +46,14 @@ def build_tree(shape: DecodeShape, layout: Layout, allreduce_algo: str = "auto")
     ranks = layout.ring_order()  # the order ring collectives pass data in
     n_ol = shape.batch * shape.model_dim + shape.ml_elems
     switch = _nvls_switch(sched, layout, ranks, allreduce_algo, n_ol, shape)
-    local = {r: (add_attend(sched, shape, r, r, "kv0", [], first=True),) for r in ranks}
-    packed = {r: (add_kernel(sched, shape, r, "pack-m", 0, deps=local[r], out="m", args=("acc",), fused=True),)
-              for r in ranks}  # a view of acc.m: no cost
+    # every rank's ops of one kind appended at once (the same ops as add_attend / add_kernel per rank, in order)
+    costs = [attend_kernel(sched, shape, r) for r in ranks]
+    first = sched.add_computes(ranks, [c[0] for c in costs], [c[1] for c in costs], [c[2] for c in costs],
+                               [c[3] for c in costs], [()] * p, dtype=shape.dtype, fn="attend", out="acc",
+                               args=("q", "kv0"), alloc=(("acc", shape.state_bytes),))
+    local = [(first + k,) for k in range(p)]
+    packed = dict(zip(ranks, ((i,) for i in add_kernels(sched, shape, ranks, "pack-m", 0, local, out="m",
+                                                        args=("acc",), fused=True)), strict=True))  # a view of acc.m
     common = {"algo": allreduce_algo, "elem_bytes": shape.elem_bytes, "dtype": shape.dtype, "fabric": layout.fabric}
     chosen = []
     if layout.fabric is not None:
@@ -52,8 +65,9 @@ def build_tree(shape: DecodeShape, layout: Layout, allreduce_algo: str = "auto")
     else:
         front = allreduce(sched, ranks, layout.hosts, "m", shape.ml_elems, op="max", tag="allreduce-max",
                           deps=packed, **common)  # type: ignore[arg-type]
-    scaled = {r: (add_kernel(sched, shape, r, "rescale", n_ol, deps=front[r], out="ol", args=("acc", "m")),)
-              for r in ranks}
+    scaled = dict(zip(ranks, ((i,) for i in add_kernels(sched, shape, ranks, "rescale", n_ol,
+                                                        [tuple(front[r]) for r in ranks], out="ol",
+                                                        args=("acc", "m"))), strict=True))
     if layout.fabric is not None:
         front, c_sum = collective(sched, "allreduce", ranks, "ol", n_ol, layout.fabric, algo=allreduce_algo,
                                   op="sum", elem_bytes=shape.elem_bytes, dtype=shape.dtype, tag="allreduce-sum",
@@ -63,9 +77,8 @@ def build_tree(shape: DecodeShape, layout: Layout, allreduce_algo: str = "auto")
     else:
         front = allreduce(sched, ranks, layout.hosts, "ol", n_ol, op="sum", tag="allreduce-sum", deps=scaled,
                           **common)  # type: ignore[arg-type]
-    for r in ranks:
-        add_kernel(sched, shape, r, "finalize-flat", shape.batch * shape.model_dim, name="finalize", deps=front[r],
-                   out="out", args=("ol", "m"))
+    add_kernels(sched, shape, ranks, "finalize-flat", shape.batch * shape.model_dim, [tuple(front[r]) for r in ranks],
+                name="finalize", out="out", args=("ol", "m"))
     sched.meta["outputs"] = [(r, "out") for r in ranks]
     return sched
 

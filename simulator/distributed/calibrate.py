@@ -29,12 +29,13 @@ the largest relative residual) is printed and written in the file's comments.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -267,12 +268,26 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
     copies = 1 if device.type == "cuda" else min(int(os.environ.get("WORLD_SIZE", "1")), os.cpu_count() or 1)
     with HostLoad(copies) as load:
         for dtype in filter(None, args.kernel_dtypes.split(",")):
-            out.append(profile_attend(dtype, device, opts, attend_grid, load))
-            out += [profile_small(k, dtype, device, opts, elems_grid, load)
-                    for k in ("merge", "rescale", "finalize", "finalize-flat")]
+            with _phase(f"kernel profiles {dtype}: attend"):
+                out.append(profile_attend(dtype, device, opts, attend_grid, load))
+            with _phase(f"kernel profiles {dtype}: merge, rescale, finalize, finalize-flat"):
+                out += [profile_small(k, dtype, device, opts, elems_grid, load)
+                        for k in ("merge", "rescale", "finalize", "finalize-flat")]
             if dtype in ("fp32", "fp64"):
-                out += profile_prefill(dtype, device, opts, prefill_grid, load)
+                with _phase(f"kernel profiles {dtype}: attn-fwd, attn-bwd"):
+                    out += profile_prefill(dtype, device, opts, prefill_grid, load)
     return out
+
+
+@contextlib.contextmanager
+def _phase(what: str) -> Iterator[None]:
+    """Say how long one step of the calibration took (rank 0 only: a calibration takes minutes)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    t0 = time.monotonic()
+    yield
+    print(f"calibrate: {what}: {time.monotonic() - t0:.1f} s", flush=True)
 
 
 PROFILED_MARKER = "TREERING_PROFILED_MARKER"  # set by the local launcher: a file rank 0 creates when it is done
@@ -305,19 +320,22 @@ def run_rank(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 2:
         raise RuntimeError("calibrate needs at least 2 ranks (--procs 2)")
-    pp = _pingpong(args.reps, device)
-    big = 16 * 2**20
-    ring_s, ring_cpu = _ring_exchange(big, args.reps, device)
-    # the per-operation overheads are the noisiest figures (scheduling delays): twice the repetitions
-    allreduce_s = _after_compute(args, device, 2 * args.reps, p2p=False)
-    p2p_s = _after_compute(args, device, 2 * args.reps, p2p=True)
-    small = _small_kernel_time(args, device, args.reps)
-    attend32 = _attend_times(args, device, torch.float32)
-    attend64 = _attend_times(args, device, torch.float64)
-    flops = [_matmul_flops(device, torch.float32, args.reps), _matmul_flops(device, torch.float64, args.reps)]
-    concurrent = min(world, os.cpu_count() or 1)
-    shared_bw = _shared_memory_bandwidth(args, device, concurrent)
-    memcpy_bw = _copy_bandwidth(device, args.reps)
+    with _phase("ping-pong and ring exchange"):
+        pp = _pingpong(args.reps, device)
+        big = 16 * 2**20
+        ring_s, ring_cpu = _ring_exchange(big, args.reps, device)
+    with _phase("per-operation overheads"):
+        # the per-operation overheads are the noisiest figures (scheduling delays): twice the repetitions
+        allreduce_s = _after_compute(args, device, 2 * args.reps, p2p=False)
+        p2p_s = _after_compute(args, device, 2 * args.reps, p2p=True)
+    with _phase("compute roofline (small kernels, attend, matmul, shared memory bandwidth, memcpy)"):
+        small = _small_kernel_time(args, device, args.reps)
+        attend32 = _attend_times(args, device, torch.float32)
+        attend64 = _attend_times(args, device, torch.float64)
+        flops = [_matmul_flops(device, torch.float32, args.reps), _matmul_flops(device, torch.float64, args.reps)]
+        concurrent = min(world, os.cpu_count() or 1)
+        shared_bw = _shared_memory_bandwidth(args, device, concurrent)
+        memcpy_bw = _copy_bandwidth(device, args.reps)
     if rank == 0:
         text = _topology(args, world, pp, (ring_s, ring_cpu), big, (allreduce_s, p2p_s), small, attend32, attend64,
                          flops, (concurrent, shared_bw, memcpy_bw), profiles)

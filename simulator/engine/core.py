@@ -30,9 +30,12 @@ once the run is over.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain, compress
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -49,6 +52,8 @@ __all__ = ["Record", "SimResult", "simulate"]
 
 Callback = Callable[[Any], None]
 _new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
+_RANK, _KIND, _DEPS, _PEER = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(8)  # Op fields, read by map
+_COST = itemgetter(5, 6, 7, 18, 11, 25)  # Op.flops, nbytes, dtype, fused, fn, dims: what a kernel's duration depends on
 
 
 class Record(NamedTuple):
@@ -120,15 +125,25 @@ class _Run:
         self.ops = schedule.ops
         self.cluster = cluster
         self.place = schedule.placement_on(cluster.ranks)
-        self.pending = [len(op.deps) for op in schedule.ops]
-        self.children: list[list[int]] = [[] for _ in schedule.ops]
-        children = self.children
-        for op in schedule.ops:
-            for d in op.deps:
-                children[d].append(op.id)
-        self.start: list[float | None] = [None] * len(schedule.ops)
-        self.end: list[float | None] = [None] * len(schedule.ops)
-        self.ready = bytearray(len(schedule.ops))  # 1 once the op is ready (a byte per op, not a list slot)
+        ops = schedule.ops
+        n = len(ops)
+        # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
+        # they were appended): built by numpy, 8 bytes per edge instead of a list per op
+        deps_of = list(map(_DEPS, ops))
+        counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
+        parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=int(counts.sum()))
+        del deps_of
+        kids = np.repeat(np.arange(n, dtype=np.int64), counts)[np.argsort(parents, kind="stable")]
+        self.kids = array("q", kids.tobytes())
+        self.first_kid = array("q", np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).tobytes())
+        del kids, parents
+        self.pending = counts.tolist()
+        self.roots = np.flatnonzero(counts == 0).tolist()
+        # seconds, by op id (None: not yet): lists of float objects, which the ops ending at one instant share and
+        # the timeline's records reuse (an array of doubles would make a float object per record)
+        self.start: list[float | None] = [None] * n
+        self.end: list[float | None] = [None] * n
+        self.ready = bytearray(n)  # 1 once the op is ready (a byte per op, not a list slot)
         self.stream_free = [0.0] * schedule.ranks
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         self.links: dict[tuple[str, str], int] = {}
@@ -143,7 +158,8 @@ class _Run:
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
         # ranks on shared host cores are host threads that issue their ops in program order (see _ready)
         self.program: list[list[int]] = [[] for _ in range(schedule.ranks)]
-        if any(self.hosts.shares(r) for r in range(schedule.ranks)):
+        self.in_order = any(self.hosts.shares(r) for r in range(schedule.ranks))  # any rank issues in order
+        if self.in_order:
             for op in schedule.ops:
                 if self.hosts.shares(op.rank):
                     self.program[op.rank].append(op.id)
@@ -153,8 +169,15 @@ class _Run:
         self._durations: dict[tuple[Any, ...], float] = {}
         self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._paths: dict[tuple[int, int], tuple[tuple[int, ...], float]] = {}
-        cluster.prepare_routes({(self.place[op.rank], self.place[op.peer]) for op in schedule.ops
-                                if op.kind == "send" and op.peer is not None})
+        sends = list(compress(ops, map("send".__eq__, map(_KIND, ops))))  # C-level passes over the ops
+        place = self.place
+        cluster.prepare_routes({(place[a], place[b]) for a, b in set(zip(map(_RANK, sends), map(_PEER, sends),
+                                                                          strict=True))})
+        del sends
+        self.msg_s, self.comm_s = cluster.message_overhead_s, cluster.comm_overhead_s
+        # a compute op's duration is cached by (its device, its cost fields): one key per spec object, or none
+        self.spec_key = [id(spec) for spec in self.specs]
+        self.one_spec = len(set(self.spec_key)) <= 1
         self.flow_op: dict[int, Op] = {}
         self.dirty = False
         self.generation = 0
@@ -192,21 +215,22 @@ class _Run:
         del self._calendar[when]
 
     def run(self) -> SimResult:
-        for op in self.ops:
-            if not op.deps:
-                self._at(op.not_before_s, self._ready, op)
+        ops = self.ops
+        for i in self.roots:
+            op = ops[i]
+            self._at(op.not_before_s, self._ready, op)
         self.env.run()
-        ops, start, end = self.ops, self.start, self.end
+        start, end = self.start, self.end
         if None in start:
             unfinished = [i for i, t in enumerate(start) if t is None]
             raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
-        self.children, self.pending = [], []  # the timeline is built without them
+        self.kids, self.first_kid, self.pending = array("q"), array("q"), []  # the timeline is built without them
         self.ready, self.held = bytearray(), bytearray()
         if None in end:  # started but never ended: not on the timeline
             ids = np.array([i for i, t in enumerate(end) if t is not None], dtype=np.int64)
         else:
             ids = np.arange(len(ops), dtype=np.int64)
-        ranks = np.fromiter((op.rank for op in ops), dtype=np.int64, count=len(ops))[ids]
+        ranks = np.fromiter(map(_RANK, ops), dtype=np.int64, count=len(ops))[ids]
         last = np.full(self.sched.ranks, -np.inf)
         np.maximum.at(last, ranks, np.array([t for t in end if t is not None], dtype=float))
         ends = {r: float(last[r]) for r in np.unique(ranks).tolist()}
@@ -221,11 +245,11 @@ class _Run:
 
     # -- op life cycle -----------------------------------------------------------------------------------------
     def _duration(self, op: Op) -> float:
-        spec = self.specs[op.rank]
-        key = (id(spec), op.flops, op.nbytes, op.dtype, op.fused, op.fn, op.dims)  # the cluster holds its specs
+        rank = op.rank
+        key = _COST(op) if self.one_spec else (self.spec_key[rank], _COST(op))  # the cluster holds its specs
         hit = self._durations.get(key)
         if hit is None:
-            hit = self._durations[key] = self._new_duration(spec, op)
+            hit = self._durations[key] = self._new_duration(self.specs[rank], op)
         return hit
 
     def _new_duration(self, spec: DeviceSpec | None, op: Op) -> float:
@@ -245,25 +269,13 @@ class _Run:
         if now < op.not_before_s:
             self._at(op.not_before_s - now, self._ready, op)
             return
+        if self.in_order and self.program[op.rank]:
+            self._ready_in_order(op)
+            return
         kind = op.kind
-        rank = op.rank
-        program = self.program[rank]
-        if program:
-            if program[self.cursor[rank]] != op.id:
-                self.held[op.id] = 1
-                return
-            if kind == "send" or kind == "recv":  # posted: the thread goes on to its next op
-                self._issued(rank)
-        self.ready[op.id] = 1
-        if kind in COMPUTE_KINDS:
-            if program:  # its turn in program order: the rank's previous kernel has returned
-                self._start_kernel(op)
-                return
-            spec = self.specs[rank]
-            key = (id(spec), op.flops, op.nbytes, op.dtype, op.fused, op.fn, op.dims)  # as _duration, inlined
-            duration = self._durations.get(key)
-            if duration is None:
-                duration = self._durations[key] = self._new_duration(spec, op)
+        if kind == "compute" or kind == "merge":  # COMPUTE_KINDS
+            rank = op.rank
+            duration = self._duration(op)
             begin = self.stream_free[rank]  # one FIFO compute stream: max(now, when it is free)
             if begin < now:
                 begin = now
@@ -275,8 +287,33 @@ class _Run:
             self.start[op.id] = now
             self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
         else:
+            self.ready[op.id] = 1
+            match = op.match
+            assert match is not None
+            if self.ready[match]:  # both ends ready: the transfer starts
+                if kind == "send":
+                    self._start_transfer(op, self.ops[match])
+                else:
+                    self._start_transfer(self.ops[match], op)
+
+    def _ready_in_order(self, op: Op) -> None:
+        """An op of a host thread (a rank on shared host cores): it waits for its turn in program order."""
+        kind = op.kind
+        rank = op.rank
+        if self.program[rank][self.cursor[rank]] != op.id:
+            self.held[op.id] = 1
+            return
+        if kind == "send" or kind == "recv":  # posted: the thread goes on to its next op
+            self._issued(rank)
+        self.ready[op.id] = 1
+        if kind in COMPUTE_KINDS:  # its turn in program order: the rank's previous kernel has returned
+            self._start_kernel(op)
+        elif kind == "launch":
+            self.start[op.id] = self.now
+            self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
+        else:
             assert op.match is not None
-            if self.ready[op.match]:  # both ends ready: the transfer starts
+            if self.ready[op.match]:
                 send, recv = (op, self.ops[op.match]) if kind == "send" else (self.ops[op.match], op)
                 self._start_transfer(send, recv)
 
@@ -318,18 +355,22 @@ class _Run:
         if hit is None:
             a, b = self.place[src], self.place[dst]
             route = self.cluster.route(a, b) if a != b else ()
-            route_ids = [self.links[e] for e in route]
-            links = (*route_ids, *self.hosts.transfer(src, dst)) if route else ()
-            latency = sum(self.latency[i] for i in route_ids)  # Cluster.route_latency, from a list
+            route_ids = tuple(map(self.links.__getitem__, route))
+            links = (*route_ids, *self.hosts.transfer(src, dst)) if route and self.hosts.copies else route_ids
+            latency = sum(map(self.latency.__getitem__, route_ids))  # Cluster.route_latency, from a list
             hit = self._paths[(src, dst)] = (links, latency)
         return hit
 
     def _start_transfer(self, send: Op, recv: Op) -> None:
         now = self.now
         self.start[send.id] = self.start[recv.id] = now
-        link_ids, latency = self._path(send.rank, recv.rank)
-        delay = (max(self.cluster.message_overhead_s + latency, send.floor_s)
-                 + (0.0 if send.coll else self.cluster.comm_overhead_s))
+        hit = self._paths.get((send.rank, recv.rank))
+        link_ids, latency = hit if hit is not None else self._path(send.rank, recv.rank)
+        delay = self.msg_s + latency
+        if delay < send.floor_s:
+            delay = send.floor_s
+        if not send.coll:
+            delay += self.comm_s
         if not link_ids or send.nbytes == 0:
             self._at(delay, self._finish_transfer, send)
         else:
@@ -337,9 +378,9 @@ class _Run:
 
     def _inject(self, flow: tuple[Op, tuple[int, ...]]) -> None:
         send, link_ids = flow
-        self.net.add(send.id, link_ids, send.nbytes, self.now, cap=send.rate_cap)
+        self.net.add(send.id, link_ids, send.nbytes, self.now, send.rate_cap)
         self.flow_op[send.id] = send
-        self._mark_dirty()
+        self.dirty = True  # rates are recomputed once every other callback of this instant has run (_run_due)
 
     def _mark_dirty(self) -> None:
         """Rates are recomputed once every other callback of this instant has run (see _run_due)."""
@@ -363,14 +404,16 @@ class _Run:
         gen, due = predicted
         if gen != self.generation:
             return  # rates changed since this finish was predicted
+        remove, flow_op, ops, done = self.net.remove, self.flow_op, self.ops, self._done
         for flow in due:
-            self.net.remove(flow)
-            op = self.flow_op.pop(flow)
-            if op.kind in COMPUTE_KINDS:
+            remove(flow)
+            op = flow_op.pop(flow)
+            if op.kind == "send":
+                done(op)
+                done(ops[op.match])  # type: ignore[index]
+            else:  # a kernel on shared host cores
                 self._kernel_done(op)
-            else:
-                self._finish_transfer(op)
-        self._mark_dirty()
+        self.dirty = True
 
     def _finish_transfer(self, send: Op) -> None:
         assert send.match is not None
@@ -382,11 +425,15 @@ class _Run:
         ops that waited only for it become ready."""
         oid = op.id
         self.end[oid] = self.now
-        pending = self.pending
-        for child in self.children[oid]:
+        first = self.first_kid
+        lo, hi = first[oid], first[oid + 1]
+        if lo == hi:
+            return
+        pending, ops = self.pending, self.ops
+        for child in self.kids[lo:hi]:
             pending[child] -= 1
             if not pending[child]:
-                self._ready(self.ops[child])
+                self._ready(ops[child])
 
 
 def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -> SimResult:

@@ -3,13 +3,14 @@
 Each active flow drains over a fixed set of directed links at its max-min fair rate: repeatedly take the link with
 the smallest fair share ``remaining capacity / unfrozen flows``, freeze its flows at that share, and subtract it
 from every other link they cross (Bertsekas & Gallager, *Data Networks*, Sec. 6.5.2). With a heap keyed by share
-this costs O(sum of route lengths x log links).
+this costs O(sum of route lengths x log links); it stops once every flow has its rate.
 
 Rates of flows that share no link, directly or through other flows, are independent, so a change (flows starting
 or finishing) only re-runs the filling on the connected components of flows around the links it touched, each on
-its own (a flow alone on its links simply gets its narrowest link, as most of a ring's flows do). Progress
-is lazy: a flow's remaining bytes are brought up to date only when its rate changes; a heap of predicted finish
-times gives the next completion.
+its own (a flow alone on its links simply gets its narrowest link, as most of a ring's flows do); the links'
+flow counts are read off the per-link sets of flows. Progress is lazy: a flow's remaining bytes are brought up to
+date only when its rate changes; a heap of predicted finish times gives the next completion, kept until a
+prediction that could change it.
 
 A flow may carry a rate cap (bytes/s): a private virtual link of that capacity that only it crosses. Progressive
 filling over it is max-min fairness with a per-flow upper bound, exactly (the cap is one more constraint; a capped
@@ -21,27 +22,40 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["FlowNetwork", "max_min_rates"]
 
+F = TypeVar("F", bound=Hashable)  # a flow's key
 FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
 
 
 def max_min_rates(routes: Mapping[Hashable, Sequence[int]], capacity: Sequence[float]) -> dict[Hashable, float]:
     """Max-min fair rate (bytes/s) of every flow; ``routes[f]`` lists link ids, ``capacity[l]`` bytes/s."""
     users: dict[int, list[Hashable]] = {}
+    count: dict[int, int] = {}
     for f, links in routes.items():
         for link in links:
             users.setdefault(link, []).append(f)
-    rem = {link: float(capacity[link]) for link in users}
-    count = {link: len(u) for link, u in users.items()}
-    version = dict.fromkeys(users, 0)
-    heap = [(rem[link] / count[link], 0, link) for link in users]
+            count[link] = count.get(link, 0) + 1
+    return _fill(len(routes), routes, users, count, capacity)
+
+
+def _fill(flows: int, routes: Mapping[F, Sequence[int]], users: Mapping[int, Iterable[F]], count: dict[int, int],
+          capacity: Sequence[float]) -> dict[F, float]:
+    """Progressive filling of ``flows`` flows over the links of ``count`` (link -> the flows crossing it, counted
+    as often as they cross it; consumed); ``users[link]`` names them. Stops once every flow has its rate.
+
+    Links leave the heap in (share, version, link) order, a total order: the rates do not depend on the order of
+    ``count`` or of the flows in ``users[link]`` (the flows frozen by one link all subtract the same share)."""
+    rem = {link: float(capacity[link]) for link in count}
+    version = dict.fromkeys(count, 0)
+    heap = [(rem[link] / c, 0, link) for link, c in count.items()]
     heapq.heapify(heap)
-    rate: dict[Hashable, float] = {}
+    rate: dict[F, float] = {}
+    pop, push = heapq.heappop, heapq.heappush
     while heap:
-        share, ver, link = heapq.heappop(heap)
+        share, ver, link = pop(heap)
         if ver != version[link] or count[link] == 0:
             continue
         for f in users[link]:
@@ -49,11 +63,16 @@ def max_min_rates(routes: Mapping[Hashable, Sequence[int]], capacity: Sequence[f
                 continue
             rate[f] = share
             for other in routes[f]:
-                rem[other] -= share
-                count[other] -= 1
-                version[other] += 1
-                if count[other] > 0:
-                    heapq.heappush(heap, (max(rem[other], 0.0) / count[other], version[other], other))
+                left = rem[other] - share
+                rem[other] = left
+                c = count[other] - 1
+                count[other] = c
+                v = version[other] + 1
+                version[other] = v
+                if c > 0:
+                    push(heap, ((left if left >= 0.0 else 0.0) / c, v, other))  # max(left, 0.0), inlined
+        if len(rate) == flows:  # the links left in the heap have no unfrozen flow
+            break
     return rate
 
 
@@ -64,6 +83,8 @@ class FlowNetwork:
         self.capacity = list(capacity)
         self.routes: dict[int, tuple[int, ...]] = {}
         self.on_link: dict[int, set[int]] = {}
+        self._extra: dict[int, int] = {}  # link -> times its flows cross it beyond once each (rarely any)
+        self._repeats: set[int] = set()  # the flows that cross a link more than once
         # flow -> [bytes left at time ``updated``, updated, rate, version]: one dict entry per flow
         self.state: dict[int, list[Any]] = {}
         self._alone: dict[tuple[int, ...], float] = {}  # route -> rate of a flow alone on it (its narrowest link)
@@ -72,6 +93,8 @@ class FlowNetwork:
         self.allocations = 0
         self._spare_caps: list[int] = []  # ids of cap links no flow holds now (reused before new ones)
         self._cap_link: dict[int, int] = {}  # flow -> its private cap link
+        # next_finish's last answer (best, tolerance, due flows as a set and sorted), None once it may have changed
+        self._next: tuple[float, float, set[int], list[int]] | None = None
 
     def add(self, flow: int, links: Iterable[int], nbytes: float, now: float, cap: float = 0.0) -> None:
         """Start draining ``flow`` at time ``now`` (rate 0 until the next :meth:`allocate`); ``cap`` > 0: the flow
@@ -88,6 +111,13 @@ class FlowNetwork:
             route = (*route, private)
         self.routes[flow] = route
         self.state[flow] = [float(nbytes), now, 0.0, 0]
+        if len(set(route)) < len(route):  # a link crossed twice (a loopback's host cores): counted twice
+            extra = self._extra
+            for link in set(route):
+                times = route.count(link)
+                if times > 1:
+                    extra[link] = extra.get(link, 0) + times - 1
+            self._repeats.add(flow)
         on_link = self.on_link
         for link in route:
             users = on_link.get(link)
@@ -100,6 +130,15 @@ class FlowNetwork:
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
         route = self.routes.pop(flow)
+        if flow in self._repeats:
+            self._repeats.discard(flow)
+            extra = self._extra
+            for link in set(route):
+                times = route.count(link)
+                if times > 1:
+                    extra[link] -= times - 1
+                    if not extra[link]:
+                        del extra[link]
         on_link = self.on_link
         for link in route:  # a link may appear twice (a flow that loads it twice as much): discard is idempotent
             users = on_link.get(link)
@@ -109,32 +148,39 @@ class FlowNetwork:
                     del on_link[link]
         self._touched.update(route)
         del self.state[flow]
+        if self._next is not None and flow in self._next[2]:
+            self._next = None
         private = self._cap_link.pop(flow, None)
         if private is not None:
             self._touched.discard(private)
             self._spare_caps.append(private)
 
-    def _components(self) -> list[set[int]]:
-        """Flows connected, through shared links, to the links touched since the last allocation: one set per
-        connected component (a ring's flows, each alone on its links, are as many components)."""
-        comps: list[set[int]] = []
+    def _components(self) -> list[tuple[set[int], dict[int, int]]]:
+        """Flows connected, through shared links, to the links touched since the last allocation: per connected
+        component (a ring's flows, each alone on its links, are as many components), its flows and how many times
+        they cross each of its links."""
+        comps: list[tuple[set[int], dict[int, int]]] = []
         seen_links: set[int] = set()
-        on_link, routes = self.on_link, self.routes
+        on_link, routes, extra = self.on_link, self.routes, self._extra
         for seed in self._touched:
             if seed in seen_links or seed not in on_link:
                 continue
             flows: set[int] = set()
-            stack = [seed]
+            links = [seed]
             seen_links.add(seed)
-            while stack:
-                for f in on_link[stack.pop()]:
+            for link in links:  # grows while it is walked: a breadth-first search over links
+                for f in on_link[link]:
                     if f not in flows:
                         flows.add(f)
-                        for link in routes[f]:
-                            if link not in seen_links:
-                                seen_links.add(link)
-                                stack.append(link)
-            comps.append(flows)
+                        for other in routes[f]:
+                            if other not in seen_links:
+                                seen_links.add(other)
+                                links.append(other)
+            count = {link: len(on_link[link]) for link in links}
+            if extra:
+                for link in links:
+                    count[link] += extra.get(link, 0)
+            comps.append((flows, count))
         return comps
 
     def allocate(self, now: float, changed_links: bool = True) -> set[int]:
@@ -150,26 +196,30 @@ class FlowNetwork:
         changed = set(self._touched) if changed_links else set()
         self._touched.clear()
         self.allocations += 1
-        for flows in comps:
+        for flows, count in comps:
             if changed_links:
-                changed.update(link for f in flows for link in self.routes[f])
-            self._rerate(flows, now)
+                changed.update(count)
+            self._rerate(flows, count, now)
         return changed
 
-    def _rerate(self, flows: set[int], now: float) -> None:
+    def _rerate(self, flows: set[int], count: dict[int, int], now: float) -> None:
         """New max-min rates of one component's flows; progress brought up to ``now`` where a rate changes."""
         if len(flows) == 1:  # a flow alone on its links gets the narrowest one
             (only,) = flows
             route = self.routes[only]
             alone = self._alone.get(route)
             if alone is None:
-                alone = min(self.capacity[link] / route.count(link) for link in route)
+                if only in self._repeats:
+                    alone = min(self.capacity[link] / route.count(link) for link in route)
+                else:  # each link once: its narrowest (x / 1 == x exactly)
+                    alone = float(min(map(self.capacity.__getitem__, route)))
                 if only not in self._cap_link:  # a cap link's id is reused with another capacity: not cached
                     self._alone[route] = alone
             rates: dict[Any, float] = {only: alone}
         else:
-            rates = max_min_rates({f: self.routes[f] for f in flows}, self.capacity)
+            rates = _fill(len(flows), self.routes, self.on_link, count, self.capacity)
         state, eta = self.state, self._eta
+        nxt = self._next
         for f in flows:
             new = rates[f]
             st = state[f]
@@ -179,7 +229,10 @@ class FlowNetwork:
             st[1] = now
             st[2] = new
             st[3] += 1
-            heapq.heappush(eta, (now + max(st[0], 0.0) / new, st[3], f))
+            when = now + max(st[0], 0.0) / new
+            heapq.heappush(eta, (when, st[3], f))
+            if nxt is not None and (f in nxt[2] or when - nxt[0] <= nxt[1]):
+                self._next = nxt = None  # the earliest finish may have changed
 
     def rate(self, flow: int) -> float:
         """Bytes/s ``flow`` drains at now (as of the last :meth:`allocate`)."""
@@ -194,7 +247,10 @@ class FlowNetwork:
 
         Entries left by flows since re-rated or removed are dropped when they reach the top; the flows due are
         read off the heap in place: every entry within the tolerance of the top has all its ancestors within it
-        too, so a walk from the root that stops at later entries finds them all (no pop and push back)."""
+        too, so a walk from the root that stops at later entries finds them all (no pop and push back). The answer
+        is kept until a due flow is re-rated or removed or a new prediction falls within the tolerance of it."""
+        if self._next is not None:
+            return self._next[0], self._next[3]
         heap, state = self._eta, self.state
         while heap:
             _, version, flow = heap[0]
@@ -221,4 +277,6 @@ class FlowNetwork:
                     stack.append(i)
                     if i + 1 < n:
                         stack.append(i + 1)
-        return best, sorted(due)
+        due.sort()
+        self._next = (best, tol, set(due), due)
+        return best, due
