@@ -18,8 +18,8 @@ and sends down. Chunk k goes down while chunk k + 1 goes up, on the two directio
 a schedule (:func:`tree_allreduce`): per connection (a tree edge in one direction) one transfer per chunk, each
 after the connection's previous one; a rank's send up of chunk k after its reductions of chunk k, its sends down
 after it holds the final chunk k. The protocol's per-hop latency is paid by the first chunk only (the fill, as
-:mod:`.ring`'s pipelines); every transfer's rate is capped at half the channel's cap (:mod:`.caps`: half of the
-channel's threads push each direction).
+:mod:`.ring`'s pipelines); every transfer's rate is capped at the channel's cap over twice its trees (:mod:`.caps`:
+NCCL's tree cap is its graph channel's, which both trees share; half of a tree's threads push each direction).
 
 Closed form (:func:`pipeline_time`): the connections (and each rank's reductions of a chunk) are stages; chunk
 k leaves stage v once it has left all of v's predecessors and chunk k - 1 has left v, d_v(k) later (a
@@ -137,17 +137,18 @@ def tree_allreduce(b: CollBuilder, trees: Sequence[Tree]) -> None:
     ends: dict[int, list[int]] = {r: [] for r in start}
     for tree, (lo, hi) in zip(trees, chunk_bounds(b.n, len(trees)), strict=True):
         if hi > lo:
-            for r, ops in _pipeline(b, tree, lo, hi, start, tree_chunks((hi - lo) * b.elem_bytes, len(trees))).items():
+            chunks = tree_chunks((hi - lo) * b.elem_bytes, len(trees))
+            for r, ops in _pipeline(b, tree, lo, hi, start, chunks, len(trees)).items():
                 ends[r] += ops
     for r in start:  # in place: a channel's view shares its builder's frontier
         b.front[r] = tuple(dict.fromkeys(ends[r])) or start[r]
 
 
 def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, tuple[int, ...]],
-              chunks: int) -> dict[int, list[int]]:
-    """One tree's pipeline over elements ``lo:hi`` of ``b``'s range; returns every rank's last ops."""
+              chunks: int, trees: int) -> dict[int, list[int]]:
+    """One of ``trees`` trees' pipeline over elements ``lo:hi`` of ``b``'s range; returns every rank's last ops."""
     sched, size = b.sched, b.elem_bytes * b.wire
-    cap = b.cap * b.wire / 2  # each direction: half of the channel's threads
+    cap = b.cap * b.wire / (2 * trees)  # each direction: half of the tree's threads, the trees share the channel's
     up_last: dict[int, int] = {}  # rank -> its last send up
     down_last: dict[int, int] = {}  # child -> its parent's last send to it
     got: dict[int, int] = {}  # rank -> its receive of the final chunk

@@ -147,13 +147,13 @@ class _Predictor:
         cl = self.cluster
         spec = cl.specs[cl.ranks[self.ranks[0]]]
         wire = choice_wire(self.choice)
-        cap = self.cap / 2  # each direction: half of the channel's threads
         load = [0.0] * len(shape.capacity)  # bytes every link carries
         busy = 0.0  # the longest a connection's cap or a rank's compute stream keeps it busy
         fills = []
         hop = 0
         for k, (lo, hi) in enumerate(chunk_bounds(n, c)):
             trees = shape.trees[k]
+            cap = self.cap / (2 * len(trees))  # each direction: half of a tree's share of the channel's threads
             for tree, (a, z) in zip(trees, chunk_bounds(hi - lo, len(trees)), strict=True):
                 chunks = tree_chunks((z - a) * elem_bytes, len(trees))
                 elems = (z - a) / chunks
