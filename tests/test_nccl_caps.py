@@ -14,7 +14,7 @@ from simulator.algorithms.base import Layout
 from simulator.algorithms.tree import build_tree
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
 from simulator.collectives import collective, fabric_of
-from simulator.collectives.caps import arch_of, channel_cap, nccl_width
+from simulator.collectives.caps import arch_of, channel_cap, nccl_speed, nccl_width
 from simulator.collectives.channels import Choice
 from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
 from simulator.collectives.tuner import predict
@@ -167,3 +167,18 @@ def test_the_decode_tree_through_the_nvswitch_computes_attention():
     inp = make_inputs(np.random.default_rng(0), shape.batch, shape.heads, shape.kv_heads, shape.head_dim,
                       shape.context, np.float32)
     assert run_numeric(sched, inp).max_abs_err < 1e-5
+
+
+def test_tree_cap_is_ncclS_min_of_its_search_speed_and_perChMaxTreeBw():
+    """tuning.cc: tree allreduce busBw = min(nChannels x bw x .92, nChannels x perChMaxTreeBw), bw the speed NCCL's
+    search gives a channel. A 50 GB/s NIC across 2 Hopper servers: speed 48, doubled into 2 channels of 24 GB/s;
+    .92 x 24 = 22.08 < 41.4 binds. A 450 GB/s NVLink on one Hopper server: 7 channels at 60, doubled: 14 of 30
+    GB/s; .92 x 30 = 27.6 < 38.7 binds too. With 80 GB/s per NCCL channel, perChMaxTreeBw binds."""
+    assert nccl_speed("hopper", 50e9, 2) == pytest.approx(24.0) and nccl_width("hopper", 50e9, 2) == 2
+    assert channel_cap("hopper", "allreduce", "tree", "Simple", nodes=2, channels=8, width=2,
+                       speed=24.0) == pytest.approx(2 * 0.92 * 24.0e9)
+    assert nccl_speed("hopper", 450e9, 1) == pytest.approx(30.0) and nccl_width("hopper", 450e9, 1) == 14
+    assert channel_cap("hopper", "allreduce", "tree", "Simple", nodes=1, channels=1, width=14,
+                       speed=30.0) == pytest.approx(14 * 0.92 * 30.0e9)
+    assert channel_cap("hopper", "allreduce", "tree", "Simple", nodes=1, channels=1, width=1,
+                       speed=80.0) == pytest.approx(38.7e9)

@@ -6,7 +6,13 @@ Hopper, Blackwell: the compute capability) and scale (1, 2, more than 2 nodes), 
 
 * ring LL: the whole collective at most ``llMaxBws`` (1 node: by GPU architecture; several: by host CPU, Intel or
   AMD); ring LL128: ``perChMaxRingLL128Bws`` per channel;
-* tree allreduce: ``perChMaxTreeBws`` per channel, LL128 also ``perChMaxTreeLL128Bws``, LL also ``llMaxBws`` in all.
+* tree allreduce: ``perChMaxTreeBws`` per channel and 0.92 of the channel's bandwidth from NCCL's search (the
+  graph's ``bwIntra`` at 1 or 2 nodes: ``busBw = min(nChannels * bw * .92, nChannels * perChMaxTreeBw)``), LL128
+  also ``perChMaxTreeLL128Bws``, LL also ``llMaxBws`` in all. NCCL then halves a tree's bus bandwidth into its
+  algorithm bandwidth: the up and down pipelines share the channel (``runTreeSplit`` gives each half of its
+  threads), which :mod:`.nccl_tree` models by capping each direction at half the channel's cap. Without the
+  search's bandwidth in the cap, a tree across two servers (whose NICs carry the payload once each way, where a
+  ring's carry it 2(P-1)/P times) would outrun the ring at large sizes, where NCCL's model picks the ring.
 
 NCCL applies them to its channels, which its search (``src/graph/search.cc``) sizes from a table of speeds per
 architecture (``speedArrayIntra`` / ``speedArrayInter``, ``sm90...`` for Hopper, ``sm100...`` for Blackwell) and then
@@ -28,7 +34,7 @@ from collections.abc import Sequence
 
 from simulator.collectives.fabric import Fabric
 
-__all__ = ["ARCHS", "arch_of", "channel_cap", "fabric_cap", "nccl_width"]
+__all__ = ["ARCHS", "arch_of", "channel_cap", "fabric_cap", "nccl_speed", "nccl_width"]
 
 _GB = 1e9
 ARCHS = ("volta", "ampere", "hopper", "blackwell")  # NCCL's compute-capability index order
@@ -83,17 +89,29 @@ def nccl_width(arch: str, link_Bps: float, nodes: int) -> int:
     return width
 
 
+def nccl_speed(arch: str, link_Bps: float, nodes: int) -> float:
+    """GB/s NCCL's search gives each of its channels on a narrowest link of ``link_Bps``: the speed it fits
+    ``floor(B / s)`` channels at, shared by the duplicates ``ncclTopoDupChannels`` makes (it divides the graph's
+    bandwidth by the duplication)."""
+    speeds = _SPEEDS.get(arch, _SPEEDS["old"])[0 if nodes <= 1 else 1]
+    bw = link_Bps / _GB
+    speed = next((s for s in speeds if s <= bw), speeds[-1])
+    fit = max(1, math.floor(bw / speed + 1e-9))
+    return speed * fit / nccl_width(arch, link_Bps, nodes)
+
+
 def channel_cap(arch: str, operation: str, family: str, proto: str, *, nodes: int, channels: int, width: int,
-                host_cpu: str = "intel") -> float:
+                host_cpu: str = "intel", speed: float = math.inf) -> float:
     """Payload bytes/s one of ``channels`` channels can move (``inf``: no cap), each standing for ``width`` of
-    NCCL's channels; ``family`` is ``ring``, ``tree`` or ``nvls`` (:func:`.channels.protocol_family`)."""
+    NCCL's channels; ``family`` is ``ring``, ``tree`` or ``nvls`` (:func:`.channels.protocol_family`); ``speed``:
+    GB/s NCCL's search gives each of its channels (:func:`nccl_speed`; ``inf``: not known)."""
     if arch not in ARCHS or family == "nvls":
         return math.inf
     i = _scale(nodes)
     ll_total = (_LL_MAX[arch] if nodes <= 1 else _LL_MAX_HOST.get(host_cpu, _LL_MAX_HOST["intel"]))[i]
     cap = math.inf
     if family == "tree" and operation == "allreduce":
-        cap = width * _TREE[arch][i]
+        cap = width * min(_TREE[arch][i], 0.92 * speed)
         if proto == "LL128":
             cap = min(cap, width * _TREE_LL128[arch][i])
     if family == "ring" and proto == "LL128":
@@ -127,4 +145,4 @@ def fabric_cap(fabric: Fabric, operation: str, family: str, proto: str, ranks: S
         return math.inf
     servers = len(fabric.groups(ranks))
     return channel_cap(arch, operation, family, proto, nodes=servers, channels=channels,
-                       width=nccl_width(arch, hit[1], servers))
+                       width=nccl_width(arch, hit[1], servers), speed=nccl_speed(arch, hit[1], servers))

@@ -10,8 +10,9 @@ Algorithms per operation (NCCL's, ``src/graph/tuning.cc``):
 
 * ``ring``: allreduce (reduce-scatter then allgather, 2(P-1) steps of n/P), reduce-scatter and allgather (P-1
   steps), broadcast and reduce (pipelines along the ring from / to the root, in 512 KiB slices);
-* ``tree`` (allreduce): NCCL's tree: inside every server a chain to the GPU of the channel's NIC, a double binary
-  tree across those GPUs, and back down the chains;
+* ``tree`` (allreduce): NCCL's tree (:mod:`.nccl_tree`): inside every server a chain from the GPU of the
+  channel's NIC, NCCL's double binary tree across those GPUs (half the share on each), one pipeline of chunks
+  going up and down at once;
 * ``hierarchical`` (allreduce): reduce-scatter inside every server, one ring allreduce per local GPU index across
   servers (each GPU on its own NIC rail), allgather inside;
 * ``recursive-doubling`` (allreduce): log2 P pairwise exchanges of the whole share (tree protocol constants);
@@ -30,9 +31,10 @@ from dataclasses import dataclass
 from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.fabric import Fabric
+from simulator.collectives.nccl_tree import channel_trees, tree_allreduce
 from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
-from simulator.collectives.trees import double_binary_tree_allreduce, recursive_doubling_allreduce
+from simulator.collectives.trees import recursive_doubling_allreduce
 from simulator.errors import InputError
 from simulator.schedule import Schedule
 
@@ -108,7 +110,7 @@ def _channel(b: CollBuilder, operation: str, algo: str, ring: list[int], fabric:
         if algo == "ring":
             ring_allreduce(b, ring)
         elif algo == "tree":
-            _tree_allreduce(b, ring, fabric, c)
+            tree_allreduce(b, channel_trees(fabric, ring, c))
         elif algo == "recursive-doubling":
             recursive_doubling_allreduce(b, sorted(ring))
         else:
@@ -136,20 +138,6 @@ def _ring_allgather(b: CollBuilder, ring: Sequence[int]) -> None:
     p, chunks = len(ring), chunk_bounds(b.n, len(ring))
     for k in range(p - 1):
         b.step([(ring[i], ring[(i + 1) % p], *chunks[(i - k) % p]) for i in range(p)], reduce=False)
-
-
-def _tree_allreduce(b: CollBuilder, ring: list[int], fabric: Fabric, c: int) -> None:
-    """Chains inside servers to the GPU of the channel's NIC, a double binary tree across them, and back."""
-    chains = []
-    for g in fabric.groups(ring):
-        s = fabric.entry(c, len(g))
-        chains.append([g[(s + j) % len(g)] for j in range(len(g))])
-    for chain in chains:
-        ring_reduce(b, chain, chain[0])
-    if len(chains) > 1:
-        double_binary_tree_allreduce(b, [chain[0] for chain in chains])
-    for chain in chains:
-        ring_broadcast(b, chain, chain[0])
 
 
 def _hierarchical_allreduce(b: CollBuilder, ring: list[int], fabric: Fabric) -> None:

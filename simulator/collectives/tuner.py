@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import Cluster
+from simulator.collectives.base import chunk_bounds
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
 from simulator.collectives.fabric import Fabric
+from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time, tree_chunks
 from simulator.collectives.protocols import PROTOCOLS, base_latency, channels_for, hop_latency, wire_factor
 from simulator.collectives.ring import MAX_SLICES, PIPELINE_SLICE_BYTES
 
@@ -29,6 +32,7 @@ __all__ = ["candidates", "choose", "predict"]
 _AUTO = {"allreduce": ("ring", "tree", "nvls")}
 _CACHE: dict[tuple[object, ...], tuple[object, float]] = {}
 _WIRES: dict[int, tuple[Cluster, dict[tuple[int, int], float]]] = {}
+_TREES: dict[tuple[int, tuple[int, ...], int], tuple[Cluster, _TreeShape]] = {}
 
 
 def candidates(operation: str, algo: str, protocol: str, ranks: Sequence[int], fabric: Fabric,
@@ -70,7 +74,11 @@ def predict(operation: str, ranks: Sequence[int], n: int, choice: Choice, fabric
     if hit is not None and hit[0] is cluster:
         return hit[1]
     pred = _Predictor(cluster, fabric, choice, list(ranks))
-    t = pred.time(operation, n * elem_bytes * choice_wire(choice))
+    if choice.algo == "tree":
+        pred.set_cap(operation)
+        t = pred.launch + pred.tree(n, elem_bytes, dtype)
+    else:
+        t = pred.time(operation, n * elem_bytes * choice_wire(choice))
     if operation in ("allreduce", "reduce-scatter") and choice.algo in ("ring", "hierarchical"):
         # the reductions of a ring rank run between its steps: (P-1)/P of the buffer, read twice, written once
         spec = cluster.specs[cluster.ranks[ranks[0]]]
@@ -98,13 +106,17 @@ class _Predictor:
         self.wires = held[1]  # (rank, rank) -> message overhead + route latency, shared by every candidate
         self.cap = math.inf  # a channel's bytes/s on the wire at most (NCCL's per-channel caps), set by time()
 
-    def hop(self, a: int, b: int) -> float:
+    def wire(self, a: int, b: int) -> float:
+        """A message's fixed seconds from rank a to rank b: the message overhead and its route's latency."""
         wire = self.wires.get((a, b))
         if wire is None:
             route = self.cluster.route(self.cluster.ranks[a], self.cluster.ranks[b])
             wire = self.wires[(a, b)] = self.cluster.message_overhead_s + self.cluster.route_latency(route)
-        return max(wire, hop_latency(self.family, self.choice.protocol, self.fabric.hw(a, b),
-                                     self.cluster.nccl_latency))
+        return wire
+
+    def hop(self, a: int, b: int) -> float:
+        return max(self.wire(a, b), hop_latency(self.family, self.choice.protocol, self.fabric.hw(a, b),
+                                                self.cluster.nccl_latency))
 
     def shared_bw(self, paths: Sequence[Sequence[tuple[int, int]]]) -> float:
         """Bottleneck bandwidth one path (a list of rank hops) gets when all ``paths`` run at once."""
@@ -117,30 +129,64 @@ class _Predictor:
         return min((cl.graph.edges[e]["bandwidth"] / uses[e] for path in routes for route in path for e in route),
                    default=float("inf"))
 
-    def tree(self, share: float) -> float:
-        """One channel's tree allreduce of ``share`` bytes: pipelined chains up, a double binary tree across
-        servers (two halves at once, whole), pipelined chains down (:func:`channels._tree_allreduce`)."""
-        groups = self.fabric.groups(self.ranks)
+    def tree(self, n: int, elem_bytes: int, dtype: str) -> float:
+        """NCCL's tree (:mod:`.nccl_tree`) on every channel: the slowest of two forms per tree pipeline.
+
+        * alone: :func:`.nccl_tree.pipeline_time` with every connection at its own route's narrowest link (or its
+          cap) and a rank's reductions of a chunk a stage of their own: the schedule's time exactly where no two
+          connections share a link (and reductions take no time);
+        * shared: the busiest resource's bytes (a link: every connection of every channel crossing it; a
+          connection's cap; a rank's compute stream: its reductions of all channels) at its capacity, plus the
+          pipeline's fill and drain (the alone time less its chunks at its slowest stage).
+
+        Where links are shared the second dominates: the pipeline keeps its busiest link busy (the engine's
+        max-min sharing is work-conserving), its first and last chunks still cross the tree one stage at a time.
+        """
         c = self.choice.channels
-        chains = [[[(g[(s + i) % len(g)], g[(s + i + 1) % len(g)]) for i in range(len(g) - 1)]
-                   for g in groups for s in [self.fabric.entry(k, len(g))]] for k in range(c)]
-        slices = min(MAX_SLICES, max(1, math.ceil(share / PIPELINE_SLICE_BYTES)))
-        t = 0.0
-        if any(chains[0]):
-            hop = max(self.hop(a, b) for chain in chains[0] for a, b in chain)
-            depth = max(len(chain) for chain in chains[0])
-            # one slice: a chain is busy on one hop at a time, and the channels' rotated chains on different links
-            busy = [ch for k in range(c if slices > 1 else 1) for ch in chains[k] if ch]
-            t += 2 * (depth * hop + (slices + depth - 1) * share / slices / min(self.shared_bw(busy), self.cap))
-        if len(groups) > 1:
-            pairs = []
-            for k in range(c):
-                leaders = [g[self.fabric.entry(k, len(g))] for g in groups]
-                pairs += [[(leaders[(i - 1) // 2], leaders[i])] for i in range(1, len(leaders))]
-            levels = math.ceil(math.log2(len(groups) + 1)) - 1
-            hop = max(self.hop(a, b) for (a, b), in pairs)
-            t += 2 * levels * (hop + share / min(self.shared_bw(pairs), self.cap))
-        return t
+        shape = _tree_shape(self.cluster, self.fabric, self.ranks, c)
+        cl = self.cluster
+        spec = cl.specs[cl.ranks[self.ranks[0]]]
+        wire = choice_wire(self.choice)
+        load = [0.0] * len(shape.capacity)  # bytes every link carries
+        busy = 0.0  # the longest a connection's cap or a rank's compute stream keeps it busy
+        fills = []
+        hop = 0
+        for k, (lo, hi) in enumerate(chunk_bounds(n, c)):
+            trees = shape.trees[k]
+            cap = self.cap / (2 * len(trees))  # each direction: half of a tree's share of the channel's threads
+            for tree, (a, z) in zip(trees, chunk_bounds(hi - lo, len(trees)), strict=True):
+                chunks = tree_chunks((z - a) * elem_bytes, len(trees))
+                elems = (z - a) / chunks
+                size = elems * elem_bytes * wire
+                one = compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False, fn="reduce-sum")
+                up, down = {}, {}
+                for r, q in tree.parent.items():
+                    for _ in (r, q):  # the connection up, then down
+                        for link in shape.links[shape.hops[hop]]:
+                            load[link] += chunks * size
+                        hop += 1
+                    up[r] = self._stage(r, q, size, min(shape.free[(r, q)], cap))
+                    down[r] = self._stage(q, r, size, min(shape.free[(q, r)], cap))
+                if z == a:
+                    continue
+                busy = max(busy, chunks * size / cap, chunks * one * max(shape.reductions.values()))
+                reduce = {r: one * len(kids) for r, kids in tree.children.items() if kids}
+                alone = pipeline_time(tree, chunks, up, down, reduce)
+                slowest = max(*(d for _, d in up.values()), *(d for _, d in down.values()), *reduce.values())
+                fills.append((alone, alone - chunks * slowest))
+        bound = max(busy, *(x / cap_ for x, cap_ in zip(load, shape.capacity, strict=True)))
+        return max(max(alone, bound + fill) for alone, fill in fills)
+
+    def _stage(self, a: int, b: int, nbytes: float, rate: float) -> tuple[float, float]:
+        """(seconds of chunk 0, of every later chunk) of ``nbytes`` at ``rate`` on the connection from rank a to
+        rank b: chunk 0 pays the protocol's per-hop latency at least."""
+        return self.hop(a, b) + nbytes / rate, self.wire(a, b) + nbytes / rate
+
+    def set_cap(self, operation: str) -> None:
+        """A channel's bytes/s on the wire at most, as :func:`.channels.build` caps ring and tree (NCCL's own)."""
+        if self.choice.algo in ("ring", "tree"):
+            self.cap = fabric_cap(self.fabric, operation, self.family, self.choice.protocol, self.ranks,
+                                  self.choice.channels) * wire_factor(self.family, self.choice.protocol)
 
     def time(self, operation: str, nbytes: float) -> float:
         p, c = len(self.ranks), self.choice.channels
@@ -160,15 +206,11 @@ class _Predictor:
             switch = self.fabric.switch[self.fabric.hosts[self.ranks[0]]] if self.fabric.switch else gpu
             step = cl.message_overhead_s + (cl.route_latency(cl.route(gpu, switch)) if switch != gpu else 0.0)
             return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw + (slices - 1) * step
-        if algo in ("ring", "tree"):  # as channels.build caps them
-            self.cap = fabric_cap(self.fabric, operation, self.family, self.choice.protocol, self.ranks, c) \
-                * wire_factor(self.family, self.choice.protocol)
+        self.set_cap(operation)
         rings = self.fabric.rings(self.ranks, c)
         hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
         bw = min(self.shared_bw(hops), self.cap) * c
         step = max(self.hop(a, b) for h in hops for a, b in h)
-        if algo == "tree":
-            return self.launch + self.tree(nbytes / c)
         if algo == "hierarchical" or algo == "recursive-doubling":
             return self.launch + 2 * (p - 1) * step + 2 * (p - 1) / p * nbytes / bw
         steps = {"allreduce": 2 * (p - 1), "reduce-scatter": p - 1, "allgather": p - 1}.get(operation, p - 1)
@@ -190,3 +232,40 @@ def choose(operation: str, ranks: Sequence[int], n: int, fabric: Fabric, *, algo
         return options[0]
     return min(options, key=lambda c: predict(operation, ranks, n, c, fabric, elem_bytes=elem_bytes, dtype=dtype,
                                                       root=root))
+
+
+@dataclass(frozen=True)
+class _TreeShape:
+    """The tree's structure on a cluster: every channel's trees, every connection (each tree's, child to parent
+    then parent to child) and its route (link ids into ``capacity``), its rate alone, each rank's reductions per
+    chunk round (all channels and trees)."""
+
+    trees: list[list[Tree]]
+    hops: list[tuple[int, int]]  # every connection of every channel's trees, in order
+    links: dict[tuple[int, int], list[int]]
+    capacity: list[float]
+    free: dict[tuple[int, int], float]  # a connection's rate alone
+    reductions: dict[int, int]
+
+
+def _tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int) -> _TreeShape:
+    key = (id(cluster), tuple(ranks), channels)
+    hit = _TREES.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    rings = fabric.rings(ranks, channels)
+    trees = [channel_trees(fabric, rings[k], k) for k in range(channels)]
+    hops = [(a, b) for ts in trees for t in ts for r, q in t.parent.items() for a, b in ((r, q), (q, r))]
+    ids: dict[tuple[str, str], int] = {}
+    links = {(a, b): [ids.setdefault(e, len(ids)) for e in cluster.route(cluster.ranks[a], cluster.ranks[b])]
+             for a, b in dict.fromkeys(hops)}
+    capacity = [float(cluster.graph.edges[e]["bandwidth"]) for e in ids]
+    reductions: dict[int, int] = {}
+    for ts in trees:
+        for t in ts:
+            for q in t.parent.values():
+                reductions[q] = reductions.get(q, 0) + 1
+    free = {hop: min((capacity[i] for i in ids_), default=math.inf) for hop, ids_ in links.items()}
+    shape = _TreeShape(trees, hops, links, capacity, free, reductions)
+    _TREES[key] = (cluster, shape)
+    return shape
