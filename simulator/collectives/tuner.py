@@ -150,7 +150,6 @@ class _Predictor:
         load = [0.0] * len(shape.capacity)  # bytes every link carries
         busy = 0.0  # the longest a connection's cap or a rank's compute stream keeps it busy
         fills = []
-        hop = 0
         for k, (lo, hi) in enumerate(chunk_bounds(n, c)):
             trees = shape.trees[k]
             cap = self.cap / (2 * len(trees))  # each direction: half of a tree's share of the channel's threads
@@ -161,10 +160,8 @@ class _Predictor:
                 one = compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False, fn="reduce-sum")
                 up, down = {}, {}
                 for r, q in tree.parent.items():
-                    for _ in (r, q):  # the connection up, then down
-                        for link in shape.links[shape.hops[hop]]:
-                            load[link] += chunks * size
-                        hop += 1
+                    for link in (*shape.links[(r, q)], *shape.links[(q, r)]):  # the connection up, then down
+                        load[link] += chunks * size
                     up[r] = self._stage(r, q, size, min(shape.free[(r, q)], cap))
                     down[r] = self._stage(q, r, size, min(shape.free[(q, r)], cap))
                 if z == a:
@@ -236,12 +233,11 @@ def choose(operation: str, ranks: Sequence[int], n: int, fabric: Fabric, *, algo
 
 @dataclass(frozen=True)
 class _TreeShape:
-    """The tree's structure on a cluster: every channel's trees, every connection (each tree's, child to parent
-    then parent to child) and its route (link ids into ``capacity``), its rate alone, each rank's reductions per
+    """The tree's structure on a cluster: every channel's trees, every connection's route (link ids into
+    ``capacity``; each tree's child to parent and parent to child) and its rate alone, each rank's reductions per
     chunk round (all channels and trees)."""
 
     trees: list[list[Tree]]
-    hops: list[tuple[int, int]]  # every connection of every channel's trees, in order
     links: dict[tuple[int, int], list[int]]
     capacity: list[float]
     free: dict[tuple[int, int], float]  # a connection's rate alone
@@ -266,6 +262,6 @@ def _tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: in
             for q in t.parent.values():
                 reductions[q] = reductions.get(q, 0) + 1
     free = {hop: min((capacity[i] for i in ids_), default=math.inf) for hop, ids_ in links.items()}
-    shape = _TreeShape(trees, hops, links, capacity, free, reductions)
+    shape = _TreeShape(trees, links, capacity, free, reductions)
     _TREES[key] = (cluster, shape)
     return shape
