@@ -36,6 +36,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=150.0, help="how long to keep re-timing (default 150)")
     args = ap.parse_args()
+    if not args.seconds > 0:
+        ap.error(f"argument --seconds: must be positive, got {args.seconds:g}")
     torch.set_num_threads(1)
     device = torch.device("cpu")
     times: dict[int, list[float]] = {i: [] for i in range(len(POINTS))}
