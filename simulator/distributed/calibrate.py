@@ -356,8 +356,9 @@ def run_rank(args: argparse.Namespace) -> None:
         exchanges = _ring_exchanges(args.reps, device)
     with _phase("per-operation overheads"):
         # the per-operation overheads are the noisiest figures (scheduling delays): twice the repetitions; the
-        # all_reduce's mean (its stall) needs more: its slow calls are 2-4 ms, a third of them or more (0.5 s)
-        allreduce = _after_compute(args, device, 6 * args.reps, p2p=False)
+        # all_reduce's mean (its stall) needs more: a third of its calls are 2-4 ms slower, a count whose binomial
+        # noise moves the mean by ~0.3 ms at 30 calls, ~0.1 ms at 180 (about 1.5 s here)
+        allreduce = _after_compute(args, device, 12 * args.reps, p2p=False)
         p2p_s = statistics.median(_after_compute(args, device, 2 * args.reps, p2p=True))
     with _phase("compute roofline (small kernels, attend, matmul, shared memory bandwidth, memcpy)"):
         small = _small_kernel_time(args, device, args.reps)
