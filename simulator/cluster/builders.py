@@ -131,7 +131,8 @@ def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict
     return out
 
 
-_PASSED = ("devices", "collective_overhead", "host_cores", "host_mem_bw", "host_copy_bw", "nccl_latency")
+_PASSED = ("devices", "collective_overhead", "collective_stall", "host_cores", "host_mem_bw", "host_copy_bw",
+           "nccl_latency")
 _TOP_KEYS = {"name", "builder", "params", "aliases", "description", *_PASSED}
 
 

@@ -8,7 +8,9 @@ Two YAML forms are accepted (see docs/topology.md):
 
 * explicit: ``devices:`` (named specs), ``nodes:``, ``links:``, optional ``message_overhead`` (per message, at the
   sender), ``comm_overhead`` (per communication operation: one collective, or one standalone send/recv) and
-  ``collective_overhead`` (a collective's start, when it differs from a standalone send's) and ``nccl_latency``
+  ``collective_overhead`` (a collective's start, when it differs from a standalone send's), ``collective_stall``
+  (what a collective's start costs on average beyond that: the slow calls of a heavy-tailed start, e.g. gloo's
+  hand-off of each collective to a worker thread on CPU ranks; default 0) and ``nccl_latency``
   (NCCL's protocol latencies replaced: ``{ring: {LL: {net: 50 us}}}``, :mod:`simulator.collectives.protocols`);
 * parametric: ``builder: cluster`` with ``params:`` defaults (see :mod:`simulator.cluster.builders`), which a scenario's
   ``topology_params`` override.
@@ -51,6 +53,7 @@ class Cluster:
     message_overhead_s: float = 0.0
     comm_overhead_s: float = 0.0
     collective_overhead_s: float | None = None  # a collective's start; None: comm_overhead
+    collective_stall_s: float = 0.0  # a collective start's mean beyond its typical cost (the slow calls' share)
     host_cores: Mapping[str, int] = field(default_factory=dict)  # hosts whose ranks share CPU cores
     host_mem_bw: Mapping[str, float] = field(default_factory=dict)  # and their memory bandwidth (bytes/s)
     host_copy_bw: Mapping[str, float] = field(default_factory=dict)  # bytes/s one core copies for a transfer
@@ -78,8 +81,10 @@ class Cluster:
 
     @property
     def collective_start_s(self) -> float:
-        """What starting one collective costs on a rank (``collective_overhead``, else ``comm_overhead``)."""
-        return self.comm_overhead_s if self.collective_overhead_s is None else self.collective_overhead_s
+        """What starting one collective costs on a rank on average: ``collective_overhead`` (else
+        ``comm_overhead``) plus ``collective_stall``."""
+        base = self.comm_overhead_s if self.collective_overhead_s is None else self.collective_overhead_s
+        return base + self.collective_stall_s
 
     def host_of(self, node: str) -> str:
         """The server a node belongs to: its name up to the first dot (``n3.gpu1`` -> ``n3``)."""
@@ -192,6 +197,7 @@ def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict
 
 
 _TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "collective_overhead",
+             "collective_stall",
              "host_cores", "host_mem_bw", "host_copy_bw", "description", "nccl_latency"}
 
 
@@ -220,13 +226,14 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
     comm = _quantity("time", raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0)
     coll = (None if raw.get("collective_overhead") is None
             else _quantity("time", raw["collective_overhead"], locate, ("collective_overhead",), 0.0))
+    stall = _quantity("time", raw.get("collective_stall", 0), locate, ("collective_stall",), 0.0)
     ranks = tuple(n for n, k in graph.nodes(data="kind") if k == "gpu")
     if not ranks:
         raise locate(("nodes",), InputError("no node of kind gpu: a cluster needs at least one GPU"))
     _check_reachable(graph, locate)
     name = str(raw.get("name") or Path(src).stem)
     cluster = Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead,
-                      comm_overhead_s=comm, collective_overhead_s=coll,
+                      comm_overhead_s=comm, collective_overhead_s=coll, collective_stall_s=stall,
                       host_cores=_host_cores(raw.get("host_cores", {}), locate),
                       host_mem_bw=_host_bandwidths("host_mem_bw", raw, locate),
                       host_copy_bw=_host_bandwidths("host_copy_bw", raw, locate),

@@ -10,7 +10,11 @@ Measured:
   transfers that happened to finish first);
 * per-operation overheads: a small ``all_reduce``, and a small send/receive with the ring neighbours, each issued
   as schedules issue them, right after every rank ran an attention kernel (from the last rank's arrival to the
-  last return), less what the model already charges for their messages;
+  last return), less what the model already charges for their messages. The all_reduce's latency is heavy-tailed
+  on CPU ranks (gloo hands every collective to a worker thread: 30-60 % of small all_reduces take 2-4 ms instead
+  of ~0.4 ms, where a send/receive rarely does), and a step's time is a sum of such latencies, which follows their
+  mean, not their median: ``collective_overhead`` is the median's share, ``collective_stall`` the mean's excess
+  over the median (the slowest 5 % dropped: a preemption, not the backend), see :func:`stall_of`;
 * compute, on rank 0 alone (one core): the small kernels of the schedules (merge, rescale, finalize of one state:
   the per-kernel overhead, ``launch_overhead``), the decode attention kernel (partial attention merged into a
   running state, the ``attend`` op) on shards of several sizes, fitted as ``launch + bytes / mem_bw`` (the median of
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import math
 import os
 import platform
 import statistics
@@ -63,7 +68,7 @@ from simulator.kernel_model import KernelProfile, profile_to_yaml
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["PoorFit", "fit_linear", "run_rank"]
+__all__ = ["PoorFit", "fit_linear", "run_rank", "stall_of"]
 
 PINGPONG_SIZES = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB
 SHARDS = [256, 1024, 4096, 16384, 65536]
@@ -208,9 +213,19 @@ def _shared_memory_bandwidth(args: argparse.Namespace, device: torch.device, ran
     return ranks * shape.attend_cost(t)[1] / float(elapsed.item())
 
 
-def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2p: bool) -> float:
+def stall_of(latencies: Sequence[float]) -> tuple[float, float]:
+    """(median, stall) of an operation's latencies: the stall is how much their mean exceeds their median, the
+    slowest 5 % dropped first (one preemption of a rank is not the operation's cost); never negative."""
+    if not latencies:
+        raise ValueError("no latencies")
+    kept = sorted(latencies)[:max(1, math.ceil(0.95 * len(latencies)))]
+    median = statistics.median(latencies)
+    return median, max(0.0, statistics.fmean(kept) - median)
+
+
+def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2p: bool) -> list[float]:
     """Latency of a small all_reduce (or, with ``p2p``, a send to the next rank and a receive from the previous)
-    as schedules issue it: right after every rank ran an attention kernel.
+    as schedules issue it: right after every rank ran an attention kernel. Returns every repetition's latency.
 
     Measured from the last rank's arrival to the last rank's return (a shared monotonic clock on one machine),
     so the time spent waiting for slower ranks is not counted; in a tight loop of operations alone the
@@ -239,7 +254,7 @@ def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2
         every = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
         dist.all_gather(every, stamps)
         latencies.append(max(float(s[1]) for s in every) - max(float(s[0]) for s in every))
-    return statistics.median(latencies)
+    return latencies
 
 
 def _copy_bandwidth(device: torch.device, reps: int) -> float:
@@ -340,9 +355,11 @@ def run_rank(args: argparse.Namespace) -> None:
         pp = _pingpong(args.reps, device)
         exchanges = _ring_exchanges(args.reps, device)
     with _phase("per-operation overheads"):
-        # the per-operation overheads are the noisiest figures (scheduling delays): twice the repetitions
-        allreduce_s = _after_compute(args, device, 2 * args.reps, p2p=False)
-        p2p_s = _after_compute(args, device, 2 * args.reps, p2p=True)
+        # the per-operation overheads are the noisiest figures (scheduling delays): twice the repetitions; the
+        # all_reduce's mean (its stall) needs more: a third of its calls are 2-4 ms slower, a count whose binomial
+        # noise moves the mean by ~0.3 ms at 30 calls, ~0.1 ms at 180 (about 1.5 s here)
+        allreduce = _after_compute(args, device, 12 * args.reps, p2p=False)
+        p2p_s = statistics.median(_after_compute(args, device, 2 * args.reps, p2p=True))
     with _phase("compute roofline (small kernels, attend, matmul, shared memory bandwidth, memcpy)"):
         small = _small_kernel_time(args, device, args.reps)
         attend32 = _attend_times(args, device, torch.float32)
@@ -352,7 +369,7 @@ def run_rank(args: argparse.Namespace) -> None:
         shared_bw = _shared_memory_bandwidth(args, device, concurrent)
         memcpy_bw = _copy_bandwidth(device, args.reps)
     if rank == 0:
-        text = _topology(args, world, pp, exchanges, (allreduce_s, p2p_s), small, attend32, attend64,
+        text = _topology(args, world, pp, exchanges, (*stall_of(allreduce), p2p_s), small, attend32, attend64,
                          flops, (concurrent, shared_bw, memcpy_bw), profiles)
         write_text_atomic(Path(args.out), text)
         print(f"wrote {args.out}")
@@ -398,7 +415,7 @@ def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[
 
 def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
               exchanges: list[tuple[int, float, float]],
-              after_compute: tuple[float, float], small: float, attend32: list[tuple[float, float]],
+              after_compute: tuple[float, float, float], small: float, attend32: list[tuple[float, float]],
               attend64: list[tuple[float, float]], flops: list[float], shared: tuple[int, float, float],
               profiles: list[KernelProfile]) -> str:
     sizes = np.array([s for s, _ in pp], dtype=float)
@@ -422,7 +439,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     aggregate = 1 / wall_slope if wall_slope > 0 else flow_bw
     aggregate = max(aggregate, flow_bw)  # a lone flow is never faster than all of them together
     # the model charges a ring allreduce 2(P-1) steps of the message overhead; the rest is per collective
-    allreduce_s, p2p_s = after_compute
+    allreduce_s, stall, p2p_s = after_compute  # the all_reduce's median and its mean's excess, the send's median
     collective_overhead = max(0.0, allreduce_s - 2 * (world - 1) * overhead)
     comm_overhead = max(0.0, p2p_s - overhead)
     launch = small
@@ -448,10 +465,11 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         + ", ".join(f"{n >> 20} MiB {w * 1e3:.1f} ms using {c / w:.2f} of {os.cpu_count()} CPUs"
                     for n, w, c in exchanges) + ".",
         f"# A {args.heads}-element all_reduce right after every rank's attention kernel (last arrival to last "
-        f"return): {allreduce_s * 1e6:.1f} us -> collective_overhead {collective_overhead * 1e6:.1f} us per "
-        f"collective beyond 2(P-1) message overheads. A small send/receive with the ring neighbours, issued the "
-        f"same way: {p2p_s * 1e6:.1f} us -> comm_overhead {comm_overhead * 1e6:.1f} us per standalone transfer beyond "
-        "the ping-pong's message overhead.",
+        f"return): median {allreduce_s * 1e6:.1f} us -> collective_overhead {collective_overhead * 1e6:.1f} us per "
+        f"collective beyond 2(P-1) message overheads; its mean (the slowest 5 % dropped) is "
+        f"{stall * 1e6:.1f} us more -> collective_stall (the slow calls' share). A small send/receive with the ring "
+        f"neighbours, issued the same way: {p2p_s * 1e6:.1f} us -> comm_overhead {comm_overhead * 1e6:.1f} us per "
+        "standalone transfer beyond the ping-pong's message overhead.",
         f"# Small kernels (merge, rescale, finalize of one state; rank 0 alone): median {small * 1e6:.1f} us "
         "-> launch_overhead.",
         f"# Attend kernel ({args.heads} heads x {args.head_dim}, shards {SHARDS[0]}..{SHARDS[-1]} tokens, rank 0 "
@@ -487,6 +505,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         "message_overhead": f"{overhead * 1e6:.6g} us",
         "comm_overhead": f"{comm_overhead * 1e6:.6g} us",
         "collective_overhead": f"{collective_overhead * 1e6:.6g} us",
+        "collective_stall": f"{stall * 1e6:.6g} us",
         "host_cores": {"local": cores},
         "host_mem_bw": {"local": f"{host_mem_bw:.6g} B/s"},
         "host_copy_bw": {"local": f"{copy_bw:.6g} B/s"},
