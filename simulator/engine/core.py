@@ -405,12 +405,22 @@ class _Run:
         if gen != self.generation:
             return  # rates changed since this finish was predicted
         remove, flow_op, ops, done = self.net.remove, self.flow_op, self.ops, self._done
+        end, now, first = self.end, self.now, self.first_kid
         for flow in due:
             remove(flow)
             op = flow_op.pop(flow)
             if op.kind == "send":
-                done(op)
-                done(ops[op.match])  # type: ignore[index]
+                match = op.match
+                assert match is not None
+                # _done of both ends, its end recorded here for one with no dependents (most sends)
+                if first[flow] == first[flow + 1]:
+                    end[flow] = now
+                else:
+                    done(op)
+                if first[match] == first[match + 1]:
+                    end[match] = now
+                else:
+                    done(ops[match])
             else:  # a kernel on shared host cores
                 self._kernel_done(op)
         self.dirty = True
@@ -424,16 +434,46 @@ class _Run:
         """The op has ended: its end is recorded (the timeline is built from them once the run is over) and the
         ops that waited only for it become ready."""
         oid = op.id
-        self.end[oid] = self.now
+        now = self.now
+        self.end[oid] = now
         first = self.first_kid
         lo, hi = first[oid], first[oid + 1]
         if lo == hi:
             return
         pending, ops = self.pending, self.ops
+        direct = not self.in_order  # no host thread orders its ops: _ready's GPU-rank cases, inlined below
         for child in self.kids[lo:hi]:
-            pending[child] -= 1
-            if not pending[child]:
-                self._ready(ops[child])
+            left = pending[child] - 1
+            pending[child] = left
+            if left:
+                continue
+            nxt = ops[child]
+            kind = nxt.kind
+            if direct and now >= nxt.not_before_s:
+                if kind == "compute" or kind == "merge":  # _ready's compute case
+                    rank = nxt.rank
+                    hit = self._durations.get(_COST(nxt) if self.one_spec else (self.spec_key[rank], _COST(nxt)))
+                    duration = self._duration(nxt) if hit is None else hit
+                    begin = self.stream_free[rank]
+                    if begin < now:
+                        begin = now
+                    end = begin + duration
+                    self.stream_free[rank] = end
+                    self.start[child] = begin
+                    self._at(end - now, self._done, nxt)
+                    continue
+                if kind == "send" or kind == "recv":  # _ready's transfer case
+                    ready = self.ready
+                    ready[child] = 1
+                    match = nxt.match
+                    assert match is not None
+                    if ready[match]:
+                        if kind == "send":
+                            self._start_transfer(nxt, ops[match])
+                        else:
+                            self._start_transfer(ops[match], nxt)
+                    continue
+            self._ready(nxt)
 
 
 def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -> SimResult:

@@ -155,16 +155,31 @@ class FlowNetwork:
             self._touched.discard(private)
             self._spare_caps.append(private)
 
-    def _components(self) -> list[tuple[set[int], dict[int, int]]]:
-        """Flows connected, through shared links, to the links touched since the last allocation: per connected
-        component (a ring's flows, each alone on its links, are as many components), its flows and how many times
-        they cross each of its links."""
+    def _components(self) -> tuple[list[int], list[tuple[set[int], dict[int, int]]]]:
+        """Flows connected, through shared links, to the links touched since the last allocation: the flows alone
+        on every link they cross (most of a ring's: each a component of its own, found without a search), and the
+        other connected components, each as its flows and how many times they cross each of its links."""
+        solos: list[int] = []
         comps: list[tuple[set[int], dict[int, int]]] = []
         seen_links: set[int] = set()
         on_link, routes, extra = self.on_link, self.routes, self._extra
         for seed in self._touched:
-            if seed in seen_links or seed not in on_link:
+            if seed in seen_links:
                 continue
+            users = on_link.get(seed)
+            if users is None:
+                continue
+            if len(users) == 1:
+                for only in users:
+                    route = routes[only]
+                    for link in route:
+                        if len(on_link[link]) != 1:
+                            break
+                    else:
+                        seen_links.update(route)
+                        solos.append(only)
+                if seed in seen_links:
+                    continue
             flows: set[int] = set()
             links = [seed]
             seen_links.add(seed)
@@ -181,7 +196,7 @@ class FlowNetwork:
                 for link in links:
                     count[link] += extra.get(link, 0)
             comps.append((flows, count))
-        return comps
+        return solos, comps
 
     def allocate(self, now: float, changed_links: bool = True) -> set[int]:
         """Recompute the max-min fair rates of the flows around the links touched since the last call, one
@@ -192,30 +207,53 @@ class FlowNetwork:
         """
         if not self._touched:
             return set()
-        comps = self._components()
+        solos, comps = self._components()
         changed = set(self._touched) if changed_links else set()
         self._touched.clear()
         self.allocations += 1
+        routes, alone_of, state, eta = self.routes, self._alone, self.state, self._eta
+        nxt = self._next
+        for f in solos:  # a flow alone on its links gets the narrowest one (_rerate's answer, inlined)
+            route = routes[f]
+            if changed_links:
+                changed.update(route)
+            new = alone_of.get(route)
+            if new is None:
+                new = self._alone_rate(f)
+            st = state[f]
+            if new == st[2] and st[3] > 0:
+                continue
+            st[0] -= st[2] * (now - st[1])
+            st[1] = now
+            st[2] = new
+            st[3] += 1
+            when = now + max(st[0], 0.0) / new
+            heapq.heappush(eta, (when, st[3], f))
+            if nxt is not None and (f in nxt[2] or when - nxt[0] <= nxt[1]):
+                self._next = nxt = None  # the earliest finish may have changed
         for flows, count in comps:
             if changed_links:
                 changed.update(count)
             self._rerate(flows, count, now)
         return changed
 
+    def _alone_rate(self, only: int) -> float:
+        """The rate of a flow alone on its links: its narrowest one (counted as often as it crosses it)."""
+        route = self.routes[only]
+        if only in self._repeats:
+            alone = min(self.capacity[link] / route.count(link) for link in route)
+        else:  # each link once: its narrowest (x / 1 == x exactly)
+            alone = float(min(map(self.capacity.__getitem__, route)))
+        if only not in self._cap_link:  # a cap link's id is reused with another capacity: not cached
+            self._alone[route] = alone
+        return alone
+
     def _rerate(self, flows: set[int], count: dict[int, int], now: float) -> None:
         """New max-min rates of one component's flows; progress brought up to ``now`` where a rate changes."""
         if len(flows) == 1:  # a flow alone on its links gets the narrowest one
             (only,) = flows
-            route = self.routes[only]
-            alone = self._alone.get(route)
-            if alone is None:
-                if only in self._repeats:
-                    alone = min(self.capacity[link] / route.count(link) for link in route)
-                else:  # each link once: its narrowest (x / 1 == x exactly)
-                    alone = float(min(map(self.capacity.__getitem__, route)))
-                if only not in self._cap_link:  # a cap link's id is reused with another capacity: not cached
-                    self._alone[route] = alone
-            rates: dict[Any, float] = {only: alone}
+            alone = self._alone.get(self.routes[only])
+            rates: dict[Any, float] = {only: self._alone_rate(only) if alone is None else alone}
         else:
             rates = _fill(len(flows), self.routes, self.on_link, count, self.capacity)
         state, eta = self.state, self._eta
