@@ -30,6 +30,7 @@ __all__ = ["candidates", "choose", "predict"]
 _AUTO = {"allreduce": ("ring", "tree", "nvls")}
 _CACHE: dict[tuple[object, ...], tuple[object, float]] = {}
 _WIRES: dict[int, tuple[Cluster, dict[tuple[int, int], float]]] = {}
+_RINGS: dict[tuple[int, tuple[int, ...], int], tuple[Cluster, tuple[float, float, list[str]]]] = {}
 
 
 def candidates(operation: str, algo: str, protocol: str, ranks: Sequence[int], fabric: Fabric,
@@ -119,6 +120,7 @@ class _Predictor:
         """Bottleneck bandwidth one path (a list of rank hops) gets when all ``paths`` run at once."""
         cl = self.cluster
         uses: dict[tuple[str, str], int] = {}
+        cl.prepare_routes((cl.ranks[a], cl.ranks[b]) for path in paths for a, b in path)
         routes = [[cl.route(cl.ranks[a], cl.ranks[b]) for a, b in path] for path in paths]
         for path in routes:
             for edge in {e for route in path for e in route}:
@@ -155,6 +157,20 @@ class _Predictor:
             self.cap = fabric_cap(self.fabric, operation, self.family, self.choice.protocol, self.ranks,
                                   self.choice.channels) * wire_factor(self.family, self.choice.protocol)
 
+    def _rings(self, c: int) -> tuple[float, float, list[str]]:
+        """The rings of ``c`` channels: the bandwidth each gets (:meth:`shared_bw`), the slowest wire of their hops,
+        the hop classes they cross (kept per cluster, ranks and channel count: no protocol in them)."""
+        key = (id(self.cluster), tuple(self.ranks), c)
+        hit = _RINGS.get(key)
+        if hit is None or hit[0] is not self.cluster:
+            rings = self.fabric.rings(self.ranks, c)
+            hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
+            shared = self.shared_bw(hops)  # first: it prepares the hops' routes at once
+            wire = max(self.wire(a, b) for h in hops for a, b in h)
+            classes = sorted({self.fabric.hw(a, b) for h in hops for a, b in h})
+            hit = _RINGS[key] = (self.cluster, (shared, wire, classes))
+        return hit[1]
+
     def time(self, operation: str, nbytes: float) -> float:
         p, c = len(self.ranks), self.choice.channels
         algo = self.choice.algo
@@ -174,10 +190,11 @@ class _Predictor:
             step = cl.message_overhead_s + (cl.route_latency(cl.route(gpu, switch)) if switch != gpu else 0.0)
             return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw + (slices - 1) * step
         self.set_cap(operation)
-        rings = self.fabric.rings(self.ranks, c)
-        hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
-        bw = min(self.shared_bw(hops), self.cap) * c
-        step = max(self.hop(a, b) for h in hops for a, b in h)
+        shared, wire, classes = self._rings(c)
+        bw = min(shared, self.cap) * c
+        # the slowest hop's max(wire, protocol latency): the slowest wire or the slowest class's latency
+        step = max(wire, *(hop_latency(self.family, self.choice.protocol, hw, self.cluster.nccl_latency)
+                           for hw in classes))
         if algo == "hierarchical" or algo == "recursive-doubling":
             return self.launch + 2 * (p - 1) * step + 2 * (p - 1) / p * nbytes / bw
         steps = {"allreduce": 2 * (p - 1), "reduce-scatter": p - 1, "allgather": p - 1}.get(operation, p - 1)
