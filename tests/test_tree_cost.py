@@ -6,12 +6,13 @@ import functools
 import math
 
 import numpy as np
-from hypothesis import given, settings
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import Cluster, load_topology
-from simulator.collectives import fabric_of
+from simulator.collectives import fabric_of, tree_cost, tuner
 from simulator.collectives.base import chunk_bounds
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import Choice
@@ -118,10 +119,14 @@ def dgx(nodes: int) -> Cluster:
     return load_topology("dgx-h100", {"nodes": nodes})
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.parametrize("per_level", [0, 10**9], ids=["arrays", "lists"])  # every tree priced per level / rank
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(nodes=st.integers(1, 5), data=st.data(), n=st.integers(1, 3 * 10**8), protocol=st.sampled_from(PROTOCOLS),
        channels=st.integers(1, 9), elem=st.sampled_from([(2, "bf16"), (4, "fp32")]))
-def test_predicted_tree_time_is_the_per_rank_reference(nodes, data, n, protocol, channels, elem) -> None:
+def test_predicted_tree_time_is_the_per_rank_reference(monkeypatch, per_level, nodes, data, n, protocol, channels,
+                                                       elem) -> None:
+    monkeypatch.setattr(tree_cost, "_SMALL_PER_LEVEL", per_level)
+    tuner._CACHE.clear()  # predictions are kept: price anew
     cluster = dgx(nodes)
     fabric = fabric_of(cluster)
     p = len(cluster.ranks)

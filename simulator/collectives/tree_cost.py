@@ -14,9 +14,11 @@ maxima of the same operands, and each link's load summed in the same order (``nu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +29,7 @@ from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time_a
 
 __all__ = ["TreeArrays", "TreeShape", "tree_arrays", "tree_shape", "tree_time"]
 
+_SMALL_PER_LEVEL = 16  # ranks per level below which a tree is priced per rank (lists), not per level (arrays)
 _SHAPES: dict[tuple[int, tuple[int, ...], int], tuple[Cluster, TreeShape]] = {}
 
 
@@ -45,6 +48,7 @@ class TreeArrays:
     free_up: np.ndarray  # bytes/s of the connection up alone (its route's narrowest link), down
     free_down: np.ndarray
     links: np.ndarray  # link ids of every connection, in ``Tree.parent``'s order: its route up, then down
+    lists: tuple[list[Any], ...] = ()  # the arrays from parent to free_down as lists (to price it per rank)
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ def tree_arrays(tree: Tree, net: Callable[[int, int], bool], wire: Callable[[int
     levels = tuple(np.flatnonzero(depths == d) for d in range(max(depth) + 1))
     ups = [(r, tree.parent[r]) for r in order[1:]]
     ids = [i for r, q in tree.parent.items() for i in (*links(r, q), *links(q, r))]
-    return TreeArrays(
+    arrays = TreeArrays(
         order=np.array(order, dtype=np.int64), parent=np.array(parent, dtype=np.int64), levels=levels,
         kids=np.array([len(tree.children[r]) for r in order], dtype=np.int64),
         net=np.array([False] + [net(r, q) for r, q in ups]),
@@ -79,6 +83,9 @@ def tree_arrays(tree: Tree, net: Callable[[int, int], bool], wire: Callable[[int
         free_up=np.array([math.inf] + [free(r, q) for r, q in ups]),
         free_down=np.array([math.inf] + [free(q, r) for r, q in ups]),
         links=np.array(ids, dtype=np.int64))
+    return dataclasses.replace(arrays, lists=(
+        arrays.parent.tolist(), arrays.kids.tolist(), arrays.net.tolist(), arrays.wire_up.tolist(),
+        arrays.wire_down.tolist(), arrays.free_up.tolist(), arrays.free_down.tolist()))
 
 
 def tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int,
@@ -133,17 +140,65 @@ def tree_time(shape: TreeShape, n: int, elem_bytes: int, wire: float, cap: float
             size = elems * elem_bytes * wire
             one = reduce_s(elems)
             np.add.at(load, t.links, chunks * size)
-            latency = np.where(t.net, hop[1], hop[0])
-            t_up = size / np.minimum(t.free_up, tcap)
-            t_down = size / np.minimum(t.free_down, tcap)
-            up_first, up_later = np.maximum(t.wire_up, latency) + t_up, t.wire_up + t_up
-            down_first, down_later = np.maximum(t.wire_down, latency) + t_down, t.wire_down + t_down
             busy = max(busy, chunks * size / tcap, chunks * one * shape.reductions)
-            reduce = one * t.kids
-            alone = pipeline_time_arrays(t.parent, t.levels, chunks, (up_first, up_later), (down_first, down_later),
-                                         reduce)
-            slowest = max(float(up_later[1:].max()), float(down_later[1:].max()),
-                          float(reduce[t.kids > 0].max()))
+            price = _small if len(t.order) < _SMALL_PER_LEVEL * len(t.levels) else _large
+            alone, slowest = price(t, chunks, size, tcap, hop, one)
             fills.append((alone, alone - chunks * slowest))
     bound = max(busy, float((load / shape.capacity).max()))
     return max(max(alone, bound + fill) for alone, fill in fills)
+
+
+def _large(t: TreeArrays, chunks: int, size: float, cap: float, hop: tuple[float, float],
+           one: float) -> tuple[float, float]:
+    """(the pipeline's time alone, its slowest stage's later-chunk seconds), one array operation per level."""
+    latency = np.where(t.net, hop[1], hop[0])
+    t_up = size / np.minimum(t.free_up, cap)
+    t_down = size / np.minimum(t.free_down, cap)
+    up_first, up_later = np.maximum(t.wire_up, latency) + t_up, t.wire_up + t_up
+    down_first, down_later = np.maximum(t.wire_down, latency) + t_down, t.wire_down + t_down
+    reduce = one * t.kids
+    alone = pipeline_time_arrays(t.parent, t.levels, chunks, (up_first, up_later), (down_first, down_later), reduce)
+    return alone, max(float(up_later[1:].max()), float(down_later[1:].max()), float(reduce[t.kids > 0].max()))
+
+
+def _small(t: TreeArrays, chunks: int, size: float, cap: float, hop: tuple[float, float],
+           one: float) -> tuple[float, float]:
+    """:func:`_large` one rank at a time over lists (the same operations): cheaper where levels are few ranks
+    wide (a server's chain, a small cluster), whose per-level array calls would cost more than the ranks."""
+    parent, kids, net, wire_up, wire_down, free_up, free_down = t.lists
+    k2 = chunks - 2
+    n = len(parent)
+    up, down, reduce = [(0.0, 0.0)] * n, [(0.0, 0.0)] * n, [0.0] * n
+    for p in range(1, n):
+        latency = hop[1] if net[p] else hop[0]
+        t_up = size / min(free_up[p], cap)
+        t_down = size / min(free_down[p], cap)
+        up[p] = (max(wire_up[p], latency) + t_up, wire_up[p] + t_up)
+        down[p] = (max(wire_down[p], latency) + t_down, wire_down[p] + t_down)
+    for p in range(n):
+        reduce[p] = one * kids[p]
+
+    def stage(pred: tuple[float, float, float], first: float, later: float) -> tuple[float, float, float]:
+        a = pred[0] + first
+        b1 = max(pred[1], a) + later
+        return a, b1, max(pred[2] + later, b1 + k2 * later)
+
+    ends = [(0.0, 0.0, 0.0)] * n  # the latest of a rank's children (all ends are >= 0)
+    for p in range(n - 1, -1, -1):  # top-down order reversed: children before parents
+        pred = ends[p]
+        if reduce[p] > 0.0:
+            pred = stage(pred, reduce[p], reduce[p])
+        if p == 0:
+            ends[0] = pred
+            break
+        out = stage(pred, *up[p])
+        q = parent[p]
+        e = ends[q]
+        ends[q] = (max(e[0], out[0]), max(e[1], out[1]), max(e[2], out[2]))
+    have = [ends[0]] + [(0.0, 0.0, 0.0)] * (n - 1)
+    for p in range(1, n):
+        have[p] = stage(have[parent[p]], *down[p])
+    alone = max(v[0] if chunks == 1 else v[2] for v in have)
+    slowest = max(max(d for _, d in up[1:]), max(d for _, d in down[1:]),
+                  max(r for r, c in zip(reduce, kids, strict=True) if c))
+    return alone, slowest
