@@ -139,6 +139,7 @@ def fabric_cap(fabric: Fabric, operation: str, family: str, proto: str, ranks: S
     if hit is None or hit[0] is not cluster:
         ring = fabric.rings(ranks, 1)[0]
         nodes = cluster.ranks
+        cluster.prepare_routes((nodes[a], nodes[b]) for a, b in zip(ring, [*ring[1:], ring[0]], strict=True))
         links = [e for a, b in zip(ring, [*ring[1:], ring[0]], strict=True) for e in cluster.route(nodes[a], nodes[b])]
         hit = _NARROWEST[key] = (cluster, min((cluster.graph.edges[e]["bandwidth"] for e in links), default=math.inf))
     if not math.isfinite(hit[1]):  # no link between the ranks: nothing to cap

@@ -76,8 +76,9 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
     if len(ranks) < 2 or n == 0:
         return b.front
     b.wire = wire_factor(family, choice.protocol)
-    b.hop_s = lambda a, c: hop_latency(family, choice.protocol, fabric.hw(a, c) if max(a, c) < len(fabric.hosts)
-                                       else fabric.intra, table)
+    hop = {hw: hop_latency(family, choice.protocol, hw, table) for hw in (fabric.intra, "net")}
+    hosts = fabric.hosts
+    b.hop_s = lambda a, c: hop[fabric.hw(a, c) if max(a, c) < len(hosts) else fabric.intra]
     if choice.algo == "nvls":
         if switch_rank is None or not (fabric.nvls and fabric.nodes == 1):
             raise InputError("nvls needs one NVSwitch server with NVLink SHARP (H100, H200), the switch as a rank")

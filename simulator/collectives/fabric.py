@@ -56,17 +56,24 @@ class Fabric:
     nvls: bool = False
     switch: tuple[str, ...] = ()
     cluster: Cluster | None = field(default=None, compare=False, repr=False)
+    _groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = field(default_factory=dict, init=False,
+                                                                        compare=False, repr=False)
 
     @property
     def nodes(self) -> int:
         return len(set(self.hosts))
 
     def groups(self, ranks: Sequence[int]) -> list[list[int]]:
-        """``ranks`` grouped by server (servers in order of first appearance, ranks by local index)."""
-        by_host: dict[int, list[int]] = {}
-        for r in ranks:
-            by_host.setdefault(self.hosts[r], []).append(r)
-        return [sorted(g, key=lambda r: self.local[r]) for g in by_host.values()]
+        """``ranks`` grouped by server (servers in order of first appearance, ranks by local index); kept per
+        ``ranks`` (a tuner and a build ask for the same ones many times)."""
+        key = tuple(ranks)
+        hit = self._groups.get(key)
+        if hit is None:
+            by_host: dict[int, list[int]] = {}
+            for r in key:
+                by_host.setdefault(self.hosts[r], []).append(r)
+            hit = self._groups[key] = tuple(tuple(sorted(g, key=lambda r: self.local[r])) for g in by_host.values())
+        return [list(g) for g in hit]
 
     def hw(self, a: int, b: int) -> str:
         """NCCL's hardware class of a hop: ``net`` between servers, else the intra-server class."""

@@ -34,15 +34,17 @@ exactly when no two stages share a link and reductions take no time.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.ring import MAX_SLICES, PIPELINE_SLICE_BYTES
 
-__all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time", "tree_allreduce",
-           "tree_chunks"]
+__all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
+           "pipeline_time_arrays", "tree_allreduce", "tree_chunks"]
 
 
 @dataclass(frozen=True)
@@ -225,3 +227,54 @@ def pipeline_time(tree: Tree, chunks: int, up: Mapping[int, Stage], down: Mappin
     for r in tree.order[1:]:
         have[r] = stage(have[tree.parent[r]], *down[r])
     return max(v[0] if chunks == 1 else v[2] for v in have.values())
+
+
+Stages = tuple[np.ndarray, np.ndarray]  # per position: seconds of chunk 0, of every later chunk
+
+
+def pipeline_time_arrays(parent: np.ndarray, levels: Sequence[np.ndarray], chunks: int, up: Stages, down: Stages,
+                         reduce: np.ndarray) -> float:
+    """:func:`pipeline_time` over arrays, one tree level at a time (the same operations on the same numbers).
+
+    Positions index the tree's ranks top-down (0: the root); ``parent[p]``: p's parent's position; ``levels[d]``:
+    the positions at depth d; ``up`` / ``down``: the stages of the connections to / from each position's parent
+    (position 0's ignored); ``reduce[p]``: seconds of p's reductions of one chunk (0: none).
+    """
+    k2 = chunks - 2
+
+    def stage(pred: tuple[np.ndarray, np.ndarray, np.ndarray], first: np.ndarray,
+              later: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        a = pred[0] + first
+        b1 = np.maximum(pred[1], a) + later
+        return a, b1, np.maximum(pred[2] + later, b1 + k2 * later)
+
+    n = len(parent)
+    ends = (np.zeros(n), np.zeros(n), np.zeros(n))  # a rank's children's latest (all ends are >= 0)
+    for depth in range(len(levels) - 1, 0, -1):
+        idx = levels[depth]
+        pred = _reduced((ends[0][idx], ends[1][idx], ends[2][idx]), reduce[idx], stage)
+        out = stage(pred, up[0][idx], up[1][idx])
+        for acc, v in zip(ends, out, strict=True):
+            np.maximum.at(acc, parent[idx], v)
+    root = _reduced((ends[0][:1], ends[1][:1], ends[2][:1]), reduce[:1], stage)
+    have = (np.empty(n), np.empty(n), np.empty(n))
+    for h, v in zip(have, root, strict=True):
+        h[0] = v[0]
+    for depth in range(1, len(levels)):
+        idx = levels[depth]
+        par = parent[idx]
+        out = stage((have[0][par], have[1][par], have[2][par]), down[0][idx], down[1][idx])
+        for h, v in zip(have, out, strict=True):
+            h[idx] = v
+    return float(have[0].max() if chunks == 1 else have[2].max())
+
+
+def _reduced(pred: tuple[np.ndarray, np.ndarray, np.ndarray], reduce: np.ndarray,
+             stage: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``pred`` after the reductions' stage where a rank reduces (``reduce > 0``), as it is elsewhere."""
+    mask = reduce > 0.0
+    if not mask.any():
+        return pred
+    out = stage(pred, reduce, reduce)
+    return np.where(mask, out[0], pred[0]), np.where(mask, out[1], pred[1]), np.where(mask, out[2], pred[2])

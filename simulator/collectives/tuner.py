@@ -15,24 +15,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from simulator.cluster.devices import compute_time
 from simulator.cluster.topology import Cluster
-from simulator.collectives.base import chunk_bounds
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
 from simulator.collectives.fabric import Fabric
-from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time, tree_chunks
 from simulator.collectives.protocols import PROTOCOLS, base_latency, channels_for, hop_latency, wire_factor
 from simulator.collectives.ring import MAX_SLICES, PIPELINE_SLICE_BYTES
+from simulator.collectives.tree_cost import tree_shape, tree_time
 
 __all__ = ["candidates", "choose", "predict"]
 
 _AUTO = {"allreduce": ("ring", "tree", "nvls")}
 _CACHE: dict[tuple[object, ...], tuple[object, float]] = {}
 _WIRES: dict[int, tuple[Cluster, dict[tuple[int, int], float]]] = {}
-_TREES: dict[tuple[int, tuple[int, ...], int], tuple[Cluster, _TreeShape]] = {}
+_RINGS: dict[tuple[int, tuple[int, ...], int], tuple[Cluster, tuple[float, float, list[str]]]] = {}
 
 
 def candidates(operation: str, algo: str, protocol: str, ranks: Sequence[int], fabric: Fabric,
@@ -122,6 +120,7 @@ class _Predictor:
         """Bottleneck bandwidth one path (a list of rank hops) gets when all ``paths`` run at once."""
         cl = self.cluster
         uses: dict[tuple[str, str], int] = {}
+        cl.prepare_routes((cl.ranks[a], cl.ranks[b]) for path in paths for a, b in path)
         routes = [[cl.route(cl.ranks[a], cl.ranks[b]) for a, b in path] for path in paths]
         for path in routes:
             for edge in {e for route in path for e in route}:
@@ -141,49 +140,36 @@ class _Predictor:
 
         Where links are shared the second dominates: the pipeline keeps its busiest link busy (the engine's
         max-min sharing is work-conserving), its first and last chunks still cross the tree one stage at a time.
+        Priced over arrays (:mod:`.tree_cost`), the trees' structure kept per cluster, ranks and channel count.
         """
-        c = self.choice.channels
-        shape = _tree_shape(self.cluster, self.fabric, self.ranks, c)
         cl = self.cluster
+        shape = tree_shape(cl, self.fabric, self.ranks, self.choice.channels, self.wire)
         spec = cl.specs[cl.ranks[self.ranks[0]]]
-        wire = choice_wire(self.choice)
-        load = [0.0] * len(shape.capacity)  # bytes every link carries
-        busy = 0.0  # the longest a connection's cap or a rank's compute stream keeps it busy
-        fills = []
-        for k, (lo, hi) in enumerate(chunk_bounds(n, c)):
-            trees = shape.trees[k]
-            cap = self.cap / (2 * len(trees))  # each direction: half of a tree's share of the channel's threads
-            for tree, (a, z) in zip(trees, chunk_bounds(hi - lo, len(trees)), strict=True):
-                chunks = tree_chunks((z - a) * elem_bytes, len(trees))
-                elems = (z - a) / chunks
-                size = elems * elem_bytes * wire
-                one = compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False, fn="reduce-sum")
-                up, down = {}, {}
-                for r, q in tree.parent.items():
-                    for link in (*shape.links[(r, q)], *shape.links[(q, r)]):  # the connection up, then down
-                        load[link] += chunks * size
-                    up[r] = self._stage(r, q, size, min(shape.free[(r, q)], cap))
-                    down[r] = self._stage(q, r, size, min(shape.free[(q, r)], cap))
-                if z == a:
-                    continue
-                busy = max(busy, chunks * size / cap, chunks * one * max(shape.reductions.values()))
-                reduce = {r: one * len(kids) for r, kids in tree.children.items() if kids}
-                alone = pipeline_time(tree, chunks, up, down, reduce)
-                slowest = max(*(d for _, d in up.values()), *(d for _, d in down.values()), *reduce.values())
-                fills.append((alone, alone - chunks * slowest))
-        bound = max(busy, *(x / cap_ for x, cap_ in zip(load, shape.capacity, strict=True)))
-        return max(max(alone, bound + fill) for alone, fill in fills)
-
-    def _stage(self, a: int, b: int, nbytes: float, rate: float) -> tuple[float, float]:
-        """(seconds of chunk 0, of every later chunk) of ``nbytes`` at ``rate`` on the connection from rank a to
-        rank b: chunk 0 pays the protocol's per-hop latency at least."""
-        return self.hop(a, b) + nbytes / rate, self.wire(a, b) + nbytes / rate
+        hop = tuple(hop_latency(self.family, self.choice.protocol, hw, cl.nccl_latency)
+                    for hw in (self.fabric.intra, "net"))
+        return tree_time(shape, n, elem_bytes, choice_wire(self.choice), self.cap, (hop[0], hop[1]),
+                         lambda elems: compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False,
+                                                    fn="reduce-sum"))
 
     def set_cap(self, operation: str) -> None:
         """A channel's bytes/s on the wire at most, as :func:`.channels.build` caps ring and tree (NCCL's own)."""
         if self.choice.algo in ("ring", "tree"):
             self.cap = fabric_cap(self.fabric, operation, self.family, self.choice.protocol, self.ranks,
                                   self.choice.channels) * wire_factor(self.family, self.choice.protocol)
+
+    def _rings(self, c: int) -> tuple[float, float, list[str]]:
+        """The rings of ``c`` channels: the bandwidth each gets (:meth:`shared_bw`), the slowest wire of their hops,
+        the hop classes they cross (kept per cluster, ranks and channel count: no protocol in them)."""
+        key = (id(self.cluster), tuple(self.ranks), c)
+        hit = _RINGS.get(key)
+        if hit is None or hit[0] is not self.cluster:
+            rings = self.fabric.rings(self.ranks, c)
+            hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
+            shared = self.shared_bw(hops)  # first: it prepares the hops' routes at once
+            wire = max(self.wire(a, b) for h in hops for a, b in h)
+            classes = sorted({self.fabric.hw(a, b) for h in hops for a, b in h})
+            hit = _RINGS[key] = (self.cluster, (shared, wire, classes))
+        return hit[1]
 
     def time(self, operation: str, nbytes: float) -> float:
         p, c = len(self.ranks), self.choice.channels
@@ -204,10 +190,11 @@ class _Predictor:
             step = cl.message_overhead_s + (cl.route_latency(cl.route(gpu, switch)) if switch != gpu else 0.0)
             return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw + (slices - 1) * step
         self.set_cap(operation)
-        rings = self.fabric.rings(self.ranks, c)
-        hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
-        bw = min(self.shared_bw(hops), self.cap) * c
-        step = max(self.hop(a, b) for h in hops for a, b in h)
+        shared, wire, classes = self._rings(c)
+        bw = min(shared, self.cap) * c
+        # the slowest hop's max(wire, protocol latency): the slowest wire or the slowest class's latency
+        step = max(wire, *(hop_latency(self.family, self.choice.protocol, hw, self.cluster.nccl_latency)
+                           for hw in classes))
         if algo == "hierarchical" or algo == "recursive-doubling":
             return self.launch + 2 * (p - 1) * step + 2 * (p - 1) / p * nbytes / bw
         steps = {"allreduce": 2 * (p - 1), "reduce-scatter": p - 1, "allgather": p - 1}.get(operation, p - 1)
@@ -229,39 +216,3 @@ def choose(operation: str, ranks: Sequence[int], n: int, fabric: Fabric, *, algo
         return options[0]
     return min(options, key=lambda c: predict(operation, ranks, n, c, fabric, elem_bytes=elem_bytes, dtype=dtype,
                                                       root=root))
-
-
-@dataclass(frozen=True)
-class _TreeShape:
-    """The tree's structure on a cluster: every channel's trees, every connection's route (link ids into
-    ``capacity``; each tree's child to parent and parent to child) and its rate alone, each rank's reductions per
-    chunk round (all channels and trees)."""
-
-    trees: list[list[Tree]]
-    links: dict[tuple[int, int], list[int]]
-    capacity: list[float]
-    free: dict[tuple[int, int], float]  # a connection's rate alone
-    reductions: dict[int, int]
-
-
-def _tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int) -> _TreeShape:
-    key = (id(cluster), tuple(ranks), channels)
-    hit = _TREES.get(key)
-    if hit is not None and hit[0] is cluster:
-        return hit[1]
-    rings = fabric.rings(ranks, channels)
-    trees = [channel_trees(fabric, rings[k], k) for k in range(channels)]
-    hops = [(a, b) for ts in trees for t in ts for r, q in t.parent.items() for a, b in ((r, q), (q, r))]
-    ids: dict[tuple[str, str], int] = {}
-    links = {(a, b): [ids.setdefault(e, len(ids)) for e in cluster.route(cluster.ranks[a], cluster.ranks[b])]
-             for a, b in dict.fromkeys(hops)}
-    capacity = [float(cluster.graph.edges[e]["bandwidth"]) for e in ids]
-    reductions: dict[int, int] = {}
-    for ts in trees:
-        for t in ts:
-            for q in t.parent.values():
-                reductions[q] = reductions.get(q, 0) + 1
-    free = {hop: min((capacity[i] for i in ids_), default=math.inf) for hop, ids_ in links.items()}
-    shape = _TreeShape(trees, links, capacity, free, reductions)
-    _TREES[key] = (cluster, shape)
-    return shape

@@ -1,0 +1,204 @@
+"""The tuner's price of NCCL's tree (:mod:`.nccl_tree`) on a cluster, over arrays.
+
+What does not depend on the protocol or the message is prepared once per (cluster, ranks, channels) and kept
+(:func:`tree_shape`): every channel's trees as arrays over their ranks in top-down order (each rank's parent
+position, its depth level, its children count), every connection's fixed seconds (message overhead plus route
+latency), whether it crosses servers, its rate alone (its route's narrowest link) and its route's links. A
+candidate (protocol, cap, message) then costs a few array operations per tree level (:func:`tree_time`):
+the stages' seconds for all connections at once, :func:`.nccl_tree.pipeline_time`'s recursion one level at a time.
+
+Every number is the same IEEE operation as in the per-rank form (:func:`.nccl_tree.pipeline_time` with
+dictionaries, ``tests/test_tree_cost.py`` compares them bit for bit): elementwise sums, products, quotients and
+maxima of the same operands, and each link's load summed in the same order (``numpy.add.at`` adds in index order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simulator.cluster.topology import Cluster
+from simulator.collectives.base import chunk_bounds
+from simulator.collectives.fabric import Fabric
+from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time_arrays, tree_chunks
+
+__all__ = ["TreeArrays", "TreeShape", "tree_arrays", "tree_shape", "tree_time"]
+
+_SMALL_PER_LEVEL = 16  # ranks per level below which a tree is priced per rank (lists), not per level (arrays)
+_SHAPES: dict[tuple[int, tuple[int, ...], int], tuple[Cluster, TreeShape]] = {}
+
+
+@dataclass(frozen=True)
+class TreeArrays:
+    """One tree, its ranks in top-down order (position 0: the root). Per position p > 0, the connection up is from
+    ``order[p]`` to its parent ``order[parent[p]]``, the connection down the other way."""
+
+    order: np.ndarray  # rank per position
+    parent: np.ndarray  # parent's position (-1 for the root)
+    levels: tuple[np.ndarray, ...]  # positions per depth, the root's level first
+    kids: np.ndarray  # children per position
+    net: np.ndarray  # the connection crosses servers (NCCL's ``net`` hop class)
+    wire_up: np.ndarray  # fixed seconds of a message up (overhead and route latency), down
+    wire_down: np.ndarray
+    free_up: np.ndarray  # bytes/s of the connection up alone (its route's narrowest link), down
+    free_down: np.ndarray
+    links: np.ndarray  # link ids of every connection, in ``Tree.parent``'s order: its route up, then down
+    lists: tuple[list[Any], ...] = ()  # the arrays from parent to free_down as lists (to price it per rank)
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Every channel's trees on a cluster, the links' capacities (by link id), the most reductions of one chunk
+    round that a rank runs (all channels and trees)."""
+
+    trees: list[list[TreeArrays]]
+    capacity: np.ndarray
+    reductions: int
+
+
+def tree_arrays(tree: Tree, net: Callable[[int, int], bool], wire: Callable[[int, int], float],
+                free: Callable[[int, int], float], links: Callable[[int, int], list[int]]) -> TreeArrays:
+    """``tree`` as arrays; ``net``, ``wire``, ``free`` and ``links`` give a connection's (from rank a to rank b)."""
+    order = list(tree.order)
+    pos = {r: i for i, r in enumerate(order)}
+    parent = [-1] + [pos[tree.parent[r]] for r in order[1:]]
+    depth = [0] * len(order)
+    for i in range(1, len(order)):
+        depth[i] = depth[parent[i]] + 1
+    depths = np.array(depth, dtype=np.int64)
+    levels = tuple(np.flatnonzero(depths == d) for d in range(max(depth) + 1))
+    ups = [(r, tree.parent[r]) for r in order[1:]]
+    ids = [i for r, q in tree.parent.items() for i in (*links(r, q), *links(q, r))]
+    arrays = TreeArrays(
+        order=np.array(order, dtype=np.int64), parent=np.array(parent, dtype=np.int64), levels=levels,
+        kids=np.array([len(tree.children[r]) for r in order], dtype=np.int64),
+        net=np.array([False] + [net(r, q) for r, q in ups]),
+        wire_up=np.array([0.0] + [wire(r, q) for r, q in ups]),
+        wire_down=np.array([0.0] + [wire(q, r) for r, q in ups]),
+        free_up=np.array([math.inf] + [free(r, q) for r, q in ups]),
+        free_down=np.array([math.inf] + [free(q, r) for r, q in ups]),
+        links=np.array(ids, dtype=np.int64))
+    return dataclasses.replace(arrays, lists=(
+        arrays.parent.tolist(), arrays.kids.tolist(), arrays.net.tolist(), arrays.wire_up.tolist(),
+        arrays.wire_down.tolist(), arrays.free_up.tolist(), arrays.free_down.tolist()))
+
+
+def tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int,
+               wire: Callable[[int, int], float]) -> TreeShape:
+    """The trees of ``channels`` channels over ``ranks`` on ``cluster`` (kept per cluster, ranks and channels);
+    ``wire(a, b)``: a message's fixed seconds from rank a to rank b."""
+    key = (id(cluster), tuple(ranks), channels)
+    hit = _SHAPES.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    rings = fabric.rings(ranks, channels)
+    trees = [channel_trees(fabric, rings[k], k) for k in range(channels)]
+    hops = list(dict.fromkeys((a, b) for ts in trees for t in ts for r, q in t.parent.items()
+                              for a, b in ((r, q), (q, r))))
+    nodes = cluster.ranks
+    cluster.prepare_routes((nodes[a], nodes[b]) for a, b in hops)
+    ids: dict[tuple[str, str], int] = {}
+    links = {(a, b): [ids.setdefault(e, len(ids)) for e in cluster.route(nodes[a], nodes[b])] for a, b in hops}
+    capacity = [float(cluster.graph.edges[e]["bandwidth"]) for e in ids]
+    free = {hop: min((capacity[i] for i in ids_), default=math.inf) for hop, ids_ in links.items()}
+    reductions: dict[int, int] = {}
+    for ts in trees:
+        for t in ts:
+            for q in t.parent.values():
+                reductions[q] = reductions.get(q, 0) + 1
+    hosts = fabric.hosts
+    arrays = [[tree_arrays(t, lambda a, b: hosts[a] != hosts[b], wire, lambda a, b: free[(a, b)],
+                           lambda a, b: links[(a, b)]) for t in ts] for ts in trees]
+    shape = TreeShape(arrays, np.array(capacity, dtype=np.float64), max(reductions.values(), default=0))
+    _SHAPES[key] = (cluster, shape)
+    return shape
+
+
+def tree_time(shape: TreeShape, n: int, elem_bytes: int, wire: float, cap: float, hop: tuple[float, float],
+              reduce_s: Callable[[float], float]) -> float:
+    """Seconds of the tree's pipelines on every channel (``_Predictor.tree``'s two forms, the slowest), launch not
+    included: ``n`` elements of ``elem_bytes``, ``wire`` bytes on the wire per payload byte, ``cap`` a channel's
+    bytes/s on the wire, ``hop`` the protocol's per-hop latency (inside a server, across servers),
+    ``reduce_s(elems)`` the seconds of one reduction of ``elems`` elements."""
+    channels = len(shape.trees)
+    load = np.zeros(len(shape.capacity))  # bytes every link carries
+    busy = 0.0  # the longest a connection's cap or a rank's compute stream keeps it busy
+    fills = []
+    for k, (lo, hi) in enumerate(chunk_bounds(n, channels)):
+        trees = shape.trees[k]
+        tcap = cap / (2 * len(trees))  # each direction: half of a tree's share of the channel's threads
+        for t, (a, z) in zip(trees, chunk_bounds(hi - lo, len(trees)), strict=True):
+            if z == a:  # adds nothing to the links' load
+                continue
+            chunks = tree_chunks((z - a) * elem_bytes, len(trees))
+            elems = (z - a) / chunks
+            size = elems * elem_bytes * wire
+            one = reduce_s(elems)
+            np.add.at(load, t.links, chunks * size)
+            busy = max(busy, chunks * size / tcap, chunks * one * shape.reductions)
+            price = _small if len(t.order) < _SMALL_PER_LEVEL * len(t.levels) else _large
+            alone, slowest = price(t, chunks, size, tcap, hop, one)
+            fills.append((alone, alone - chunks * slowest))
+    bound = max(busy, float((load / shape.capacity).max()))
+    return max(max(alone, bound + fill) for alone, fill in fills)
+
+
+def _large(t: TreeArrays, chunks: int, size: float, cap: float, hop: tuple[float, float],
+           one: float) -> tuple[float, float]:
+    """(the pipeline's time alone, its slowest stage's later-chunk seconds), one array operation per level."""
+    latency = np.where(t.net, hop[1], hop[0])
+    t_up = size / np.minimum(t.free_up, cap)
+    t_down = size / np.minimum(t.free_down, cap)
+    up_first, up_later = np.maximum(t.wire_up, latency) + t_up, t.wire_up + t_up
+    down_first, down_later = np.maximum(t.wire_down, latency) + t_down, t.wire_down + t_down
+    reduce = one * t.kids
+    alone = pipeline_time_arrays(t.parent, t.levels, chunks, (up_first, up_later), (down_first, down_later), reduce)
+    return alone, max(float(up_later[1:].max()), float(down_later[1:].max()), float(reduce[t.kids > 0].max()))
+
+
+def _small(t: TreeArrays, chunks: int, size: float, cap: float, hop: tuple[float, float],
+           one: float) -> tuple[float, float]:
+    """:func:`_large` one rank at a time over lists (the same operations): cheaper where levels are few ranks
+    wide (a server's chain, a small cluster), whose per-level array calls would cost more than the ranks."""
+    parent, kids, net, wire_up, wire_down, free_up, free_down = t.lists
+    k2 = chunks - 2
+    n = len(parent)
+    up, down, reduce = [(0.0, 0.0)] * n, [(0.0, 0.0)] * n, [0.0] * n
+    for p in range(1, n):
+        latency = hop[1] if net[p] else hop[0]
+        t_up = size / min(free_up[p], cap)
+        t_down = size / min(free_down[p], cap)
+        up[p] = (max(wire_up[p], latency) + t_up, wire_up[p] + t_up)
+        down[p] = (max(wire_down[p], latency) + t_down, wire_down[p] + t_down)
+    for p in range(n):
+        reduce[p] = one * kids[p]
+
+    def stage(pred: tuple[float, float, float], first: float, later: float) -> tuple[float, float, float]:
+        a = pred[0] + first
+        b1 = max(pred[1], a) + later
+        return a, b1, max(pred[2] + later, b1 + k2 * later)
+
+    ends = [(0.0, 0.0, 0.0)] * n  # the latest of a rank's children (all ends are >= 0)
+    for p in range(n - 1, -1, -1):  # top-down order reversed: children before parents
+        pred = ends[p]
+        if reduce[p] > 0.0:
+            pred = stage(pred, reduce[p], reduce[p])
+        if p == 0:
+            ends[0] = pred
+            break
+        out = stage(pred, *up[p])
+        q = parent[p]
+        e = ends[q]
+        ends[q] = (max(e[0], out[0]), max(e[1], out[1]), max(e[2], out[2]))
+    have = [ends[0]] + [(0.0, 0.0, 0.0)] * (n - 1)
+    for p in range(1, n):
+        have[p] = stage(have[parent[p]], *down[p])
+    alone = max(v[0] if chunks == 1 else v[2] for v in have)
+    slowest = max(max(d for _, d in up[1:]), max(d for _, d in down[1:]),
+                  max(r for r, c in zip(reduce, kids, strict=True) if c))
+    return alone, slowest
