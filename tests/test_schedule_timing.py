@@ -9,6 +9,7 @@ from conftest import star
 
 from simulator.algorithms import Layout, build_schedule, resolve
 from simulator.collectives import allreduce, broadcast, reduce
+from simulator.collectives.ring import PIPELINE_SLICE_BYTES
 from simulator.engine.core import simulate
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
@@ -57,6 +58,18 @@ def test_binary_tree_reduce_of_a_small_message_takes_ceil_log2_p_hops(p, algo):
     assert math.isclose(res.makespan, math.ceil(math.log2(p)) * hop, rel_tol=REL)
     res = simulate(coll_schedule(p, "broadcast", algo, n), zero_star(p))
     assert math.isclose(res.makespan, math.ceil(math.log2(p)) * hop, rel_tol=REL)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("kind", ["broadcast", "reduce"])
+def test_ring_broadcast_and_reduce_pipeline_their_slices(p, kind):
+    # m slices down a chain of p ranks: a rank forwards slice k while it receives slice k + 1, so the last slice
+    # reaches the chain's end after m + p - 2 slice times (not m (p - 1), one hop at a time)
+    m = 16
+    n = m * PIPELINE_SLICE_BYTES
+    res = simulate(coll_schedule(p, kind, "ring", n), zero_star(p))
+    slice_s = OVH + 2 * LAT + PIPELINE_SLICE_BYTES / BW
+    assert math.isclose(res.makespan, (m + p - 2) * slice_s, rel_tol=REL)
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])

@@ -103,14 +103,7 @@ class CollBuilder:
         received: list[tuple[int, int, int, int, str]] = []  # (recv id, dst, lo, hi, tmp)
         sends: dict[int, list[tuple[int, int, int]]] = {}  # src -> (send id, lo, hi)
         for src, dst, lo, hi in moves:
-            tmp = ""
-            if reduce:
-                self._tmp += 1
-                tmp = f"{self.tag}.tmp{self._tmp}" if not self.offset else f"{self.tag}.tmp{self.offset}.{self._tmp}"
-            snd, recv = self.sched.add_transfer(
-                src, dst, self.nbytes(lo, hi) * self.wire, self.tag, send_deps=before[src], recv_deps=before[dst],
-                args=(self.buf,), dst_args=(tmp,) if reduce else None, lo=lo, hi=hi, coll=self.tag,
-                into=not reduce, floor_s=self.hop_s(src, dst) if self.hop_s else 0.0, rate_cap=self.cap * self.wire)
+            snd, recv, tmp = self._transfer(src, dst, lo, hi, reduce, before[src], before[dst])
             sends.setdefault(src, []).append((snd, lo, hi))
             received.append((recv, dst, lo, hi, tmp))
         for src, items in sends.items():
@@ -121,9 +114,34 @@ class CollBuilder:
                 self.front[dst] = (*self.front[dst], recv) if self.front[dst] != before[dst] else (recv,)
                 continue
             war = [snd for snd, slo, shi in sends.get(dst, ()) if slo < hi and lo < shi]
-            elems = hi - lo
-            red = self.sched.add_compute(dst, f"{self.tag}.reduce", flops=elems,
-                                         nbytes=3.0 * elems * self.elem_bytes, dtype=self.dtype,
-                                         deps=(recv, *self.front[dst], *war), fn=f"reduce-{self.op}", out=self.buf,
-                                         args=(tmp,), lo=lo, hi=hi, fused=True, coll=self.tag)
-            self.front[dst] = (red,)
+            self.front[dst] = (self._reduction(dst, lo, hi, tmp, (recv, *self.front[dst], *war)),)
+
+    def move(self, src: int, dst: int, lo: int, hi: int, reduce: bool, send_deps: Iterable[int],
+             recv_deps: Iterable[int]) -> tuple[int, int, int]:
+        """One move of elements ``lo:hi`` (of this builder's range) with the dependencies given, not the frontier's
+        (a pipeline's slices each follow their own chain): ``(send id, receive id, the op after which dst holds
+        the slice)`` -- the receive, or with ``reduce`` the reduction it feeds. The frontier is left alone."""
+        lo, hi = lo + self.offset, hi + self.offset
+        snd, recv, tmp = self._transfer(src, dst, lo, hi, reduce, tuple(send_deps), tuple(recv_deps))
+        return snd, recv, self._reduction(dst, lo, hi, tmp, (recv, *recv_deps)) if reduce else recv
+
+    def _transfer(self, src: int, dst: int, lo: int, hi: int, reduce: bool, send_deps: tuple[int, ...],
+                  recv_deps: tuple[int, ...]) -> tuple[int, int, str]:
+        """A transfer of buffer elements ``lo:hi`` (absolute), into ``dst``'s buffer or, with ``reduce``, into a
+        transport buffer of its own (named here): (send id, receive id, transport buffer or "")."""
+        tmp = ""
+        if reduce:
+            self._tmp += 1
+            tmp = f"{self.tag}.tmp{self._tmp}" if not self.offset else f"{self.tag}.tmp{self.offset}.{self._tmp}"
+        snd, recv = self.sched.add_transfer(
+            src, dst, self.nbytes(lo, hi) * self.wire, self.tag, send_deps=send_deps, recv_deps=recv_deps,
+            args=(self.buf,), dst_args=(tmp,) if reduce else None, lo=lo, hi=hi, coll=self.tag,
+            into=not reduce, floor_s=self.hop_s(src, dst) if self.hop_s else 0.0, rate_cap=self.cap * self.wire)
+        return snd, recv, tmp
+
+    def _reduction(self, dst: int, lo: int, hi: int, tmp: str, deps: tuple[int, ...]) -> int:
+        """``dst.buf[lo:hi] op= tmp``, fused into the communication kernel (NCCL reduces from its channel buffers)."""
+        elems = hi - lo
+        return self.sched.add_compute(dst, f"{self.tag}.reduce", flops=elems, nbytes=3.0 * elems * self.elem_bytes,
+                                      dtype=self.dtype, deps=deps, fn=f"reduce-{self.op}", out=self.buf,
+                                      args=(tmp,), lo=lo, hi=hi, fused=True, coll=self.tag)

@@ -49,23 +49,31 @@ def ring_allreduce(b: CollBuilder, ranks: Sequence[int]) -> None:
 
 
 def ring_broadcast(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
-    chain = rotated_to(ranks, root)
-    if len(chain) < 2 or b.n == 0:
-        return
-    with _fill_only(b):
-        for lo, hi in ring_slices(b):
-            for src, dst in itertools.pairwise(chain):
-                b.send_copy(src, dst, lo, hi)
-            b.hop_s = None
+    _chain(b, rotated_to(ranks, root), reduce=False)
 
 
 def ring_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
-    chain = rotated_to(ranks, root)
+    _chain(b, rotated_to(ranks, root)[::-1], reduce=True)  # towards the root: last rank first
+
+
+def _chain(b: CollBuilder, chain: Sequence[int], reduce: bool) -> None:
+    """A pipeline of slices down ``chain`` (its first rank's data; with ``reduce``, each next rank adds its own):
+    a rank forwards slice k once it holds it, while it receives slice k + 1 (NCCL's steps in flight); each
+    connection carries its slices in order (a rank's sends one after the other, its receives too)."""
     if len(chain) < 2 or b.n == 0:
         return
-    back = chain[::-1]  # towards the root: last rank first
+    start = {r: b.front[r] for r in chain}
+    sent: dict[int, tuple[int, ...]] = {r: () for r in chain}  # a rank's last send
+    got: dict[int, tuple[int, ...]] = {r: () for r in chain}  # its last receive
+    held: dict[int, tuple[int, ...]] = {r: () for r in chain}  # the op after which it holds its last slice
     with _fill_only(b):
         for lo, hi in ring_slices(b):
-            for src, dst in itertools.pairwise(back):
-                b.send_reduce(src, dst, lo, hi)
+            have = start[chain[0]]  # the first rank holds every slice from the start
+            for src, dst in itertools.pairwise(chain):
+                snd, rcv, done = b.move(src, dst, lo, hi, reduce, send_deps=(*have, *sent[src]),
+                                        recv_deps=(*start[dst], *got[dst]))
+                sent[src], got[dst], held[dst] = (snd,), (rcv,), (done,)
+                have = (done,)
             b.hop_s = None
+    for r in chain:
+        b.front[r] = (*held[r], *sent[r]) or start[r]
