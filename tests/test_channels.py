@@ -13,7 +13,7 @@ from conftest import ZERO_COMPUTE
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
 from simulator.collectives import chunk_bounds, collective, fabric_of
 from simulator.collectives.channels import Choice, build
-from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
+from simulator.collectives.protocols import base_latency, hop_latency, step_payload, wire_factor
 from simulator.collectives.tuner import candidates, predict
 from simulator.engine.core import simulate
 from simulator.errors import InputError
@@ -219,3 +219,21 @@ def test_alltoall_uses_every_gpus_own_nic():
     used = {(u, v) for op in sched.ops if op.kind == "send" and fabric.hosts[op.rank] != fabric.hosts[op.peer]
             for u, v in cluster.route(cluster.ranks[op.rank], cluster.ranks[op.peer]) if ".nic" in u and "rail" in v}
     assert {u for u, _ in used if u.startswith("n0.")} == {f"n0.nic{k}" for k in range(8)}
+
+
+@pytest.mark.parametrize(("protocol", "step"), [("LL", 32768), ("LL128", 576000), ("Simple", 524288)])
+def test_broadcast_pipelines_in_the_protocols_step(protocol, step):
+    # NCCL's channel buffer over 8 steps, less the protocol's flags (src/init.cc): the slices a broadcast
+    # pipelines, and, uncontended, m slices down a chain of p ranks take m + p - 2 slice times after the launch and
+    # the first slice's hop latencies
+    assert step_payload(protocol) == step
+    p, m = 4, 5
+    cluster = mesh(p)
+    sched = Schedule(p, placement=cluster.ranks)
+    collective(sched, "broadcast", list(range(p)), "x", m * step, fabric_of(cluster), algo="ring", protocol=protocol,
+               root=0, channels=1, elem_bytes=1, dtype="fp32", tag="b", deps={})
+    sends = [op for op in sched.ops if op.kind == "send"]
+    assert len(sends) == m * (p - 1) and {op.nbytes for op in sends} == {step * wire_factor("ring", protocol)}
+    slice_s = step * wire_factor("ring", protocol) / BW
+    latency = base_latency("ring", protocol) + (p - 1) * hop_latency("ring", protocol, "nvlink")  # the fill
+    assert math.isclose(simulate(sched, cluster).makespan, latency + (m + p - 2) * slice_s, rel_tol=REL)

@@ -32,7 +32,7 @@ from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.nccl_tree import channel_trees, tree_allreduce
-from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
+from simulator.collectives.protocols import base_latency, hop_latency, step_payload, wire_factor
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
 from simulator.collectives.trees import recursive_doubling_allreduce
 from simulator.errors import InputError
@@ -76,6 +76,7 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
     if len(ranks) < 2 or n == 0:
         return b.front
     b.wire = wire_factor(family, choice.protocol)
+    b.slice_bytes = step_payload(choice.protocol)
     hop = {hw: hop_latency(family, choice.protocol, hw, table) for hw in (fabric.intra, "net")}
     hosts = fabric.hosts
     b.hop_s = lambda a, c: hop[fabric.hw(a, c) if max(a, c) < len(hosts) else fabric.intra]

@@ -17,7 +17,10 @@ flag (twice the bytes on the wire; NCCL's model: ``busBw * 0.5``), LL128 128-byt
 (``120/128``; NCCL models ring LL128 as ``0.92``), Simple the payload. NVLS pays NCCL's Hopper efficiency 0.85
 (``nvlsEfficiency``). Channels used for a message: NCCL drops channels while ``bytes < channels * threads *
 threshold`` (``src/enqueue.cc``; threads 512 / 640 / 512, thresholds 8 (x ranks for ring LL) / 8 / 64 bytes,
-``src/include/comm.h``, ``device.h``).
+``src/include/comm.h``, ``device.h``). A pipeline moves a step's buffer at a time: NCCL's channel buffer over
+``NCCL_STEPS`` = 8 steps (``src/init.cc``: ``DEFAULT_LL_BUFFSIZE`` = 8 lines x 512 threads x 8 steps x 16 bytes,
+``DEFAULT_LL128_BUFFSIZE`` = 120 x 640 x 8 x 8 bytes, ``DEFAULT_BUFFSIZE`` = 4 MiB), so a step carries 32 KiB of
+payload with LL, 576,000 bytes with LL128 and 512 KiB with Simple (:func:`step_payload`).
 
 A topology may replace any of these latencies (``nccl_latency:``, what ``treering calibrate --from-nccl-tests``
 fits): ``table`` maps ``"ALGO.PROTOCOL.KIND"`` (KIND ``base``, ``nvlink``, ``pci`` or ``net``) to seconds.
@@ -30,7 +33,7 @@ from collections.abc import Mapping
 from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency_key
 
 __all__ = ["ALGOS", "LATENCY_KINDS", "PROTOCOLS", "base_latency", "channels_for", "hop_latency", "latency_key",
-           "wire_factor"]
+           "step_payload", "wire_factor"]
 
 _US = 1e-6
 _BASE = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
@@ -43,6 +46,8 @@ _WIRE = {"LL": 2.0, "LL128": 128.0 / 120.0, "Simple": 1.0}
 NVLS_EFFICIENCY = 0.85  # Hopper
 _THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 _THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+_NCCL_STEPS = 8
+_BUFFSIZE = {"LL": 8 * 512 * _NCCL_STEPS * 16, "LL128": 120 * 640 * _NCCL_STEPS * 8, "Simple": 1 << 22}
 
 
 def _index(proto: str) -> int:
@@ -69,6 +74,11 @@ def hop_latency(algo: str, proto: str, hw: str, table: Mapping[str, float] | Non
 def wire_factor(algo: str, proto: str) -> float:
     """Bytes on the wire per payload byte."""
     return _WIRE[proto] / (NVLS_EFFICIENCY if algo == "nvls" else 1.0)
+
+
+def step_payload(proto: str) -> float:
+    """Payload bytes one pipeline step of ``proto`` carries: a channel buffer's step, less the protocol's flags."""
+    return _BUFFSIZE[proto] / _NCCL_STEPS / _WIRE[proto]
 
 
 def channels_for(nbytes: float, channels: int, algo: str, proto: str, ranks: int) -> int:

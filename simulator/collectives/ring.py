@@ -1,7 +1,8 @@
 """Ring collectives (NCCL's ring algorithm): allreduce = reduce-scatter + allgather, 2(P-1) steps of n/P.
 
-Reduce and broadcast are pipelines along the ring, towards or from the root, in slices of at most
-``PIPELINE_SLICE_BYTES`` (NCCL's default: a 4 MiB channel buffer in 8 steps = 512 KiB), at most ``MAX_SLICES``.
+Reduce and broadcast are pipelines along the ring, towards or from the root, in slices of the protocol's step
+(:func:`simulator.collectives.protocols.step_payload`: Simple's is ``PIPELINE_SLICE_BYTES``, a 4 MiB channel
+buffer in 8 steps = 512 KiB), at most ``MAX_SLICES``.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ MAX_SLICES = 64
 
 
 def ring_slices(b: CollBuilder) -> list[tuple[int, int]]:
-    """The pipeline slices of ``b``'s elements (relative to its range)."""
-    count = min(MAX_SLICES, max(1, math.ceil(b.n * b.elem_bytes / PIPELINE_SLICE_BYTES)))
+    """The pipeline slices of ``b``'s elements (relative to its range): its protocol's step (``b.slice_bytes``;
+    ``PIPELINE_SLICE_BYTES`` where no protocol set it), at most ``MAX_SLICES`` of them."""
+    count = min(MAX_SLICES, max(1, math.ceil(b.n * b.elem_bytes / b.slice_bytes)))
     return [(lo, hi) for lo, hi in chunk_bounds(b.n, count) if hi > lo]
 
 
