@@ -211,26 +211,15 @@ class FlowNetwork:
         changed = set(self._touched) if changed_links else set()
         self._touched.clear()
         self.allocations += 1
-        routes, alone_of, state, eta = self.routes, self._alone, self.state, self._eta
-        nxt = self._next
+        routes, alone_of = self.routes, self._alone
+        solo_rates = []
         for f in solos:  # a flow alone on its links gets the narrowest one (_rerate's answer, inlined)
             route = routes[f]
             if changed_links:
                 changed.update(route)
             new = alone_of.get(route)
-            if new is None:
-                new = self._alone_rate(f)
-            st = state[f]
-            if new == st[2] and st[3] > 0:
-                continue
-            st[0] -= st[2] * (now - st[1])
-            st[1] = now
-            st[2] = new
-            st[3] += 1
-            when = now + max(st[0], 0.0) / new
-            heapq.heappush(eta, (when, st[3], f))
-            if nxt is not None and (f in nxt[2] or when - nxt[0] <= nxt[1]):
-                self._next = nxt = None  # the earliest finish may have changed
+            solo_rates.append((f, self._alone_rate(f) if new is None else new))
+        self._set_rates(solo_rates, now)
         for flows, count in comps:
             if changed_links:
                 changed.update(count)
@@ -256,10 +245,13 @@ class FlowNetwork:
             rates: dict[Any, float] = {only: self._alone_rate(only) if alone is None else alone}
         else:
             rates = _fill(len(flows), self.routes, self.on_link, count, self.capacity)
+        self._set_rates(((f, rates[f]) for f in flows), now)
+
+    def _set_rates(self, rated: Iterable[tuple[int, float]], now: float) -> None:
+        """Flows' new rates: progress brought up to ``now`` and a finish predicted where a rate changes."""
         state, eta = self.state, self._eta
         nxt = self._next
-        for f in flows:
-            new = rates[f]
+        for f, new in rated:
             st = state[f]
             if new == st[2] and st[3] > 0:
                 continue
