@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.cluster.devices import compute_time
+from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster, load_topology
-from simulator.collectives import fabric_of, tree_cost, tuner
+from simulator.collectives import fabric_of, tree_cost
 from simulator.collectives.base import chunk_bounds
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import Choice
@@ -126,8 +127,8 @@ def dgx(nodes: int) -> Cluster:
 def test_predicted_tree_time_is_the_per_rank_reference(monkeypatch, per_level, nodes, data, n, protocol, channels,
                                                        elem) -> None:
     monkeypatch.setattr(tree_cost, "_SMALL_PER_LEVEL", per_level)
-    tuner._CACHE.clear()  # predictions are kept: price anew
     cluster = dgx(nodes)
+    cluster_memo(cluster, "predict").clear()  # predictions are kept: price anew
     fabric = fabric_of(cluster)
     p = len(cluster.ranks)
     ranks = data.draw(st.lists(st.integers(0, p - 1), min_size=2, max_size=p, unique=True))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from simulator.cluster.memo import cluster_memo
 from simulator.collectives.fabric import Fabric
 
 __all__ = ["ARCHS", "arch_of", "channel_cap", "fabric_cap", "nccl_speed", "nccl_width"]
@@ -121,7 +122,6 @@ def channel_cap(arch: str, operation: str, family: str, proto: str, *, nodes: in
     return cap * _GB
 
 
-_NARROWEST: dict[tuple[int, tuple[int, ...]], tuple[object, float]] = {}
 
 
 def fabric_cap(fabric: Fabric, operation: str, family: str, proto: str, ranks: Sequence[int],
@@ -134,16 +134,17 @@ def fabric_cap(fabric: Fabric, operation: str, family: str, proto: str, ranks: S
     arch = arch_of(cluster.specs[cluster.ranks[ranks[0]]].name)
     if arch not in ARCHS or family == "nvls":
         return math.inf
-    key = (id(cluster), tuple(ranks))
-    hit = _NARROWEST.get(key)
-    if hit is None or hit[0] is not cluster:
+    memo = cluster_memo(cluster, "narrowest ring link")
+    key = tuple(ranks)
+    hit = memo.get(key)
+    if hit is None:
         ring = fabric.rings(ranks, 1)[0]
         nodes = cluster.ranks
         cluster.prepare_routes((nodes[a], nodes[b]) for a, b in zip(ring, [*ring[1:], ring[0]], strict=True))
         links = [e for a, b in zip(ring, [*ring[1:], ring[0]], strict=True) for e in cluster.route(nodes[a], nodes[b])]
-        hit = _NARROWEST[key] = (cluster, min((cluster.graph.edges[e]["bandwidth"] for e in links), default=math.inf))
-    if not math.isfinite(hit[1]):  # no link between the ranks: nothing to cap
+        hit = memo[key] = min((cluster.graph.edges[e]["bandwidth"] for e in links), default=math.inf)
+    if not math.isfinite(hit):  # no link between the ranks: nothing to cap
         return math.inf
     servers = len(fabric.groups(ranks))
     return channel_cap(arch, operation, family, proto, nodes=servers, channels=channels,
-                       width=nccl_width(arch, hit[1], servers), speed=nccl_speed(arch, hit[1], servers))
+                       width=nccl_width(arch, hit, servers), speed=nccl_speed(arch, hit, servers))

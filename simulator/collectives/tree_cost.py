@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 from simulator.collectives.base import chunk_bounds
 from simulator.collectives.fabric import Fabric
@@ -30,7 +31,6 @@ from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time_a
 __all__ = ["TreeArrays", "TreeShape", "tree_arrays", "tree_shape", "tree_time"]
 
 _SMALL_PER_LEVEL = 16  # ranks per level below which a tree is priced per rank (lists), not per level (arrays)
-_SHAPES: dict[tuple[int, tuple[int, ...], int], tuple[Cluster, TreeShape]] = {}
 
 
 @dataclass(frozen=True)
@@ -92,10 +92,11 @@ def tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int
                wire: Callable[[int, int], float]) -> TreeShape:
     """The trees of ``channels`` channels over ``ranks`` on ``cluster`` (kept per cluster, ranks and channels);
     ``wire(a, b)``: a message's fixed seconds from rank a to rank b."""
-    key = (id(cluster), tuple(ranks), channels)
-    hit = _SHAPES.get(key)
-    if hit is not None and hit[0] is cluster:
-        return hit[1]
+    memo = cluster_memo(cluster, "tree shapes")
+    key = (tuple(ranks), channels)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
     rings = fabric.rings(ranks, channels)
     trees = [channel_trees(fabric, rings[k], k) for k in range(channels)]
     hops = list(dict.fromkeys((a, b) for ts in trees for t in ts for r, q in t.parent.items()
@@ -115,7 +116,7 @@ def tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int
     arrays = [[tree_arrays(t, lambda a, b: hosts[a] != hosts[b], wire, lambda a, b: free[(a, b)],
                            lambda a, b: links[(a, b)]) for t in ts] for ts in trees]
     shape = TreeShape(arrays, np.array(capacity, dtype=np.float64), max(reductions.values(), default=0))
-    _SHAPES[key] = (cluster, shape)
+    memo[key] = shape
     return shape
 
 

@@ -17,6 +17,7 @@ import math
 from collections.abc import Sequence
 
 from simulator.cluster.devices import compute_time
+from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
@@ -28,9 +29,6 @@ from simulator.collectives.tree_cost import tree_shape, tree_time
 __all__ = ["candidates", "choose", "predict"]
 
 _AUTO = {"allreduce": ("ring", "tree", "nvls")}
-_CACHE: dict[tuple[object, ...], tuple[object, float]] = {}
-_WIRES: dict[int, tuple[Cluster, dict[tuple[int, int], float]]] = {}
-_RINGS: dict[tuple[int, tuple[int, ...], int], tuple[Cluster, tuple[float, float, list[str]]]] = {}
 
 
 def candidates(operation: str, algo: str, protocol: str, ranks: Sequence[int], fabric: Fabric,
@@ -67,10 +65,11 @@ def predict(operation: str, ranks: Sequence[int], n: int, choice: Choice, fabric
     cluster = fabric.cluster
     if cluster is None:
         raise ValueError("predicting a collective needs the fabric's cluster")
-    key = (id(cluster), operation, tuple(ranks), n, elem_bytes, dtype, choice, root)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is cluster:
-        return hit[1]
+    memo = cluster_memo(cluster, "predict")
+    key = (operation, tuple(ranks), n, elem_bytes, dtype, choice, root)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
     pred = _Predictor(cluster, fabric, choice, list(ranks))
     if choice.algo == "tree":
         pred.set_cap(operation)
@@ -82,7 +81,7 @@ def predict(operation: str, ranks: Sequence[int], n: int, choice: Choice, fabric
         spec = cluster.specs[cluster.ranks[ranks[0]]]
         elems = (len(ranks) - 1) / len(ranks) * n
         t += compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False)
-    _CACHE[key] = (cluster, t)
+    memo[key] = t
     return t
 
 
@@ -98,10 +97,7 @@ class _Predictor:
         self.family = protocol_family(choice.algo)
         self.launch = max(cluster.collective_start_s,
                           base_latency(self.family, choice.protocol, cluster.nccl_latency))
-        held = _WIRES.get(id(cluster))
-        if held is None or held[0] is not cluster:
-            held = _WIRES[id(cluster)] = (cluster, {})
-        self.wires = held[1]  # (rank, rank) -> message overhead + route latency, shared by every candidate
+        self.wires = cluster_memo(cluster, "wires")  # (rank, rank) -> message overhead + route latency
         self.cap = math.inf  # a channel's bytes/s on the wire at most (NCCL's per-channel caps), set by time()
 
     def wire(self, a: int, b: int) -> float:
@@ -160,16 +156,17 @@ class _Predictor:
     def _rings(self, c: int) -> tuple[float, float, list[str]]:
         """The rings of ``c`` channels: the bandwidth each gets (:meth:`shared_bw`), the slowest wire of their hops,
         the hop classes they cross (kept per cluster, ranks and channel count: no protocol in them)."""
-        key = (id(self.cluster), tuple(self.ranks), c)
-        hit = _RINGS.get(key)
-        if hit is None or hit[0] is not self.cluster:
+        memo = cluster_memo(self.cluster, "rings")
+        key = (tuple(self.ranks), c)
+        hit = memo.get(key)
+        if hit is None:
             rings = self.fabric.rings(self.ranks, c)
             hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
             shared = self.shared_bw(hops)  # first: it prepares the hops' routes at once
             wire = max(self.wire(a, b) for h in hops for a, b in h)
             classes = sorted({self.fabric.hw(a, b) for h in hops for a, b in h})
-            hit = _RINGS[key] = (self.cluster, (shared, wire, classes))
-        return hit[1]
+            hit = memo[key] = (shared, wire, classes)
+        return hit
 
     def time(self, operation: str, nbytes: float) -> float:
         p, c = len(self.ranks), self.choice.channels

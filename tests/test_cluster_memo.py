@@ -1,0 +1,38 @@
+"""What the collective tuner memoizes per cluster goes with the cluster (a sweep or a fit makes many)."""
+
+from __future__ import annotations
+
+import gc
+
+from simulator.cluster.memo import cluster_memo, live_memos
+from simulator.cluster.topology import load_topology
+from simulator.collective_rows import collective_schedule
+from simulator.collectives import fabric_of
+from simulator.collectives.tuner import choose, predict
+
+
+def _auto_allreduce(nodes: int) -> tuple[object, float]:
+    cluster = load_topology("dgx-h100", {"nodes": nodes})
+    fabric = fabric_of(cluster)
+    ranks = list(range(len(cluster.ranks)))
+    choice = choose("allreduce", ranks, 1 << 20, fabric, elem_bytes=2, dtype="bf16")
+    collective_schedule(cluster, fabric, "allreduce", 1 << 20, 2, "bf16", "tree", "auto")
+    return choice, predict("allreduce", ranks, 1 << 20, choice, fabric, elem_bytes=2, dtype="bf16")
+
+
+def test_memos_are_dropped_with_their_cluster_and_answers_do_not_change():
+    gc.collect()
+    before = live_memos()
+    first = _auto_allreduce(2)
+    gc.collect()
+    assert live_memos() == before  # the cluster is gone, so are its memos
+    for _ in range(3):  # a fresh cluster each time (ids may be reused): the same answer, nothing kept
+        assert _auto_allreduce(2) == first
+        gc.collect()
+        assert live_memos() == before
+
+
+def test_a_memo_is_per_cluster_and_per_name():
+    a, b = load_topology("dgx-h100", {"nodes": 1}), load_topology("dgx-h100", {"nodes": 1})
+    cluster_memo(a, "x")[1] = "a"
+    assert cluster_memo(a, "x") == {1: "a"} and cluster_memo(a, "y") == {} and cluster_memo(b, "x") == {}
