@@ -138,16 +138,16 @@ class Router:
         """Distances to ``dst`` of the nodes within ``limit`` of it (the others: inf), as scipy's ``limit``."""
         settled: dict[int, float] = {}
         heap = [(0.0, dst)]
+        pred, pop, push = self._pred, heapq.heappop, heapq.heappush
         while heap:
-            d, v = heapq.heappop(heap)
-            if d > limit:
-                break
+            d, v = pop(heap)
             if v in settled:
                 continue
             settled[v] = d
-            for u, w in self._pred[v]:
-                if u not in settled:
-                    heapq.heappush(heap, (d + w, u))
+            for u, w in pred[v]:
+                du = d + w
+                if du <= limit and u not in settled:  # a node farther than limit is never settled: not pushed
+                    push(heap, (du, u))
         inf = float("inf")
         return ((lambda v: settled.get(v, inf)),
                 (lambda idx: np.array([settled.get(v, inf) for v in idx.tolist()])))
