@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import operator
 from collections.abc import Callable, Iterable
 
 import networkx as nx
@@ -87,6 +88,9 @@ class Router:
         self._rows = np.zeros((0, n))
         self._blocks: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]] = {}  # see _block
         self._block_floats = 0
+        self._vias: dict[tuple[int, bytes, bytes], np.ndarray] = {}  # see _composed
+        self._via_floats = 0
+        self._cols: dict[tuple[int, ...], dict[int, list[float]]] = {}  # see _composed
         self._routes: dict[tuple[str, str], tuple[Edge, ...]] = {}
 
     def _two_hop_bound(self, s: int, d: int) -> float:
@@ -198,14 +202,32 @@ class Router:
         rows = self._rows
         inf = float("inf")
 
+        cols = self._cols.setdefault(tuple(xs), {})  # node -> its distances to the entry nodes xs, as floats
+        cl = c.tolist()
+
         def one(v: int) -> float:
-            via = float((rows[rix, v] + c).min()) if len(c) else inf
+            col = cols.get(v)
+            if col is None:
+                col = cols[v] = rows[rix, v].tolist()
+            via = min(map(operator.add, col, cl)) if cl else inf  # the same IEEE sums and minimum as numpy's
             return min(inside.get(v, inf), via)
+
+        ckey = (rix.tobytes(), c.tobytes())
 
         def many(idx: np.ndarray) -> np.ndarray:
             block, groups = self._block(idx, rix)
-            via = (block + c[:, None]).min(axis=0) if len(c) else np.full(len(idx), inf)
-            for pos in np.flatnonzero(groups == group).tolist():
+            key = (id(idx), *ckey)  # destinations alike (the same entry nodes and constants) share this minimum
+            via = self._vias.get(key)
+            if via is None:
+                via = (block + c[:, None]).min(axis=0) if len(c) else np.full(len(idx), inf)
+                if self._via_floats + via.size <= _ROW_FLOATS_MAX:
+                    self._vias[key] = via
+                    self._via_floats += via.size
+            mine = np.flatnonzero(groups == group).tolist()
+            if not mine:
+                return via
+            via = via.copy()
+            for pos in mine:
                 via[pos] = min(via[pos], inside.get(int(idx[pos]), inf))
             return via
 
