@@ -247,6 +247,7 @@ class Router:
 
     def _walk(self, src: str, dst: str, dist: Dist) -> tuple[Edge, ...]:
         at, many = dist
+        names, succ, succ_np = self._names, self._succ, self._succ_np
         cur, goal = self._index[src], self._index[dst]
         here = at(cur)
         if not np.isfinite(here):
@@ -254,10 +255,10 @@ class Router:
         edges: list[Edge] = []
         while cur != goal:
             tol = 1e-12 * here
-            vec = self._succ_np[cur]
+            vec = succ_np[cur]
             if vec is None:
                 nxt = []
-                for v, w in self._succ[cur]:
+                for v, w in succ[cur]:
                     dv = at(v)
                     if abs(dv + w - here) <= tol and dv < here:
                         nxt.append((v, dv))
@@ -266,8 +267,8 @@ class Router:
                 dvs = many(idx)
                 keep = (np.abs(dvs + ws - here) <= tol) & (dvs < here)
                 nxt = list(zip(idx[keep].tolist(), dvs[keep].tolist(), strict=True))
-            pick = nxt[_stable_hash(f"{src}|{dst}|{self._names[cur]}") % len(nxt)] if len(nxt) > 1 else nxt[0]
-            edges.append((self._names[cur], self._names[pick[0]]))
+            pick = nxt[_stable_hash(f"{src}|{dst}|{names[cur]}") % len(nxt)] if len(nxt) > 1 else nxt[0]
+            edges.append((names[cur], names[pick[0]]))
             cur, here = pick
         return tuple(edges)
 
