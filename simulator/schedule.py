@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["COMPUTE_KINDS", "OP_KINDS", "Op", "Schedule"]
+__all__ = ["COMPUTE_KINDS", "OP_KINDS", "Op", "Schedule", "fused_reduce_op", "transfer_ops"]
 
 OP_KINDS = ("compute", "merge", "send", "recv", "launch")
 COMPUTE_KINDS = frozenset({"compute", "merge"})
@@ -75,6 +75,7 @@ class Op(NamedTuple):
     dims: tuple[float, ...] = ()  # a compute op's shape on its kernel profile's axes (simulator.kernel_model)
 
 
+_ID, _RANK, _DEPS = operator.attrgetter("id"), operator.attrgetter("rank"), operator.attrgetter("deps")
 _new = tuple.__new__  # an Op from all its fields in order: 5 times faster than Op(...) with keywords
 
 
@@ -86,6 +87,26 @@ def _earlier(deps: Sequence[tuple[int, ...]], n: int) -> bool:
     """Whether every id in ``deps`` names one of the ``n`` ops already there (min and max in C, for large steps)."""
     named = [d for d in deps if d]
     return not named or (min(map(min, named)) >= 0 and max(map(max, named)) < n)
+
+
+def transfer_ops(sid: int, src: int, dst: int, size: float, name: str, send_deps: tuple[int, ...],
+                 recv_deps: tuple[int, ...], args: tuple[str, ...], dst_args: tuple[str, ...], lo: int, hi: int,
+                 coll: str, into: bool, floor_s: float, rate_cap: float) -> tuple[Op, Op]:
+    """The send (id ``sid``) and recv (``sid + 1``) that :meth:`Schedule.add_transfer` appends for these
+    arguments (``size`` a float; no ``alloc``, ``free_src`` or ``not_before_s``), unchecked: for a builder that
+    hands a whole collective to :meth:`Schedule.extend`."""
+    return (_new(Op, (sid, src, "send", name, send_deps, 0.0, size, "fp32", dst, sid + 1, 0.0, "", "", args, lo, hi,
+                      (), (), False, coll, None, "", False, floor_s, rate_cap, ())),
+            _new(Op, (sid + 1, dst, "recv", name, recv_deps, 0.0, size, "fp32", src, sid, 0.0, "", "", dst_args, lo,
+                      hi, (), (), False, coll, None, "", into, 0.0, 0.0, ())))
+
+
+def fused_reduce_op(oid: int, rank: int, name: str, flops: float, nbytes: float, dtype: str, deps: tuple[int, ...],
+                    fn: str, out: str, args: tuple[str, ...], lo: int, hi: int, coll: str) -> Op:
+    """The op :meth:`Schedule.add_compute` appends for a fused reduction (``fused=True``; ``flops`` and ``nbytes``
+    floats; no alloc, free or dims), unchecked, as :func:`transfer_ops`."""
+    return _new(Op, (oid, rank, "compute", name, deps, flops, nbytes, dtype, None, None, 0.0, fn, out, args, lo, hi,
+                     (), (), True, coll, None, "", False, 0.0, 0.0, ()))
 
 
 @dataclass
@@ -225,6 +246,22 @@ class Schedule:
                                    float(nbytes[k]), dtype, None, None, 0.0, fn, out, args, 0, -1, alloc, (), fused,
                                    "", None, "", False, 0.0, 0.0, dims[k])) for k in range(m)])
         return first
+
+    def extend(self, ops: Sequence[Op]) -> None:
+        """Append ops built whole (:func:`transfer_ops`, :func:`fused_reduce_op`): their ids must follow on, their
+        ranks and peers exist and their deps name ops before the last of them (checked in bulk: a dep on a later op
+        of the same batch is the builder's to avoid)."""
+        if not ops:
+            return
+        first = len(self.ops)
+        if list(map(_ID, ops)) != list(range(first, first + len(ops))):
+            raise ValueError(f"ops must have the ids {first}.. in order")
+        ranks = list(map(_RANK, ops))  # a transfer's peer is its other end's rank
+        if min(ranks) < 0 or max(ranks) >= self.ranks:
+            raise ValueError(f"a rank out of range 0..{self.ranks - 1}")
+        if not _earlier(list(map(_DEPS, ops)), first + len(ops)):
+            raise ValueError("a dependency does not name an op of the schedule")
+        self.ops.extend(ops)
 
     @staticmethod
     def combine(parts: Sequence[tuple[Schedule, Sequence[str]]], name: str = "") -> Schedule:

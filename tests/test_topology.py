@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 import networkx as nx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from simulator.cluster.routing import Router
 from simulator.cluster.summary import bisection_bandwidth, summarize
@@ -112,4 +117,64 @@ def test_routes_match_on_random_grouped_graphs(seed):
     reach = dict(nx.all_pairs_shortest_path_length(g))
     pairs = [(a, b) for a in g for b in g if a != b and b in reach[a]]
     router.prepare(pairs)
+    assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
+
+
+_SIZES = {"dgx-h100": [2, 9, 40], "mi300x": [2, 17], "gb200-nvl72": [1, 3],
+          "cluster": [4, 12, 24]}  # cluster: 2 GPUs per node, 2 nodes per leaf, 3 spines
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_routes_match_on_random_pairs_in_batches(data):
+    """Random pairs of a preset at several sizes, prepared in a few batches (the kept distances, columns and
+    minima carry from one batch to the next, as in a collective's build): every route is the whole-graph
+    search's, hop for hop."""
+    preset = data.draw(st.sampled_from(sorted(_SIZES)))
+    nodes = data.draw(st.sampled_from(_SIZES[preset]))
+    params: dict[str, object] = {"nodes": nodes}
+    if preset == "cluster":
+        params.update(gpus_per_node=2, nodes_per_leaf=2, spines=3)
+    cluster = _cached_cluster(preset, tuple(sorted(params.items())))
+    router = Router(cluster.graph)
+    names = [*cluster.ranks, *(n for n, k in cluster.graph.nodes(data="kind") if k == "switch")]
+    index = st.integers(0, len(names) - 1)
+    pairs = [(names[a], names[b]) for a, b in data.draw(st.lists(st.tuples(index, index), min_size=1, max_size=60))]
+    for batch in (pairs[: len(pairs) // 3], pairs[len(pairs) // 3:]):
+        router.prepare(batch)
+    assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
+
+
+@functools.cache
+def _cached_cluster(preset, params):
+    return load_topology(preset, dict(params))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_routes_match_behind_wide_switches(seed):
+    """Random servers (``h.x`` groups) on switches wider than the router's vector threshold, latencies from a
+    small set: the minima kept per switch and entry constants give the whole-graph search's routes."""
+    rng = np.random.default_rng(100 + seed)
+    g = nx.DiGraph()
+    switches = [f"sw{k}" for k in range(3)]
+    lats = [1e-7, 2e-7, 3e-7]
+    for i in range(48):
+        members = [f"h{i}.x{j}" for j in range(int(rng.integers(1, 4)))]
+        for a, b in itertools.pairwise(members):
+            lat = float(rng.choice(lats))
+            g.add_edge(a, b, latency=lat)
+            g.add_edge(b, a, latency=lat)
+        for m in members:
+            for s in rng.choice(switches, size=int(rng.integers(1, 3)), replace=False).tolist():
+                lat = float(rng.choice(lats))
+                g.add_edge(m, s, latency=lat)
+                g.add_edge(s, m, latency=lat)
+    for a, b in [("sw0", "sw1"), ("sw1", "sw2"), ("sw0", "sw2")]:
+        g.add_edge(a, b, latency=1e-7)
+        g.add_edge(b, a, latency=1e-7)
+    router = Router(g)
+    nodes = sorted(g)
+    pairs = [(nodes[a], nodes[b]) for a, b in rng.integers(0, len(nodes), size=(600, 2)).tolist() if a != b]
+    for k in range(3):
+        router.prepare(pairs[k::3])
     assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import operator
 from collections.abc import Callable, Iterable
 
 import networkx as nx
@@ -87,6 +88,9 @@ class Router:
         self._rows = np.zeros((0, n))
         self._blocks: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]] = {}  # see _block
         self._block_floats = 0
+        self._vias: dict[tuple[int, bytes, bytes], np.ndarray] = {}  # see _composed
+        self._via_floats = 0
+        self._cols: dict[tuple[int, ...], dict[int, list[float]]] = {}  # see _composed
         self._routes: dict[tuple[str, str], tuple[Edge, ...]] = {}
 
     def _two_hop_bound(self, s: int, d: int) -> float:
@@ -138,16 +142,16 @@ class Router:
         """Distances to ``dst`` of the nodes within ``limit`` of it (the others: inf), as scipy's ``limit``."""
         settled: dict[int, float] = {}
         heap = [(0.0, dst)]
+        pred, pop, push = self._pred, heapq.heappop, heapq.heappush
         while heap:
-            d, v = heapq.heappop(heap)
-            if d > limit:
-                break
+            d, v = pop(heap)
             if v in settled:
                 continue
             settled[v] = d
-            for u, w in self._pred[v]:
-                if u not in settled:
-                    heapq.heappush(heap, (d + w, u))
+            for u, w in pred[v]:
+                du = d + w
+                if du <= limit and u not in settled:  # a node farther than limit is never settled: not pushed
+                    push(heap, (du, u))
         inf = float("inf")
         return ((lambda v: settled.get(v, inf)),
                 (lambda idx: np.array([settled.get(v, inf) for v in idx.tolist()])))
@@ -198,14 +202,32 @@ class Router:
         rows = self._rows
         inf = float("inf")
 
+        cols = self._cols.setdefault(tuple(xs), {})  # node -> its distances to the entry nodes xs, as floats
+        cl = c.tolist()
+
         def one(v: int) -> float:
-            via = float((rows[rix, v] + c).min()) if len(c) else inf
+            col = cols.get(v)
+            if col is None:
+                col = cols[v] = rows[rix, v].tolist()
+            via = min(map(operator.add, col, cl)) if cl else inf  # the same IEEE sums and minimum as numpy's
             return min(inside.get(v, inf), via)
+
+        ckey = (rix.tobytes(), c.tobytes())
 
         def many(idx: np.ndarray) -> np.ndarray:
             block, groups = self._block(idx, rix)
-            via = (block + c[:, None]).min(axis=0) if len(c) else np.full(len(idx), inf)
-            for pos in np.flatnonzero(groups == group).tolist():
+            key = (id(idx), *ckey)  # destinations alike (the same entry nodes and constants) share this minimum
+            via = self._vias.get(key)
+            if via is None:
+                via = (block + c[:, None]).min(axis=0) if len(c) else np.full(len(idx), inf)
+                if self._via_floats + via.size <= _ROW_FLOATS_MAX:
+                    self._vias[key] = via
+                    self._via_floats += via.size
+            mine = np.flatnonzero(groups == group).tolist()
+            if not mine:
+                return via
+            via = via.copy()
+            for pos in mine:
                 via[pos] = min(via[pos], inside.get(int(idx[pos]), inf))
             return via
 
@@ -225,6 +247,7 @@ class Router:
 
     def _walk(self, src: str, dst: str, dist: Dist) -> tuple[Edge, ...]:
         at, many = dist
+        names, succ, succ_np = self._names, self._succ, self._succ_np
         cur, goal = self._index[src], self._index[dst]
         here = at(cur)
         if not np.isfinite(here):
@@ -232,10 +255,10 @@ class Router:
         edges: list[Edge] = []
         while cur != goal:
             tol = 1e-12 * here
-            vec = self._succ_np[cur]
+            vec = succ_np[cur]
             if vec is None:
                 nxt = []
-                for v, w in self._succ[cur]:
+                for v, w in succ[cur]:
                     dv = at(v)
                     if abs(dv + w - here) <= tol and dv < here:
                         nxt.append((v, dv))
@@ -244,8 +267,8 @@ class Router:
                 dvs = many(idx)
                 keep = (np.abs(dvs + ws - here) <= tol) & (dvs < here)
                 nxt = list(zip(idx[keep].tolist(), dvs[keep].tolist(), strict=True))
-            pick = nxt[_stable_hash(f"{src}|{dst}|{self._names[cur]}") % len(nxt)] if len(nxt) > 1 else nxt[0]
-            edges.append((self._names[cur], self._names[pick[0]]))
+            pick = nxt[_stable_hash(f"{src}|{dst}|{names[cur]}") % len(nxt)] if len(nxt) > 1 else nxt[0]
+            edges.append((names[cur], names[pick[0]]))
             cur, here = pick
         return tuple(edges)
 

@@ -59,9 +59,11 @@ class Cluster:
     host_copy_bw: Mapping[str, float] = field(default_factory=dict)  # bytes/s one core copies for a transfer
     nccl_latency: Mapping[str, float] = field(default_factory=dict)  # "ring.LL.net" -> s (collectives/protocols.py)
     _router: Router = field(init=False, repr=False, compare=False)
+    _latency: dict[Edge, float] = field(init=False, repr=False, compare=False)  # edge -> latency, filled on use
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_router", Router(self.graph))
+        object.__setattr__(self, "_latency", {})
 
     def route(self, src: str, dst: str) -> tuple[Edge, ...]:
         """Deterministic route (shortest latency, fewest hops, stable ECMP hash) as directed edges."""
@@ -73,7 +75,10 @@ class Cluster:
 
     def route_latency(self, route: tuple[Edge, ...]) -> float:
         """Sum of link latencies along ``route`` in seconds."""
-        return sum(self.graph.edges[e]["latency"] for e in route)
+        lat = self._latency
+        if not lat:
+            lat.update(((u, v), w) for u, v, w in self.graph.edges(data="latency"))
+        return sum(map(lat.__getitem__, route))  # the same floats added in the same order
 
     def route_bandwidth(self, route: tuple[Edge, ...]) -> float:
         """Bottleneck bandwidth (bytes/s) of ``route``; infinite for an empty route."""

@@ -42,6 +42,7 @@ import numpy as np
 from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.ring import MAX_SLICES, PIPELINE_SLICE_BYTES
+from simulator.schedule import Op, fused_reduce_op, transfer_ops
 
 __all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
            "pipeline_time_arrays", "tree_allreduce", "tree_chunks"]
@@ -148,43 +149,58 @@ def tree_allreduce(b: CollBuilder, trees: Sequence[Tree]) -> None:
 
 def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, tuple[int, ...]],
               chunks: int, trees: int) -> dict[int, list[int]]:
-    """One of ``trees`` trees' pipeline over elements ``lo:hi`` of ``b``'s range; returns every rank's last ops."""
+    """One of ``trees`` trees' pipeline over elements ``lo:hi`` of ``b``'s range; returns every rank's last ops.
+
+    The ops are built whole and appended at once (:meth:`Schedule.extend`): the same ops, ids and order as one
+    ``add_transfer`` / ``add_compute`` per connection and chunk."""
     sched, size = b.sched, b.elem_bytes * b.wire
-    cap = b.cap * b.wire / (2 * trees)  # each direction: half of the tree's threads, the trees share the channel's
+    cap = float(b.cap * b.wire / (2 * trees))  # a direction: half of a tree's threads; the trees share the channel's
     up_last: dict[int, int] = {}  # rank -> its last send up
     down_last: dict[int, int] = {}  # child -> its parent's last send to it
     got: dict[int, int] = {}  # rank -> its receive of the final chunk
     bottom_up = tree.order[::-1]
+    parent, children, hop_s, tag, args = tree.parent, tree.children, b.hop_s, b.tag, (b.buf,)
+    red_name, red_fn, dtype, buf, elem = f"{b.tag}.reduce", f"reduce-{b.op}", b.dtype, b.buf, b.elem_bytes
+    ops: list[Op] = []
+    add = ops.append
+    nid = len(sched.ops)
     for k, (a, z) in enumerate(chunk_bounds(hi - lo, chunks)):
         if z == a:
             continue
         clo, chi = b.offset + lo + a, b.offset + lo + z
-        nbytes = (chi - clo) * size
+        nbytes = float((chi - clo) * size)
+        flops, red_bytes = float(chi - clo), float(3.0 * (chi - clo) * elem)
+        first = k == 0 and hop_s is not None
         acc: dict[int, tuple[int, ...]] = {}  # rank -> ops after which it holds its subtree's sum of the chunk
         sent: dict[int, int] = {}
         for r in bottom_up:
-            q = tree.parent.get(r)
+            q = parent.get(r)
             if q is None:
                 continue
-            tmp = f"{b.tag}.tmp{clo}.{r}"
             deps = acc.get(r, start[r])
-            snd, rcv = sched.add_transfer(
-                r, q, nbytes, b.tag, send_deps=(*deps, up_last[r]) if r in up_last else deps, recv_deps=start[q],
-                args=(b.buf,), dst_args=(tmp,), lo=clo, hi=chi, coll=b.tag,
-                floor_s=b.hop_s(r, q) if b.hop_s and k == 0 else 0.0, rate_cap=cap)
+            snd, rcv = nid, nid + 1
+            send, recv = transfer_ops(
+                snd, r, q, nbytes, tag, (*deps, up_last[r]) if r in up_last else deps, start[q], args,
+                (f"{tag}.tmp{clo}.{r}",), clo, chi, tag, False, hop_s(r, q) if first else 0.0, cap)  # type: ignore[misc]
+            add(send)
+            add(recv)
             up_last[r] = sent[r] = snd
-            red = sched.add_compute(q, f"{b.tag}.reduce", flops=chi - clo, nbytes=3.0 * (chi - clo) * b.elem_bytes,
-                                    dtype=b.dtype, deps=(rcv, *acc.get(q, start[q])), fn=f"reduce-{b.op}",
-                                    out=b.buf, args=(tmp,), lo=clo, hi=chi, fused=True, coll=b.tag)
-            acc[q] = (red,)
+            add(fused_reduce_op(nid + 2, q, red_name, flops, red_bytes, dtype, (rcv, *acc.get(q, start[q])),
+                                red_fn, buf, recv.args, clo, chi, tag))
+            acc[q] = (nid + 2,)
+            nid += 3
         for r in tree.order:
             have = acc[tree.root] if r == tree.root else (got[r],)
-            for ch in tree.children[r]:
+            for ch in children[r]:
                 deps = (*have, down_last[ch]) if ch in down_last else have
-                snd, rcv = sched.add_transfer(
-                    r, ch, nbytes, b.tag, send_deps=deps, recv_deps=(sent[ch],), args=(b.buf,), lo=clo, hi=chi,
-                    coll=b.tag, into=True, floor_s=b.hop_s(r, ch) if b.hop_s and k == 0 else 0.0, rate_cap=cap)
-                down_last[ch], got[ch] = snd, rcv
+                send, recv = transfer_ops(
+                    nid, r, ch, nbytes, tag, deps, (sent[ch],), args, args, clo, chi, tag, True,
+                    hop_s(r, ch) if first else 0.0, cap)  # type: ignore[misc]
+                add(send)
+                add(recv)
+                down_last[ch], got[ch] = nid, nid + 1
+                nid += 2
+    sched.extend(ops)
     last: dict[int, list[int]] = {r: [] for r in tree.order}
     for r, snd in up_last.items():
         last[r].append(snd)
