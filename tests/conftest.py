@@ -36,6 +36,11 @@ def star(n_hosts: int, bw: str = "10 GB/s", lat: str = "0 s", overhead: str = "0
     return build_cluster(raw, "<star>")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first: a worker that starts one at the end would finish long after the other."""
+    items.sort(key=lambda item: item.get_closest_marker("longest") is None)
+
+
 @pytest.fixture
 def make_star():
     return star

@@ -17,6 +17,7 @@ LOG = str(Path(__file__).parent / "fixtures" / "nccltests" / "all_reduce_h100_2x
 
 
 @pytest.mark.slow
+@pytest.mark.longest
 def test_fit_on_every_other_size_predicts_the_others(tmp_path):
     samples, runs = read_samples([LOG])
     base, _ = base_topology([LOG], runs, None)
