@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["COMPUTE_KINDS", "OP_KINDS", "Op", "Schedule", "fused_reduce_op", "transfer_ops"]
+__all__ = ["COMPUTE_KINDS", "OP_KINDS", "Op", "Schedule", "compute_op", "fused_reduce_op", "transfer_ops"]
 
 OP_KINDS = ("compute", "merge", "send", "recv", "launch")
 COMPUTE_KINDS = frozenset({"compute", "merge"})
@@ -91,22 +91,31 @@ def _earlier(deps: Sequence[tuple[int, ...]], n: int) -> bool:
 
 def transfer_ops(sid: int, src: int, dst: int, size: float, name: str, send_deps: tuple[int, ...],
                  recv_deps: tuple[int, ...], args: tuple[str, ...], dst_args: tuple[str, ...], lo: int, hi: int,
-                 coll: str, into: bool, floor_s: float, rate_cap: float) -> tuple[Op, Op]:
-    """The send (id ``sid``) and recv (``sid + 1``) that :meth:`Schedule.add_transfer` appends for these
-    arguments (``size`` a float; no ``alloc``, ``free_src`` or ``not_before_s``), unchecked: for a builder that
-    hands a whole collective to :meth:`Schedule.extend`."""
-    return (_new(Op, (sid, src, "send", name, send_deps, 0.0, size, "fp32", dst, sid + 1, 0.0, "", "", args, lo, hi,
-                      (), (), False, coll, None, "", False, floor_s, rate_cap, ())),
-            _new(Op, (sid + 1, dst, "recv", name, recv_deps, 0.0, size, "fp32", src, sid, 0.0, "", "", dst_args, lo,
-                      hi, (), (), False, coll, None, "", into, 0.0, 0.0, ())))
+                 coll: str, into: bool, floor_s: float, rate_cap: float, not_before_s: float = 0.0,
+                 free_src: tuple[str, ...] = (), alloc: tuple[tuple[str, float], ...] = ()) -> tuple[Op, Op]:
+    """The send (id ``sid``) and recv (``sid + 1``) of one transfer (``size`` and ``rate_cap`` floats), unchecked:
+    what :meth:`Schedule.add_transfer` appends once it has checked its arguments, and what a builder that hands a
+    whole collective to :meth:`Schedule.extend` builds."""
+    return (_new(Op, (sid, src, "send", name, send_deps, 0.0, size, "fp32", dst, sid + 1, not_before_s, "", "", args,
+                      lo, hi, (), free_src, False, coll, None, "", False, floor_s, rate_cap, ())),
+            _new(Op, (sid + 1, dst, "recv", name, recv_deps, 0.0, size, "fp32", src, sid, not_before_s, "", "",
+                      dst_args, lo, hi, alloc, (), False, coll, None, "", into, 0.0, 0.0, ())))
+
+
+def compute_op(oid: int, rank: int, name: str, flops: float, nbytes: float, dtype: str, deps: tuple[int, ...],
+               fn: str, out: str, args: tuple[str, ...], lo: int, hi: int, coll: str, *, fused: bool,
+               kind: str = "compute", not_before_s: float = 0.0, alloc: tuple[tuple[str, float], ...] = (),
+               free: tuple[str, ...] = (), dims: tuple[float, ...] = ()) -> Op:
+    """A compute op (``flops`` and ``nbytes`` floats), unchecked: what :meth:`Schedule.add_compute` appends once
+    it has checked its arguments (and, as :func:`transfer_ops`, what a whole-collective builder builds)."""
+    return _new(Op, (oid, rank, kind, name, deps, flops, nbytes, dtype, None, None, not_before_s, fn, out, args, lo,
+                     hi, alloc, free, fused, coll, None, "", False, 0.0, 0.0, dims))
 
 
 def fused_reduce_op(oid: int, rank: int, name: str, flops: float, nbytes: float, dtype: str, deps: tuple[int, ...],
                     fn: str, out: str, args: tuple[str, ...], lo: int, hi: int, coll: str) -> Op:
-    """The op :meth:`Schedule.add_compute` appends for a fused reduction (``fused=True``; ``flops`` and ``nbytes``
-    floats; no alloc, free or dims), unchecked, as :func:`transfer_ops`."""
-    return _new(Op, (oid, rank, "compute", name, deps, flops, nbytes, dtype, None, None, 0.0, fn, out, args, lo, hi,
-                     (), (), True, coll, None, "", False, 0.0, 0.0, ()))
+    """The op :meth:`Schedule.add_compute` appends for a fused reduction (``fused=True``), unchecked."""
+    return compute_op(oid, rank, name, flops, nbytes, dtype, deps, fn, out, args, lo, hi, coll, fused=True)
 
 
 @dataclass
@@ -187,12 +196,8 @@ class Schedule:
         if len(dargs) != len(sargs):
             raise ValueError("dst_args must name as many buffers as args")
         sid = len(self.ops)
-        size = float(nbytes)
-        self.ops.append(_new(Op, (sid, src, "send", name, sd, 0.0, size, "fp32", dst, sid + 1, not_before_s, "", "",
-                                  sargs, lo, hi, (), _tuple(free_src), False, coll, None, "", False, floor_s,
-                                  float(rate_cap), ())))
-        self.ops.append(_new(Op, (sid + 1, dst, "recv", name, rd, 0.0, size, "fp32", src, sid, not_before_s, "", "",
-                                  dargs, lo, hi, _tuple(alloc), (), False, coll, None, "", into, 0.0, 0.0, ())))
+        self.ops.extend(transfer_ops(sid, src, dst, float(nbytes), name, sd, rd, sargs, dargs, lo, hi, coll, into,
+                                     floor_s, float(rate_cap), not_before_s, _tuple(free_src), _tuple(alloc)))
         return sid, sid + 1
 
     def add_transfers(self, src: Sequence[int], dst: Sequence[int], nbytes: Sequence[float], name: Sequence[str],

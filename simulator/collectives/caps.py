@@ -122,8 +122,6 @@ def channel_cap(arch: str, operation: str, family: str, proto: str, *, nodes: in
     return cap * _GB
 
 
-
-
 def fabric_cap(fabric: Fabric, operation: str, family: str, proto: str, ranks: Sequence[int],
                channels: int) -> float:
     """:func:`channel_cap` on ``fabric``'s cluster (``inf`` without one): its GPUs' architecture, its server count

@@ -239,12 +239,7 @@ class FlowNetwork:
 
     def _rerate(self, flows: set[int], count: dict[int, int], now: float) -> None:
         """New max-min rates of one component's flows; progress brought up to ``now`` where a rate changes."""
-        if len(flows) == 1:  # a flow alone on its links gets the narrowest one
-            (only,) = flows
-            alone = self._alone.get(self.routes[only])
-            rates: dict[Any, float] = {only: self._alone_rate(only) if alone is None else alone}
-        else:
-            rates = _fill(len(flows), self.routes, self.on_link, count, self.capacity)
+        rates = _fill(len(flows), self.routes, self.on_link, count, self.capacity)
         self._set_rates(((f, rates[f]) for f in flows), now)
 
     def _set_rates(self, rated: Iterable[tuple[int, float]], now: float) -> None:
