@@ -7,9 +7,11 @@ whole files of finished points; ``resume`` keeps those rows and runs only the mi
 becomes a row with an ``error`` message and the sweep goes on. A progress line (points, rate, ETA) goes to
 stderr.
 
-Pool workers die with their parent: each asks the kernel for SIGKILL when its parent exits (Linux
-``PR_SET_PDEATHSIG``; elsewhere a thread watches the parent's pid), and ignores SIGINT, which the parent handles:
-on Ctrl-C it writes the finished rows (a folder ``--resume`` continues), stops its workers and re-raises.
+Pool workers are forked from this process, or, where it runs other threads than its main one (a notebook, a test
+runner), from a fork server (a fork copies the locks other threads hold). They die with their parent: a forked
+worker asks the kernel for SIGKILL when its parent exits (Linux ``PR_SET_PDEATHSIG``; elsewhere a thread watches
+the parent's pid), a fork server's watches the sweep's process; each ignores SIGINT, which the parent handles: on
+Ctrl-C it writes the finished rows (a folder ``--resume`` continues), stops its workers and re-raises.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import ctypes.util
 import math
 import multiprocessing
 import os
+import select
 import signal
 import sys
 import threading
@@ -111,9 +114,32 @@ def _parquet_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.astype({c: str for c in mixed}) if mixed else frame
 
 
-def _die_with_parent(parent: int) -> None:
-    """Pool worker initializer: leave SIGINT to the parent; exit when the parent does (even by ``kill -9``)."""
+def _pool_context() -> tuple[multiprocessing.context.BaseContext | None, bool]:
+    """How pool workers start, and whether this process is their parent.
+
+    ``fork`` where this process runs one thread: a worker starts at once with what is imported. Where other threads
+    run (a notebook's, a test runner's, a library's), a fork copies the locks they hold, held, and a worker can wait
+    on one forever (Python 3.12 warns of it): workers are then forked by a fork server, a fresh single-threaded
+    process that imports this module once. ``spawn`` (the platform's default) where there is no fork.
+    """
+    if not hasattr(os, "fork"):
+        return None, True
+    if threading.active_count() == 1:
+        return multiprocessing.get_context("fork"), True
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx, False
+
+
+def _die_with_parent(parent: int, direct: bool = True) -> None:
+    """Pool worker initializer: leave SIGINT to the parent; exit when the parent does (even by ``kill -9``).
+
+    ``direct`` false: ``parent`` (the sweep's process) had a fork server fork this worker, and the server lives as
+    long as its workers do (they hold its liveness pipe): the worker watches ``parent`` itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not direct:
+        _watch_process(parent)
+        return
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
@@ -129,6 +155,34 @@ def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(1.0)
     os._exit(1)
+
+
+def _watch_process(pid: int) -> None:
+    """Exit this process once process ``pid`` has (a thread waits on a Linux pidfd; elsewhere it polls)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # already gone
+        os._exit(1)
+    except (OSError, AttributeError):
+        threading.Thread(target=_poll_process, args=(pid,), daemon=True).start()
+        return
+    threading.Thread(target=_wait_readable, args=(fd,), daemon=True).start()
+
+
+def _wait_readable(fd: int) -> None:
+    select.select([fd], [], [])  # a pidfd turns readable when its process exits
+    os._exit(1)
+
+
+def _poll_process(pid: int) -> None:
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:  # alive, another user's (the pid was reused)
+            os._exit(1)
+        time.sleep(1.0)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -149,9 +203,9 @@ def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, k
         for index, point in todo:
             yield _run_one(index, point, numeric, index == keep)
         return
-    ctx = multiprocessing.get_context("fork") if hasattr(os, "fork") else None
+    ctx, direct = _pool_context()
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx, initializer=_die_with_parent,
-                               initargs=(os.getpid(),))
+                               initargs=(os.getpid(), direct))
     finished = False
     try:
         pending = {pool.submit(_run_one, index, point, numeric, index == keep) for index, point in todo}

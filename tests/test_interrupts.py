@@ -91,6 +91,35 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     assert _gone(workers), "pool workers outlived their parent"
 
 
+def _descendants(pid: int) -> list[int]:
+    kids = _children(pid)
+    return kids + [d for k in kids for d in _descendants(k)]
+
+
+def test_workers_of_a_threaded_process_die_with_it_killed(tmp_path):
+    """A process that runs other threads forks its workers from a fork server (simulator.sweep._pool_context):
+    killed by SIGKILL, it takes the server and the workers with it."""
+    (tmp_path / "slow.yaml").write_text(SLOW)
+    code = ("import sys, threading; from simulator.cli import main; threading.Thread(target=threading.Event().wait,"
+            " daemon=True).start(); sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", code, "run", str(tmp_path / "slow.yaml"), "-o",
+                             str(tmp_path / "out"), "--no-report", "--jobs", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the fork server (and resource tracker) and, under the server, 2 workers
+        kids = _children(proc.pid)
+        if any(len(_children(k)) >= 2 for k in kids):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("no fork server with 2 workers after 60 s")
+    everyone = _descendants(proc.pid)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _gone(everyone), "the fork server or its workers outlived their parent"
+
+
 def test_a_second_run_into_a_folder_in_use_is_refused(tmp_path):
     first = _start(tmp_path, "--jobs", "1")
     deadline = time.monotonic() + 60

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +62,23 @@ def test_dask_local_cluster_gives_the_same_rows(tmp_path):
     assert main(["run", str(path), "-o", str(tmp_path / "d"), "--executor", "dask", "--jobs", "2",
                  "--no-report"]) == 0
     pd.testing.assert_frame_equal(rows(tmp_path / "a" / "results.csv"), rows(tmp_path / "d" / "results.csv"))
+
+
+def test_a_process_with_other_threads_forks_its_workers_from_a_fork_server(tmp_path):
+    """A fork copies the locks other threads hold (a notebook's, this test runner's): such a process's workers come
+    from a fork server, and give the same rows."""
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    helper.start()
+    try:
+        ctx, direct = sweep._pool_context()
+        assert ctx is not None and ctx.get_start_method() == "forkserver" and not direct
+        path = scenario(tmp_path, 2)
+        assert main(["run", str(path), "-o", str(tmp_path / "a"), "--jobs", "1", "--no-report"]) == 0
+        assert main(["run", str(path), "-o", str(tmp_path / "b"), "--jobs", "2", "--no-report"]) == 0
+    finally:
+        stop.set()
+    pd.testing.assert_frame_equal(rows(tmp_path / "a" / "results.csv"), rows(tmp_path / "b" / "results.csv"))
 
 
 @pytest.mark.slow
