@@ -12,6 +12,11 @@ flow counts are read off the per-link sets of flows. Progress is lazy: a flow's 
 date only when its rate changes; a heap of predicted finish times gives the next completion, kept until a
 prediction that could change it.
 
+Max-min rates depend only on the multiset of the component's flow shapes (a shape: the route and the rate cap),
+and flows of one shape get one rate; a pipeline (a collective's chunks, a tree's levels) meets the same components
+over and over, so each filled multiset's rates are kept and looked up (the same floats: the filling's order is a
+total order over the shapes' links).
+
 A flow may carry a rate cap (bytes/s): a private virtual link of that capacity that only it crosses. Progressive
 filling over it is max-min fairness with a per-flow upper bound, exactly (the cap is one more constraint; a capped
 flow frees what it cannot use for the flows it shares links with). A communication library's per-channel
@@ -21,12 +26,15 @@ bandwidth limits (NCCL's ``perChMax*Bw``, :mod:`simulator.collectives.caps`) are
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 __all__ = ["FlowNetwork", "max_min_rates"]
 
 F = TypeVar("F", bound=Hashable)  # a flow's key
+Shape = tuple[tuple[int, ...], float]  # a flow's route without its cap link, and its cap (0: none)
+FILLED_KEPT = 4096  # components' rates kept for reuse (all forgotten at once when full)
 FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
 
 
@@ -85,12 +93,14 @@ class FlowNetwork:
         self.on_link: dict[int, set[int]] = {}
         self._extra: dict[int, int] = {}  # link -> times its flows cross it beyond once each (rarely any)
         self._repeats: set[int] = set()  # the flows that cross a link more than once
-        # flow -> [bytes left at time ``updated``, updated, rate, version]: one dict entry per flow
+        # flow -> [bytes left at time ``updated``, updated, rate, version, (route without its cap link, cap)]
         self.state: dict[int, list[Any]] = {}
         self._alone: dict[tuple[int, ...], float] = {}  # route -> rate of a flow alone on it (its narrowest link)
         self._touched: set[int] = set()  # links whose set of flows changed since the last allocation
         self._eta: list[tuple[float, int, int]] = []  # (finish time, version, flow)
         self.allocations = 0
+        # a component's flow shapes (a multiset) -> each shape's max-min rate: a pipeline's components recur
+        self._filled: dict[frozenset[tuple[Shape, int]], dict[Shape, float]] = {}
         self._spare_caps: list[int] = []  # ids of cap links no flow holds now (reused before new ones)
         self._cap_link: dict[int, int] = {}  # flow -> its private cap link
         # next_finish's last answer (best, tolerance, due flows as a set and sorted), None once it may have changed
@@ -100,6 +110,7 @@ class FlowNetwork:
         """Start draining ``flow`` at time ``now`` (rate 0 until the next :meth:`allocate`); ``cap`` > 0: the flow
         never goes faster (bytes/s), through a private link of that capacity appended to its route."""
         route = links if type(links) is tuple else tuple(links)
+        shape = (route, cap)  # what its rate depends on, with the other flows' shapes (not the cap link's id)
         if cap > 0.0:
             if self._spare_caps:
                 private = self._spare_caps.pop()
@@ -110,7 +121,7 @@ class FlowNetwork:
             self._cap_link[flow] = private
             route = (*route, private)
         self.routes[flow] = route
-        self.state[flow] = [float(nbytes), now, 0.0, 0]
+        self.state[flow] = [float(nbytes), now, 0.0, 0, shape]
         if len(set(route)) < len(route):  # a link crossed twice (a loopback's host cores): counted twice
             extra = self._extra
             for link in set(route):
@@ -155,14 +166,14 @@ class FlowNetwork:
             self._touched.discard(private)
             self._spare_caps.append(private)
 
-    def _components(self) -> tuple[list[int], list[tuple[set[int], dict[int, int]]]]:
+    def _components(self) -> tuple[list[int], list[tuple[list[int], list[Shape], list[int]]]]:
         """Flows connected, through shared links, to the links touched since the last allocation: the flows alone
         on every link they cross (most of a ring's: each a component of its own, found without a search), and the
-        other connected components, each as its flows and how many times they cross each of its links."""
+        other connected components, each as its flows, their shapes (in the same order) and its links."""
         solos: list[int] = []
-        comps: list[tuple[set[int], dict[int, int]]] = []
+        comps: list[tuple[list[int], list[Shape], list[int]]] = []
         seen_links: set[int] = set()
-        on_link, routes, extra = self.on_link, self.routes, self._extra
+        on_link, routes, state = self.on_link, self.routes, self.state
         for seed in self._touched:
             if seed in seen_links:
                 continue
@@ -181,21 +192,21 @@ class FlowNetwork:
                 if seed in seen_links:
                     continue
             flows: set[int] = set()
+            members: list[int] = []
+            shapes: list[Shape] = []
             links = [seed]
             seen_links.add(seed)
             for link in links:  # grows while it is walked: a breadth-first search over links
                 for f in on_link[link]:
                     if f not in flows:
                         flows.add(f)
+                        members.append(f)
+                        shapes.append(state[f][4])
                         for other in routes[f]:
                             if other not in seen_links:
                                 seen_links.add(other)
                                 links.append(other)
-            count = {link: len(on_link[link]) for link in links}
-            if extra:
-                for link in links:
-                    count[link] += extra.get(link, 0)
-            comps.append((flows, count))
+            comps.append((members, shapes, links))
         return solos, comps
 
     def allocate(self, now: float, changed_links: bool = True) -> set[int]:
@@ -220,10 +231,10 @@ class FlowNetwork:
             new = alone_of.get(route)
             solo_rates.append((f, self._alone_rate(f) if new is None else new))
         self._set_rates(solo_rates, now)
-        for flows, count in comps:
+        for flows, shapes, links in comps:
             if changed_links:
-                changed.update(count)
-            self._rerate(flows, count, now)
+                changed.update(links)
+            self._rerate(flows, shapes, links, now)
         return changed
 
     def _alone_rate(self, only: int) -> float:
@@ -237,10 +248,24 @@ class FlowNetwork:
             self._alone[route] = alone
         return alone
 
-    def _rerate(self, flows: set[int], count: dict[int, int], now: float) -> None:
-        """New max-min rates of one component's flows; progress brought up to ``now`` where a rate changes."""
-        rates = _fill(len(flows), self.routes, self.on_link, count, self.capacity)
-        self._set_rates(((f, rates[f]) for f in flows), now)
+    def _rerate(self, flows: list[int], shapes: list[Shape], links: list[int], now: float) -> None:
+        """New max-min rates of one component's flows (of ``shapes``, over ``links``), progress brought up to
+        ``now`` where a rate changes. Max-min rates depend on the multiset of the flows' shapes alone (flows of one
+        shape get one rate), and a pipeline's components recur: a multiset already filled is looked up."""
+        key = frozenset(Counter(shapes).items())
+        by_shape = self._filled.get(key)
+        if by_shape is None:
+            on_link, extra = self.on_link, self._extra
+            count = {link: len(on_link[link]) for link in links}
+            if extra:
+                for link in links:
+                    count[link] += extra.get(link, 0)
+            rates = _fill(len(flows), self.routes, on_link, count, self.capacity)
+            by_shape = {sh: rates[f] for f, sh in zip(flows, shapes, strict=True)}
+            if len(self._filled) >= FILLED_KEPT:
+                self._filled.clear()
+            self._filled[key] = by_shape
+        self._set_rates(zip(flows, map(by_shape.__getitem__, shapes), strict=True), now)
 
     def _set_rates(self, rated: Iterable[tuple[int, float]], now: float) -> None:
         """Flows' new rates: progress brought up to ``now`` and a finish predicted where a rate changes."""
