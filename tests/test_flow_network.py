@@ -72,3 +72,27 @@ def test_flows_finish_when_their_bytes_run_out(flows):
             net.remove(f)
             del left[f]
         net.allocate(now)
+
+
+def test_a_recurring_component_is_looked_up_with_the_rates_of_a_fresh_fill(monkeypatch):
+    """A pipeline meets the same component again with new flows (new ids, new cap links): its rates are looked up
+    (no second filling) and equal the whole-network reference exactly."""
+    from simulator.engine import network
+
+    fills = []
+    real_fill = network._fill
+    monkeypatch.setattr(network, "_fill", lambda *a: fills.append(1) or real_fill(*a))
+    net = FlowNetwork(CAPACITY)
+    shapes = [((0, 1), 0.0), ((1, 2), 7.0), ((0, 2), 0.0), ((1, 2), 7.0)]
+    for round_ in range(3):
+        ids = [100 * round_ + i for i in range(len(shapes))]
+        for f, (route, cap) in zip(ids, shapes, strict=True):
+            net.add(f, route, 1e3, now=float(round_), cap=cap)
+        net.allocate(float(round_))
+        assert len(fills) == (1 if round_ == 0 else 0)  # filled once, then looked up
+        capacity = [*CAPACITY, 7.0, 7.0]
+        expected = max_min_rates({0: (0, 1), 1: (1, 2, 6), 2: (0, 2), 3: (1, 2, 7)}, capacity)
+        fills.clear()
+        assert [net.rate(f) for f in ids] == [expected[i] for i in range(len(shapes))]
+        for f in ids:
+            net.remove(f)
