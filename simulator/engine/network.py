@@ -35,6 +35,7 @@ __all__ = ["FlowNetwork", "max_min_rates"]
 F = TypeVar("F", bound=Hashable)  # a flow's key
 Shape = tuple[tuple[int, ...], float]  # a flow's route without its cap link, and its cap (0: none)
 FILLED_KEPT = 4096  # components' rates kept for reuse (all forgotten at once when full)
+KEYING_TRIAL = 256  # fills after which keying stops unless a fifth of the lookups or more found their rates
 FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
 
 
@@ -101,6 +102,7 @@ class FlowNetwork:
         self.allocations = 0
         # a component's flow shapes (a multiset) -> each shape's max-min rate: a pipeline's components recur
         self._filled: dict[frozenset[tuple[Shape, int]], dict[Shape, float]] = {}
+        self._keying, self._hits, self._misses = True, 0, 0  # keying stops where lookups mostly miss
         self._spare_caps: list[int] = []  # ids of cap links no flow holds now (reused before new ones)
         self._cap_link: dict[int, int] = {}  # flow -> its private cap link
         # next_finish's last answer (best, tolerance, due flows as a set and sorted), None once it may have changed
@@ -252,8 +254,11 @@ class FlowNetwork:
         """New max-min rates of one component's flows (of ``shapes``, over ``links``), progress brought up to
         ``now`` where a rate changes. Max-min rates depend on the multiset of the flows' shapes alone (flows of one
         shape get one rate), and a pipeline's components recur: a multiset already filled is looked up."""
-        key = frozenset(Counter(shapes).items())
-        by_shape = self._filled.get(key)
+        if self._keying:
+            key = frozenset(Counter(shapes).items())
+            by_shape = self._filled.get(key)
+        else:
+            by_shape = None
         if by_shape is None:
             on_link, extra = self.on_link, self._extra
             count = {link: len(on_link[link]) for link in links}
@@ -262,9 +267,17 @@ class FlowNetwork:
                     count[link] += extra.get(link, 0)
             rates = _fill(len(flows), self.routes, on_link, count, self.capacity)
             by_shape = {sh: rates[f] for f, sh in zip(flows, shapes, strict=True)}
-            if len(self._filled) >= FILLED_KEPT:
-                self._filled.clear()
-            self._filled[key] = by_shape
+            if self._keying:
+                self._misses += 1
+                if self._misses >= KEYING_TRIAL and self._misses > 4 * self._hits:
+                    self._keying = False  # components that do not recur (random flows): no key to pay for
+                    self._filled.clear()
+                else:
+                    if len(self._filled) >= FILLED_KEPT:
+                        self._filled.clear()
+                    self._filled[key] = by_shape
+        else:
+            self._hits += 1
         self._set_rates(zip(flows, map(by_shape.__getitem__, shapes), strict=True), now)
 
     def _set_rates(self, rated: Iterable[tuple[int, float]], now: float) -> None:
