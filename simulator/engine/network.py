@@ -138,7 +138,9 @@ class FlowNetwork:
                 on_link[link] = {flow}
             else:
                 users.add(flow)
-        self._touched.update(route)
+        # a component is searched from its touched links over its flows' routes without their cap links: a cap
+        # link is no seed (the flow's other links are) unless the flow crosses nothing else
+        self._touched.update(shape[0] or route)
 
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
@@ -203,8 +205,9 @@ class FlowNetwork:
                     if f not in flows:
                         flows.add(f)
                         members.append(f)
-                        shapes.append(state[f][4])
-                        for other in routes[f]:
+                        shape = state[f][4]
+                        shapes.append(shape)
+                        for other in shape[0]:  # its route but its private cap link (no other flow crosses it)
                             if other not in seen_links:
                                 seen_links.add(other)
                                 links.append(other)
@@ -265,6 +268,9 @@ class FlowNetwork:
             if extra:
                 for link in links:
                     count[link] += extra.get(link, 0)
+            for f, (_, cap) in zip(flows, shapes, strict=True):
+                if cap > 0.0:
+                    count[self._cap_link[f]] = 1
             rates = _fill(len(flows), self.routes, on_link, count, self.capacity)
             by_shape = {sh: rates[f] for f, sh in zip(flows, shapes, strict=True)}
             if self._keying:
