@@ -5,7 +5,8 @@ For every topology, size and (algorithm, protocol): the simulated makespan of th
 (``src/graph/tuning.cc``, ``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime``: latencies, busBw per channel with its
 refinements and ``treeCorrectionFactor``) evaluated on the same cluster: NCCL's channels as its search would size
 them on the channel's narrowest link (:func:`simulator.collectives.caps.nccl_width`), Intel hosts, no NVLS. NCCL's
-model is empty (``-``) for GPUs it does not cover (MI300X).
+model is empty (``-``) for GPUs it does not cover (MI300X). ``ops`` and ``sim_s``: the schedule's ops and the
+seconds its simulation took on this machine (the issue asks well under a second up to 16 GiB).
 
     PYTHONPATH=. python benchmarks/nccl_tree.py [--sizes 1MiB,16MiB,...] [--protocols Simple,LL128,LL]
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from collections.abc import Sequence
 
 from simulator.cluster.topology import Cluster, load_topology
@@ -91,7 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(parse_bytes(s)) for s in args.sizes.split(",")]
     print(f"{'topology':12} {'bytes':>11} {'choice':14} {'ch':>3} {'engine_ms':>10} {'tuner_ms':>10} "
-          f"{'eng/tun':>8} {'busbw_eng':>9} {'busbw_tun':>9} {'nccl_ms':>9} {'eng/nccl':>8}")
+          f"{'eng/tun':>8} {'busbw_eng':>9} {'busbw_tun':>9} {'nccl_ms':>9} {'eng/nccl':>8} {'ops':>7} {'sim_s':>6}")
     for name, nodes in TOPOLOGIES:
         cluster = load_topology(name, {"nodes": nodes})
         fabric = fabric_of(cluster)
@@ -101,13 +103,16 @@ def main() -> None:
             for algo in args.algos.split(","):
                 for proto in args.protocols.split(","):
                     sched, choice = collective_schedule(cluster, fabric, "allreduce", n, 2, "bf16", algo, proto)
+                    t0 = time.perf_counter()
                     t = simulate(sched, cluster).makespan
+                    wall = time.perf_counter() - t0
                     pred = predict("allreduce", list(range(p)), n, choice, fabric, elem_bytes=2, dtype="bf16")
                     bus = 2 * (p - 1) / p * nbytes / 1e9
                     nccl = nccl_model(cluster, fabric, list(range(p)), nbytes, choice)
                     print(f"{name + ' x' + str(nodes):12} {nbytes:>11} {choice.algo + '/' + proto:14} "
                           f"{choice.channels:>3} {t * 1e3:>10.4f} {pred * 1e3:>10.4f} {t / pred:>8.3f} "
-                          f"{bus / t:>9.1f} {bus / pred:>9.1f} {nccl * 1e3:>9.4f} {t / nccl:>8.3f}")
+                          f"{bus / t:>9.1f} {bus / pred:>9.1f} {nccl * 1e3:>9.4f} {t / nccl:>8.3f} {len(sched.ops):>7} "
+                          f"{wall:>6.2f}")
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ def test_native_reduce_broadcast_and_allreduce(tmp_path):
 
     world = 3
     mp.start_processes(_native_collectives_rank, args=(world, str(tmp_path / "store"), str(tmp_path)),
-                       nprocs=world, join=True, start_method="fork")
+                       nprocs=world, join=True, start_method="spawn")
     out = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
     for r in range(world):
         assert torch.equal(out[r]["a"], torch.full((5,), 3.0, dtype=torch.float64))  # max of 1, 2, 3

@@ -111,7 +111,7 @@ def _run(world: int, tmp_path) -> list[dict[str, object]]:
 
     out = tmp_path / "results.json"
     mp.start_processes(_rank, args=(world, str(tmp_path / "store"), str(out)), nprocs=world, join=True,
-                       start_method="fork")
+                       start_method="spawn")
     return json.loads(out.read_text())
 
 
