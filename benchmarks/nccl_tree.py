@@ -9,6 +9,7 @@ model is empty (``-``) for GPUs it does not cover (MI300X). ``ops`` and ``sim_s`
 seconds its simulation took on this machine (the issue asks well under a second up to 16 GiB).
 
     PYTHONPATH=. python benchmarks/nccl_tree.py [--sizes 1MiB,16MiB,...] [--protocols Simple,LL128,LL]
+                                                [--topologies dgx-h100:2,...] [--max-slices N]
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from simulator.cluster.topology import Cluster, load_topology
 from simulator.collective_rows import collective_schedule
 from simulator.collectives import Choice, Fabric, fabric_of
 from simulator.collectives import caps as _caps
+from simulator.collectives import nccl_tree as _nccl_tree
+from simulator.collectives import ring as _ring
+from simulator.collectives import tuner as _tuner
 from simulator.collectives.protocols import PROTOCOLS, base_latency, hop_latency
 from simulator.collectives.tuner import predict
 from simulator.engine.core import simulate
@@ -90,11 +94,20 @@ def main() -> None:
     ap.add_argument("--sizes", default="1MiB,16MiB,256MiB,1GiB")
     ap.add_argument("--protocols", default="Simple,LL128,LL")
     ap.add_argument("--algos", default="ring,tree")
+    ap.add_argument("--topologies", default=",".join(f"{n}:{k}" for n, k in TOPOLOGIES),
+                    help="preset:nodes,... (default: all five)")
+    ap.add_argument("--max-slices", type=int, default=None,
+                    help="what if a channel held more chunks than the simulator's bound (ring.MAX_SLICES, 64): "
+                         "NCCL's 512 KiB steps need size / channels / 512 KiB; ops and simulation time grow with it")
     args = ap.parse_args()
+    if args.max_slices is not None:  # a what-if on the module constant the builders and the tuner read
+        for module in (_ring, _nccl_tree, _tuner):
+            module.MAX_SLICES = args.max_slices
+    topologies = [(name, int(nodes)) for name, nodes in (t.split(":") for t in args.topologies.split(","))]
     sizes = [int(parse_bytes(s)) for s in args.sizes.split(",")]
     print(f"{'topology':12} {'bytes':>11} {'choice':14} {'ch':>3} {'engine_ms':>10} {'tuner_ms':>10} "
           f"{'eng/tun':>8} {'busbw_eng':>9} {'busbw_tun':>9} {'nccl_ms':>9} {'eng/nccl':>8} {'ops':>7} {'sim_s':>6}")
-    for name, nodes in TOPOLOGIES:
+    for name, nodes in topologies:
         cluster = load_topology(name, {"nodes": nodes})
         fabric = fabric_of(cluster)
         p = len(cluster.ranks)
