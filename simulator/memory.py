@@ -8,26 +8,22 @@ Pure: no simpy, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import compress
-from operator import attrgetter
-from typing import Protocol
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from simulator.schedule import Op, Schedule
+from simulator.schedule import Schedule
 
-__all__ = ["Timed", "peak_memory", "timeline_peaks"]
+__all__ = ["peak_memory", "timeline_peaks"]
 
 
-def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None = None,
-                ops: Sequence[Op] | None = None) -> list[float]:
+def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None = None) -> list[float]:
     """Peak bytes of every rank. ``times[op_id] = (start, end)`` (e.g. from the engine's timeline) of at least the
-    ops that allocate or free buffers; ``ops``: the schedule's ops to read (default all; with ``times``, those
-    that allocate or free, in schedule order, are enough)."""
+    ops that allocate or free buffers."""
     events: list[list[tuple[float, int, str, float]]] = [[] for _ in range(sched.ranks)]
     sizes: list[dict[str, float]] = [dict(sched.initial.get(r, {})) for r in range(sched.ranks)]
     live = [sum(s.values()) for s in sizes]
     clock = [0.0] * sched.ranks
-    for op in sched.ops if ops is None else ops:
+    for op in sched.ops:
         if times is not None and not op.alloc and not op.free:
             continue  # holds nothing: its times do not matter (and ``times`` may leave it out)
         if times is None:
@@ -57,17 +53,8 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
     return peaks
 
 
-class Timed(Protocol):
-    """A simulation's result (:class:`simulator.engine.core.SimResult`): the (start, end) of the ops asked for."""
-
-    def op_times(self, ids: Iterable[int]) -> dict[int, tuple[float, float]]: ...
-
-
-_HOLDS = attrgetter("alloc", "free")
-
-
-def timeline_peaks(sched: Schedule, result: Timed) -> list[float]:
-    """Peak bytes of every rank, from a simulation's op times: only the ops that allocate or free buffers (a few
-    per rank, of millions of ops) are looked up."""
-    holders = list(compress(sched.ops, map(any, map(_HOLDS, sched.ops))))
-    return peak_memory(sched, result.op_times(op.id for op in holders), holders)
+def timeline_peaks(sched: Schedule, timeline: Iterable[Any]) -> list[float]:
+    """Peak bytes of every rank, from a simulated timeline (records with ``op``, ``start``, ``end``): only the ops
+    that allocate or free buffers are looked up."""
+    held = {op.id for op in sched.ops if op.alloc or op.free}
+    return peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in timeline if rec.op in held})

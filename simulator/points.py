@@ -273,7 +273,7 @@ def result_numbers(sched: Schedule, result: SimResult) -> dict[str, Any]:
     """What a row takes from one simulated schedule: latency_s, compute_s and comm_s (the critical rank's),
     bytes_moved and the per-rank memory ``peaks``."""
     with gc_paused():  # millions of live ops and records: a collection would walk them all for nothing
-        peaks = timeline_peaks(sched, result)
+        peaks = timeline_peaks(sched, result.timeline)
         compute_s, comm_s = result.critical_split()
         moved = result.bytes_sent()
     return {"latency_s": result.makespan, "compute_s": compute_s, "comm_s": comm_s, "bytes_moved": moved,

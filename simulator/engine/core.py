@@ -31,7 +31,7 @@ once the run is over.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, compress
@@ -89,7 +89,7 @@ class SimResult:
 
     @property
     def makespan(self) -> float:
-        return max(self.end_time.values(), default=0.0)  # each rank's last end: the timeline's latest end
+        return max(self.end_time.values(), default=0.0)  # each rank's last end: the timeline's latest end, at once
 
     def critical_rank(self) -> int:
         """The rank that finishes last (the lowest such rank on a tie); 0 when nothing ran."""
@@ -107,31 +107,12 @@ class SimResult:
         if not self.end_time:
             return 0.0, 0.0
         rank = self.critical_rank()
-        tl = self.timeline
-        mine = map(tl.__getitem__, np.flatnonzero(self.record_ranks() == rank).tolist())  # in timeline order
-        compute = sum(rec.end - rec.start for rec in mine if rec.kind in COMPUTE_KINDS)
+        compute = sum(rec.end - rec.start for rec in self.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
         return compute, self.end_time[rank] - compute
 
     def bytes_sent(self) -> float:
         """Every byte every send moved."""
-        tl = self.timeline
-        return sum(compress(map(_REC_NBYTES, tl), map("send".__eq__, map(_REC_KIND, tl))))
-
-    def op_times(self, ids: Iterable[int]) -> dict[int, tuple[float, float]]:
-        """(start, end) of those of ops ``ids`` that ran, looked up without a Python pass over the timeline."""
-        tl = self.timeline
-        ops = np.fromiter(map(_REC_OP, tl), dtype=np.int64, count=len(tl))
-        pos = np.full(int(ops.max()) + 1 if len(ops) else 0, -1, dtype=np.int64)
-        pos[ops] = np.arange(len(ops), dtype=np.int64)
-        at = [(i, int(pos[i])) for i in ids if 0 <= i < len(pos)]
-        return {i: (tl[k].start, tl[k].end) for i, k in at if k >= 0}
-
-    def record_ranks(self) -> np.ndarray:
-        """Every record's rank, in timeline order (filters by rank without a Python pass over the records)."""
-        return np.fromiter(map(_REC_RANK, self.timeline), dtype=np.int64, count=len(self.timeline))
-
-
-_REC_RANK, _REC_OP, _REC_KIND, _REC_NBYTES = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(6)
+        return sum(rec.nbytes for rec in self.timeline if rec.kind == "send")
 
 
 class _Run:

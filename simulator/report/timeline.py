@@ -76,8 +76,7 @@ def bound_timeline(frame: pd.DataFrame, resolution: int = RESOLUTION) -> pd.Data
 def _run_frame(label: str, result: SimResult, limit: int) -> pd.DataFrame:
     critical = result.critical_rank()
     keep = set(shown_ranks(result.ranks, critical, limit))
-    tl = result.timeline  # only shown ranks' records, picked by an array filter (no Python pass over all of them)
-    recs = [tl[i] for i in np.flatnonzero(np.isin(result.record_ranks(), sorted(keep))).tolist()]
+    recs = [r for r in result.timeline if r.rank in keep]  # one pass over the ops; only shown ranks are kept
     return pd.DataFrame({
         "algorithm": label, "rank": [r.rank for r in recs], "kind": [r.kind for r in recs],
         "name": [r.name for r in recs], "start_s": [r.start for r in recs], "end_s": [r.end for r in recs],
