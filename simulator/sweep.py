@@ -178,9 +178,7 @@ def _poll_process(pid: int) -> None:
     while True:
         try:
             os.kill(pid, 0)
-        except ProcessLookupError:
-            os._exit(1)
-        except PermissionError:  # alive, another user's (the pid was reused)
+        except (ProcessLookupError, PermissionError):  # gone, or its pid reused by another user's process
             os._exit(1)
         time.sleep(1.0)
 
