@@ -15,7 +15,7 @@ LINKS = 6
 CAPACITY = [10.0, 20.0, 30.0, 15.0, 40.0, 25.0]
 
 routes_st = st.lists(st.integers(0, LINKS - 1), min_size=1, max_size=4).map(tuple)  # repeats: a link crossed twice
-events_st = st.lists(st.tuples(st.booleans(), routes_st, st.floats(1.0, 1e3), st.sampled_from([0.0, 0.0, 5.0])),
+events_st = st.lists(st.tuples(st.booleans(), routes_st, st.floats(1.0, 1e3), st.sampled_from([0.0, 0.0, 5.0, 12.5])),
                      min_size=1, max_size=25)
 
 

@@ -10,10 +10,10 @@ import pytest
 from conftest import ZERO_COMPUTE
 
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
-from simulator.collectives import collective, fabric_of
+from simulator.collectives import collective, fabric_of, nccl_tree
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import Choice
-from simulator.collectives.nccl_tree import btree_parent, channel_trees, dtree_parents, tree_chunks
+from simulator.collectives.nccl_tree import btree_parent, channel_trees, dtree_parents, tree_chunks, tree_step
 from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
 from simulator.collectives.tuner import predict
 from simulator.engine.core import simulate
@@ -78,53 +78,92 @@ def test_ncclS_binary_tree_and_its_mirror():
 @pytest.mark.parametrize("nbytes", [3 * MiB // 2, 48 * MiB])
 def test_uncontended_tree_on_a_mesh_is_the_pipeline_closed_form(protocol, nbytes):
     """One channel on 4 fully linked GPUs: a chain 0-1-2-3, up and down on the two directions of distinct links.
-    Chunk 0 climbs 3 hops and comes down 3, each at the protocol's per-hop latency and bytes / bandwidth; the
-    other K - 1 chunks follow one chunk time apart."""
+    NCCL's step 0 climbs 3 hops and comes down 3, each at the protocol's per-hop latency and bytes / bandwidth; the
+    other S - 1 steps follow one step time apart (S: the message over NCCL's tree chunk, whatever the ops)."""
     bw = 40e9
     got, predicted, choice = tree(mesh(4, bw), nbytes, protocol)
     assert choice == Choice("tree", protocol, 1)
-    chunks = tree_chunks(nbytes, 1)
-    assert chunks == {3 * MiB // 2: 3, 48 * MiB: 64}[nbytes]
-    chunk = nbytes / chunks * wire_factor("tree", protocol) / bw
-    want = base_latency("tree", protocol) + 6 * (hop_latency("tree", protocol, "nvlink") + chunk) \
-        + (chunks - 1) * chunk
+    steps, _ = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 4), 1)
+    assert steps == {(3 * MiB // 2, "Simple"): 3, (48 * MiB, "Simple"): 96, (3 * MiB // 2, "LL"): 48,
+                     (48 * MiB, "LL"): 1536}.get((nbytes, protocol), steps)
+    step = nbytes / steps * wire_factor("tree", protocol) / bw
+    want = base_latency("tree", protocol) + 6 * (hop_latency("tree", protocol, "nvlink") + step) \
+        + (steps - 1) * step
+    rel = REL if nbytes % steps == 0 else 1e-6  # steps whole elements: equal to the element
+    assert math.isclose(got, want, rel_tol=rel)
+    assert math.isclose(predicted, want, rel_tol=rel)
+
+
+@pytest.mark.parametrize("protocol", ["LL", "Simple"])
+def test_uncontended_tree_on_a_line_of_unequal_links_is_the_closed_form(protocol):
+    """Five GPUs in a line, the last link the slowest, a message overhead on every transfer, a chunk per step (8
+    steps: one op per step and connection): the pipeline's steps follow each other at the slowest stage's pace (its
+    bytes and the overhead)."""
+    bws = [50e9, 80e9, 30e9, 20e9]
+    overhead = 2e-6
+    nbytes = int(8 * tree_step(1 << 30, 1, protocol, 1, 5))
+    got, predicted, _ = tree(line(bws, overhead="2 us"), nbytes, protocol)
+    steps, chunks = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 5), 1)
+    assert steps == chunks == 8
+    size = nbytes / steps * wire_factor("tree", protocol)
+    hop = max(overhead, hop_latency("tree", protocol, "nvlink"))
+    want = (base_latency("tree", protocol) + 2 * sum(hop + size / bw for bw in bws)
+            + (steps - 1) * (overhead + size / min(bws)))
     assert math.isclose(got, want, rel_tol=REL)
     assert math.isclose(predicted, want, rel_tol=REL)
 
 
 @pytest.mark.parametrize("protocol", ["LL", "Simple"])
-def test_uncontended_tree_on_a_line_of_unequal_links_is_the_closed_form(protocol):
-    """Five GPUs in a line, the last link the slowest, a message overhead on every transfer: the pipeline's
-    chunks follow each other at the slowest stage's pace (its bytes and the overhead)."""
-    bws = [50e9, 80e9, 30e9, 20e9]
-    overhead = 2e-6
-    nbytes = 64 * 512 * 1024 * 3
-    got, predicted, _ = tree(line(bws, overhead="2 us"), nbytes, protocol)
-    chunks = tree_chunks(nbytes, 1)
-    size = nbytes / chunks * wire_factor("tree", protocol)
-    hop = max(overhead, hop_latency("tree", protocol, "nvlink"))
-    want = (base_latency("tree", protocol) + 2 * sum(hop + size / bw for bw in bws)
-            + (chunks - 1) * (overhead + size / min(bws)))
-    assert math.isclose(got, want, rel_tol=REL)
-    assert math.isclose(predicted, want, rel_tol=REL)
+def test_the_tuner_prices_a_chunks_three_ops_as_the_engine_runs_them(protocol):
+    """The same line with a message overhead and link latencies, and many steps a chunk: each of a chunk's first,
+    middle and last ops pays the message's fixed seconds once (NCCL's steps in flight hide a step's latency), and
+    the tuner's longest path over the three ops is the engine's time."""
+    nbytes = 3 * 64 * 512 * 1024
+    got, predicted, _ = tree(line([50e9, 80e9, 30e9, 20e9], overhead="2 us", lat="0.5 us"), nbytes, protocol)
+    steps, chunks = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 5), 1)
+    assert steps > 2 * chunks
+    assert math.isclose(got, predicted, rel_tol=REL)
 
 
 def test_reductions_are_a_stage_of_the_pipeline():
-    """On a device whose memory is slower than the links, every rank's reduction of a chunk (reading two operands,
+    """On a device whose memory is slower than the links, every rank's reduction of a step (reading two operands,
     writing one) paces the pipeline: the engine and the closed form agree."""
     slow = {**ZERO_COMPUTE, "mem_bw": "30 GB/s"}
     nbytes = 24 * MiB
     got, predicted, _ = tree(line([50e9, 50e9, 50e9], device=slow), nbytes, "Simple")
-    chunks = tree_chunks(nbytes, 1)
-    link = nbytes / chunks / 50e9
-    reduce = 3 * nbytes / chunks / 30e9
+    steps, _ = tree_chunks(nbytes, tree_step(nbytes, 1, "Simple", 1, 4), 1)
+    link = nbytes / steps / 50e9
+    reduce = 3 * nbytes / steps / 30e9
     assert reduce > link
-    # chunk 0 up 3 hops with a reduction after each, the others one reduction apart behind it at the root, the last
+    # step 0 up 3 hops with a reduction after each, the others one reduction apart behind it at the root, the last
     # one down 3 hops (no per-hop latency: the pipeline is full)
     want = base_latency("tree", "Simple") + 3 * (hop_latency("tree", "Simple", "nvlink") + link + reduce) \
-        + (chunks - 1) * reduce + 3 * link
+        + (steps - 1) * reduce + 3 * link
     assert math.isclose(got, want, rel_tol=REL)
     assert math.isclose(predicted, want, rel_tol=REL)
+
+
+@pytest.mark.parametrize("case", ["line", "slow-memory", "two-servers"])
+def test_a_chunks_first_middle_and_last_ops_run_as_its_steps_one_op_each(case, monkeypatch):
+    """The split (simulator.collectives.steps) against simulating every NCCL step as an op of its own (the chunk
+    bound lifted): the same makespan where stages run at their own pace and steps pay no fixed seconds (a line of
+    unequal links; reductions slower than the links). On two servers of 4 GPUs (two trees, one channel) each rank's
+    reductions of both trees share its compute stream, where a middle op holds it for all its steps at once:
+    within 0.5 %."""
+    if case == "line":
+        cluster, n, elem = line([50e9, 80e9, 30e9, 20e9]), 12 * MiB, 1
+    elif case == "slow-memory":
+        cluster, n, elem = line([50e9, 50e9, 50e9], device={**ZERO_COMPUTE, "mem_bw": "30 GB/s"}), 9 * MiB, 1
+    else:  # no fixed seconds on any link: every step would pay them, the three ops once each
+        zero = {k: "0 s" for k in ("intra_latency", "pcie_latency", "nic_latency", "fabric_latency")}
+        cluster, n, elem = load_topology("dgx-h100", {"nodes": 2, "gpus_per_node": 4, **zero}), 12 * MiB, 2
+    split, _, _ = tree(cluster, n, "Simple", elem_bytes=elem)
+    steps = math.ceil(n * elem / tree_step(n * elem, 1, "Simple", 2, 8))
+    assert steps > 2 * tree_chunks(n * elem, tree_step(n * elem, 1, "Simple", 2, 8), 2)[1]  # middles ran
+    monkeypatch.setattr(nccl_tree, "TREE_CHUNKS", 2 * steps)
+    assert tree_chunks(n * elem, tree_step(n * elem, 1, "Simple", 2, 8), 2) == (steps, steps)
+    each, _, _ = tree(cluster, n, "Simple", elem_bytes=elem)
+    assert math.isclose(split, each, rel_tol=5e-3 if case == "two-servers" else REL), (split, each)
 
 
 def test_up_and_down_run_at_once():

@@ -18,25 +18,33 @@ from simulator.collectives.base import chunk_bounds
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import Choice
 from simulator.collectives.fabric import Fabric
-from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time, pipeline_time_arrays, tree_chunks
+from simulator.collectives.nccl_tree import (
+    Tree,
+    channel_trees,
+    pipeline_time,
+    pipeline_time_arrays,
+    tree_chunks,
+    tree_step,
+)
 from simulator.collectives.protocols import PROTOCOLS, base_latency, hop_latency, wire_factor
 from simulator.collectives.tuner import predict
 
 
 @st.composite
-def trees(draw: st.DrawFn) -> tuple[Tree, dict[int, tuple[float, float]], dict[int, tuple[float, float]],
-                                    dict[int, float], int]:
-    """A random tree over shuffled rank labels, random stages (some reductions none) and a chunk count."""
+def trees(draw: st.DrawFn) -> tuple[Tree, dict[int, tuple[float, float, float]],
+                                    dict[int, tuple[float, float, float]], dict[int, float], list[int]]:
+    """A random tree over shuffled rank labels, random stages (fixed seconds, the first message's, a step's; some
+    reductions none) and chunks of random step counts."""
     n = draw(st.integers(2, 40))
     labels = draw(st.permutations(range(100, 100 + n)))
     parent = {labels[i]: labels[draw(st.integers(0, i - 1))] for i in range(1, n)}
     tree = Tree.of(labels[0], parent)
     secs = st.floats(0.0, 1e-3, allow_subnormal=False)
-    stage = st.tuples(secs, secs)
+    stage = st.tuples(secs, secs, secs).map(lambda s: (s[0], s[0] + s[1], s[2]))
     up = {r: draw(stage) for r in parent}
     down = {r: draw(stage) for r in parent}
     reduce = {r: draw(st.sampled_from([0.0, 1e-6, draw(secs)])) for r, kids in tree.children.items() if kids}
-    return tree, up, down, reduce, draw(st.integers(1, 70))
+    return tree, up, down, reduce, draw(st.lists(st.integers(1, 70), min_size=1, max_size=8))
 
 
 @settings(max_examples=200, deadline=None)
@@ -51,11 +59,13 @@ def test_pipeline_over_arrays_is_the_per_rank_recursion(case) -> None:
         depth[i] = depth[parent[i]] + 1
     levels = [np.flatnonzero(np.array(depth) == d) for d in range(max(depth) + 1)]
 
-    def column(stages: dict[int, tuple[float, float]], j: int) -> np.ndarray:
-        return np.array([0.0] + [stages[r][j] for r in order[1:]])
+    def columns(stages: dict[int, tuple[float, float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        a, b, c = (np.array([0.0] + [stages[r][j] for r in order[1:]]) for j in range(3))
+        return a, b, c
 
-    arrays = pipeline_time_arrays(parent, levels, chunks, (column(up, 0), column(up, 1)),
-                                  (column(down, 0), column(down, 1)), np.array([reduce.get(r, 0.0) for r in order]))
+    kids = np.array([bool(tree.children[r]) for r in order])
+    arrays = pipeline_time_arrays(parent, levels, chunks, columns(up), columns(down),
+                                  np.array([reduce.get(r, 0.0) for r in order]), kids)
     assert arrays == pipeline_time(tree, chunks, up, down, reduce)
 
 
@@ -83,18 +93,20 @@ def reference_tree(cluster: Cluster, fabric: Fabric, ranks: list[int], n: int, c
     wire = wire_factor(family, choice.protocol)
     cap = fabric_cap(fabric, "allreduce", family, choice.protocol, ranks, c) * wire
     spec = cluster.specs[nodes[ranks[0]]]
+    step = tree_step(n * elem_bytes, c, choice.protocol, len({fabric.hosts[r] for r in ranks}), len(ranks))
 
-    def stage(a: int, b: int, nbytes: float, rate: float) -> tuple[float, float]:
+    def stage(a: int, b: int, nbytes: float, rate: float) -> tuple[float, float, float]:
         fixed = cluster.message_overhead_s + cluster.route_latency(cluster.route(nodes[a], nodes[b]))
         hop = max(fixed, hop_latency(family, choice.protocol, fabric.hw(a, b), cluster.nccl_latency))
-        return hop + nbytes / rate, fixed + nbytes / rate
+        return fixed, hop, nbytes / rate
 
     load = [0.0] * len(capacity)
     busy, fills = 0.0, []
     for k, (lo, hi) in enumerate(chunk_bounds(n, c)):
         tcap = cap / (2 * len(shape[k]))
         for tree, (a, z) in zip(shape[k], chunk_bounds(hi - lo, len(shape[k])), strict=True):
-            chunks = tree_chunks((z - a) * elem_bytes, len(shape[k]))
+            chunks, count = tree_chunks((z - a) * elem_bytes, step, len(shape[k]))  # priced step by step
+            per_chunk = [len(range(i, chunks, count)) for i in range(count)]  # each chunk's steps: S/K, +1 first
             elems = (z - a) / chunks
             size = elems * elem_bytes * wire
             one = compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False, fn="reduce-sum")
@@ -108,8 +120,8 @@ def reference_tree(cluster: Cluster, fabric: Fabric, ranks: list[int], n: int, c
                 continue
             busy = max(busy, chunks * size / tcap, chunks * one * max(reductions.values()))
             reduce = {r: one * len(kids) for r, kids in tree.children.items() if kids}
-            alone = pipeline_time(tree, chunks, up, down, reduce)
-            slowest = max(*(d for _, d in up.values()), *(d for _, d in down.values()), *reduce.values())
+            alone = pipeline_time(tree, per_chunk, up, down, reduce)
+            slowest = max(*(d for _, _, d in up.values()), *(d for _, _, d in down.values()), *reduce.values())
             fills.append((alone, alone - chunks * slowest))
     bound = max(busy, *(x / c_ for x, c_ in zip(load, capacity, strict=True)))
     return max(max(alone, bound + fill) for alone, fill in fills)

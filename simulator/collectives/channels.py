@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.fabric import Fabric
-from simulator.collectives.nccl_tree import channel_trees, tree_allreduce
+from simulator.collectives.nccl_tree import channel_trees, tree_allreduce, tree_step
 from simulator.collectives.protocols import base_latency, hop_latency, step_payload, wire_factor
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
 from simulator.collectives.trees import recursive_doubling_allreduce
@@ -91,6 +91,9 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
     if choice.algo in ("ring", "tree"):  # NCCL's own algorithms: its per-channel caps (collectives.caps)
         cap = fabric_cap(fabric, operation, family, choice.protocol, ranks, choice.channels)
         b.cap = cap if math.isfinite(cap) else 0.0
+    if choice.algo == "tree":
+        b.slice_bytes = tree_step(n * elem_bytes, choice.channels, choice.protocol,
+                                  len({hosts[r] for r in ranks}), len(ranks))
     rings = fabric.rings(ranks, choice.channels)
     start = dict(b.front)
     ends: dict[int, tuple[int, ...]] = {r: () for r in ranks}

@@ -33,19 +33,22 @@ exactly when no two stages share a link and reductions take no time.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.fabric import Fabric
-from simulator.collectives.ring import MAX_SLICES, PIPELINE_SLICE_BYTES
-from simulator.schedule import Op, fused_reduce_op, transfer_ops
+from simulator.collectives.protocols import step_payload
+from simulator.collectives.steps import chunk_steps, parts, pipeline_steps
+from simulator.schedule import Op, compute_op, transfer_ops
 
 __all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
-           "pipeline_time_arrays", "tree_allreduce", "tree_chunks"]
+           "pipeline_time_arrays", "pipeline_time_lists", "tree_allreduce", "tree_chunks", "tree_step"]
+
+TREE_CHUNKS = 8  # a channel's chunks at most (its trees share them): op groups, not NCCL's steps (see .steps)
 
 
 @dataclass(frozen=True)
@@ -127,79 +130,150 @@ def channel_trees(fabric: Fabric, ring: Sequence[int], c: int) -> list[Tree]:
     return trees
 
 
-def tree_chunks(nbytes: float, trees: int) -> int:
-    """Chunks a tree of ``trees`` pipelines ``nbytes`` of payload in: NCCL's 512 KiB, at most 64 per channel."""
-    return min(max(1, MAX_SLICES // trees), max(1, math.ceil(nbytes / PIPELINE_SLICE_BYTES)))
+def tree_step(nbytes: float, channels: int, protocol: str, nodes: int, ranks: int) -> float:
+    """Payload bytes of one step of NCCL's tree: its chunk (``src/enqueue.cc``, NCCL 2.2x): a step of the
+    protocol's channel buffer (:func:`.protocols.step_payload`); with LL128, halved while the message gives a
+    channel fewer than ``nsteps x 64 / ppn`` chunks (down to 128 KiB) and then ``nsteps x 16 / ppn`` (down to 32 KiB),
+    ``nsteps = 1 + log2(nodes) + 0.1 ppn`` (``ppn``: ranks per node; integer division on the left, as NCCL's)."""
+    chunk = step_payload(protocol)
+    if protocol == "LL128":
+        ppn = ranks / nodes
+        nsteps = 1 + (nodes.bit_length() - 1) + 0.1 * ppn
+        while nbytes // (channels * chunk) < nsteps * 64 / ppn and chunk > 131072:
+            chunk /= 2
+        while nbytes // (channels * chunk) < nsteps * 16 / ppn and chunk > 32768:
+            chunk /= 2
+    return chunk
+
+
+def tree_chunks(nbytes: float, step: float, trees: int) -> tuple[int, int]:
+    """(steps, chunks) of one of ``trees`` trees' pipeline of ``nbytes`` in steps of ``step`` bytes: at most
+    ``TREE_CHUNKS`` chunks a channel (:func:`.steps.pipeline_steps`; each chunk's steps are three ops)."""
+    return pipeline_steps(nbytes, step, max(1, TREE_CHUNKS // trees))
 
 
 def tree_allreduce(b: CollBuilder, trees: Sequence[Tree]) -> None:
-    """``b``'s range allreduced over ``trees``, tree i taking the i-th of equal parts (module docstring)."""
+    """``b``'s range allreduced over ``trees``, tree i taking the i-th of equal parts (module docstring), in steps
+    of ``b.slice_bytes`` (:func:`tree_step`)."""
     if b.n == 0:
         return
     start = {r: b.front[r] for r in trees[0].order}
     ends: dict[int, list[int]] = {r: [] for r in start}
     for tree, (lo, hi) in zip(trees, chunk_bounds(b.n, len(trees)), strict=True):
         if hi > lo:
-            chunks = tree_chunks((hi - lo) * b.elem_bytes, len(trees))
-            for r, ops in _pipeline(b, tree, lo, hi, start, chunks, len(trees)).items():
+            steps, chunks = tree_chunks((hi - lo) * b.elem_bytes, b.slice_bytes, len(trees))
+            for r, ops in _pipeline(b, tree, lo, hi, start, steps, chunks, len(trees)).items():
                 ends[r] += ops
     for r in start:  # in place: a channel's view shares its builder's frontier
         b.front[r] = tuple(dict.fromkeys(ends[r])) or start[r]
 
 
 def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, tuple[int, ...]],
-              chunks: int, trees: int) -> dict[int, list[int]]:
-    """One of ``trees`` trees' pipeline over elements ``lo:hi`` of ``b``'s range; returns every rank's last ops.
+              steps: int, chunks: int, trees: int) -> dict[int, list[int]]:
+    """One of ``trees`` trees' pipeline over elements ``lo:hi`` of ``b``'s range, ``steps`` steps in ``chunks``
+    chunks, each chunk's steps as its first, middle and last (:mod:`.steps`); returns every rank's last ops.
 
-    The ops are built whole and appended at once (:meth:`Schedule.extend`): the same ops, ids and order as one
-    ``add_transfer`` / ``add_compute`` per connection and chunk."""
+    Per part of a chunk, the ops of a chunk as one step would be: a rank's send up after its reductions and its
+    previous send up, its parent's reduction after the receive, sends down once the rank holds the part. A first
+    part also waits for its connection's previous chunk; a middle part waits only for its own first part (each
+    op of it after the same op of the first part); a last part also waits for the same op of the middle (or first)
+    part, and carries the chunk's data (buffers, reductions). Built whole and appended at once
+    (:meth:`Schedule.extend`)."""
     sched, size = b.sched, b.elem_bytes * b.wire
     cap = float(b.cap * b.wire / (2 * trees))  # a direction: half of a tree's threads; the trees share the channel's
-    up_last: dict[int, int] = {}  # rank -> its last send up
+    up_last: dict[int, int] = {}  # rank -> its last send up (the previous chunk's)
     down_last: dict[int, int] = {}  # child -> its parent's last send to it
     got: dict[int, int] = {}  # rank -> its receive of the final chunk
+    red_end: dict[int, tuple[int, ...]] = {}  # rank -> the end of its reductions of the previous part
     bottom_up = tree.order[::-1]
     parent, children, hop_s, tag, args = tree.parent, tree.children, b.hop_s, b.tag, (b.buf,)
     red_name, red_fn, dtype, buf, elem = f"{b.tag}.reduce", f"reduce-{b.op}", b.dtype, b.buf, b.elem_bytes
     ops: list[Op] = []
     add = ops.append
     nid = len(sched.ops)
-    for k, (a, z) in enumerate(chunk_bounds(hi - lo, chunks)):
+    for k, (a, z, g) in enumerate(chunk_steps(hi - lo, steps, chunks)):
         if z == a:
             continue
         clo, chi = b.offset + lo + a, b.offset + lo + z
-        nbytes = float((chi - clo) * size)
-        flops, red_bytes = float(chi - clo), float(3.0 * (chi - clo) * elem)
-        first = k == 0 and hop_s is not None
-        acc: dict[int, tuple[int, ...]] = {}  # rank -> ops after which it holds its subtree's sum of the chunk
-        sent: dict[int, int] = {}
-        for r in bottom_up:
-            q = parent.get(r)
-            if q is None:
-                continue
-            deps = acc.get(r, start[r])
-            snd, rcv = nid, nid + 1
-            send, recv = transfer_ops(
-                snd, r, q, nbytes, tag, (*deps, up_last[r]) if r in up_last else deps, start[q], args,
-                (f"{tag}.tmp{clo}.{r}",), clo, chi, tag, False, hop_s(r, q) if first else 0.0, cap)  # type: ignore[misc]
-            add(send)
-            add(recv)
-            up_last[r] = sent[r] = snd
-            add(fused_reduce_op(nid + 2, q, red_name, flops, red_bytes, dtype, (rcv, *acc.get(q, start[q])),
-                                red_fn, buf, recv.args, clo, chi, tag))
-            acc[q] = (nid + 2,)
-            nid += 3
-        for r in tree.order:
-            have = acc[tree.root] if r == tree.root else (got[r],)
-            for ch in children[r]:
-                deps = (*have, down_last[ch]) if ch in down_last else have
-                send, recv = transfer_ops(
-                    nid, r, ch, nbytes, tag, deps, (sent[ch],), args, args, clo, chi, tag, True,
-                    hop_s(r, ch) if first else 0.0, cap)  # type: ignore[misc]
+        before: dict[tuple[str, int], int] = {}  # the previous part's op per stage: (what, rank) -> op id
+        for part in parts(g):
+            share = part.steps / g
+            nbytes = float((chi - clo) * size * share)
+            flops, red_bytes = float((chi - clo) * share), float(3.0 * (chi - clo) * elem * share)
+            data, middle = part.last, part.middle
+            sargs: tuple[str, ...] = args if data else ()
+            rfn, rout = (red_fn, buf) if data else ("", "")
+            mine: dict[tuple[str, int], int] = {}
+            acc: dict[int, tuple[int, ...]] = {}  # rank -> ops after which it holds its subtree's sum of the part
+            sent: dict[int, int] = {}
+            part_got: dict[int, int] = {}
+            for r in bottom_up:
+                q = parent.get(r)
+                if q is None:
+                    continue
+                if middle:
+                    send_deps: tuple[int, ...] = (before["up", r],)
+                    recv_deps: tuple[int, ...] = (before["upr", r],)
+                    floor = 0.0
+                else:
+                    prev = (before["up", r],) if part.last and before else ((up_last[r],) if r in up_last else ())
+                    send_deps, recv_deps = (*acc.get(r, start[r]), *prev), start[q]
+                    if part.last and before:
+                        recv_deps = (*recv_deps, before["upr", r])
+                    floor = hop_s(r, q) if k == 0 and part.first and hop_s is not None else 0.0
+                tmp = (f"{tag}.tmp{clo}.{r}",) if data else ()
+                send, recv = transfer_ops(nid, r, q, nbytes, tag, send_deps, recv_deps, sargs, tmp, clo, chi, tag,
+                                          False, floor, cap)
                 add(send)
                 add(recv)
-                down_last[ch], got[ch] = nid, nid + 1
+                mine["up", r], mine["upr", r] = nid, nid + 1
+                sent[r] = nid
                 nid += 2
+                if not middle:  # q's reductions of the part, one child after the other, after its previous part's
+                    deps = acc.get(q) or (*start[q], *red_end.get(q, ()))
+                    add(compute_op(nid, q, red_name, flops, red_bytes, dtype, (nid - 1, *deps), rfn, rout, tmp, clo,
+                                   chi, tag, fused=True))
+                    acc[q] = (nid,)
+                    nid += 1
+            if middle:  # a rank's reductions of the middle steps, all its children's, as one op after its first's
+                for q in bottom_up:
+                    kids = len(children[q])
+                    if kids:
+                        add(compute_op(nid, q, red_name, flops * kids, red_bytes * kids, dtype, red_end[q], "", "", (),
+                                       clo, chi, tag, fused=True))
+                        red_end[q] = (nid,)
+                        nid += 1
+            else:
+                red_end.update(acc)
+            for r in tree.order:
+                have = () if middle else acc[tree.root] if r == tree.root else (part_got[r],)
+                for ch in children[r]:
+                    if middle:
+                        send_deps, recv_deps = (before["down", ch],), (before["downr", ch],)
+                        floor = 0.0
+                    else:
+                        if part.last and before:
+                            send_deps = (*have, before["down", ch])
+                            recv_deps = (sent[ch], before["downr", ch])
+                        else:
+                            send_deps = (*have, down_last[ch]) if ch in down_last else have
+                            recv_deps = (sent[ch],)
+                        floor = hop_s(r, ch) if k == 0 and part.first and hop_s is not None else 0.0
+                    send, recv = transfer_ops(nid, r, ch, nbytes, tag, send_deps, recv_deps, sargs, sargs, clo, chi,
+                                              tag, True, floor, cap)
+                    add(send)
+                    add(recv)
+                    mine["down", ch], mine["downr", ch] = nid, nid + 1
+                    part_got[ch] = nid + 1
+                    nid += 2
+            before = mine
+        for key, oid in before.items():  # the chunk's last part
+            if key[0] == "up":
+                up_last[key[1]] = oid
+            elif key[0] == "down":
+                down_last[key[1]] = oid
+            elif key[0] == "downr":
+                got[key[1]] = oid
     sched.extend(ops)
     last: dict[int, list[int]] = {r: [] for r in tree.order}
     for r, snd in up_last.items():
@@ -210,87 +284,129 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
     return last
 
 
-Stage = tuple[float, float]  # (seconds of chunk 0, seconds of every later chunk)
+_T = TypeVar("_T", float, np.ndarray)
+Stage = tuple[float, float, float]  # a connection's (fixed seconds of a message, of the pipeline's first, a step's)
 
 
-def pipeline_time(tree: Tree, chunks: int, up: Mapping[int, Stage], down: Mapping[int, Stage],
-                  reduce: Mapping[int, float]) -> float:
-    """Seconds from the launch until the last chunk has reached every rank (module docstring's closed form).
-
-    ``up[r]``: the stage of r's connection to its parent; ``down[r]``: of its parent's connection to r;
-    ``reduce[r]``: seconds r's reductions of one chunk take (a stage of its own between its children's sends
-    and its own; absent: none).
-    """
-    k2 = chunks - 2
-
-    def stage(pred: tuple[float, float, float], first: float, later: float) -> tuple[float, float, float]:
-        # the latest a path of (chunk, stage) cells reaches the end of this stage with chunk 0, 1 and K - 1
-        a = pred[0] + first
-        b1 = max(pred[1], a) + later
-        return a, b1, max(pred[2] + later, b1 + k2 * later)
-
-    zero = (0.0, 0.0, 0.0)
-    ends: dict[int, tuple[float, float, float]] = {}  # rank -> once its sum of a chunk is complete
-    for r in reversed(tree.order):
-        kids = tree.children[r]
-        pred = zero
-        if kids:
-            pred = (max(ends[c][0] for c in kids), max(ends[c][1] for c in kids), max(ends[c][2] for c in kids))
-            if reduce.get(r, 0.0) > 0.0:
-                pred = stage(pred, reduce[r], reduce[r])
-        ends[r] = stage(pred, *up[r]) if r in tree.parent else pred
-    have = {tree.root: ends[tree.root]}
-    for r in tree.order[1:]:
-        have[r] = stage(have[tree.parent[r]], *down[r])
-    return max(v[0] if chunks == 1 else v[2] for v in have.values())
+def _part(prev: float, pred_first: float, pred_last: float, first: float, middle: float, last: float,
+          g: int) -> tuple[float, float]:
+    """(end of its first op, end of its last op) of a stage's chunk of ``g`` steps (:mod:`.steps`): the first op
+    after the stage's previous chunk (``prev``) and its predecessors' first ops; the middle right after it; the last
+    after the middle and the predecessors' last ops. ``first``, ``middle``, ``last``: the three ops' seconds."""
+    f = max(prev, pred_first) + first
+    if g == 1:
+        return f, f
+    return f, max(f + middle if g > 2 else f, pred_last) + last
 
 
-Stages = tuple[np.ndarray, np.ndarray]  # per position: seconds of chunk 0, of every later chunk
+def _costs(stage: tuple[_T, _T, _T], first_chunk: bool, inner: float) -> tuple[_T, _T, _T]:
+    """A connection's first, middle and last ops' seconds in a chunk of ``inner + 2`` steps: each pays the message's
+    fixed seconds once (the pipeline's very first its latency floor too) and its steps' bytes."""
+    fixed, first, step = stage
+    return (first if first_chunk else fixed) + step, fixed + inner * step, fixed + step
 
 
-def pipeline_time_arrays(parent: np.ndarray, levels: Sequence[np.ndarray], chunks: int, up: Stages, down: Stages,
-                         reduce: np.ndarray) -> float:
-    """:func:`pipeline_time` over arrays, one tree level at a time (the same operations on the same numbers).
-
-    Positions index the tree's ranks top-down (0: the root); ``parent[p]``: p's parent's position; ``levels[d]``:
-    the positions at depth d; ``up`` / ``down``: the stages of the connections to / from each position's parent
-    (position 0's ignored); ``reduce[p]``: seconds of p's reductions of one chunk (0: none).
-    """
-    k2 = chunks - 2
-
-    def stage(pred: tuple[np.ndarray, np.ndarray, np.ndarray], first: np.ndarray,
-              later: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        a = pred[0] + first
-        b1 = np.maximum(pred[1], a) + later
-        return a, b1, np.maximum(pred[2] + later, b1 + k2 * later)
-
+def pipeline_time_lists(parent: Sequence[int], chunks: Sequence[int], up: Sequence[Stage], down: Sequence[Stage],
+                        reduce: Sequence[float], kids: Sequence[bool]) -> float:
+    """Seconds from the launch until the last chunk has reached every rank: the longest path of the schedule's ops
+    (module docstring), one chunk at a time. Positions index the tree's ranks top-down (0: the root, ``parent[p]``
+    p's parent's position); ``chunks``: each chunk's steps; ``up[p]`` / ``down[p]``: the connection to / from p's
+    parent (position 0's ignored); ``reduce[p]``: seconds of p's reductions of one step (all its children's);
+    ``kids[p]``: p has children (it reduces, a stage of its own, even of no time)."""
     n = len(parent)
-    ends = (np.zeros(n), np.zeros(n), np.zeros(n))  # a rank's children's latest (all ends are >= 0)
-    for depth in range(len(levels) - 1, 0, -1):
-        idx = levels[depth]
-        pred = _reduced((ends[0][idx], ends[1][idx], ends[2][idx]), reduce[idx], stage)
-        out = stage(pred, up[0][idx], up[1][idx])
-        for acc, v in zip(ends, out, strict=True):
-            np.maximum.at(acc, parent[idx], v)
-    root = _reduced((ends[0][:1], ends[1][:1], ends[2][:1]), reduce[:1], stage)
-    have = (np.empty(n), np.empty(n), np.empty(n))
-    for h, v in zip(have, root, strict=True):
-        h[0] = v[0]
-    for depth in range(1, len(levels)):
-        idx = levels[depth]
-        par = parent[idx]
-        out = stage((have[0][par], have[1][par], have[2][par]), down[0][idx], down[1][idx])
-        for h, v in zip(have, out, strict=True):
-            h[idx] = v
-    return float(have[0].max() if chunks == 1 else have[2].max())
+    prev_up, prev_red, prev_down = [0.0] * n, [0.0] * n, [0.0] * n
+    have = [0.0] * n
+    for k, g in enumerate(chunks):
+        inner = g - 2.0
+        acc_first, acc_last = [0.0] * n, [0.0] * n  # the latest of a rank's children's sends up
+        root = (0.0, 0.0)
+        for p in range(n - 1, -1, -1):  # children before parents
+            ready = (0.0, 0.0)  # a leaf holds its part from the start
+            if kids[p]:
+                r = reduce[p]
+                ready = _part(prev_red[p], acc_first[p], acc_last[p], r, inner * r, r, g)
+                prev_red[p] = ready[1]
+            if p == 0:
+                root = ready
+                break
+            f, m, last = _costs(up[p], k == 0, inner)
+            out = _part(prev_up[p], ready[0], ready[1], f, m, last, g)
+            prev_up[p] = out[1]
+            q = parent[p]
+            acc_first[q] = max(acc_first[q], out[0])
+            acc_last[q] = max(acc_last[q], out[1])
+        firsts = [root[0]] + [0.0] * (n - 1)
+        have[0] = root[1]
+        for p in range(1, n):
+            f, m, last = _costs(down[p], k == 0, inner)
+            q = parent[p]
+            firsts[p], have[p] = _part(prev_down[p], firsts[q], have[q], f, m, last, g)
+            prev_down[p] = have[p]
+    return max(have)
 
 
-def _reduced(pred: tuple[np.ndarray, np.ndarray, np.ndarray], reduce: np.ndarray,
-             stage: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``pred`` after the reductions' stage where a rank reduces (``reduce > 0``), as it is elsewhere."""
-    mask = reduce > 0.0
-    if not mask.any():
-        return pred
-    out = stage(pred, reduce, reduce)
-    return np.where(mask, out[0], pred[0]), np.where(mask, out[1], pred[1]), np.where(mask, out[2], pred[2])
+def pipeline_time(tree: Tree, chunks: Sequence[int], up: Mapping[int, Stage], down: Mapping[int, Stage],
+                  reduce: Mapping[int, float]) -> float:
+    """:func:`pipeline_time_lists` by rank: ``up[r]``, ``down[r]`` the connections to and from r's parent,
+    ``reduce[r]`` the seconds of r's reductions of one step (absent: none)."""
+    order = list(tree.order)
+    pos = {r: i for i, r in enumerate(order)}
+    zero = (0.0, 0.0, 0.0)
+    return pipeline_time_lists([-1] + [pos[tree.parent[r]] for r in order[1:]], chunks,
+                               [zero] + [up[r] for r in order[1:]], [zero] + [down[r] for r in order[1:]],
+                               [reduce.get(r, 0.0) for r in order], [bool(tree.children[r]) for r in order])
+
+
+Stages = tuple[np.ndarray, np.ndarray, np.ndarray]  # per position: fixed seconds, the first's, a step's
+
+
+def _part_arrays(prev: np.ndarray, pred_first: np.ndarray, pred_last: np.ndarray, first: np.ndarray,
+                 middle: np.ndarray, last: np.ndarray, g: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_part` over arrays."""
+    f = np.maximum(prev, pred_first) + first
+    if g == 1:
+        return f, f
+    return f, np.maximum(f + middle if g > 2 else f, pred_last) + last
+
+
+def pipeline_time_arrays(parent: np.ndarray, levels: Sequence[np.ndarray], chunks: Sequence[int], up: Stages,
+                         down: Stages, reduce: np.ndarray, kids: np.ndarray) -> float:
+    """:func:`pipeline_time_lists` over arrays, one tree level at a time (the same operations on the same numbers).
+
+    ``levels[d]``: the positions at depth d; ``up`` / ``down``: arrays of :data:`Stage`'s three numbers per position
+    (position 0's ignored); ``kids``: a boolean array.
+    """
+    n = len(parent)
+    prev_up, prev_red, prev_down = np.zeros(n), np.zeros(n), np.zeros(n)
+    have = np.zeros(n)
+    for k, g in enumerate(chunks):
+        inner = g - 2.0
+        acc_first, acc_last = np.zeros(n), np.zeros(n)
+        for depth in range(len(levels) - 1, -1, -1):
+            idx = levels[depth]
+            ready_first, ready_last = np.zeros(len(idx)), np.zeros(len(idx))
+            red = kids[idx]
+            if red.any():
+                at = idx[red]
+                r = reduce[at]
+                rf, rl = _part_arrays(prev_red[at], acc_first[at], acc_last[at], r, inner * r, r, g)
+                prev_red[at] = rl
+                ready_first[red], ready_last[red] = rf, rl
+            if depth == 0:
+                root = (ready_first, ready_last)
+                break
+            f, m, last = _costs((up[0][idx], up[1][idx], up[2][idx]), k == 0, inner)
+            of, ol = _part_arrays(prev_up[idx], ready_first, ready_last, f, m, last, g)
+            prev_up[idx] = ol
+            np.maximum.at(acc_first, parent[idx], of)
+            np.maximum.at(acc_last, parent[idx], ol)
+        firsts = np.zeros(n)
+        firsts[0], have[0] = root[0][0], root[1][0]
+        for depth in range(1, len(levels)):
+            idx = levels[depth]
+            par = parent[idx]
+            f, m, last = _costs((down[0][idx], down[1][idx], down[2][idx]), k == 0, inner)
+            df, dl = _part_arrays(prev_down[idx], firsts[par], have[par], f, m, last, g)
+            firsts[idx], have[idx] = df, dl
+            prev_down[idx] = dl
+    return float(have.max())

@@ -26,7 +26,7 @@ from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 from simulator.collectives.base import chunk_bounds
 from simulator.collectives.fabric import Fabric
-from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time_arrays, tree_chunks
+from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time_arrays, pipeline_time_lists, tree_chunks
 
 __all__ = ["TreeArrays", "TreeShape", "tree_arrays", "tree_shape", "tree_time"]
 
@@ -121,11 +121,13 @@ def tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int
 
 
 def tree_time(shape: TreeShape, n: int, elem_bytes: int, wire: float, cap: float, hop: tuple[float, float],
-              reduce_s: Callable[[float], float]) -> float:
+              reduce_s: Callable[[float], float], step: float) -> float:
     """Seconds of the tree's pipelines on every channel (``_Predictor.tree``'s two forms, the slowest), launch not
     included: ``n`` elements of ``elem_bytes``, ``wire`` bytes on the wire per payload byte, ``cap`` a channel's
     bytes/s on the wire, ``hop`` the protocol's per-hop latency (inside a server, across servers),
-    ``reduce_s(elems)`` the seconds of one reduction of ``elems`` elements."""
+    ``reduce_s(elems)`` the seconds of one reduction of ``elems`` elements, ``step`` the payload bytes of a
+    pipeline step (:func:`.nccl_tree.tree_step`). A pipeline is priced step by step: its chunks' first, middle
+    and last ops are the steps' pipeline exactly where stages run at their own pace (:mod:`.steps`)."""
     channels = len(shape.trees)
     load = np.zeros(len(shape.capacity))  # bytes every link carries
     busy = 0.0  # the longest a connection's cap or a rank's compute stream keeps it busy
@@ -136,70 +138,52 @@ def tree_time(shape: TreeShape, n: int, elem_bytes: int, wire: float, cap: float
         for t, (a, z) in zip(trees, chunk_bounds(hi - lo, len(trees)), strict=True):
             if z == a:  # adds nothing to the links' load
                 continue
-            chunks = tree_chunks((z - a) * elem_bytes, len(trees))
-            elems = (z - a) / chunks
+            steps, chunks = tree_chunks((z - a) * elem_bytes, step, len(trees))
+            q, extra = divmod(steps, chunks)  # each chunk's steps, as the builder cuts them (steps.chunk_steps)
+            per_chunk = [q + 1] * extra + [q] * (chunks - extra)
+            elems = (z - a) / steps
             size = elems * elem_bytes * wire
             one = reduce_s(elems)
-            np.add.at(load, t.links, chunks * size)
-            busy = max(busy, chunks * size / tcap, chunks * one * shape.reductions)
+            np.add.at(load, t.links, steps * size)
+            busy = max(busy, steps * size / tcap, steps * one * shape.reductions)
             price = _small if len(t.order) < _SMALL_PER_LEVEL * len(t.levels) else _large
-            alone, slowest = price(t, chunks, size, tcap, hop, one)
-            fills.append((alone, alone - chunks * slowest))
+            alone, slowest = price(t, per_chunk, size, tcap, hop, one)
+            fills.append((alone, alone - steps * slowest))
     bound = max(busy, float((load / shape.capacity).max()))
     return max(max(alone, bound + fill) for alone, fill in fills)
 
 
-def _large(t: TreeArrays, chunks: int, size: float, cap: float, hop: tuple[float, float],
+def _large(t: TreeArrays, chunks: list[int], size: float, cap: float, hop: tuple[float, float],
            one: float) -> tuple[float, float]:
-    """(the pipeline's time alone, its slowest stage's later-chunk seconds), one array operation per level."""
+    """(the pipeline's time alone, its slowest stage's seconds a step), one array operation per level; ``chunks``:
+    each chunk's steps, ``size`` a step's bytes on the wire."""
     latency = np.where(t.net, hop[1], hop[0])
     t_up = size / np.minimum(t.free_up, cap)
     t_down = size / np.minimum(t.free_down, cap)
-    up_first, up_later = np.maximum(t.wire_up, latency) + t_up, t.wire_up + t_up
-    down_first, down_later = np.maximum(t.wire_down, latency) + t_down, t.wire_down + t_down
+    up = (t.wire_up, np.maximum(t.wire_up, latency), t_up)
+    down = (t.wire_down, np.maximum(t.wire_down, latency), t_down)
     reduce = one * t.kids
-    alone = pipeline_time_arrays(t.parent, t.levels, chunks, (up_first, up_later), (down_first, down_later), reduce)
-    return alone, max(float(up_later[1:].max()), float(down_later[1:].max()), float(reduce[t.kids > 0].max()))
+    kids = t.kids > 0
+    alone = pipeline_time_arrays(t.parent, t.levels, chunks, up, down, reduce, kids)
+    return alone, max(float(t_up[1:].max()), float(t_down[1:].max()), float(reduce[kids].max()))
 
 
-def _small(t: TreeArrays, chunks: int, size: float, cap: float, hop: tuple[float, float],
+def _small(t: TreeArrays, chunks: list[int], size: float, cap: float, hop: tuple[float, float],
            one: float) -> tuple[float, float]:
     """:func:`_large` one rank at a time over lists (the same operations): cheaper where levels are few ranks
     wide (a server's chain, a small cluster), whose per-level array calls would cost more than the ranks."""
     parent, kids, net, wire_up, wire_down, free_up, free_down = t.lists
-    k2 = chunks - 2
     n = len(parent)
-    up, down, reduce = [(0.0, 0.0)] * n, [(0.0, 0.0)] * n, [0.0] * n
+    zero = (0.0, 0.0, 0.0)
+    up, down = [zero] * n, [zero] * n
+    reduce = [one * c for c in kids]
+    slowest = max(r for r, c in zip(reduce, kids, strict=True) if c)
     for p in range(1, n):
         latency = hop[1] if net[p] else hop[0]
         t_up = size / min(free_up[p], cap)
         t_down = size / min(free_down[p], cap)
-        up[p] = (max(wire_up[p], latency) + t_up, wire_up[p] + t_up)
-        down[p] = (max(wire_down[p], latency) + t_down, wire_down[p] + t_down)
-    for p in range(n):
-        reduce[p] = one * kids[p]
-
-    def stage(pred: tuple[float, float, float], first: float, later: float) -> tuple[float, float, float]:
-        a = pred[0] + first
-        b1 = max(pred[1], a) + later
-        return a, b1, max(pred[2] + later, b1 + k2 * later)
-
-    ends = [(0.0, 0.0, 0.0)] * n  # the latest of a rank's children (all ends are >= 0)
-    for p in range(n - 1, -1, -1):  # top-down order reversed: children before parents
-        pred = ends[p]
-        if reduce[p] > 0.0:
-            pred = stage(pred, reduce[p], reduce[p])
-        if p == 0:
-            ends[0] = pred
-            break
-        out = stage(pred, *up[p])
-        q = parent[p]
-        e = ends[q]
-        ends[q] = (max(e[0], out[0]), max(e[1], out[1]), max(e[2], out[2]))
-    have = [ends[0]] + [(0.0, 0.0, 0.0)] * (n - 1)
-    for p in range(1, n):
-        have[p] = stage(have[parent[p]], *down[p])
-    alone = max(v[0] if chunks == 1 else v[2] for v in have)
-    slowest = max(max(d for _, d in up[1:]), max(d for _, d in down[1:]),
-                  max(r for r, c in zip(reduce, kids, strict=True) if c))
+        up[p] = (wire_up[p], max(wire_up[p], latency), t_up)
+        down[p] = (wire_down[p], max(wire_down[p], latency), t_down)
+        slowest = max(slowest, t_up, t_down)
+    alone = pipeline_time_lists(parent, chunks, up, down, reduce, [c > 0 for c in kids])
     return alone, slowest

@@ -22,6 +22,7 @@ from simulator.cluster.topology import Cluster
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
 from simulator.collectives.fabric import Fabric
+from simulator.collectives.nccl_tree import tree_step
 from simulator.collectives.protocols import PROTOCOLS, base_latency, channels_for, hop_latency, wire_factor
 from simulator.collectives.ring import MAX_SLICES, PIPELINE_SLICE_BYTES
 from simulator.collectives.tree_cost import tree_shape, tree_time
@@ -143,9 +144,11 @@ class _Predictor:
         spec = cl.specs[cl.ranks[self.ranks[0]]]
         hop = tuple(hop_latency(self.family, self.choice.protocol, hw, cl.nccl_latency)
                     for hw in (self.fabric.intra, "net"))
+        step = tree_step(n * elem_bytes, self.choice.channels, self.choice.protocol,
+                         len({self.fabric.hosts[r] for r in self.ranks}), len(self.ranks))
         return tree_time(shape, n, elem_bytes, choice_wire(self.choice), self.cap, (hop[0], hop[1]),
                          lambda elems: compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False,
-                                                    fn="reduce-sum"))
+                                                    fn="reduce-sum"), step)
 
     def set_cap(self, operation: str) -> None:
         """A channel's bytes/s on the wire at most, as :func:`.channels.build` caps ring and tree (NCCL's own)."""

@@ -37,6 +37,7 @@ Shape = tuple[tuple[int, ...], float]  # a flow's route without its cap link, an
 FILLED_KEPT = 4096  # components' rates kept for reuse (all forgotten at once when full)
 KEYING_TRIAL = 256  # fills after which keying stops unless a fifth of the lookups or more found their rates
 FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
+SLACK = 1.0 - 1e-9  # a link whose flows' caps sum to at most this fraction of its capacity binds none of them
 
 
 def max_min_rates(routes: Mapping[Hashable, Sequence[int]], capacity: Sequence[float]) -> dict[Hashable, float]:
@@ -72,7 +73,10 @@ def _fill(flows: int, routes: Mapping[F, Sequence[int]], users: Mapping[int, Ite
                 continue
             rate[f] = share
             for other in routes[f]:
-                left = rem[other] - share
+                left = rem.get(other)
+                if left is None:  # a slack link (FlowNetwork): it binds no one
+                    continue
+                left -= share
                 rem[other] = left
                 c = count[other] - 1
                 count[other] = c
@@ -97,12 +101,18 @@ class FlowNetwork:
         # flow -> [bytes left at time ``updated``, updated, rate, version, (route without its cap link, cap)]
         self.state: dict[int, list[Any]] = {}
         self._alone: dict[tuple[int, ...], float] = {}  # route -> rate of a flow alone on it (its narrowest link)
-        self._touched: set[int] = set()  # links whose set of flows changed since the last allocation
+        # since the last allocation: links whose flows' rates may have changed (a flow came or went on a tight
+        # link, or a link turned tight or slack), flows to rate (new ones), links flows left (their load changed)
+        self._touched: set[int] = set()
+        self._fresh: set[int] = set()
+        self._left: set[int] = set()
         self._eta: list[tuple[float, int, int]] = []  # (finish time, version, flow)
         self.allocations = 0
         # a component's flow shapes (a multiset) -> each shape's max-min rate: a pipeline's components recur
         self._filled: dict[frozenset[tuple[Shape, int]], dict[Shape, float]] = {}
         self._keying, self._hits, self._misses = True, 0, 0  # keying stops where lookups mostly miss
+        self._caps_on: dict[int, dict[float, int]] = {}  # link -> its flows' caps (0.0: none), counted
+        self._tight_now: dict[int, bool] = {}  # allocate's answers of _tight (the flows do not change during it)
         self._spare_caps: list[int] = []  # ids of cap links no flow holds now (reused before new ones)
         self._cap_link: dict[int, int] = {}  # flow -> its private cap link
         # next_finish's last answer (best, tolerance, due flows as a set and sorted), None once it may have changed
@@ -138,9 +148,17 @@ class FlowNetwork:
                 on_link[link] = {flow}
             else:
                 users.add(flow)
-        # a component is searched from its touched links over its flows' routes without their cap links: a cap
-        # link is no seed (the flow's other links are) unless the flow crosses nothing else
-        self._touched.update(shape[0] or route)
+        caps_on, touched = self._caps_on, self._touched
+        for link in shape[0]:  # counted as often as the flow crosses it
+            caps = caps_on.get(link)
+            if caps is None:
+                caps_on[link] = {cap: 1}
+            else:
+                caps[cap] = caps.get(cap, 0) + 1
+        for link in shape[0]:  # a slack link stays slack: its other flows keep their rates
+            if self._link_tight(link):
+                touched.add(link)
+        self._fresh.add(flow)
 
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
@@ -161,57 +179,96 @@ class FlowNetwork:
                 users.discard(flow)
                 if not users:
                     del on_link[link]
-        self._touched.update(route)
+        caps_on, (links, cap) = self._caps_on, self.state[flow][4]
+        for link in links:  # the other flows of a tight link may rise (or be freed, once it turns slack)
+            if self._link_tight(link):
+                self._touched.add(link)
+        self._left.update(links)
+        self._fresh.discard(flow)
+        for link in links:
+            caps = caps_on[link]
+            left = caps[cap] - 1
+            if left:
+                caps[cap] = left
+            elif len(caps) == 1:
+                del caps_on[link]
+            else:
+                del caps[cap]
         del self.state[flow]
         if self._next is not None and flow in self._next[2]:
             self._next = None
         private = self._cap_link.pop(flow, None)
         if private is not None:
-            self._touched.discard(private)
             self._spare_caps.append(private)
 
+    def _link_tight(self, link: int) -> bool:
+        """Whether ``link`` may bind its flows: one of them has no cap, or their caps (counted as often as they
+        cross it) add up to more than ``SLACK`` of its capacity. A slack link binds none: every flow on it gets at
+        most its cap, and all the caps fit (progressive filling never freezes a flow there, by the margin)."""
+        caps = self._caps_on.get(link)
+        if not caps:
+            return False
+        if 0.0 in caps:
+            return True
+        total = 0.0
+        for cap, times in caps.items():
+            total += cap * times
+        return total > self.capacity[link] * SLACK
+
+    def _tight(self, link: int) -> bool:
+        """:meth:`_link_tight`, kept for one allocation (its flows do not change during it)."""
+        hit = self._tight_now.get(link)
+        if hit is None:
+            hit = self._tight_now[link] = self._link_tight(link)
+        return hit
+
     def _components(self) -> tuple[list[int], list[tuple[list[int], list[Shape], list[int]]]]:
-        """Flows connected, through shared links, to the links touched since the last allocation: the flows alone
-        on every link they cross (most of a ring's: each a component of its own, found without a search), and the
-        other connected components, each as its flows, their shapes (in the same order) and its links."""
+        """The flows around the links touched since the last allocation, grouped as their rates depend on each
+        other: through shared links that may bind (:meth:`_tight`). Flows that share no such link with another
+        flow (most of a ring's; a collective's flows held at their channels' caps) come back on their own, rated
+        without a search (their narrowest link, their cap link included); the others as connected components over
+        their tight links, each as its flows, their shapes (in the same order) and its tight links."""
         solos: list[int] = []
         comps: list[tuple[list[int], list[Shape], list[int]]] = []
-        seen_links: set[int] = set()
-        on_link, routes, state = self.on_link, self.routes, self.state
-        for seed in self._touched:
+        seen_links: set[int] = set()  # tight links of the components found
+        placed: set[int] = set()
+        on_link, state, tight = self.on_link, self.state, self._tight
+        self._tight_now.clear()
+        fresh = self._fresh
+        for seed in (*self._touched, -1):
             if seed in seen_links:
                 continue
-            users = on_link.get(seed)
+            users = fresh if seed < 0 else on_link.get(seed)  # the touched links' flows, then the new ones
             if users is None:
                 continue
-            if len(users) == 1:
-                for only in users:
-                    route = routes[only]
-                    for link in route:
-                        if len(on_link[link]) != 1:
-                            break
-                    else:
-                        seen_links.update(route)
-                        solos.append(only)
-                if seed in seen_links:
+            for flow in users:
+                if flow in placed:
                     continue
-            flows: set[int] = set()
-            members: list[int] = []
-            shapes: list[Shape] = []
-            links = [seed]
-            seen_links.add(seed)
-            for link in links:  # grows while it is walked: a breadth-first search over links
-                for f in on_link[link]:
-                    if f not in flows:
-                        flows.add(f)
-                        members.append(f)
-                        shape = state[f][4]
-                        shapes.append(shape)
-                        for other in shape[0]:  # its route but its private cap link (no other flow crosses it)
-                            if other not in seen_links:
-                                seen_links.add(other)
-                                links.append(other)
-            comps.append((members, shapes, links))
+                start = -1  # a tight link the flow shares, if any: its component is searched from there
+                for link in state[flow][4][0]:
+                    if len(on_link[link]) > 1 and tight(link):
+                        start = link
+                        break
+                if start < 0:
+                    solos.append(flow)
+                    placed.add(flow)
+                    continue
+                members: list[int] = []
+                shapes: list[Shape] = []
+                links = [start]
+                seen_links.add(start)
+                for link in links:  # grows while it is walked: a breadth-first search over tight links
+                    for f in on_link[link]:
+                        if f not in placed:
+                            placed.add(f)
+                            members.append(f)
+                            shape = state[f][4]
+                            shapes.append(shape)
+                            for other in shape[0]:  # its route but its private cap link (no other flow crosses it)
+                                if other not in seen_links and tight(other):
+                                    seen_links.add(other)
+                                    links.append(other)
+                comps.append((members, shapes, links))
         return solos, comps
 
     def allocate(self, now: float, changed_links: bool = True) -> set[int]:
@@ -221,11 +278,13 @@ class FlowNetwork:
         Returns the links whose load may have changed (the touched ones and those of the recomputed flows; an
         empty set when ``changed_links`` is false, for a caller that does not read them).
         """
-        if not self._touched:
+        if not (self._touched or self._fresh or self._left):
             return set()
         solos, comps = self._components()
-        changed = set(self._touched) if changed_links else set()
+        changed = self._touched | self._left if changed_links else set()
         self._touched.clear()
+        self._fresh.clear()
+        self._left.clear()
         self.allocations += 1
         routes, alone_of = self.routes, self._alone
         solo_rates = []
@@ -238,7 +297,8 @@ class FlowNetwork:
         self._set_rates(solo_rates, now)
         for flows, shapes, links in comps:
             if changed_links:
-                changed.update(links)
+                for shape in shapes:
+                    changed.update(shape[0])
             self._rerate(flows, shapes, links, now)
         return changed
 
