@@ -9,7 +9,11 @@ model is empty (``-``) for GPUs it does not cover (MI300X). ``ops`` and ``sim_s`
 seconds its simulation took on this machine (the issue asks well under a second up to 16 GiB).
 
     PYTHONPATH=. python benchmarks/nccl_tree.py [--sizes 1MiB,16MiB,...] [--protocols Simple,LL128,LL]
-                                                [--topologies dgx-h100:2,...] [--max-slices N]
+                                                [--topologies dgx-h100:2,...] [--tree-chunks N] [--max-slices N]
+
+``--tree-chunks``: what if the tree's pipelines were cut in more (or fewer) chunks than ``nccl_tree.TREE_CHUNKS``
+(16 a channel): each chunk's steps are three ops whatever its size, so the times barely move while the ops do.
+``--max-slices``: the bound on the slices of the ring's pipelines (broadcast, reduce) and NVLS (64).
 """
 
 from __future__ import annotations
@@ -97,12 +101,15 @@ def main() -> None:
     ap.add_argument("--topologies", default=",".join(f"{n}:{k}" for n, k in TOPOLOGIES),
                     help="preset:nodes,... (default: all five)")
     ap.add_argument("--max-slices", type=int, default=None,
-                    help="what if a channel held more chunks than the simulator's bound (ring.MAX_SLICES, 64): "
-                         "NCCL's 512 KiB steps need size / channels / 512 KiB; ops and simulation time grow with it")
+                    help="what if the ring's pipelines and NVLS held more slices than ring.MAX_SLICES (64)")
+    ap.add_argument("--tree-chunks", type=int, default=None,
+                    help="what if the tree cut a channel's pipeline in more chunks than nccl_tree.TREE_CHUNKS (16)")
     args = ap.parse_args()
     if args.max_slices is not None:  # a what-if on the module constant the builders and the tuner read
-        for module in (_ring, _nccl_tree, _tuner):
+        for module in (_ring, _tuner):
             module.MAX_SLICES = args.max_slices
+    if args.tree_chunks is not None:
+        _nccl_tree.TREE_CHUNKS = args.tree_chunks
     topologies = [(name, int(nodes)) for name, nodes in (t.split(":") for t in args.topologies.split(","))]
     sizes = [int(parse_bytes(s)) for s in args.sizes.split(",")]
     print(f"{'topology':12} {'bytes':>11} {'choice':14} {'ch':>3} {'engine_ms':>10} {'tuner_ms':>10} "

@@ -11,24 +11,28 @@ c-th rank, less its closing hop). A server's edges to other servers all join at 
 its balanced and split patterns move one child to the chain's second GPU: not modelled).
 
 Execution (``src/device/all_reduce.h``, ``runTreeSplit``): a rank's threads are split in two groups that run at
-once, each over the channel's chunks in order (NCCL's tree chunk: one step of the channel buffer, 512 KiB for
-Simple): the reduce group receives chunk k from the rank's children, adds it to its own and sends the sum up;
-the broadcast group receives the final chunk k from the parent and forwards it to the children; the root reduces
-and sends down. Chunk k goes down while chunk k + 1 goes up, on the two directions of the full-duplex links. As
-a schedule (:func:`tree_allreduce`): per connection (a tree edge in one direction) one transfer per chunk, each
-after the connection's previous one; a rank's send up of chunk k after its reductions of chunk k, its sends down
-after it holds the final chunk k. The protocol's per-hop latency is paid by the first chunk only (the fill, as
-:mod:`.ring`'s pipelines); every transfer's rate is capped at the channel's cap over twice its trees (:mod:`.caps`:
-NCCL's tree cap is its graph channel's, which both trees share; half of a tree's threads push each direction).
+once, each over the channel's steps in order: the reduce group receives step j from the rank's children, adds it to
+its own and sends the sum up; the broadcast group receives the final step j from the parent and forwards it to the
+children; the root reduces and sends down. Step j goes down while step j + 1 goes up, on the two directions of the
+full-duplex links. NCCL's tree step is its chunk (``src/enqueue.cc``, NCCL 2.2x; :func:`tree_step`): a step of the
+protocol's channel buffer (512 KiB of payload with Simple, 32 KiB with LL, 576,000 bytes with LL128, which NCCL
+halves while the message gives a channel few chunks), so a 16 GiB allreduce on 8 channels runs 4,096 steps a
+channel. As a schedule (:func:`tree_allreduce`): a tree's steps are cut into at most ``TREE_CHUNKS`` chunks a
+channel, and a chunk's steps over a stage (a connection, a rank's reductions) become its first, middle and last ops
+(:mod:`.steps`): exactly the steps' pipeline where stages run at their own pace, at a size that does not grow with
+the message. Per chunk part, a connection's transfer after the same connection's previous one, a rank's send up
+after its reductions of the part, its sends down after it holds the final part. The protocol's per-hop latency is
+paid by the pipeline's first step only, a transfer's own fixed seconds once per op (NCCL's 8 steps in flight hide
+a step's latency behind the bytes before it); every transfer's rate is capped at the channel's cap over twice its
+trees (:mod:`.caps`: NCCL's tree cap is its graph channel's, which both trees share; half of a tree's threads push
+each direction).
 
-Closed form (:func:`pipeline_time`): the connections (and each rank's reductions of a chunk) are stages; chunk
-k leaves stage v once it has left all of v's predecessors and chunk k - 1 has left v, d_v(k) later (a
-deterministic flow shop): C(k, v) = max(C(k - 1, v), max_u C(k, u)) + d_v(k). With chunk 0's time f_v (it pays
-the latency floor) and every later chunk's d_v, the last chunk leaves the last stage at the longest path of
-(chunk, stage) cells: up a path P of stages with chunk 0 to some stage i, there to chunk 1, on to a stage j, there
-to chunk K - 1 (f_v >= d_v: i = j, sum_P d + (K - 1) d_j + the floors up to j). Three numbers per stage (the
-longest path ending there with chunk 0, 1 and K - 1) give it in one pass over the stages. It is the engine's time
-exactly when no two stages share a link and reductions take no time.
+Closed form (:func:`pipeline_time_lists`, over arrays :func:`pipeline_time_arrays`): the longest path of the
+schedule's ops, one chunk at a time. Per stage and chunk, the first op ends at max(the stage's previous chunk's
+end, its predecessors' first ops' ends) plus its seconds, the middle right after it, the last at max(the middle's
+end, the predecessors' last ops' ends) plus its seconds (a flow shop over the three ops); a rank's reductions of
+a part are one stage after all its children's sends (their seconds the children's count times one reduction). It
+is the engine's time exactly where no two stages share a link or a rank's compute stream (one child each).
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from simulator.schedule import Op, compute_op, transfer_ops
 __all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
            "pipeline_time_arrays", "pipeline_time_lists", "tree_allreduce", "tree_chunks", "tree_step"]
 
-TREE_CHUNKS = 8  # a channel's chunks at most (its trees share them): op groups, not NCCL's steps (see .steps)
+TREE_CHUNKS = 16  # a channel's chunks at most (its trees share them): op groups, not NCCL's steps (see .steps)
 
 
 @dataclass(frozen=True)

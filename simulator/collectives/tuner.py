@@ -128,15 +128,15 @@ class _Predictor:
     def tree(self, n: int, elem_bytes: int, dtype: str) -> float:
         """NCCL's tree (:mod:`.nccl_tree`) on every channel: the slowest of two forms per tree pipeline.
 
-        * alone: :func:`.nccl_tree.pipeline_time` with every connection at its own route's narrowest link (or its
-          cap) and a rank's reductions of a chunk a stage of their own: the schedule's time exactly where no two
-          connections share a link (and reductions take no time);
+        * alone: :func:`.nccl_tree.pipeline_time_lists` with every connection at its own route's narrowest link (or
+          its cap) and a rank's reductions of a step a stage of their own: the schedule's time exactly where no
+          two connections share a link (and no rank reduces two children's steps);
         * shared: the busiest resource's bytes (a link: every connection of every channel crossing it; a
           connection's cap; a rank's compute stream: its reductions of all channels) at its capacity, plus the
-          pipeline's fill and drain (the alone time less its chunks at its slowest stage).
+          pipeline's fill and drain (the alone time less its steps at its slowest stage).
 
         Where links are shared the second dominates: the pipeline keeps its busiest link busy (the engine's
-        max-min sharing is work-conserving), its first and last chunks still cross the tree one stage at a time.
+        max-min sharing is work-conserving), its first and last steps still cross the tree one stage at a time.
         Priced over arrays (:mod:`.tree_cost`), the trees' structure kept per cluster, ranks and channel count.
         """
         cl = self.cluster
