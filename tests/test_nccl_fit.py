@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -53,7 +54,8 @@ def test_calibrate_recovers_the_parameters_that_made_a_log(tmp_path, capsys):
     assert main(["calibrate", "--from-nccl-tests", str(log), "-o", str(out), "--hold-out", "none"]) == 0
     said = capsys.readouterr().out
     assert "base topology: preset dgx-h100 with nodes: 2, gpus_per_node: 2 (inferred from the log" in said
-    assert "inter_bandwidth: 50 GB/s -> 40 GB/s (x0.8" in said and f"wrote {out}" in said
+    assert re.search(r"inter_bandwidth: 50 GB/s -> (39\.9\d|40|40\.0\d) GB/s \(x0\.8", said), said  # within 0.1 %
+    assert f"wrote {out}" in said
     text = out.read_text()
     assert text.startswith("# Written by `treering calibrate --from-nccl-tests") and "nccl_latency:" in text
     assert "R^2 of log time" in text and f"{log}:" in text

@@ -78,10 +78,14 @@ def predict(operation: str, ranks: Sequence[int], n: int, choice: Choice, fabric
     else:
         t = pred.time(operation, n * elem_bytes * choice_wire(choice))
     if operation in ("allreduce", "reduce-scatter") and choice.algo in ("ring", "hierarchical"):
-        # the reductions of a ring rank run between its steps: (P-1)/P of the buffer, read twice, written once
+        # a ring rank reduces (P-1)/P of the buffer (read twice, written once), each channel its share between its
+        # own steps: a channel's reductions add to its chain of steps, while the others' transfers go on; all the
+        # channels' reductions share the rank's compute stream, which bounds the whole from below
         spec = cluster.specs[cluster.ranks[ranks[0]]]
         elems = (len(ranks) - 1) / len(ranks) * n
-        t += compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False)
+        own = elems / choice.channels
+        t = max(t + compute_time(spec, own, 3 * own * elem_bytes, dtype, launch=False),
+                pred.launch + compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False))
     memo[key] = t
     return t
 
