@@ -35,9 +35,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["COMPUTE_KINDS", "OP_KINDS", "Op", "Schedule", "compute_op", "fused_reduce_op", "transfer_ops"]
+__all__ = ["COMPUTE_KINDS", "OP_KINDS", "STREAMED", "Op", "Schedule", "compute_op", "fused_reduce_op", "transfer_ops"]
 
 OP_KINDS = ("compute", "merge", "send", "recv", "launch")
+STREAMED = -1.0  # a transfer's floor_s: it continues a stream of steps whose first paid the connection's latency
 COMPUTE_KINDS = frozenset({"compute", "merge"})
 
 
@@ -70,7 +71,8 @@ class Op(NamedTuple):
     root: int | None = None
     redop: str = ""
     into: bool = False
-    floor_s: float = 0.0  # a launch's or a transfer's fixed latency is at least this (a protocol's, see engine)
+    floor_s: float = 0.0  # a launch's or a transfer's fixed latency is at least this (a protocol's, see engine);
+    # STREAMED (negative): a transfer that continues its connection's stream of pipeline steps pays none
     rate_cap: float = 0.0  # a send's flow never exceeds this many bytes/s (0: no cap; a channel's, see collectives)
     dims: tuple[float, ...] = ()  # a compute op's shape on its kernel profile's axes (simulator.kernel_model)
 
@@ -183,7 +185,8 @@ class Schedule:
         The send reads buffers ``args`` (slice ``lo:hi``); the recv writes them as ``dst_args`` (default: the same
         names; ``into=True`` writes into slice ``lo:hi`` of existing flat buffers) and allocates ``alloc`` on
         ``dst``; ``free_src`` buffers are released on ``src`` once sent. ``floor_s``: the transfer's fixed latency
-        (message overhead + route latency) is at least this (a protocol's per-hop latency); ``rate_cap``: the
+        (message overhead + route latency) is at least this (a protocol's per-hop latency); :data:`STREAMED`: it
+        has none (a pipeline step after its connection's first: NCCL keeps 8 steps in flight); ``rate_cap``: the
         transfer's bytes never flow faster than this (bytes/s; 0: only the links limit it).
         """
         if nbytes < 0:

@@ -97,8 +97,8 @@ def test_uncontended_tree_on_a_mesh_is_the_pipeline_closed_form(protocol, nbytes
 @pytest.mark.parametrize("protocol", ["LL", "Simple"])
 def test_uncontended_tree_on_a_line_of_unequal_links_is_the_closed_form(protocol):
     """Five GPUs in a line, the last link the slowest, a message overhead on every transfer, a chunk per step (8
-    steps: one op per step and connection): the pipeline's steps follow each other at the slowest stage's pace (its
-    bytes and the overhead)."""
+    steps: one op per step and connection): the first step pays every hop's latency floor (the overhead or the
+    protocol's), the later ones follow at the slowest stage's bytes (their latency hidden: NCCL's steps in flight)."""
     bws = [50e9, 80e9, 30e9, 20e9]
     overhead = 2e-6
     nbytes = int(8 * tree_step(1 << 30, 1, protocol, 1, 5))
@@ -108,16 +108,15 @@ def test_uncontended_tree_on_a_line_of_unequal_links_is_the_closed_form(protocol
     size = nbytes / steps * wire_factor("tree", protocol)
     hop = max(overhead, hop_latency("tree", protocol, "nvlink"))
     want = (base_latency("tree", protocol) + 2 * sum(hop + size / bw for bw in bws)
-            + (steps - 1) * (overhead + size / min(bws)))
+            + (steps - 1) * size / min(bws))
     assert math.isclose(got, want, rel_tol=REL)
     assert math.isclose(predicted, want, rel_tol=REL)
 
 
 @pytest.mark.parametrize("protocol", ["LL", "Simple"])
 def test_the_tuner_prices_a_chunks_three_ops_as_the_engine_runs_them(protocol):
-    """The same line with a message overhead and link latencies, and many steps a chunk: each of a chunk's first,
-    middle and last ops pays the message's fixed seconds once (NCCL's steps in flight hide a step's latency), and
-    the tuner's longest path over the three ops is the engine's time."""
+    """The same line with a message overhead and link latencies, and many steps a chunk: the tuner's longest path
+    over a chunk's first, middle and last ops is the engine's time."""
     nbytes = 3 * 64 * 512 * 1024
     got, predicted, _ = tree(line([50e9, 80e9, 30e9, 20e9], overhead="2 us", lat="0.5 us"), nbytes, protocol)
     steps, chunks = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 5), 1)

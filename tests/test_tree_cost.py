@@ -31,16 +31,16 @@ from simulator.collectives.tuner import predict
 
 
 @st.composite
-def trees(draw: st.DrawFn) -> tuple[Tree, dict[int, tuple[float, float, float]],
-                                    dict[int, tuple[float, float, float]], dict[int, float], list[int]]:
-    """A random tree over shuffled rank labels, random stages (fixed seconds, the first message's, a step's; some
+def trees(draw: st.DrawFn) -> tuple[Tree, dict[int, tuple[float, float]], dict[int, tuple[float, float]],
+                                    dict[int, float], list[int]]:
+    """A random tree over shuffled rank labels, random stages (the first step's fixed seconds, a step's; some
     reductions none) and chunks of random step counts."""
     n = draw(st.integers(2, 40))
     labels = draw(st.permutations(range(100, 100 + n)))
     parent = {labels[i]: labels[draw(st.integers(0, i - 1))] for i in range(1, n)}
     tree = Tree.of(labels[0], parent)
     secs = st.floats(0.0, 1e-3, allow_subnormal=False)
-    stage = st.tuples(secs, secs, secs).map(lambda s: (s[0], s[0] + s[1], s[2]))
+    stage = st.tuples(secs, secs)
     up = {r: draw(stage) for r in parent}
     down = {r: draw(stage) for r in parent}
     reduce = {r: draw(st.sampled_from([0.0, 1e-6, draw(secs)])) for r, kids in tree.children.items() if kids}
@@ -59,9 +59,9 @@ def test_pipeline_over_arrays_is_the_per_rank_recursion(case) -> None:
         depth[i] = depth[parent[i]] + 1
     levels = [np.flatnonzero(np.array(depth) == d) for d in range(max(depth) + 1)]
 
-    def columns(stages: dict[int, tuple[float, float, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        a, b, c = (np.array([0.0] + [stages[r][j] for r in order[1:]]) for j in range(3))
-        return a, b, c
+    def columns(stages: dict[int, tuple[float, float]]) -> tuple[np.ndarray, np.ndarray]:
+        a, b = (np.array([0.0] + [stages[r][j] for r in order[1:]]) for j in range(2))
+        return a, b
 
     kids = np.array([bool(tree.children[r]) for r in order])
     arrays = pipeline_time_arrays(parent, levels, chunks, columns(up), columns(down),
@@ -95,10 +95,9 @@ def reference_tree(cluster: Cluster, fabric: Fabric, ranks: list[int], n: int, c
     spec = cluster.specs[nodes[ranks[0]]]
     step = tree_step(n * elem_bytes, c, choice.protocol, len({fabric.hosts[r] for r in ranks}), len(ranks))
 
-    def stage(a: int, b: int, nbytes: float, rate: float) -> tuple[float, float, float]:
+    def stage(a: int, b: int, nbytes: float, rate: float) -> tuple[float, float]:
         fixed = cluster.message_overhead_s + cluster.route_latency(cluster.route(nodes[a], nodes[b]))
-        hop = max(fixed, hop_latency(family, choice.protocol, fabric.hw(a, b), cluster.nccl_latency))
-        return fixed, hop, nbytes / rate
+        return max(fixed, hop_latency(family, choice.protocol, fabric.hw(a, b), cluster.nccl_latency)), nbytes / rate
 
     load = [0.0] * len(capacity)
     busy, fills = 0.0, []
@@ -121,7 +120,7 @@ def reference_tree(cluster: Cluster, fabric: Fabric, ranks: list[int], n: int, c
             busy = max(busy, chunks * size / tcap, chunks * one * max(reductions.values()))
             reduce = {r: one * len(kids) for r, kids in tree.children.items() if kids}
             alone = pipeline_time(tree, per_chunk, up, down, reduce)
-            slowest = max(*(d for _, _, d in up.values()), *(d for _, _, d in down.values()), *reduce.values())
+            slowest = max(*(d for _, d in up.values()), *(d for _, d in down.values()), *reduce.values())
             fills.append((alone, alone - chunks * slowest))
     bound = max(busy, *(x / c_ for x, c_ in zip(load, capacity, strict=True)))
     return max(max(alone, bound + fill) for alone, fill in fills)

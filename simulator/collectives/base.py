@@ -126,14 +126,16 @@ class CollBuilder:
         snd, recv, tmp = self._transfer(src, dst, lo, hi, reduce, tuple(send_deps), tuple(recv_deps))
         return snd, recv, self._reduction(dst, lo, hi, tmp, (recv, *recv_deps)) if reduce else recv
 
+    def transport(self) -> str:
+        """A new transport buffer's name (a received operand, reduced from there)."""
+        self._tmp += 1
+        return f"{self.tag}.tmp{self._tmp}" if not self.offset else f"{self.tag}.tmp{self.offset}.{self._tmp}"
+
     def _transfer(self, src: int, dst: int, lo: int, hi: int, reduce: bool, send_deps: tuple[int, ...],
                   recv_deps: tuple[int, ...]) -> tuple[int, int, str]:
         """A transfer of buffer elements ``lo:hi`` (absolute), into ``dst``'s buffer or, with ``reduce``, into a
         transport buffer of its own (named here): (send id, receive id, transport buffer or "")."""
-        tmp = ""
-        if reduce:
-            self._tmp += 1
-            tmp = f"{self.tag}.tmp{self._tmp}" if not self.offset else f"{self.tag}.tmp{self.offset}.{self._tmp}"
+        tmp = self.transport() if reduce else ""
         snd, recv = self.sched.add_transfer(
             src, dst, self.nbytes(lo, hi) * self.wire, self.tag, send_deps=send_deps, recv_deps=recv_deps,
             args=(self.buf,), dst_args=(tmp,) if reduce else None, lo=lo, hi=hi, coll=self.tag,

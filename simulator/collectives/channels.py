@@ -36,7 +36,7 @@ from simulator.collectives.protocols import base_latency, hop_latency, step_payl
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
 from simulator.collectives.trees import recursive_doubling_allreduce
 from simulator.errors import InputError
-from simulator.schedule import Schedule
+from simulator.schedule import STREAMED, Schedule
 
 __all__ = ["OPERATIONS", "SUPPORTED", "Choice", "build", "protocol_family"]
 
@@ -166,7 +166,7 @@ def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
     """NVLink SHARP: each slice of every GPU's buffer goes up once, the switch reduces it (no time: it reduces at
     line rate; the first GPU's slice lands in the switch's buffer, the others' are added to it), and multicasts the
     result down once; slices pipeline (up and down use the two link directions), the
-    protocol's latency paid by the first (the fill, as in :func:`simulator.collectives.ring.ring_broadcast`)."""
+    protocol's latency paid by the first (the fill), the later ones streaming behind it (``STREAMED``)."""
     sched, size = b.sched, b.elem_bytes * b.wire
     up = {r: b.front[r] for r in ranks}
     down = dict(up)
@@ -177,7 +177,7 @@ def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
             snd, rcv = sched.add_transfer(r, switch, (hi - lo) * size, b.tag, send_deps=up[r], args=(b.buf,),
                                           dst_args=(b.buf if i == 0 else f"{b.tag}.nvls{k}.{r}",), lo=lo, hi=hi,
                                           coll=b.tag, into=i == 0,
-                                          floor_s=b.hop_s(r, switch) if b.hop_s and k == 0 else 0.0)
+                                          floor_s=(b.hop_s(r, switch) if b.hop_s else 0.0) if k == 0 else STREAMED)
             up[r] = (snd,)
             recvs.append(rcv)
         red = recvs[0]
@@ -188,7 +188,7 @@ def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
         for r in ranks:
             _, rcv = sched.add_transfer(switch, r, (hi - lo) * size, b.tag, send_deps=(red,), recv_deps=down[r],
                                         args=(b.buf,), lo=lo, hi=hi, coll=b.tag, into=True,
-                                        floor_s=b.hop_s(switch, r) if b.hop_s and k == 0 else 0.0)
+                                        floor_s=(b.hop_s(switch, r) if b.hop_s else 0.0) if k == 0 else STREAMED)
             down[r] = (rcv,)
     for r in ranks:
         b.front[r] = (*down[r], *up[r])

@@ -22,8 +22,9 @@ channel, and a chunk's steps over a stage (a connection, a rank's reductions) be
 (:mod:`.steps`): exactly the steps' pipeline where stages run at their own pace, at a size that does not grow with
 the message. Per chunk part, a connection's transfer after the same connection's previous one, a rank's send up
 after its reductions of the part, its sends down after it holds the final part. The protocol's per-hop latency is
-paid by the pipeline's first step only, a transfer's own fixed seconds once per op (NCCL's 8 steps in flight hide
-a step's latency behind the bytes before it); every transfer's rate is capped at the channel's cap over twice its
+paid by the pipeline's first step only, as its transfers' own fixed seconds (message overhead, route latency): the
+later steps stream behind it (``STREAMED``: NCCL's 8 steps in flight hide a step's latency behind the bytes before
+it); every transfer's rate is capped at the channel's cap over twice its
 trees (:mod:`.caps`: NCCL's tree cap is its graph channel's, which both trees share; half of a tree's threads push
 each direction).
 
@@ -47,7 +48,7 @@ from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.protocols import step_payload
 from simulator.collectives.steps import chunk_steps, parts, pipeline_steps
-from simulator.schedule import Op, compute_op, transfer_ops
+from simulator.schedule import STREAMED, Op, compute_op, transfer_ops
 
 __all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
            "pipeline_time_arrays", "pipeline_time_lists", "tree_allreduce", "tree_chunks", "tree_step"]
@@ -218,13 +219,13 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
                 if middle:
                     send_deps: tuple[int, ...] = (before["up", r],)
                     recv_deps: tuple[int, ...] = (before["upr", r],)
-                    floor = 0.0
+                    floor = STREAMED
                 else:
                     prev = (before["up", r],) if part.last and before else ((up_last[r],) if r in up_last else ())
                     send_deps, recv_deps = (*acc.get(r, start[r]), *prev), start[q]
                     if part.last and before:
                         recv_deps = (*recv_deps, before["upr", r])
-                    floor = hop_s(r, q) if k == 0 and part.first and hop_s is not None else 0.0
+                    floor = (hop_s(r, q) if hop_s is not None else 0.0) if k == 0 and part.first else STREAMED
                 tmp = (f"{tag}.tmp{clo}.{r}",) if data else ()
                 send, recv = transfer_ops(nid, r, q, nbytes, tag, send_deps, recv_deps, sargs, tmp, clo, chi, tag,
                                           False, floor, cap)
@@ -254,7 +255,7 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
                 for ch in children[r]:
                     if middle:
                         send_deps, recv_deps = (before["down", ch],), (before["downr", ch],)
-                        floor = 0.0
+                        floor = STREAMED
                     else:
                         if part.last and before:
                             send_deps = (*have, before["down", ch])
@@ -262,7 +263,7 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
                         else:
                             send_deps = (*have, down_last[ch]) if ch in down_last else have
                             recv_deps = (sent[ch],)
-                        floor = hop_s(r, ch) if k == 0 and part.first and hop_s is not None else 0.0
+                        floor = (hop_s(r, ch) if hop_s is not None else 0.0) if k == 0 and part.first else STREAMED
                     send, recv = transfer_ops(nid, r, ch, nbytes, tag, send_deps, recv_deps, sargs, sargs, clo, chi,
                                               tag, True, floor, cap)
                     add(send)
@@ -289,7 +290,7 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
 
 
 _T = TypeVar("_T", float, np.ndarray)
-Stage = tuple[float, float, float]  # a connection's (fixed seconds of a message, of the pipeline's first, a step's)
+Stage = tuple[float, float]  # a connection's (fixed seconds of the pipeline's first step, a step's bytes' seconds)
 
 
 def _part(prev: float, pred_first: float, pred_last: float, first: float, middle: float, last: float,
@@ -303,11 +304,11 @@ def _part(prev: float, pred_first: float, pred_last: float, first: float, middle
     return f, max(f + middle if g > 2 else f, pred_last) + last
 
 
-def _costs(stage: tuple[_T, _T, _T], first_chunk: bool, inner: float) -> tuple[_T, _T, _T]:
-    """A connection's first, middle and last ops' seconds in a chunk of ``inner + 2`` steps: each pays the message's
-    fixed seconds once (the pipeline's very first its latency floor too) and its steps' bytes."""
-    fixed, first, step = stage
-    return (first if first_chunk else fixed) + step, fixed + inner * step, fixed + step
+def _costs(stage: tuple[_T, _T], first_chunk: bool, inner: float) -> tuple[_T, _T, _T]:
+    """A connection's first, middle and last ops' seconds in a chunk of ``inner + 2`` steps: their steps' bytes,
+    and the pipeline's very first step its fixed seconds (its latency; the later steps stream behind it)."""
+    first, step = stage
+    return (first + step if first_chunk else step), inner * step, step
 
 
 def pipeline_time_lists(parent: Sequence[int], chunks: Sequence[int], up: Sequence[Stage], down: Sequence[Stage],
@@ -355,13 +356,13 @@ def pipeline_time(tree: Tree, chunks: Sequence[int], up: Mapping[int, Stage], do
     ``reduce[r]`` the seconds of r's reductions of one step (absent: none)."""
     order = list(tree.order)
     pos = {r: i for i, r in enumerate(order)}
-    zero = (0.0, 0.0, 0.0)
+    zero = (0.0, 0.0)
     return pipeline_time_lists([-1] + [pos[tree.parent[r]] for r in order[1:]], chunks,
                                [zero] + [up[r] for r in order[1:]], [zero] + [down[r] for r in order[1:]],
                                [reduce.get(r, 0.0) for r in order], [bool(tree.children[r]) for r in order])
 
 
-Stages = tuple[np.ndarray, np.ndarray, np.ndarray]  # per position: fixed seconds, the first's, a step's
+Stages = tuple[np.ndarray, np.ndarray]  # per position: the first step's fixed seconds, a step's bytes' seconds
 
 
 def _part_arrays(prev: np.ndarray, pred_first: np.ndarray, pred_last: np.ndarray, first: np.ndarray,
@@ -377,7 +378,7 @@ def pipeline_time_arrays(parent: np.ndarray, levels: Sequence[np.ndarray], chunk
                          down: Stages, reduce: np.ndarray, kids: np.ndarray) -> float:
     """:func:`pipeline_time_lists` over arrays, one tree level at a time (the same operations on the same numbers).
 
-    ``levels[d]``: the positions at depth d; ``up`` / ``down``: arrays of :data:`Stage`'s three numbers per position
+    ``levels[d]``: the positions at depth d; ``up`` / ``down``: arrays of :data:`Stage`'s two numbers per position
     (position 0's ignored); ``kids``: a boolean array.
     """
     n = len(parent)
@@ -399,7 +400,7 @@ def pipeline_time_arrays(parent: np.ndarray, levels: Sequence[np.ndarray], chunk
             if depth == 0:
                 root = (ready_first, ready_last)
                 break
-            f, m, last = _costs((up[0][idx], up[1][idx], up[2][idx]), k == 0, inner)
+            f, m, last = _costs((up[0][idx], up[1][idx]), k == 0, inner)
             of, ol = _part_arrays(prev_up[idx], ready_first, ready_last, f, m, last, g)
             prev_up[idx] = ol
             np.maximum.at(acc_first, parent[idx], of)
@@ -409,7 +410,7 @@ def pipeline_time_arrays(parent: np.ndarray, levels: Sequence[np.ndarray], chunk
         for depth in range(1, len(levels)):
             idx = levels[depth]
             par = parent[idx]
-            f, m, last = _costs((down[0][idx], down[1][idx], down[2][idx]), k == 0, inner)
+            f, m, last = _costs((down[0][idx], down[1][idx]), k == 0, inner)
             df, dl = _part_arrays(prev_down[idx], firsts[par], have[par], f, m, last, g)
             firsts[idx], have[idx] = df, dl
             prev_down[idx] = dl

@@ -1,24 +1,27 @@
 """Ring collectives (NCCL's ring algorithm): allreduce = reduce-scatter + allgather, 2(P-1) steps of n/P.
 
-Reduce and broadcast are pipelines along the ring, towards or from the root, in slices of the protocol's step
+Reduce and broadcast are pipelines along the ring, towards or from the root, in the protocol's steps
 (:func:`simulator.collectives.protocols.step_payload`: Simple's is ``PIPELINE_SLICE_BYTES``, a 4 MiB channel
-buffer in 8 steps = 512 KiB), at most ``MAX_SLICES``.
+buffer in 8 steps = 512 KiB), in at most ``CHAIN_CHUNKS`` chunks of three ops a stage (:mod:`.steps`). NVLS cuts
+its pipeline in slices of a step, at most ``MAX_SLICES`` (:func:`ring_slices`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from simulator.collectives.base import CollBuilder, chunk_bounds, rotated_to
+from simulator.collectives.steps import chunk_steps, parts, pipeline_steps
+from simulator.schedule import STREAMED
 
-__all__ = ["MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce",
+__all__ = ["CHAIN_CHUNKS", "MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce",
            "ring_slices"]
 
 PIPELINE_SLICE_BYTES = 512 * 1024
 MAX_SLICES = 64
+CHAIN_CHUNKS = 16  # a broadcast's or reduce's chunks at most a channel (each chunk's steps: three ops, .steps)
 
 
 def ring_slices(b: CollBuilder) -> list[tuple[int, int]]:
@@ -26,17 +29,6 @@ def ring_slices(b: CollBuilder) -> list[tuple[int, int]]:
     ``PIPELINE_SLICE_BYTES`` where no protocol set it), at most ``MAX_SLICES`` of them."""
     count = min(MAX_SLICES, max(1, math.ceil(b.n * b.elem_bytes / b.slice_bytes)))
     return [(lo, hi) for lo, hi in chunk_bounds(b.n, count) if hi > lo]
-
-
-@contextlib.contextmanager
-def _fill_only(b: CollBuilder) -> Iterator[None]:
-    """A pipeline pays the protocol's per-hop latency on its first slice only (the fill): NCCL keeps several
-    steps in flight per connection (``NCCL_STEPS``), so later slices' latency hides behind earlier slices' bytes."""
-    hop = b.hop_s
-    try:
-        yield
-    finally:
-        b.hop_s = hop
 
 
 def ring_allreduce(b: CollBuilder, ranks: Sequence[int]) -> None:
@@ -59,23 +51,53 @@ def ring_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
 
 
 def _chain(b: CollBuilder, chain: Sequence[int], reduce: bool) -> None:
-    """A pipeline of slices down ``chain`` (its first rank's data; with ``reduce``, each next rank adds its own):
-    a rank forwards slice k once it holds it, while it receives slice k + 1 (NCCL's steps in flight); each
-    connection carries its slices in order (a rank's sends one after the other, its receives too)."""
+    """A pipeline of NCCL's steps down ``chain`` (its first rank's data; with ``reduce``, each next rank adds its
+    own): a rank forwards step j once it holds it, while it receives step j + 1 (NCCL's steps in flight); each
+    connection carries its steps in order. The steps are cut into at most ``CHAIN_CHUNKS`` chunks, each chunk's
+    steps over a stage (a connection, a rank's reductions) its first, middle and last ops (:mod:`.steps`): the
+    steps' pipeline at a size that does not grow with the message. The pipeline's first step pays the protocol's
+    per-hop latency (the fill), the later ones stream behind it (``STREAMED``); a chunk's last ops carry its data."""
     if len(chain) < 2 or b.n == 0:
         return
+    sched, hop = b.sched, b.hop_s
     start = {r: b.front[r] for r in chain}
-    sent: dict[int, tuple[int, ...]] = {r: () for r in chain}  # a rank's last send
+    sent: dict[int, tuple[int, ...]] = {r: () for r in chain}  # a rank's last send (the previous part's)
     got: dict[int, tuple[int, ...]] = {r: () for r in chain}  # its last receive
-    held: dict[int, tuple[int, ...]] = {r: () for r in chain}  # the op after which it holds its last slice
-    with _fill_only(b):
-        for lo, hi in ring_slices(b):
-            have = start[chain[0]]  # the first rank holds every slice from the start
+    reduced: dict[int, tuple[int, ...]] = {r: () for r in chain}  # its last reduction
+    held: dict[int, tuple[int, ...]] = {r: () for r in chain}  # the op after which it holds its last chunk
+    steps, chunks = pipeline_steps(b.n * b.elem_bytes, b.slice_bytes, CHAIN_CHUNKS)
+    cap = b.cap * b.wire
+    for k, (a, z, g) in enumerate(chunk_steps(b.n, steps, chunks)):
+        if z == a:
+            continue
+        lo, hi = a + b.offset, z + b.offset
+        for part in parts(g):
+            share = part.steps / g
+            nbytes, elems = b.nbytes(lo, hi) * b.wire * share, (hi - lo) * share
+            have = start[chain[0]]  # the first rank holds every step from the start
             for src, dst in itertools.pairwise(chain):
-                snd, rcv, done = b.move(src, dst, lo, hi, reduce, send_deps=(*have, *sent[src]),
-                                        recv_deps=(*start[dst], *got[dst]))
-                sent[src], got[dst], held[dst] = (snd,), (rcv,), (done,)
+                if part.middle:  # after its own first part only
+                    send_deps, recv_deps = sent[src], got[dst]
+                else:
+                    send_deps, recv_deps = (*have, *sent[src]), (*start[dst], *got[dst])
+                tmp = b.transport() if reduce and part.last else ""
+                args = (b.buf,) if part.last else ()
+                snd, rcv = sched.add_transfer(
+                    src, dst, nbytes, b.tag, send_deps=send_deps, recv_deps=recv_deps, args=args,
+                    dst_args=(tmp,) if tmp else args, lo=lo, hi=hi, coll=b.tag, into=part.last and not reduce,
+                    floor_s=(hop(src, dst) if hop is not None else 0.0) if k == 0 and part.first else STREAMED,
+                    rate_cap=cap)
+                sent[src], got[dst] = (snd,), (rcv,)
+                done = rcv
+                if reduce:  # after the receive and the rank's previous reduction (a middle: its first's only)
+                    deps = reduced[dst] if part.middle else (rcv, *start[dst], *reduced[dst])
+                    done = sched.add_compute(dst, f"{b.tag}.reduce", flops=elems, nbytes=3.0 * elems * b.elem_bytes,
+                                             dtype=b.dtype, deps=deps, fn=f"reduce-{b.op}" if tmp else "",
+                                             out=b.buf if tmp else "", args=(tmp,) if tmp else (), lo=lo, hi=hi,
+                                             fused=True, coll=b.tag)
+                    reduced[dst] = (done,)
+                if part.last:
+                    held[dst] = (done,)
                 have = (done,)
-            b.hop_s = None
     for r in chain:
         b.front[r] = (*held[r], *sent[r]) or start[r]

@@ -160,8 +160,8 @@ def _large(t: TreeArrays, chunks: list[int], size: float, cap: float, hop: tuple
     latency = np.where(t.net, hop[1], hop[0])
     t_up = size / np.minimum(t.free_up, cap)
     t_down = size / np.minimum(t.free_down, cap)
-    up = (t.wire_up, np.maximum(t.wire_up, latency), t_up)
-    down = (t.wire_down, np.maximum(t.wire_down, latency), t_down)
+    up = (np.maximum(t.wire_up, latency), t_up)
+    down = (np.maximum(t.wire_down, latency), t_down)
     reduce = one * t.kids
     kids = t.kids > 0
     alone = pipeline_time_arrays(t.parent, t.levels, chunks, up, down, reduce, kids)
@@ -174,7 +174,7 @@ def _small(t: TreeArrays, chunks: list[int], size: float, cap: float, hop: tuple
     wide (a server's chain, a small cluster), whose per-level array calls would cost more than the ranks."""
     parent, kids, net, wire_up, wire_down, free_up, free_down = t.lists
     n = len(parent)
-    zero = (0.0, 0.0, 0.0)
+    zero = (0.0, 0.0)
     up, down = [zero] * n, [zero] * n
     reduce = [one * c for c in kids]
     slowest = max(r for r, c in zip(reduce, kids, strict=True) if c)
@@ -182,8 +182,8 @@ def _small(t: TreeArrays, chunks: list[int], size: float, cap: float, hop: tuple
         latency = hop[1] if net[p] else hop[0]
         t_up = size / min(free_up[p], cap)
         t_down = size / min(free_down[p], cap)
-        up[p] = (wire_up[p], max(wire_up[p], latency), t_up)
-        down[p] = (wire_down[p], max(wire_down[p], latency), t_down)
+        up[p] = (max(wire_up[p], latency), t_up)
+        down[p] = (max(wire_down[p], latency), t_down)
         slowest = max(slowest, t_up, t_down)
     alone = pipeline_time_lists(parent, chunks, up, down, reduce, [c > 0 for c in kids])
     return alone, slowest

@@ -13,6 +13,7 @@ Channels: the fabric's count, reduced for small messages as NCCL does
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -23,7 +24,14 @@ from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.nccl_tree import tree_step
-from simulator.collectives.protocols import PROTOCOLS, base_latency, channels_for, hop_latency, wire_factor
+from simulator.collectives.protocols import (
+    PROTOCOLS,
+    base_latency,
+    channels_for,
+    hop_latency,
+    step_payload,
+    wire_factor,
+)
 from simulator.collectives.ring import MAX_SLICES, PIPELINE_SLICE_BYTES
 from simulator.collectives.tree_cost import tree_shape, tree_time
 
@@ -76,7 +84,7 @@ def predict(operation: str, ranks: Sequence[int], n: int, choice: Choice, fabric
         pred.set_cap(operation)
         t = pred.launch + pred.tree(n, elem_bytes, dtype)
     else:
-        t = pred.time(operation, n * elem_bytes * choice_wire(choice))
+        t = pred.time(operation, n * elem_bytes * choice_wire(choice), root)
     if operation in ("allreduce", "reduce-scatter") and choice.algo in ("ring", "hierarchical"):
         # a ring rank reduces (P-1)/P of the buffer (read twice, written once), each channel its share between its
         # own steps: a channel's reductions add to its chain of steps, while the others' transfers go on; all the
@@ -175,7 +183,7 @@ class _Predictor:
             hit = memo[key] = (shared, wire, classes)
         return hit
 
-    def time(self, operation: str, nbytes: float) -> float:
+    def time(self, operation: str, nbytes: float, root: int | None = None) -> float:
         p, c = len(self.ranks), self.choice.channels
         algo = self.choice.algo
         if algo == "pairwise":
@@ -187,12 +195,8 @@ class _Predictor:
             payload = nbytes / wire_factor("nvls", self.choice.protocol)
             slices = min(MAX_SLICES, max(1, math.ceil(payload / PIPELINE_SLICE_BYTES)))
             bw = self.shared_bw([[(self.ranks[0], self.ranks[1])]])
-            # the protocol's latency paid by the first slice each way, every later slice its message's own
-            cl = self.cluster
-            gpu = cl.ranks[self.ranks[0]]
-            switch = self.fabric.switch[self.fabric.hosts[self.ranks[0]]] if self.fabric.switch else gpu
-            step = cl.message_overhead_s + (cl.route_latency(cl.route(gpu, switch)) if switch != gpu else 0.0)
-            return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw + (slices - 1) * step
+            # the protocol's latency paid by the first slice each way, the later ones streaming behind it
+            return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw
         self.set_cap(operation)
         shared, wire, classes = self._rings(c)
         bw = min(shared, self.cap) * c
@@ -203,6 +207,17 @@ class _Predictor:
             return self.launch + 2 * (p - 1) * step + 2 * (p - 1) / p * nbytes / bw
         steps = {"allreduce": 2 * (p - 1), "reduce-scatter": p - 1, "allgather": p - 1}.get(operation, p - 1)
         factor = {"allreduce": 2 * (p - 1) / p, "reduce-scatter": (p - 1) / p, "allgather": (p - 1) / p}
+        if operation in ("broadcast", "reduce") and algo == "ring":
+            # NCCL's steps down each channel's chain from the root: the first pays every hop's latency in turn (its
+            # own class's), the last leaves p - 2 steps after the first
+            count = max(1, math.ceil(nbytes / choice_wire(self.choice) / step_payload(self.choice.protocol)))
+            start = self.ranks[0] if root is None else root
+            hops = 0.0
+            for ring in self.fabric.rings(self.ranks, c):
+                i = ring.index(start)
+                chain = [*ring[i:], *ring[:i]]
+                hops = max(hops, sum(self.hop(a, b) for a, b in itertools.pairwise(chain)))
+            return self.launch + hops + (count + p - 2) * nbytes / count / bw
         return self.launch + steps * step + factor.get(operation, 1.0) * nbytes / bw
 
 

@@ -14,7 +14,8 @@
   the op's ``floor_s`` (a protocol's base latency) when that is longer, off the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
   ``comm_overhead`` for a transfer that is not part of a collective: it is a communication operation of its own;
-  ``message_overhead + latency`` is raised to the send's ``floor_s``, a protocol's per-hop latency, if lower),
+  ``message_overhead + latency`` is raised to the send's ``floor_s``, a protocol's per-hop latency, if lower;
+  none for a later step of a pipeline, ``floor_s`` = ``STREAMED``: NCCL keeps 8 steps in flight per connection),
   then drains over every directed link of the route at its max-min fair rate (:mod:`simulator.engine.network`). Rates
   are recomputed once per simulated instant at which flows start or finish, after every other callback of that
   instant has run.
@@ -367,8 +368,11 @@ class _Run:
         hit = self._paths.get((send.rank, recv.rank))
         link_ids, latency = hit if hit is not None else self._path(send.rank, recv.rank)
         delay = self.msg_s + latency
-        if delay < send.floor_s:
-            delay = send.floor_s
+        floor = send.floor_s
+        if delay < floor:
+            delay = floor
+        elif floor < 0.0:  # STREAMED: a later step of a pipeline, its latency hidden behind the steps before it
+            delay = 0.0
         if not send.coll:
             delay += self.comm_s
         if not link_ids or send.nbytes == 0:
