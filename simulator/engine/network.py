@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from itertools import chain
 from typing import Any, TypeVar
 
 __all__ = ["FlowNetwork", "max_min_rates"]
@@ -102,7 +103,7 @@ class FlowNetwork:
         self.state: dict[int, list[Any]] = {}
         self._alone: dict[tuple[int, ...], float] = {}  # route -> rate of a flow alone on it (its narrowest link)
         # since the last allocation: links whose flows' rates may have changed (a flow came or went on a tight
-        # link, or a link turned tight or slack), flows to rate (new ones), links flows left (their load changed)
+        # link, or a link turned tight or slack), new capped flows to rate, links capped flows left (their load)
         self._touched: set[int] = set()
         self._fresh: set[int] = set()
         self._left: set[int] = set()
@@ -111,7 +112,8 @@ class FlowNetwork:
         # a component's flow shapes (a multiset) -> each shape's max-min rate: a pipeline's components recur
         self._filled: dict[frozenset[tuple[Shape, int]], dict[Shape, float]] = {}
         self._keying, self._hits, self._misses = True, 0, 0  # keying stops where lookups mostly miss
-        self._caps_on: dict[int, dict[float, int]] = {}  # link -> its flows' caps (0.0: none), counted
+        self._caps_on: dict[int, dict[float, int]] = {}  # link -> its capped flows' caps, counted as they cross it
+        self._capped: dict[int, int] = {}  # link -> how many capped flows cross it (the others have no cap)
         self._tight_now: dict[int, bool] = {}  # allocate's answers of _tight (the flows do not change during it)
         self._spare_caps: list[int] = []  # ids of cap links no flow holds now (reused before new ones)
         self._cap_link: dict[int, int] = {}  # flow -> its private cap link
@@ -148,22 +150,79 @@ class FlowNetwork:
                 on_link[link] = {flow}
             else:
                 users.add(flow)
-        caps_on, touched = self._caps_on, self._touched
-        for link in shape[0]:  # counted as often as the flow crosses it
-            caps = caps_on.get(link)
-            if caps is None:
-                caps_on[link] = {cap: 1}
+        if cap > 0.0:
+            caps_on, capped, capacity, touched = self._caps_on, self._capped, self.capacity, self._touched
+            if flow in self._repeats:  # a link crossed twice: its cap counted twice, the flow once
+                for link in shape[0]:
+                    caps = caps_on.setdefault(link, {})
+                    caps[cap] = caps.get(cap, 0) + 1
+                for link in set(shape[0]):
+                    capped[link] = capped.get(link, 0) + 1
+                touched.update(link for link in shape[0] if self._link_tight(link))
             else:
-                caps[cap] = caps.get(cap, 0) + 1
-        for link in shape[0]:  # a slack link stays slack: its other flows keep their rates
-            if self._link_tight(link):
-                touched.add(link)
-        self._fresh.add(flow)
+                for link in shape[0]:  # _link_tight after the flow came, inlined: a slack link stays slack
+                    held = caps_on.get(link)
+                    if held is None:
+                        caps_on[link] = {cap: 1}
+                        capped[link] = n = 1
+                        total = cap
+                    else:
+                        times = held.get(cap, 0) + 1
+                        held[cap] = times
+                        n = capped[link] + 1
+                        capped[link] = n
+                        total = cap * times if len(held) == 1 else self._cap_sum(held)
+                    if len(on_link[link]) > n or total > capacity[link] * SLACK:
+                        touched.add(link)
+            self._fresh.add(flow)  # rated even where all its links stay slack
+        else:  # its links are tight (the flows on them may change rates): they find it
+            self._touched.update(route)
 
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
+        links, cap = self.state[flow][4]
+        repeated = flow in self._repeats
+        if cap > 0.0:  # the other flows of a tight link may rise (or be freed, once it turns slack)
+            self._left.update(links)  # their loads changed
+            self._fresh.discard(flow)
+            caps_on, capped, capacity, touched, on_link = (self._caps_on, self._capped, self.capacity, self._touched,
+                                                           self.on_link)
+            if repeated:
+                touched.update(link for link in links if self._link_tight(link))
+                for link in links:
+                    caps = caps_on[link]
+                    if caps[cap] > 1:
+                        caps[cap] -= 1
+                    elif len(caps) == 1:
+                        del caps_on[link]
+                    else:
+                        del caps[cap]
+                for link in set(links):
+                    if capped[link] > 1:
+                        capped[link] -= 1
+                    else:
+                        del capped[link]
+            else:
+                for link in links:  # _link_tight before the flow goes, inlined; then its counts go
+                    caps = caps_on[link]
+                    times, n = caps[cap], capped[link]
+                    total = cap * times if len(caps) == 1 else self._cap_sum(caps)
+                    if len(on_link[link]) > n or total > capacity[link] * SLACK:
+                        touched.add(link)
+                    if times > 1:
+                        caps[cap] = times - 1
+                    elif len(caps) == 1:
+                        del caps_on[link]
+                    else:
+                        del caps[cap]
+                    if n > 1:
+                        capped[link] = n - 1
+                    else:
+                        del capped[link]
+        else:
+            self._touched.update(links)
         route = self.routes.pop(flow)
-        if flow in self._repeats:
+        if repeated:
             self._repeats.discard(flow)
             extra = self._extra
             for link in set(route):
@@ -179,21 +238,6 @@ class FlowNetwork:
                 users.discard(flow)
                 if not users:
                     del on_link[link]
-        caps_on, (links, cap) = self._caps_on, self.state[flow][4]
-        for link in links:  # the other flows of a tight link may rise (or be freed, once it turns slack)
-            if self._link_tight(link):
-                self._touched.add(link)
-        self._left.update(links)
-        self._fresh.discard(flow)
-        for link in links:
-            caps = caps_on[link]
-            left = caps[cap] - 1
-            if left:
-                caps[cap] = left
-            elif len(caps) == 1:
-                del caps_on[link]
-            else:
-                del caps[cap]
         del self.state[flow]
         if self._next is not None and flow in self._next[2]:
             self._next = None
@@ -205,15 +249,21 @@ class FlowNetwork:
         """Whether ``link`` may bind its flows: one of them has no cap, or their caps (counted as often as they
         cross it) add up to more than ``SLACK`` of its capacity. A slack link binds none: every flow on it gets at
         most its cap, and all the caps fit (progressive filling never freezes a flow there, by the margin)."""
-        caps = self._caps_on.get(link)
-        if not caps:
+        users = self.on_link.get(link)
+        if not users:
             return False
-        if 0.0 in caps:
+        caps = self._caps_on.get(link)
+        if caps is None or len(users) > self._capped[link]:  # a flow without a cap
             return True
+        return self._cap_sum(caps) > self.capacity[link] * SLACK
+
+    @staticmethod
+    def _cap_sum(caps: dict[float, int]) -> float:
+        """A link's flows' caps, summed (each as often as it is counted), afresh: no drift from additions."""
         total = 0.0
         for cap, times in caps.items():
             total += cap * times
-        return total > self.capacity[link] * SLACK
+        return total
 
     def _tight(self, link: int) -> bool:
         """:meth:`_link_tight`, kept for one allocation (its flows do not change during it)."""
@@ -234,11 +284,8 @@ class FlowNetwork:
         placed: set[int] = set()
         on_link, state, tight = self.on_link, self.state, self._tight
         self._tight_now.clear()
-        fresh = self._fresh
-        for seed in (*self._touched, -1):
-            if seed in seen_links:
-                continue
-            users = fresh if seed < 0 else on_link.get(seed)  # the touched links' flows, then the new ones
+        groups = map(on_link.get, self._touched)  # the touched links' flows, then the new capped ones
+        for users in chain(groups, (self._fresh,)) if self._fresh else groups:
             if users is None:
                 continue
             for flow in users:
