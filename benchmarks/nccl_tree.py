@@ -13,7 +13,7 @@ seconds its simulation took on this machine (the issue asks well under a second 
 
 ``--tree-chunks``: what if the tree's pipelines were cut in more (or fewer) chunks than ``nccl_tree.TREE_CHUNKS``
 (16 a channel): each chunk's steps are three ops whatever its size, so the times barely move while the ops do.
-``--max-slices``: the bound on the slices of the ring's pipelines (broadcast, reduce) and NVLS (64).
+``--max-slices``: the bound on NVLS's slices (64; the ring's broadcast and reduce cut their steps like the tree).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--topologies", default=",".join(f"{n}:{k}" for n, k in TOPOLOGIES),
                     help="preset:nodes,... (default: all five)")
     ap.add_argument("--max-slices", type=int, default=None,
-                    help="what if the ring's pipelines and NVLS held more slices than ring.MAX_SLICES (64)")
+                    help="what if NVLS held more slices than ring.MAX_SLICES (64)")
     ap.add_argument("--tree-chunks", type=int, default=None,
                     help="what if the tree cut a channel's pipeline in more chunks than nccl_tree.TREE_CHUNKS (16)")
     args = ap.parse_args()

@@ -237,3 +237,21 @@ def test_broadcast_pipelines_in_the_protocols_step(protocol, step):
     slice_s = step * wire_factor("ring", protocol) / BW
     latency = base_latency("ring", protocol) + (p - 1) * hop_latency("ring", protocol, "nvlink")  # the fill
     assert math.isclose(simulate(sched, cluster).makespan, latency + (m + p - 2) * slice_s, rel_tol=REL)
+
+
+@pytest.mark.parametrize("channels", [1, 2, 4])
+@pytest.mark.parametrize("kind", ["broadcast", "reduce"])
+def test_the_tuner_prices_a_chain_of_steps_per_channel(kind, channels):
+    """Each channel pipelines its own share of the steps down its chain (its fill: p - 2 of its steps), so the
+    tuner's price of a broadcast or reduce on channels over distinct links is the engine's time, whatever the
+    channel count (it once counted the steps of the whole message: 0.82 of the engine with 4 channels)."""
+    p, step = 8, step_payload("Simple")
+    cluster = mesh(p)
+    n = 16 * int(step) * channels  # 16 steps a channel
+    sched = Schedule(p, placement=cluster.ranks)
+    _, choice = collective(sched, kind, list(range(p)), "x", n, fabric_of(cluster), algo="ring", protocol="Simple",
+                           root=0, channels=channels, elem_bytes=1, dtype="fp32", tag="c", deps={})
+    assert choice == Choice("ring", "Simple", channels)
+    got = simulate(sched, cluster).makespan
+    predicted = predict(kind, list(range(p)), n, choice, fabric_of(cluster), elem_bytes=1, dtype="fp32", root=0)
+    assert math.isclose(got, predicted, rel_tol=REL)

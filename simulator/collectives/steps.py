@@ -13,9 +13,9 @@ message. Here a pipeline of S steps is cut into at most ``max_chunks`` chunks (:
 * ``last``: its last step, after this stage's middle steps and its upstream stages' last step; it carries the
   chunk's data (the numeric executors see one transfer and one reduction of the whole chunk).
 
-Each op pays a transfer's fixed seconds (message overhead, route latency) once, not once a step: NCCL keeps
-``NCCL_STEPS`` = 8 steps in flight per connection, so a step's latency hides behind the bytes of the steps before
-it (as a ring pipeline's slices, :mod:`.ring`); the pipeline's very first step pays the protocol's per-hop latency.
+Only a connection's very first step pays a transfer's fixed seconds (message overhead, route latency, at least the
+protocol's per-hop latency); every later op streams behind it (``floor_s = STREAMED``): NCCL keeps ``NCCL_STEPS`` =
+8 steps in flight per connection, so a step's latency hides behind the bytes of the steps before it.
 
 Why the three ops are the steps' pipeline (exactly, where stages run at their own pace and steps carry no fixed
 seconds): with step times f_v (a chunk's first step, which may pay a latency) >= d_v (every other step), the

@@ -4,7 +4,7 @@ What does not depend on the protocol or the message is prepared once per (cluste
 (:func:`tree_shape`): every channel's trees as arrays over their ranks in top-down order (each rank's parent
 position, its depth level, its children count), every connection's fixed seconds (message overhead plus route
 latency), whether it crosses servers, its rate alone (its route's narrowest link) and its route's links. A
-candidate (protocol, cap, message) then costs a few array operations per tree level (:func:`tree_time`):
+candidate (protocol, cap, message) then costs a few array operations per tree level and chunk (:func:`tree_time`):
 the stages' seconds for all connections at once, :func:`.nccl_tree.pipeline_time`'s recursion one level at a time.
 
 Every number is the same IEEE operation as in the per-rank form (:func:`.nccl_tree.pipeline_time` with

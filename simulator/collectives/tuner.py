@@ -183,6 +183,41 @@ class _Predictor:
             hit = memo[key] = (shared, wire, classes)
         return hit
 
+    def _chains(self, operation: str, nbytes: float, root: int | None) -> float:
+        """Seconds of a ring broadcast's or reduce's pipelines (:func:`.ring.ring_broadcast`): each channel's share
+        in NCCL's steps down its chain from (or to) the root. Step 0 pays every hop's latency (its own class's) and
+        its bytes at the hop's rate; the later steps stream behind it, so the last leaves at the longest path: up
+        to some hop i with step 0, there every later step, on with the last (max over i of the latencies up to i,
+        every hop's step time once and i's S - 1 times more). A hop's rate: the channel's cap, or its route's
+        narrowest link shared by every channel's hops that cross it (the same at every step: channels lockstep)."""
+        c = self.choice.channels
+        count = max(1, math.ceil(nbytes / choice_wire(self.choice) / c / step_payload(self.choice.protocol)))
+        size = nbytes / c / count  # a step's bytes on the wire
+        start = self.ranks[0] if root is None else root
+        chains = []
+        for ring in self.fabric.rings(self.ranks, c):
+            i = ring.index(start)
+            chain = [*ring[i:], *ring[:i]]
+            chains.append(list(itertools.pairwise(chain[::-1] if operation == "reduce" else chain)))
+        cl = self.cluster
+        cl.prepare_routes((cl.ranks[a], cl.ranks[b]) for hops in chains for a, b in hops)
+        routes = {hop: cl.route(cl.ranks[hop[0]], cl.ranks[hop[1]]) for hops in chains for hop in hops}
+        uses: dict[tuple[str, str], int] = {}
+        for hops in chains:
+            for hop in hops:
+                for edge in routes[hop]:
+                    uses[edge] = uses.get(edge, 0) + 1
+        worst = 0.0
+        for hops in chains:
+            times = [size / min(self.cap, min((cl.graph.edges[e]["bandwidth"] / uses[e] for e in routes[hop]),
+                                              default=math.inf)) for hop in hops]
+            total, latency, best = sum(times), 0.0, 0.0
+            for hop, t in zip(hops, times, strict=True):
+                latency += self.hop(*hop)
+                best = max(best, latency + total + (count - 1) * t)
+            worst = max(worst, best)
+        return worst
+
     def time(self, operation: str, nbytes: float, root: int | None = None) -> float:
         p, c = len(self.ranks), self.choice.channels
         algo = self.choice.algo
@@ -208,16 +243,7 @@ class _Predictor:
         steps = {"allreduce": 2 * (p - 1), "reduce-scatter": p - 1, "allgather": p - 1}.get(operation, p - 1)
         factor = {"allreduce": 2 * (p - 1) / p, "reduce-scatter": (p - 1) / p, "allgather": (p - 1) / p}
         if operation in ("broadcast", "reduce") and algo == "ring":
-            # NCCL's steps down each channel's chain from the root: the first pays every hop's latency in turn (its
-            # own class's), the last leaves p - 2 steps after the first
-            count = max(1, math.ceil(nbytes / choice_wire(self.choice) / step_payload(self.choice.protocol)))
-            start = self.ranks[0] if root is None else root
-            hops = 0.0
-            for ring in self.fabric.rings(self.ranks, c):
-                i = ring.index(start)
-                chain = [*ring[i:], *ring[:i]]
-                hops = max(hops, sum(self.hop(a, b) for a, b in itertools.pairwise(chain)))
-            return self.launch + hops + (count + p - 2) * nbytes / count / bw
+            return self.launch + self._chains(operation, nbytes, root)
         return self.launch + steps * step + factor.get(operation, 1.0) * nbytes / bw
 
 

@@ -21,7 +21,7 @@
   instant has run.
 
 Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)``, where
-``overhead = message_overhead (+ comm_overhead outside a collective)``.
+``overhead = message_overhead (+ comm_overhead outside a collective)`` (a ``STREAMED`` one: ``B / min(bandwidth)``).
 
 Everything due at one instant runs from one simpy event (a calendar of callbacks per time), so lockstep
 schedules (P ranks finishing a step together) cost one event per instant rather than one per op. The run keeps
