@@ -11,7 +11,7 @@ from simulator.algorithms import Layout, build_schedule, resolve
 from simulator.collectives import allreduce, broadcast, reduce
 from simulator.collectives.ring import PIPELINE_SLICE_BYTES
 from simulator.engine.core import simulate
-from simulator.schedule import Schedule
+from simulator.schedule import STREAMED, Schedule
 from simulator.workloads.shape import DecodeShape
 
 REL = 1e-9
@@ -168,3 +168,23 @@ def test_collective_overhead_can_differ_from_a_standalone_send():
     sched = Schedule(4, placement=cluster.ranks)
     sched.add_transfer(0, 1, 1e6, "x")
     assert math.isclose(simulate(sched, cluster).makespan, 3e-6 + OVH + 2 * LAT + 1e6 / BW, rel_tol=REL)
+
+
+def test_a_streamed_step_pays_no_fixed_seconds():
+    """Three steps of a pipeline over one route, each after the previous: the first pays the message overhead and
+    the route's latency (raised to its floor), the later ones (floor_s = STREAMED) only their bytes; a transfer
+    outside any collective pays the communication overhead on top whatever its floor."""
+    sched = Schedule(2, placement=("h0", "h1"))
+    n = 1_000_000
+    s0, _ = sched.add_transfer(0, 1, n, "step", coll="c", floor_s=10e-6)
+    s1, _ = sched.add_transfer(0, 1, n, "step", send_deps=(s0,), coll="c", floor_s=STREAMED)
+    s2, _ = sched.add_transfer(0, 1, n, "step", send_deps=(s1,), coll="c", floor_s=STREAMED)
+    res = simulate(sched, zero_star(2))
+    ends = res.op_ends()
+    assert math.isclose(ends[s0], 10e-6 + n / BW, rel_tol=REL)  # max(OVH + 2 LAT = 5 us, the 10 us floor)
+    assert math.isclose(ends[s1], ends[s0] + n / BW, rel_tol=REL)
+    assert math.isclose(ends[s2], ends[s0] + 2 * n / BW, rel_tol=REL)
+    alone = Schedule(2, placement=("h0", "h1"))
+    alone.add_transfer(0, 1, n, "p2p", floor_s=STREAMED)
+    comm = 3e-6
+    assert math.isclose(simulate(alone, zero_star(2, comm="3 us")).makespan, comm + n / BW, rel_tol=REL)
