@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Part", "chunk_steps", "parts", "pipeline_steps"]
+__all__ = ["Part", "chunk_steps", "parts", "pipeline_steps", "step_counts"]
 
 
 @dataclass(frozen=True)
@@ -76,18 +76,27 @@ def pipeline_steps(nbytes: float, step: float, max_chunks: int) -> tuple[int, in
     return total, max(1, min(total, max_chunks))
 
 
+def step_counts(steps: int, chunks: int) -> list[int]:
+    """Each of ``chunks`` chunks' share of ``steps`` steps, as even as they go (``chunk_bounds``' sizes: the first
+    ``steps % chunks`` chunks one step more).
+
+    >>> step_counts(6, 4)
+    [2, 2, 1, 1]
+    """
+    q, extra = divmod(steps, chunks)
+    return [q + 1] * extra + [q] * (chunks - extra)
+
+
 def chunk_steps(n: int, steps: int, chunks: int) -> list[tuple[int, int, int]]:
     """``chunks`` chunks of ``n`` elements in ``steps`` steps: (first element, end, steps) of each, the steps as
-    even as they go (``chunk_bounds``' sizes: the first ``steps % chunks`` chunks one step more) and every step
-    ``n / steps`` elements (to the element: a chunk of steps s0 .. s1 holds elements n s0 // steps .. n s1 // steps).
+    :func:`step_counts` cuts them and every step ``n / steps`` elements (to the element: a chunk of steps s0 .. s1
+    holds elements n s0 // steps .. n s1 // steps).
 
     >>> chunk_steps(100, 6, 4)
     [(0, 33, 2), (33, 66, 2), (66, 83, 1), (83, 100, 1)]
     """
-    q, extra = divmod(steps, chunks)
     out, s0 = [], 0
-    for k in range(chunks):
-        g = q + (k < extra)
+    for g in step_counts(steps, chunks):
         out.append((n * s0 // steps, n * (s0 + g) // steps, g))
         s0 += g
     return out

@@ -27,6 +27,7 @@ from simulator.cluster.topology import Cluster
 from simulator.collectives.base import chunk_bounds
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time_arrays, pipeline_time_lists, tree_chunks
+from simulator.collectives.steps import step_counts
 
 __all__ = ["TreeArrays", "TreeShape", "tree_arrays", "tree_shape", "tree_time"]
 
@@ -139,8 +140,7 @@ def tree_time(shape: TreeShape, n: int, elem_bytes: int, wire: float, cap: float
             if z == a:  # adds nothing to the links' load
                 continue
             steps, chunks = tree_chunks((z - a) * elem_bytes, step, len(trees))
-            q, extra = divmod(steps, chunks)  # each chunk's steps, as the builder cuts them (steps.chunk_steps)
-            per_chunk = [q + 1] * extra + [q] * (chunks - extra)
+            per_chunk = step_counts(steps, chunks)  # each chunk's steps, as the builder cuts them
             elems = (z - a) / steps
             size = elems * elem_bytes * wire
             one = reduce_s(elems)

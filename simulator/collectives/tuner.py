@@ -233,6 +233,8 @@ class _Predictor:
             # the protocol's latency paid by the first slice each way, the later ones streaming behind it
             return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw
         self.set_cap(operation)
+        if operation in ("broadcast", "reduce") and algo == "ring":
+            return self.launch + self._chains(operation, nbytes, root)
         shared, wire, classes = self._rings(c)
         bw = min(shared, self.cap) * c
         # the slowest hop's max(wire, protocol latency): the slowest wire or the slowest class's latency
@@ -242,8 +244,6 @@ class _Predictor:
             return self.launch + 2 * (p - 1) * step + 2 * (p - 1) / p * nbytes / bw
         steps = {"allreduce": 2 * (p - 1), "reduce-scatter": p - 1, "allgather": p - 1}.get(operation, p - 1)
         factor = {"allreduce": 2 * (p - 1) / p, "reduce-scatter": (p - 1) / p, "allgather": (p - 1) / p}
-        if operation in ("broadcast", "reduce") and algo == "ring":
-            return self.launch + self._chains(operation, nbytes, root)
         return self.launch + steps * step + factor.get(operation, 1.0) * nbytes / bw
 
 
