@@ -13,7 +13,7 @@ from conftest import ZERO_COMPUTE
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
 from simulator.collectives import chunk_bounds, collective, fabric_of
 from simulator.collectives.channels import Choice, build
-from simulator.collectives.protocols import base_latency, hop_latency, step_payload, wire_factor
+from simulator.collectives.protocols import base_latency, forward_grain, hop_latency, step_payload, wire_factor
 from simulator.collectives.tuner import candidates, predict
 from simulator.engine.core import simulate
 from simulator.errors import InputError
@@ -223,9 +223,10 @@ def test_alltoall_uses_every_gpus_own_nic():
 
 @pytest.mark.parametrize(("protocol", "step"), [("LL", 32768), ("LL128", 576000), ("Simple", 524288)])
 def test_broadcast_pipelines_in_the_protocols_step(protocol, step):
-    # NCCL's channel buffer over 8 steps, less the protocol's flags (src/init.cc): the slices a broadcast
-    # pipelines, and, uncontended, m slices down a chain of p ranks take m + p - 2 slice times after the launch and
-    # the first slice's hop latencies
+    # NCCL's channel buffer over 8 steps, less the protocol's flags (src/init.cc): the steps a broadcast pipelines
+    # (a chunk of ops each); uncontended, m units down a chain of p ranks take m + p - 2 unit times after the launch
+    # and the first unit's hop latencies, a unit the step with Simple (store-and-forward), with LL and LL128 the
+    # grain a rank passes on as it arrives (a warp's lines: cut-through inside a server)
     assert step_payload(protocol) == step
     p, m = 4, 5
     cluster = mesh(p)
@@ -233,10 +234,43 @@ def test_broadcast_pipelines_in_the_protocols_step(protocol, step):
     collective(sched, "broadcast", list(range(p)), "x", m * step, fabric_of(cluster), algo="ring", protocol=protocol,
                root=0, channels=1, elem_bytes=1, dtype="fp32", tag="b", deps={})
     sends = [op for op in sched.ops if op.kind == "send"]
-    assert len(sends) == m * (p - 1) and {op.nbytes for op in sends} == {step * wire_factor("ring", protocol)}
-    slice_s = step * wire_factor("ring", protocol) / BW
+    grain = forward_grain(protocol) or step
+    units = m * step / grain
+    assert units == {"LL": 640, "LL128": 1500, "Simple": 5}[protocol]
+    if protocol == "Simple":  # a step an op
+        assert len(sends) == m * (p - 1) and {op.nbytes for op in sends} == {step * wire_factor("ring", protocol)}
+    else:  # a step a chunk of three ops: its first grain, the grains between, its last grain
+        assert len(sends) == 3 * m * (p - 1)
+        assert min(op.nbytes for op in sends) == grain * wire_factor("ring", protocol)
+    unit_s = grain * wire_factor("ring", protocol) / BW
     latency = base_latency("ring", protocol) + (p - 1) * hop_latency("ring", protocol, "nvlink")  # the fill
-    assert math.isclose(simulate(sched, cluster).makespan, latency + (m + p - 2) * slice_s, rel_tol=REL)
+    assert math.isclose(simulate(sched, cluster).makespan, latency + (units + p - 2) * unit_s, rel_tol=REL)
+
+
+@pytest.mark.parametrize("protocol", ["LL", "LL128"])
+def test_a_chain_holds_whole_steps_only_across_servers(protocol):
+    """LL and LL128 down a chain over two servers of two GPUs: the hops inside a server pass a grain on as it
+    arrives, the hop between the servers holds back one NCCL step (NCCL's proxy sends whole steps), and the tuner's
+    price of the chain is the engine's time."""
+    cluster = load_topology("dgx-h100", {"nodes": 2, "gpus_per_node": 2})
+    fabric = fabric_of(cluster)
+    p, n = len(cluster.ranks), 1 << 20
+    sched = Schedule(p, placement=cluster.ranks)
+    _, choice = collective(sched, "broadcast", list(range(p)), "x", n, fabric, algo="ring", protocol=protocol,
+                           root=0, channels=1, elem_bytes=1, dtype="fp32", tag="b", deps={})
+    first: dict[tuple[int, int], float] = {}
+    for op in sched.ops:
+        if op.kind == "send":
+            first.setdefault((op.rank, op.peer), op.nbytes)
+    grain, step, wire = forward_grain(protocol), step_payload(protocol), wire_factor("ring", protocol)
+    assert grain is not None
+    for (a, b), nbytes in first.items():
+        if fabric.hosts[a] != fabric.hosts[b]:  # a step (at most its chunk less two grains)
+            assert 0.9 * step * wire <= nbytes <= step * wire, (a, b, nbytes)
+        else:
+            assert math.isclose(nbytes, grain * wire, rel_tol=1e-2), (a, b, nbytes)  # parts of whole elements
+    predicted = predict("broadcast", list(range(p)), n, choice, fabric, elem_bytes=1, dtype="fp32", root=0)
+    assert math.isclose(simulate(sched, cluster).makespan, predicted, rel_tol=1e-6)
 
 
 @pytest.mark.parametrize("channels", [1, 2, 4])

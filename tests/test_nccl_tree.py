@@ -10,11 +10,11 @@ import pytest
 from conftest import ZERO_COMPUTE
 
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
-from simulator.collectives import collective, fabric_of, nccl_tree
+from simulator.collectives import channels, collective, fabric_of, nccl_tree
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import Choice
 from simulator.collectives.nccl_tree import btree_parent, channel_trees, dtree_parents, tree_chunks, tree_step
-from simulator.collectives.protocols import base_latency, hop_latency, wire_factor
+from simulator.collectives.protocols import base_latency, forward_grain, hop_latency, wire_factor
 from simulator.collectives.tuner import predict
 from simulator.engine.core import simulate
 from simulator.numeric import Executor, make_inputs
@@ -79,13 +79,15 @@ def test_ncclS_binary_tree_and_its_mirror():
 def test_uncontended_tree_on_a_mesh_is_the_pipeline_closed_form(protocol, nbytes):
     """One channel on 4 fully linked GPUs: a chain 0-1-2-3, up and down on the two directions of distinct links.
     NCCL's step 0 climbs 3 hops and comes down 3, each at the protocol's per-hop latency and bytes / bandwidth; the
-    other S - 1 steps follow one step time apart (S: the message over NCCL's tree chunk, whatever the ops)."""
+    other S - 1 steps follow one step time apart (S: the message over NCCL's tree chunk with Simple, over the
+    protocol's forwarding grain with LL and LL128, which pass lines on as they arrive inside a server)."""
     bw = 40e9
     got, predicted, choice = tree(mesh(4, bw), nbytes, protocol)
     assert choice == Choice("tree", protocol, 1)
-    steps, _ = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 4), 1)
-    assert steps == {(3 * MiB // 2, "Simple"): 3, (48 * MiB, "Simple"): 96, (3 * MiB // 2, "LL"): 48,
-                     (48 * MiB, "LL"): 1536}.get((nbytes, protocol), steps)
+    steps, _, head = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 4), 1, forward_grain(protocol))
+    assert steps == {(3 * MiB // 2, "Simple"): 3, (48 * MiB, "Simple"): 96, (3 * MiB // 2, "LL"): 6144,
+                     (48 * MiB, "LL"): 196608, (3 * MiB // 2, "LL128"): 820}.get((nbytes, protocol), steps)
+    assert head == {"Simple": 1, "LL": 128}.get(protocol, head)  # LL: 32 KiB steps of 256-byte grains
     step = nbytes / steps * wire_factor("tree", protocol) / bw
     want = base_latency("tree", protocol) + 6 * (hop_latency("tree", protocol, "nvlink") + step) \
         + (steps - 1) * step
@@ -103,8 +105,8 @@ def test_uncontended_tree_on_a_line_of_unequal_links_is_the_closed_form(protocol
     overhead = 2e-6
     nbytes = int(8 * tree_step(1 << 30, 1, protocol, 1, 5))
     got, predicted, _ = tree(line(bws, overhead="2 us"), nbytes, protocol)
-    steps, chunks = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 5), 1)
-    assert steps == chunks == 8
+    steps, chunks, _ = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 5), 1, forward_grain(protocol))
+    assert chunks == 8 and steps == (8 if protocol == "Simple" else 8 * 128)  # LL: a step is 128 grains
     size = nbytes / steps * wire_factor("tree", protocol)
     hop = max(overhead, hop_latency("tree", protocol, "nvlink"))
     want = (base_latency("tree", protocol) + 2 * sum(hop + size / bw for bw in bws)
@@ -119,7 +121,7 @@ def test_the_tuner_prices_a_chunks_three_ops_as_the_engine_runs_them(protocol):
     over a chunk's first, middle and last ops is the engine's time."""
     nbytes = 3 * 64 * 512 * 1024
     got, predicted, _ = tree(line([50e9, 80e9, 30e9, 20e9], overhead="2 us", lat="0.5 us"), nbytes, protocol)
-    steps, chunks = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 5), 1)
+    steps, chunks, _ = tree_chunks(nbytes, tree_step(nbytes, 1, protocol, 1, 5), 1, forward_grain(protocol))
     assert steps > 2 * chunks
     assert math.isclose(got, predicted, rel_tol=REL)
 
@@ -130,7 +132,7 @@ def test_reductions_are_a_stage_of_the_pipeline():
     slow = {**ZERO_COMPUTE, "mem_bw": "30 GB/s"}
     nbytes = 24 * MiB
     got, predicted, _ = tree(line([50e9, 50e9, 50e9], device=slow), nbytes, "Simple")
-    steps, _ = tree_chunks(nbytes, tree_step(nbytes, 1, "Simple", 1, 4), 1)
+    steps, _, _ = tree_chunks(nbytes, tree_step(nbytes, 1, "Simple", 1, 4), 1)
     link = nbytes / steps / 50e9
     reduce = 3 * nbytes / steps / 30e9
     assert reduce > link
@@ -160,9 +162,45 @@ def test_a_chunks_first_middle_and_last_ops_run_as_its_steps_one_op_each(case, m
     steps = math.ceil(n * elem / tree_step(n * elem, 1, "Simple", 2, 8))
     assert steps > 2 * tree_chunks(n * elem, tree_step(n * elem, 1, "Simple", 2, 8), 2)[1]  # middles ran
     monkeypatch.setattr(nccl_tree, "TREE_CHUNKS", 2 * steps)
-    assert tree_chunks(n * elem, tree_step(n * elem, 1, "Simple", 2, 8), 2) == (steps, steps)
+    assert tree_chunks(n * elem, tree_step(n * elem, 1, "Simple", 2, 8), 2) == (steps, steps, 1)
     each, _, _ = tree(cluster, n, "Simple", elem_bytes=elem)
     assert math.isclose(split, each, rel_tol=5e-3 if case == "two-servers" else REL), (split, each)
+
+
+@pytest.mark.parametrize("protocol", ["LL", "LL128"])
+def test_ll_passes_lines_on_inside_a_server_and_whole_steps_across_servers(protocol, monkeypatch):
+    """LL and LL128 carry a flag in every line: inside a server a rank forwards a warp's lines as they arrive, while
+    across servers NCCL's proxy sends a step only once all of it is in (``sendProxyProgress``). So a network
+    connection's first op of a chunk holds one NCCL step, a connection inside a server one grain; the tuner prices
+    the same ops (two servers of two GPUs, one channel: nothing shared)."""
+    cluster = load_topology("dgx-h100", {"nodes": 2, "gpus_per_node": 2})
+    fabric = fabric_of(cluster)
+    p, n = len(cluster.ranks), 1 << 19  # 1 MiB of bf16
+    sched = Schedule(p, placement=cluster.ranks)
+    _, choice = collective(sched, "allreduce", list(range(p)), "x", n, fabric, algo="tree", protocol=protocol,
+                           channels=1, elem_bytes=2, dtype="bf16", tag="ar", deps={})
+    got = simulate(sched, cluster).makespan
+    assert math.isclose(got, predict("allreduce", list(range(p)), n, choice, fabric, elem_bytes=2, dtype="bf16"),
+                        rel_tol=1e-5)  # LL128's grains are not whole elements: the builder rounds its parts
+    first: dict[tuple[int, int], float] = {}  # each connection's first send, in op order
+    for op in sched.ops:
+        if op.kind == "send":
+            first.setdefault((op.rank, op.peer), op.nbytes)
+    wire = wire_factor("tree", protocol)
+    step = tree_step(2 * n, 1, protocol, 2, p)
+    grain = forward_grain(protocol)
+    assert grain is not None and step > grain
+    for (a, b), nbytes in first.items():
+        crosses = fabric.hosts[a] != fabric.hosts[b]
+        want = math.ceil(step / grain) * grain if crosses else grain  # a step of whole grains, or one grain
+        assert math.isclose(nbytes, want * wire, rel_tol=1e-2), (a, b, nbytes)  # parts of whole elements
+    assert {fabric.hosts[a] != fabric.hosts[b] for a, b in first} == {True, False}
+    # forwarding whole steps everywhere (Simple's way) takes longer: every hop's fill a step, not a grain
+    monkeypatch.setattr(channels, "forward_grain", lambda proto: None)
+    whole = Schedule(p, placement=cluster.ranks)
+    collective(whole, "allreduce", list(range(p)), "x", n, fabric, algo="tree", protocol=protocol, channels=1,
+               elem_bytes=2, dtype="bf16", tag="ar", deps={})
+    assert got < simulate(whole, cluster).makespan
 
 
 def test_up_and_down_run_at_once():

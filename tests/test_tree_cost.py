@@ -26,7 +26,7 @@ from simulator.collectives.nccl_tree import (
     tree_chunks,
     tree_step,
 )
-from simulator.collectives.protocols import PROTOCOLS, base_latency, hop_latency, wire_factor
+from simulator.collectives.protocols import PROTOCOLS, base_latency, forward_grain, hop_latency, wire_factor
 from simulator.collectives.tuner import predict
 
 
@@ -48,9 +48,12 @@ def trees(draw: st.DrawFn) -> tuple[Tree, dict[int, tuple[float, float]], dict[i
 
 
 @settings(max_examples=200, deadline=None)
-@given(trees())
-def test_pipeline_over_arrays_is_the_per_rank_recursion(case) -> None:
+@given(trees(), st.one_of(st.none(), st.integers(1, 80)), st.randoms(use_true_random=False))
+def test_pipeline_over_arrays_is_the_per_rank_recursion(case, held, rng) -> None:
+    """Bit for bit, with connections that hold back no step or ``held`` steps (a network connection of a
+    cut-through protocol, some of the tree's at random)."""
     tree, up, down, reduce, chunks = case
+    heads = None if held is None else {r: held if rng.random() < 0.5 else 1 for r in tree.parent}
     order = list(tree.order)
     pos = {r: i for i, r in enumerate(order)}
     parent = np.array([-1] + [pos[tree.parent[r]] for r in order[1:]])
@@ -64,9 +67,10 @@ def test_pipeline_over_arrays_is_the_per_rank_recursion(case) -> None:
         return a, b
 
     kids = np.array([bool(tree.children[r]) for r in order])
+    head_array = None if heads is None else np.array([1] + [heads[r] for r in order[1:]])
     arrays = pipeline_time_arrays(parent, levels, chunks, columns(up), columns(down),
-                                  np.array([reduce.get(r, 0.0) for r in order]), kids)
-    assert arrays == pipeline_time(tree, chunks, up, down, reduce)
+                                  np.array([reduce.get(r, 0.0) for r in order]), kids, head_array)
+    assert arrays == pipeline_time(tree, chunks, up, down, reduce, heads)
 
 
 def reference_tree(cluster: Cluster, fabric: Fabric, ranks: list[int], n: int, choice: Choice, elem_bytes: int,
@@ -104,7 +108,9 @@ def reference_tree(cluster: Cluster, fabric: Fabric, ranks: list[int], n: int, c
     for k, (lo, hi) in enumerate(chunk_bounds(n, c)):
         tcap = cap / (2 * len(shape[k]))
         for tree, (a, z) in zip(shape[k], chunk_bounds(hi - lo, len(shape[k])), strict=True):
-            chunks, count = tree_chunks((z - a) * elem_bytes, step, len(shape[k]))  # priced step by step
+            chunks, count, head = tree_chunks((z - a) * elem_bytes, step, len(shape[k]),  # priced step by step
+                                              forward_grain(choice.protocol))
+            heads = {r: head if fabric.hw(r, q) == "net" else 1 for r, q in tree.parent.items()}
             per_chunk = [len(range(i, chunks, count)) for i in range(count)]  # each chunk's steps: S/K, +1 first
             elems = (z - a) / chunks
             size = elems * elem_bytes * wire
@@ -119,7 +125,7 @@ def reference_tree(cluster: Cluster, fabric: Fabric, ranks: list[int], n: int, c
                 continue
             busy = max(busy, chunks * size / tcap, chunks * one * max(reductions.values()))
             reduce = {r: one * len(kids) for r, kids in tree.children.items() if kids}
-            alone = pipeline_time(tree, per_chunk, up, down, reduce)
+            alone = pipeline_time(tree, per_chunk, up, down, reduce, heads if head > 1 else None)
             slowest = max(*(d for _, d in up.values()), *(d for _, d in down.values()), *reduce.values())
             fills.append((alone, alone - chunks * slowest))
     bound = max(busy, *(x / c_ for x, c_ in zip(load, capacity, strict=True)))

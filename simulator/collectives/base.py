@@ -58,6 +58,8 @@ class CollBuilder:
     offset: int = 0  # this builder works on elements offset .. offset + n of ``buf`` (one channel's share)
     cap: float = 0.0  # a channel's payload bytes/s at most (0: no cap; NCCL's per-channel caps, collectives.caps)
     slice_bytes: float = 512 * 1024  # a pipeline's step of payload (the protocol's, collectives.protocols.step_payload)
+    grain: float | None = None  # payload bytes a rank passes on at a time inside a server (protocols.forward_grain)
+    crosses: Callable[[int, int], bool] | None = None  # whether a connection from rank a to b leaves the server
 
     def view(self, lo: int, hi: int) -> CollBuilder:
         """A builder over elements ``lo:hi`` of this one's range that shares its frontier (one channel, one chunk)."""

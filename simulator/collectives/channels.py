@@ -32,7 +32,7 @@ from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.nccl_tree import channel_trees, tree_allreduce, tree_step
-from simulator.collectives.protocols import base_latency, hop_latency, step_payload, wire_factor
+from simulator.collectives.protocols import base_latency, forward_grain, hop_latency, step_payload, wire_factor
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
 from simulator.collectives.trees import recursive_doubling_allreduce
 from simulator.errors import InputError
@@ -91,6 +91,8 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
     if choice.algo in ("ring", "tree"):  # NCCL's own algorithms: its per-channel caps (collectives.caps)
         cap = fabric_cap(fabric, operation, family, choice.protocol, ranks, choice.channels)
         b.cap = cap if math.isfinite(cap) else 0.0
+        b.grain = forward_grain(choice.protocol)  # its pipelines (tree, broadcast, reduce) pass lines on
+        b.crosses = lambda a, c: max(a, c) < len(hosts) and hosts[a] != hosts[c]
     if choice.algo == "tree":
         b.slice_bytes = tree_step(n * elem_bytes, choice.channels, choice.protocol,
                                   len({hosts[r] for r in ranks}), len(ranks))

@@ -17,8 +17,10 @@ children; the root reduces and sends down. Step j goes down while step j + 1 goe
 full-duplex links. NCCL's tree step is its chunk (``src/enqueue.cc``, NCCL 2.2x; :func:`tree_step`): a step of the
 protocol's channel buffer (512 KiB of payload with Simple, 32 KiB with LL, 576,000 bytes with LL128, which NCCL
 halves while the message gives a channel few chunks), so a 16 GiB allreduce on 8 channels runs 4,096 steps a
-channel. As a schedule (:func:`tree_allreduce`): a tree's steps are cut into at most ``TREE_CHUNKS`` chunks a
-channel, and a chunk's steps over a stage (a connection, a rank's reductions) become its first, middle and last ops
+channel. LL and LL128 pass lines on as they arrive inside a server (cut-through: their steps here are a warp's
+lines, :func:`.protocols.forward_grain`), while a connection between servers holds back one NCCL step (its proxy
+sends a step once all of it is in). As a schedule (:func:`tree_allreduce`): a tree's steps are cut into at most
+``TREE_CHUNKS`` chunks a channel, and a chunk's steps over a stage (a connection, a rank's reductions) become its first, middle and last ops
 (:mod:`.steps`): exactly the steps' pipeline where stages run at their own pace, at a size that does not grow with
 the message. Per chunk part, a connection's transfer after the same connection's previous one, a rank's send up
 after its reductions of the part, its sends down after it holds the final part. The protocol's per-hop latency is
@@ -40,14 +42,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
 from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.protocols import step_payload
-from simulator.collectives.steps import chunk_steps, parts, pipeline_steps
+from simulator.collectives.steps import chunk_steps, first_steps, grain_steps, parts
 from simulator.schedule import STREAMED, Op, compute_op, transfer_ops
 
 __all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
@@ -151,10 +153,12 @@ def tree_step(nbytes: float, channels: int, protocol: str, nodes: int, ranks: in
     return chunk
 
 
-def tree_chunks(nbytes: float, step: float, trees: int) -> tuple[int, int]:
-    """(steps, chunks) of one of ``trees`` trees' pipeline of ``nbytes`` in steps of ``step`` bytes: at most
-    ``TREE_CHUNKS`` chunks a channel (:func:`.steps.pipeline_steps`; each chunk's steps are three ops)."""
-    return pipeline_steps(nbytes, step, max(1, TREE_CHUNKS // trees))
+def tree_chunks(nbytes: float, step: float, trees: int, grain: float | None = None) -> tuple[int, int, int]:
+    """(steps, chunks, head) of one of ``trees`` trees' pipeline of ``nbytes`` in NCCL steps of ``step`` bytes
+    passed on every ``grain`` bytes inside a server: at most ``TREE_CHUNKS`` chunks a channel, the steps the grains,
+    ``head`` the grains a network connection holds back (:func:`.steps.grain_steps`; each chunk's steps are three
+    ops)."""
+    return grain_steps(nbytes, step, grain, max(1, TREE_CHUNKS // trees))
 
 
 def tree_allreduce(b: CollBuilder, trees: Sequence[Tree]) -> None:
@@ -166,15 +170,15 @@ def tree_allreduce(b: CollBuilder, trees: Sequence[Tree]) -> None:
     ends: dict[int, list[int]] = {r: [] for r in start}
     for tree, (lo, hi) in zip(trees, chunk_bounds(b.n, len(trees)), strict=True):
         if hi > lo:
-            steps, chunks = tree_chunks((hi - lo) * b.elem_bytes, b.slice_bytes, len(trees))
-            for r, ops in _pipeline(b, tree, lo, hi, start, steps, chunks, len(trees)).items():
+            steps, chunks, head = tree_chunks((hi - lo) * b.elem_bytes, b.slice_bytes, len(trees), b.grain)
+            for r, ops in _pipeline(b, tree, lo, hi, start, steps, chunks, len(trees), head).items():
                 ends[r] += ops
     for r in start:  # in place: a channel's view shares its builder's frontier
         b.front[r] = tuple(dict.fromkeys(ends[r])) or start[r]
 
 
 def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, tuple[int, ...]],
-              steps: int, chunks: int, trees: int) -> dict[int, list[int]]:
+              steps: int, chunks: int, trees: int, head: int = 1) -> dict[int, list[int]]:
     """One of ``trees`` trees' pipeline over elements ``lo:hi`` of ``b``'s range, ``steps`` steps in ``chunks``
     chunks, each chunk's steps as its first, middle and last (:mod:`.steps`); returns every rank's last ops.
 
@@ -192,6 +196,7 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
     red_end: dict[int, tuple[int, ...]] = {}  # rank -> the end of its reductions of the previous part
     bottom_up = tree.order[::-1]
     parent, children, hop_s, tag, args = tree.parent, tree.children, b.hop_s, b.tag, (b.buf,)
+    crosses = b.crosses if head > 1 else None  # a network connection's first op holds ``head`` steps
     red_name, red_fn, dtype, buf, elem = f"{b.tag}.reduce", f"reduce-{b.op}", b.dtype, b.buf, b.elem_bytes
     ops: list[Op] = []
     add = ops.append
@@ -201,9 +206,11 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
             continue
         clo, chi = b.offset + lo + a, b.offset + lo + z
         before: dict[tuple[str, int], int] = {}  # the previous part's op per stage: (what, rank) -> op id
-        for part in parts(g):
+        held = parts(g, head)  # a network connection's parts, where it holds back a step
+        for i, part in enumerate(parts(g)):
             share = part.steps / g
             nbytes = float((chi - clo) * size * share)
+            net_bytes = float((chi - clo) * size * (held[i].steps / g))
             flops, red_bytes = float((chi - clo) * share), float(3.0 * (chi - clo) * elem * share)
             data, middle = part.last, part.middle
             sargs: tuple[str, ...] = args if data else ()
@@ -227,7 +234,8 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
                         recv_deps = (*recv_deps, before["upr", r])
                     floor = (hop_s(r, q) if hop_s is not None else 0.0) if k == 0 and part.first else STREAMED
                 tmp = (f"{tag}.tmp{clo}.{r}",) if data else ()
-                send, recv = transfer_ops(nid, r, q, nbytes, tag, send_deps, recv_deps, sargs, tmp, clo, chi, tag,
+                size_rq = net_bytes if crosses is not None and crosses(r, q) else nbytes
+                send, recv = transfer_ops(nid, r, q, size_rq, tag, send_deps, recv_deps, sargs, tmp, clo, chi, tag,
                                           False, floor, cap)
                 add(send)
                 add(recv)
@@ -264,7 +272,8 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
                             send_deps = (*have, down_last[ch]) if ch in down_last else have
                             recv_deps = (sent[ch],)
                         floor = (hop_s(r, ch) if hop_s is not None else 0.0) if k == 0 and part.first else STREAMED
-                    send, recv = transfer_ops(nid, r, ch, nbytes, tag, send_deps, recv_deps, sargs, sargs, clo, chi,
+                    size_rc = net_bytes if crosses is not None and crosses(r, ch) else nbytes
+                    send, recv = transfer_ops(nid, r, ch, size_rc, tag, send_deps, recv_deps, sargs, sargs, clo, chi,
                                               tag, True, floor, cap)
                     add(send)
                     add(recv)
@@ -304,20 +313,25 @@ def _part(prev: float, pred_first: float, pred_last: float, first: float, middle
     return f, max(f + middle if g > 2 else f, pred_last) + last
 
 
-def _costs(stage: tuple[_T, _T], first_chunk: bool, inner: float) -> tuple[_T, _T, _T]:
-    """A connection's first, middle and last ops' seconds in a chunk of ``inner + 2`` steps: their steps' bytes,
-    and the pipeline's very first step its fixed seconds (its latency; the later steps stream behind it)."""
+def _costs(stage: tuple[_T, _T], first_chunk: bool, inner: float, held: Any = 1) -> tuple[_T, _T, _T]:
+    """A connection's first, middle and last ops' seconds in a chunk of ``inner + 2`` steps, its first op
+    ``held`` of them (:func:`.steps.parts`; an int or an array): their steps' bytes, and the pipeline's very first
+    step its fixed seconds (its latency; the later steps stream behind it)."""
     first, step = stage
-    return (first + step if first_chunk else step), inner * step, step
+    if isinstance(held, int) and held == 1:
+        return (first + step if first_chunk else step), inner * step, step
+    head = held * step
+    return (first + head if first_chunk else head), (inner + 1 - held) * step, step
 
 
 def pipeline_time_lists(parent: Sequence[int], chunks: Sequence[int], up: Sequence[Stage], down: Sequence[Stage],
-                        reduce: Sequence[float], kids: Sequence[bool]) -> float:
+                        reduce: Sequence[float], kids: Sequence[bool], heads: Sequence[int] | None = None) -> float:
     """Seconds from the launch until the last chunk has reached every rank: the longest path of the schedule's ops
     (module docstring), one chunk at a time. Positions index the tree's ranks top-down (0: the root, ``parent[p]``
     p's parent's position); ``chunks``: each chunk's steps; ``up[p]`` / ``down[p]``: the connection to / from p's
     parent (position 0's ignored); ``reduce[p]``: seconds of p's reductions of one step (all its children's);
-    ``kids[p]``: p has children (it reduces, a stage of its own, even of no time)."""
+    ``kids[p]``: p has children (it reduces, a stage of its own, even of no time); ``heads[p]``: the steps the
+    connections between p and its parent hold back (:func:`.steps.parts`; ``None``: one each)."""
     n = len(parent)
     prev_up, prev_red, prev_down = [0.0] * n, [0.0] * n, [0.0] * n
     have = [0.0] * n
@@ -334,7 +348,8 @@ def pipeline_time_lists(parent: Sequence[int], chunks: Sequence[int], up: Sequen
             if p == 0:
                 root = ready
                 break
-            f, m, last = _costs(up[p], k == 0, inner)
+            held = 1 if heads is None else first_steps(g, heads[p])
+            f, m, last = _costs(up[p], k == 0, inner, held)
             out = _part(prev_up[p], ready[0], ready[1], f, m, last, g)
             prev_up[p] = out[1]
             q = parent[p]
@@ -343,7 +358,8 @@ def pipeline_time_lists(parent: Sequence[int], chunks: Sequence[int], up: Sequen
         firsts = [root[0]] + [0.0] * (n - 1)
         have[0] = root[1]
         for p in range(1, n):
-            f, m, last = _costs(down[p], k == 0, inner)
+            held = 1 if heads is None else first_steps(g, heads[p])
+            f, m, last = _costs(down[p], k == 0, inner, held)
             q = parent[p]
             firsts[p], have[p] = _part(prev_down[p], firsts[q], have[q], f, m, last, g)
             prev_down[p] = have[p]
@@ -351,15 +367,17 @@ def pipeline_time_lists(parent: Sequence[int], chunks: Sequence[int], up: Sequen
 
 
 def pipeline_time(tree: Tree, chunks: Sequence[int], up: Mapping[int, Stage], down: Mapping[int, Stage],
-                  reduce: Mapping[int, float]) -> float:
+                  reduce: Mapping[int, float], heads: Mapping[int, int] | None = None) -> float:
     """:func:`pipeline_time_lists` by rank: ``up[r]``, ``down[r]`` the connections to and from r's parent,
-    ``reduce[r]`` the seconds of r's reductions of one step (absent: none)."""
+    ``reduce[r]`` the seconds of r's reductions of one step (absent: none), ``heads[r]`` the steps they hold back
+    (absent: one)."""
     order = list(tree.order)
     pos = {r: i for i, r in enumerate(order)}
     zero = (0.0, 0.0)
     return pipeline_time_lists([-1] + [pos[tree.parent[r]] for r in order[1:]], chunks,
                                [zero] + [up[r] for r in order[1:]], [zero] + [down[r] for r in order[1:]],
-                               [reduce.get(r, 0.0) for r in order], [bool(tree.children[r]) for r in order])
+                               [reduce.get(r, 0.0) for r in order], [bool(tree.children[r]) for r in order],
+                               None if heads is None else [heads.get(r, 1) for r in order])
 
 
 Stages = tuple[np.ndarray, np.ndarray]  # per position: the first step's fixed seconds, a step's bytes' seconds
@@ -374,12 +392,19 @@ def _part_arrays(prev: np.ndarray, pred_first: np.ndarray, pred_last: np.ndarray
     return f, np.maximum(f + middle if g > 2 else f, pred_last) + last
 
 
+def _held_arrays(heads: np.ndarray | None, idx: np.ndarray, g: int) -> Any:
+    """:func:`.steps.first_steps` of the positions ``idx`` in a chunk of ``g`` steps (1 where no heads)."""
+    if heads is None or g <= 2:
+        return 1
+    return np.clip(heads[idx], 1, max(1, g - 2))
+
+
 def pipeline_time_arrays(parent: np.ndarray, levels: Sequence[np.ndarray], chunks: Sequence[int], up: Stages,
-                         down: Stages, reduce: np.ndarray, kids: np.ndarray) -> float:
+                         down: Stages, reduce: np.ndarray, kids: np.ndarray, heads: np.ndarray | None = None) -> float:
     """:func:`pipeline_time_lists` over arrays, one tree level at a time (the same operations on the same numbers).
 
     ``levels[d]``: the positions at depth d; ``up`` / ``down``: arrays of :data:`Stage`'s two numbers per position
-    (position 0's ignored); ``kids``: a boolean array.
+    (position 0's ignored); ``kids``: a boolean array; ``heads``: an integer array (``None``: one each).
     """
     n = len(parent)
     prev_up, prev_red, prev_down = np.zeros(n), np.zeros(n), np.zeros(n)
@@ -400,7 +425,8 @@ def pipeline_time_arrays(parent: np.ndarray, levels: Sequence[np.ndarray], chunk
             if depth == 0:
                 root = (ready_first, ready_last)
                 break
-            f, m, last = _costs((up[0][idx], up[1][idx]), k == 0, inner)
+            held = _held_arrays(heads, idx, g)
+            f, m, last = _costs((up[0][idx], up[1][idx]), k == 0, inner, held)
             of, ol = _part_arrays(prev_up[idx], ready_first, ready_last, f, m, last, g)
             prev_up[idx] = ol
             np.maximum.at(acc_first, parent[idx], of)
@@ -410,7 +436,8 @@ def pipeline_time_arrays(parent: np.ndarray, levels: Sequence[np.ndarray], chunk
         for depth in range(1, len(levels)):
             idx = levels[depth]
             par = parent[idx]
-            f, m, last = _costs((down[0][idx], down[1][idx]), k == 0, inner)
+            held = _held_arrays(heads, idx, g)
+            f, m, last = _costs((down[0][idx], down[1][idx]), k == 0, inner, held)
             df, dl = _part_arrays(prev_down[idx], firsts[par], have[par], f, m, last, g)
             firsts[idx], have[idx] = df, dl
             prev_down[idx] = dl

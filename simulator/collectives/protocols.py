@@ -22,6 +22,15 @@ threshold`` (``src/enqueue.cc``; threads 512 / 640 / 512, thresholds 8 (x ranks 
 ``DEFAULT_LL128_BUFFSIZE`` = 120 x 640 x 8 x 8 bytes, ``DEFAULT_BUFFSIZE`` = 4 MiB), so a step carries 32 KiB of
 payload with LL, 576,000 bytes with LL128 and 512 KiB with Simple (:func:`step_payload`).
 
+What a rank waits for before it passes data on differs (:func:`forward_grain`). Simple is store-and-forward by
+step: the receiver waits on the connection's tail counter, which the sender advances once a whole step is written
+(``src/device/prims_simple.h``). LL and LL128 carry a flag in every line, so inside a server a rank forwards lines as
+they arrive (cut-through): LL's threads each read one 16-byte line, wait for its flags and store it on to the next
+rank at once (``prims_ll.h``, ``LLGenericOp``), LL128's warps wait for the flags of their 16 lines of 128 bytes
+(``prims_ll128.h``, ``recvReduceSendCopy``); the grain is a warp's lines, 256 payload bytes with LL, 1,920 with
+LL128. Across servers the proxy thread sends a step only once every line of it is in (``src/transport/net.cc``,
+``sendProxyProgress`` checks the step's flags), so a network connection holds back a whole step.
+
 A topology may replace any of these latencies (``nccl_latency:``, what ``treering calibrate --from-nccl-tests``
 fits): ``table`` maps ``"ALGO.PROTOCOL.KIND"`` (KIND ``base``, ``nvlink``, ``pci`` or ``net``) to seconds.
 """
@@ -32,8 +41,18 @@ from collections.abc import Mapping
 
 from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency_key
 
-__all__ = ["ALGOS", "LATENCY_KINDS", "PROTOCOLS", "base_latency", "channels_for", "hop_latency", "latency_key",
-           "step_payload", "wire_factor"]
+__all__ = [
+    "ALGOS",
+    "LATENCY_KINDS",
+    "PROTOCOLS",
+    "base_latency",
+    "channels_for",
+    "forward_grain",
+    "hop_latency",
+    "latency_key",
+    "step_payload",
+    "wire_factor",
+]
 
 _US = 1e-6
 _BASE = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
@@ -47,6 +66,7 @@ NVLS_EFFICIENCY = 0.85  # Hopper
 _THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 _THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 _NCCL_STEPS = 8
+_GRAIN = {"LL": 32 * 8.0, "LL128": 16 * 120.0}  # a warp's lines of payload (32 of 8 bytes; 16 of 120 bytes)
 _BUFFSIZE = {"LL": 8 * 512 * _NCCL_STEPS * 16, "LL128": 120 * 640 * _NCCL_STEPS * 8, "Simple": 1 << 22}
 
 
@@ -79,6 +99,12 @@ def wire_factor(algo: str, proto: str) -> float:
 def step_payload(proto: str) -> float:
     """Payload bytes one pipeline step of ``proto`` carries: a channel buffer's step, less the protocol's flags."""
     return _BUFFSIZE[proto] / _NCCL_STEPS / _WIRE[proto]
+
+
+def forward_grain(proto: str) -> float | None:
+    """Payload bytes after which a rank inside a server passes on what it received (module docstring): a warp's
+    lines with LL and LL128 (cut-through); ``None`` with Simple, which forwards whole steps."""
+    return _GRAIN.get(proto)
 
 
 def channels_for(nbytes: float, channels: int, algo: str, proto: str, ranks: int) -> int:

@@ -2,7 +2,8 @@
 
 Reduce and broadcast are pipelines along the ring, towards or from the root, in the protocol's steps
 (:func:`simulator.collectives.protocols.step_payload`: Simple's is ``PIPELINE_SLICE_BYTES``, a 4 MiB channel
-buffer in 8 steps = 512 KiB), in at most ``CHAIN_CHUNKS`` chunks of three ops a stage (:mod:`.steps`). NVLS cuts
+buffer in 8 steps = 512 KiB), in at most ``CHAIN_CHUNKS`` chunks of three ops a stage (:mod:`.steps`); LL and
+LL128 pass a warp's lines on as they arrive inside a server, a hop between servers a whole step. NVLS cuts
 its pipeline in slices of a step, at most ``MAX_SLICES`` (:func:`ring_slices`).
 """
 
@@ -13,7 +14,7 @@ import math
 from collections.abc import Sequence
 
 from simulator.collectives.base import CollBuilder, chunk_bounds, rotated_to
-from simulator.collectives.steps import chunk_steps, parts, pipeline_steps
+from simulator.collectives.steps import chunk_steps, grain_steps, parts
 from simulator.schedule import STREAMED
 
 __all__ = ["CHAIN_CHUNKS", "MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce",
@@ -65,17 +66,19 @@ def _chain(b: CollBuilder, chain: Sequence[int], reduce: bool) -> None:
     got: dict[int, tuple[int, ...]] = {r: () for r in chain}  # its last receive
     reduced: dict[int, tuple[int, ...]] = {r: () for r in chain}  # its last reduction
     held: dict[int, tuple[int, ...]] = {r: () for r in chain}  # the op after which it holds its last chunk
-    steps, chunks = pipeline_steps(b.n * b.elem_bytes, b.slice_bytes, CHAIN_CHUNKS)
+    steps, chunks, head = grain_steps(b.n * b.elem_bytes, b.slice_bytes, b.grain, CHAIN_CHUNKS)
+    crosses = b.crosses if head > 1 else None  # a network connection's first op holds ``head`` steps
     cap = b.cap * b.wire
     for k, (a, z, g) in enumerate(chunk_steps(b.n, steps, chunks)):
         if z == a:
             continue
         lo, hi = a + b.offset, z + b.offset
-        for part in parts(g):
-            share = part.steps / g
-            nbytes, elems = b.nbytes(lo, hi) * b.wire * share, (hi - lo) * share
+        net_parts = parts(g, head)
+        for i, part in enumerate(parts(g)):
             have = start[chain[0]]  # the first rank holds every step from the start
             for src, dst in itertools.pairwise(chain):
+                share = (net_parts[i] if crosses is not None and crosses(src, dst) else part).steps / g
+                nbytes, elems = b.nbytes(lo, hi) * b.wire * share, (hi - lo) * share
                 if part.middle:  # after its own first part only
                     send_deps, recv_deps = sent[src], got[dst]
                 else:

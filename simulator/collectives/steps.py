@@ -13,6 +13,12 @@ message. Here a pipeline of S steps is cut into at most ``max_chunks`` chunks (:
 * ``last``: its last step, after this stage's middle steps and its upstream stages' last step; it carries the
   chunk's data (the numeric executors see one transfer and one reduction of the whole chunk).
 
+With LL and LL128 a rank passes lines on as they arrive inside a server (cut-through,
+:func:`simulator.collectives.protocols.forward_grain`), while a network connection's proxy sends whole NCCL steps:
+such a pipeline's steps are grains (a warp's lines; :func:`grain_steps`), its chunks still NCCL's steps, and a
+network connection's first op of a chunk holds ``head`` grains (one NCCL step, :func:`parts`), so what follows it
+waits for the whole step, as NCCL's proxy makes it.
+
 Only a connection's very first step pays a transfer's fixed seconds (message overhead, route latency, at least the
 protocol's per-hop latency); every later op streams behind it (``floor_s = STREAMED``): NCCL keeps ``NCCL_STEPS`` =
 8 steps in flight per connection, so a step's latency hides behind the bytes of the steps before it.
@@ -33,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Part", "chunk_steps", "parts", "pipeline_steps", "step_counts"]
+__all__ = ["Part", "chunk_steps", "first_steps", "grain_steps", "parts", "pipeline_steps", "step_counts"]
 
 
 @dataclass(frozen=True)
@@ -50,11 +56,13 @@ class Part:
         return not (self.first or self.last)
 
 
-def parts(g: int) -> tuple[Part, ...]:
-    """A chunk of ``g`` steps as ops: one (g = 1), first and last (g = 2), first, middle and last (g >= 3).
+def parts(g: int, head: int = 1) -> tuple[Part, ...]:
+    """A chunk of ``g`` steps as ops: one (g = 1), first and last (g = 2), first, middle and last (g >= 3). The
+    first holds ``head`` steps (a stage that passes on nothing before it has that many, :func:`grain_steps`), at
+    most ``g - 2``: every stage of a chunk has the same ops whatever its head.
 
-    >>> [(p.steps, p.first, p.last) for p in parts(5)]
-    [(1, True, False), (3, False, False), (1, False, True)]
+    >>> [(p.steps, p.first, p.last) for p in parts(5)], [p.steps for p in parts(5, head=8)]
+    ([(1, True, False), (3, False, False), (1, False, True)], [3, 1, 1])
     """
     if g < 1:
         raise ValueError(f"a chunk has at least one step, got {g}")
@@ -62,7 +70,13 @@ def parts(g: int) -> tuple[Part, ...]:
         return (Part(1, True, True),)
     if g == 2:
         return Part(1, True, False), Part(1, False, True)
-    return Part(1, True, False), Part(g - 2, False, False), Part(1, False, True)
+    h = first_steps(g, head)
+    return Part(h, True, False), Part(g - h - 1, False, False), Part(1, False, True)
+
+
+def first_steps(g: int, head: int) -> int:
+    """Steps in the first op of a chunk of ``g`` steps for a stage of ``head`` (:func:`parts`)."""
+    return max(1, min(head, g - 2)) if g > 2 else 1
 
 
 def pipeline_steps(nbytes: float, step: float, max_chunks: int) -> tuple[int, int]:
@@ -74,6 +88,21 @@ def pipeline_steps(nbytes: float, step: float, max_chunks: int) -> tuple[int, in
     """
     total = max(1, math.ceil(nbytes / step))
     return total, max(1, min(total, max_chunks))
+
+
+def grain_steps(nbytes: float, step: float, grain: float | None, max_chunks: int) -> tuple[int, int, int]:
+    """(steps, chunks, head) of a pipeline of NCCL steps of ``step`` payload bytes whose stages pass data on every
+    ``grain`` bytes (:func:`.protocols.forward_grain`; ``None``: whole steps): its chunks as
+    :func:`pipeline_steps` cuts NCCL's steps, its steps (the pipeline's unit) the grains, ``head`` the grains of
+    one NCCL step (what a stage that forwards whole steps holds back: a network connection's proxy).
+
+    >>> grain_steps(1 << 20, 2**19, None, 4), grain_steps(1 << 16, 2**15, 256.0, 8)
+    ((2, 2, 1), (256, 2, 128))
+    """
+    steps, chunks = pipeline_steps(nbytes, step, max_chunks)
+    if grain is None or grain >= step:
+        return steps, chunks, 1
+    return max(chunks, math.ceil(nbytes / grain)), chunks, math.ceil(step / grain)
 
 
 def step_counts(steps: int, chunks: int) -> list[int]:

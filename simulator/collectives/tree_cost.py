@@ -122,12 +122,13 @@ def tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int
 
 
 def tree_time(shape: TreeShape, n: int, elem_bytes: int, wire: float, cap: float, hop: tuple[float, float],
-              reduce_s: Callable[[float], float], step: float) -> float:
+              reduce_s: Callable[[float], float], step: float, grain: float | None = None) -> float:
     """Seconds of the tree's pipelines on every channel (``_Predictor.tree``'s two forms, the slowest), launch not
     included: ``n`` elements of ``elem_bytes``, ``wire`` bytes on the wire per payload byte, ``cap`` a channel's
     bytes/s on the wire, ``hop`` the protocol's per-hop latency (inside a server, across servers),
     ``reduce_s(elems)`` the seconds of one reduction of ``elems`` elements, ``step`` the payload bytes of a
-    pipeline step (:func:`.nccl_tree.tree_step`). A pipeline is priced step by step: its chunks' first, middle
+    pipeline step (:func:`.nccl_tree.tree_step`), ``grain`` the payload bytes a rank passes on at a time inside a
+    server (:func:`.protocols.forward_grain`). A pipeline is priced step by step: its chunks' first, middle
     and last ops are the steps' pipeline exactly where stages run at their own pace (:mod:`.steps`)."""
     channels = len(shape.trees)
     load = np.zeros(len(shape.capacity))  # bytes every link carries
@@ -139,7 +140,7 @@ def tree_time(shape: TreeShape, n: int, elem_bytes: int, wire: float, cap: float
         for t, (a, z) in zip(trees, chunk_bounds(hi - lo, len(trees)), strict=True):
             if z == a:  # adds nothing to the links' load
                 continue
-            steps, chunks = tree_chunks((z - a) * elem_bytes, step, len(trees))
+            steps, chunks, head = tree_chunks((z - a) * elem_bytes, step, len(trees), grain)
             per_chunk = step_counts(steps, chunks)  # each chunk's steps, as the builder cuts them
             elems = (z - a) / steps
             size = elems * elem_bytes * wire
@@ -147,16 +148,16 @@ def tree_time(shape: TreeShape, n: int, elem_bytes: int, wire: float, cap: float
             np.add.at(load, t.links, steps * size)
             busy = max(busy, steps * size / tcap, steps * one * shape.reductions)
             price = _small if len(t.order) < _SMALL_PER_LEVEL * len(t.levels) else _large
-            alone, slowest = price(t, per_chunk, size, tcap, hop, one)
+            alone, slowest = price(t, per_chunk, size, tcap, hop, one, head)
             fills.append((alone, alone - steps * slowest))
     bound = max(busy, float((load / shape.capacity).max()))
     return max(max(alone, bound + fill) for alone, fill in fills)
 
 
 def _large(t: TreeArrays, chunks: list[int], size: float, cap: float, hop: tuple[float, float],
-           one: float) -> tuple[float, float]:
+           one: float, head: int = 1) -> tuple[float, float]:
     """(the pipeline's time alone, its slowest stage's seconds a step), one array operation per level; ``chunks``:
-    each chunk's steps, ``size`` a step's bytes on the wire."""
+    each chunk's steps, ``size`` a step's bytes on the wire, ``head`` the steps a network connection holds back."""
     latency = np.where(t.net, hop[1], hop[0])
     t_up = size / np.minimum(t.free_up, cap)
     t_down = size / np.minimum(t.free_down, cap)
@@ -164,12 +165,13 @@ def _large(t: TreeArrays, chunks: list[int], size: float, cap: float, hop: tuple
     down = (np.maximum(t.wire_down, latency), t_down)
     reduce = one * t.kids
     kids = t.kids > 0
-    alone = pipeline_time_arrays(t.parent, t.levels, chunks, up, down, reduce, kids)
+    heads = None if head == 1 else np.where(t.net, head, 1)
+    alone = pipeline_time_arrays(t.parent, t.levels, chunks, up, down, reduce, kids, heads)
     return alone, max(float(t_up[1:].max()), float(t_down[1:].max()), float(reduce[kids].max()))
 
 
 def _small(t: TreeArrays, chunks: list[int], size: float, cap: float, hop: tuple[float, float],
-           one: float) -> tuple[float, float]:
+           one: float, head: int = 1) -> tuple[float, float]:
     """:func:`_large` one rank at a time over lists (the same operations): cheaper where levels are few ranks
     wide (a server's chain, a small cluster), whose per-level array calls would cost more than the ranks."""
     parent, kids, net, wire_up, wire_down, free_up, free_down = t.lists
@@ -185,5 +187,6 @@ def _small(t: TreeArrays, chunks: list[int], size: float, cap: float, hop: tuple
         up[p] = (max(wire_up[p], latency), t_up)
         down[p] = (max(wire_down[p], latency), t_down)
         slowest = max(slowest, t_up, t_down)
-    alone = pipeline_time_lists(parent, chunks, up, down, reduce, [c > 0 for c in kids])
+    heads = None if head == 1 else [head if x else 1 for x in net]
+    alone = pipeline_time_lists(parent, chunks, up, down, reduce, [c > 0 for c in kids], heads)
     return alone, slowest

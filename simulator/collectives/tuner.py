@@ -23,16 +23,18 @@ from simulator.cluster.topology import Cluster
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
 from simulator.collectives.fabric import Fabric
-from simulator.collectives.nccl_tree import tree_step
+from simulator.collectives.nccl_tree import pipeline_time_lists, tree_step
 from simulator.collectives.protocols import (
     PROTOCOLS,
     base_latency,
     channels_for,
+    forward_grain,
     hop_latency,
     step_payload,
     wire_factor,
 )
-from simulator.collectives.ring import MAX_SLICES, PIPELINE_SLICE_BYTES
+from simulator.collectives.ring import CHAIN_CHUNKS, MAX_SLICES, PIPELINE_SLICE_BYTES
+from simulator.collectives.steps import grain_steps, step_counts
 from simulator.collectives.tree_cost import tree_shape, tree_time
 
 __all__ = ["candidates", "choose", "predict"]
@@ -160,7 +162,7 @@ class _Predictor:
                          len({self.fabric.hosts[r] for r in self.ranks}), len(self.ranks))
         return tree_time(shape, n, elem_bytes, choice_wire(self.choice), self.cap, (hop[0], hop[1]),
                          lambda elems: compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False,
-                                                    fn="reduce-sum"), step)
+                                                    fn="reduce-sum"), step, forward_grain(self.choice.protocol))
 
     def set_cap(self, operation: str) -> None:
         """A channel's bytes/s on the wire at most, as :func:`.channels.build` caps ring and tree (NCCL's own)."""
@@ -191,7 +193,8 @@ class _Predictor:
         every hop's step time once and i's S - 1 times more). A hop's rate: the channel's cap, or its route's
         narrowest link shared by every channel's hops that cross it (the same at every step: channels lockstep)."""
         c = self.choice.channels
-        count = max(1, math.ceil(nbytes / choice_wire(self.choice) / c / step_payload(self.choice.protocol)))
+        count, chunks, head = grain_steps(nbytes / choice_wire(self.choice) / c, step_payload(self.choice.protocol),
+                                     forward_grain(self.choice.protocol), CHAIN_CHUNKS)
         size = nbytes / c / count  # a step's bytes on the wire
         start = self.ranks[0] if root is None else root
         chains = []
@@ -211,10 +214,17 @@ class _Predictor:
         for hops in chains:
             times = [size / min(self.cap, min((cl.graph.edges[e]["bandwidth"] / uses[e] for e in routes[hop]),
                                               default=math.inf)) for hop in hops]
-            total, latency, best = sum(times), 0.0, 0.0
-            for hop, t in zip(hops, times, strict=True):
-                latency += self.hop(*hop)
-                best = max(best, latency + total + (count - 1) * t)
+            held = [head if head > 1 and self.fabric.hw(*hop) == "net" else 1 for hop in hops]
+            if max(held) > 1:  # a network hop holds back a step of every chunk: its chunks' ops, one at a time
+                n, zero = len(hops) + 1, (0.0, 0.0)
+                down = [zero] + [(self.hop(*hop), t) for hop, t in zip(hops, times, strict=True)]
+                best = pipeline_time_lists([-1, *range(n - 1)], step_counts(count, chunks), [zero] * n, down,
+                                           [0.0] * n, [False] * n, [1, *held])
+            else:
+                total, latency, best = sum(times), 0.0, 0.0
+                for hop, t in zip(hops, times, strict=True):
+                    latency += self.hop(*hop)
+                    best = max(best, latency + total + (count - 1) * t)
             worst = max(worst, best)
         return worst
 
