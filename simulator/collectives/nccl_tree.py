@@ -10,25 +10,24 @@ over tree 1. On one server both trees are the chain: one tree (the channel's rin
 c-th rank, less its closing hop). A server's edges to other servers all join at its head (NCCL's tree pattern;
 its balanced and split patterns move one child to the chain's second GPU: not modelled).
 
-Execution (``src/device/all_reduce.h``, ``runTreeSplit``): a rank's threads are split in two groups that run at
-once, each over the channel's steps in order: the reduce group receives step j from the rank's children, adds it to
-its own and sends the sum up; the broadcast group receives the final step j from the parent and forwards it to the
-children; the root reduces and sends down. Step j goes down while step j + 1 goes up, on the two directions of the
-full-duplex links. NCCL's tree step is its chunk (``src/enqueue.cc``, NCCL 2.2x; :func:`tree_step`): a step of the
-protocol's channel buffer (512 KiB of payload with Simple, 32 KiB with LL, 576,000 bytes with LL128, which NCCL
-halves while the message gives a channel few chunks), so a 16 GiB allreduce on 8 channels runs 4,096 steps a
-channel. LL and LL128 pass lines on as they arrive inside a server (cut-through: their steps here are a warp's
-lines, :func:`.protocols.forward_grain`), while a connection between servers holds back one NCCL step (its proxy
-sends a step once all of it is in). As a schedule (:func:`tree_allreduce`): a tree's steps are cut into at most
-``TREE_CHUNKS`` chunks a channel, and a chunk's steps over a stage (a connection, a rank's reductions) become its first, middle and last ops
-(:mod:`.steps`): exactly the steps' pipeline where stages run at their own pace, at a size that does not grow with
-the message. Per chunk part, a connection's transfer after the same connection's previous one, a rank's send up
-after its reductions of the part, its sends down after it holds the final part. The protocol's per-hop latency is
-paid by the pipeline's first step only, as its transfers' own fixed seconds (message overhead, route latency): the
-later steps stream behind it (``STREAMED``: NCCL's 8 steps in flight hide a step's latency behind the bytes before
-it); every transfer's rate is capped at the channel's cap over twice its
-trees (:mod:`.caps`: NCCL's tree cap is its graph channel's, which both trees share; half of a tree's threads push
-each direction).
+Execution (``src/device/all_reduce.h``, ``runTreeSplit``): a rank's threads are split in two groups that run at once,
+each over the channel's steps in order: the reduce group receives step j from the rank's children, adds it to its own
+and sends the sum up; the broadcast group receives the final step j from the parent and forwards it to the children; the
+root reduces and sends down. Step j goes down while step j + 1 goes up, on the two directions of the full-duplex links.
+NCCL's tree step is its chunk (``src/enqueue.cc``, NCCL 2.2x; :func:`tree_step`): a step of the protocol's channel
+buffer (512 KiB of payload with Simple, 32 KiB with LL, 576,000 bytes with LL128, which NCCL halves while the message
+gives a channel few chunks), so a 16 GiB allreduce on 8 channels runs 4,096 steps a channel. LL and LL128 pass lines on
+as they arrive inside a server (cut-through: their steps here are a warp's lines, :func:`.protocols.forward_grain`),
+while a connection between servers holds back one NCCL step (its proxy sends a step once all of it is in). As a schedule
+(:func:`tree_allreduce`): a tree's steps are cut into at most ``TREE_CHUNKS`` chunks a channel, and a chunk's steps over
+a stage (a connection, a rank's reductions) become its first, middle and last ops (:mod:`.steps`): exactly the steps'
+pipeline where stages run at their own pace, at a size that does not grow with the message. Per chunk part, a
+connection's transfer after the same connection's previous one, a rank's send up after its reductions of the part, its
+sends down after it holds the final part. The protocol's per-hop latency is paid by the pipeline's first step only, as
+its transfers' own fixed seconds (message overhead, route latency): the later steps stream behind it (``STREAMED``:
+NCCL's 8 steps in flight hide a step's latency behind the bytes before it); every transfer's rate is capped at the
+channel's cap over twice its trees (:mod:`.caps`: NCCL's tree cap is its graph channel's, which both trees share; half
+of a tree's threads push each direction).
 
 Closed form (:func:`pipeline_time_lists`, over arrays :func:`pipeline_time_arrays`): the longest path of the
 schedule's ops, one chunk at a time. Per stage and chunk, the first op ends at max(the stage's previous chunk's
