@@ -57,7 +57,7 @@ class CollBuilder:
     hop_s: Callable[[int, int], float] | None = None  # a protocol's per-hop latency from rank a to rank b
     offset: int = 0  # this builder works on elements offset .. offset + n of ``buf`` (one channel's share)
     cap: float = 0.0  # a channel's payload bytes/s at most (0: no cap; NCCL's per-channel caps, collectives.caps)
-    slice_bytes: float = 512 * 1024  # a pipeline's step of payload (the protocol's, collectives.protocols.step_payload)
+    slice_bytes: float = 512 * 1024  # NCCL's step of payload (the protocol's, collectives.protocols.step_payload)
     grain: float | None = None  # payload bytes a rank passes on at a time inside a server (protocols.forward_grain)
     crosses: Callable[[int, int], bool] | None = None  # whether a connection from rank a to b leaves the server
 

@@ -179,7 +179,8 @@ def tree_allreduce(b: CollBuilder, trees: Sequence[Tree]) -> None:
 def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, tuple[int, ...]],
               steps: int, chunks: int, trees: int, head: int = 1) -> dict[int, list[int]]:
     """One of ``trees`` trees' pipeline over elements ``lo:hi`` of ``b``'s range, ``steps`` steps in ``chunks``
-    chunks, each chunk's steps as its first, middle and last (:mod:`.steps`); returns every rank's last ops.
+    chunks, each chunk's steps as its first, middle and last (:mod:`.steps`); returns every rank's last ops. A
+    connection between servers holds ``head`` steps in its first op of a chunk (LL, LL128: one NCCL step of grains).
 
     Per part of a chunk, the ops of a chunk as one step would be: a rank's send up after its reductions and its
     previous send up, its parent's reduction after the receive, sends down once the rank holds the part. A first

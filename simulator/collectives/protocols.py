@@ -29,7 +29,10 @@ they arrive (cut-through): LL's threads each read one 16-byte line, wait for its
 rank at once (``prims_ll.h``, ``LLGenericOp``), LL128's warps wait for the flags of their 16 lines of 128 bytes
 (``prims_ll128.h``, ``recvReduceSendCopy``); the grain is a warp's lines, 256 payload bytes with LL, 1,920 with
 LL128. Across servers the proxy thread sends a step only once every line of it is in (``src/transport/net.cc``,
-``sendProxyProgress`` checks the step's flags), so a network connection holds back a whole step.
+``sendProxyProgress`` checks the step's flags), so a network connection holds back a whole step: the GPU writes its
+lines as they arrive (the connection's flow, at the protocol's rate) and the rank across the network gets whole
+steps (what follows the connection waits for the step's last line). The NIC's own copy of a step, at its line rate
+after the last line is in, is not added: with LL a fiftieth of the step's time at LL's rate on a 400 Gb/s NIC.
 
 A topology may replace any of these latencies (``nccl_latency:``, what ``treering calibrate --from-nccl-tests``
 fits): ``table`` maps ``"ALGO.PROTOCOL.KIND"`` (KIND ``base``, ``nvlink``, ``pci`` or ``net``) to seconds.

@@ -54,10 +54,12 @@ def ring_reduce(b: CollBuilder, ranks: Sequence[int], root: int) -> None:
 def _chain(b: CollBuilder, chain: Sequence[int], reduce: bool) -> None:
     """A pipeline of NCCL's steps down ``chain`` (its first rank's data; with ``reduce``, each next rank adds its
     own): a rank forwards step j once it holds it, while it receives step j + 1 (NCCL's steps in flight); each
-    connection carries its steps in order. The steps are cut into at most ``CHAIN_CHUNKS`` chunks, each chunk's
-    steps over a stage (a connection, a rank's reductions) its first, middle and last ops (:mod:`.steps`): the
-    steps' pipeline at a size that does not grow with the message. The pipeline's first step pays the protocol's
-    per-hop latency (the fill), the later ones stream behind it (``STREAMED``); a chunk's last ops carry its data."""
+    connection carries its steps in order. With LL and LL128 the steps are the grains a rank passes on as they arrive
+    (:func:`.steps.grain_steps`), and a hop between servers holds back a whole NCCL step (its first op of a chunk).
+    The steps are cut into at most ``CHAIN_CHUNKS`` chunks, each chunk's steps over a stage (a connection, a rank's
+    reductions) its first, middle and last ops (:mod:`.steps`): the steps' pipeline at a size that does not grow
+    with the message. The pipeline's first step pays the protocol's per-hop latency (the fill), the later ones
+    stream behind it (``STREAMED``); a chunk's last ops carry its data."""
     if len(chain) < 2 or b.n == 0:
         return
     sched, hop = b.sched, b.hop_s

@@ -128,8 +128,9 @@ def tree_time(shape: TreeShape, n: int, elem_bytes: int, wire: float, cap: float
     bytes/s on the wire, ``hop`` the protocol's per-hop latency (inside a server, across servers),
     ``reduce_s(elems)`` the seconds of one reduction of ``elems`` elements, ``step`` the payload bytes of a
     pipeline step (:func:`.nccl_tree.tree_step`), ``grain`` the payload bytes a rank passes on at a time inside a
-    server (:func:`.protocols.forward_grain`). A pipeline is priced step by step: its chunks' first, middle
-    and last ops are the steps' pipeline exactly where stages run at their own pace (:mod:`.steps`)."""
+    server (:func:`.protocols.forward_grain`). A pipeline is priced step by step (its steps the grains with LL and
+    LL128, a connection between servers holding one NCCL step in its first op of a chunk): its chunks' first,
+    middle and last ops, the steps' pipeline exactly where stages run at their own pace (:mod:`.steps`)."""
     channels = len(shape.trees)
     load = np.zeros(len(shape.capacity))  # bytes every link carries
     busy = 0.0  # the longest a connection's cap or a rank's compute stream keeps it busy

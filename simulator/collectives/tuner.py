@@ -187,11 +187,14 @@ class _Predictor:
 
     def _chains(self, operation: str, nbytes: float, root: int | None) -> float:
         """Seconds of a ring broadcast's or reduce's pipelines (:func:`.ring.ring_broadcast`): each channel's share
-        in NCCL's steps down its chain from (or to) the root. Step 0 pays every hop's latency (its own class's) and
-        its bytes at the hop's rate; the later steps stream behind it, so the last leaves at the longest path: up
-        to some hop i with step 0, there every later step, on with the last (max over i of the latencies up to i,
-        every hop's step time once and i's S - 1 times more). A hop's rate: the channel's cap, or its route's
-        narrowest link shared by every channel's hops that cross it (the same at every step: channels lockstep)."""
+        down its chain from (or to) the root in the pipeline's steps (NCCL's; with LL and LL128 the grains a rank
+        passes on, :func:`.steps.grain_steps`). Step 0 pays every hop's latency (its own class's) and its bytes at
+        the hop's rate; the later steps stream behind it, so the last leaves at the longest path: up to some hop i
+        with step 0, there every later step, on with the last (max over i of the latencies up to i, every hop's step
+        time once and i's S - 1 times more). Where a hop between servers holds back a whole NCCL step (LL, LL128),
+        the chain is priced as its chunks' ops run, one chunk at a time (:func:`.nccl_tree.pipeline_time_lists`). A
+        hop's rate: the channel's cap, or its route's narrowest link shared by every channel's hops that cross it
+        (the same at every step: channels lockstep)."""
         c = self.choice.channels
         count, chunks, head = grain_steps(nbytes / choice_wire(self.choice) / c, step_payload(self.choice.protocol),
                                      forward_grain(self.choice.protocol), CHAIN_CHUNKS)
