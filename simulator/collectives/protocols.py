@@ -44,18 +44,8 @@ from collections.abc import Mapping
 
 from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency_key
 
-__all__ = [
-    "ALGOS",
-    "LATENCY_KINDS",
-    "PROTOCOLS",
-    "base_latency",
-    "channels_for",
-    "forward_grain",
-    "hop_latency",
-    "latency_key",
-    "step_payload",
-    "wire_factor",
-]
+__all__ = ["ALGOS", "LATENCY_KINDS", "PROTOCOLS", "base_latency", "channels_for", "forward_grain", "hop_latency",
+           "latency_key", "step_payload", "wire_factor"]
 
 _US = 1e-6
 _BASE = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0)}
