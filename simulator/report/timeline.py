@@ -136,7 +136,8 @@ def gantt(timeline: pd.DataFrame) -> plt.Figure:
             x0, x1 = grp["start_s"].to_numpy() * 1e3, grp["end_s"].to_numpy() * 1e3
             boxes = np.stack([np.column_stack(c) for c in ((x0, y0), (x0, y0 + 0.28), (x1, y0 + 0.28), (x1, y0))],
                              axis=1)  # (bars, 4 corners, xy): one collection per kind, not an artist per bar
-            ax.add_collection(PolyCollection(list(boxes), facecolors=color, edgecolors=color, linewidths=0.3))
+            # the array itself (not a list of arrays): matplotlib's fast path shares one template's codes
+            ax.add_collection(PolyCollection(boxes, facecolors=color, edgecolors=color, linewidths=0.3))
             handles.append(Patch(color=color, label=str(kind)))
         ax.autoscale_view()
         critical = set(part.loc[part["critical"].astype(bool), "rank"])
