@@ -547,9 +547,12 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 raise InputError(f"unknown dtype {dtype!r}; valid: fp32, fp64, bf16, fp16", field="--kernel-dtypes")
     try:
         with tempfile.TemporaryDirectory(prefix="treering-calibrate-") as tmp:
-            # calibrate's rank 0 creates this file when its kernel profiles are done; the others sleep until then
-            os.environ["TREERING_PROFILED_MARKER"] = str(Path(tmp) / "profiled")
-            spawn(args.procs, list(argv), args.timeout)
+            # calibrate's rank 0 creates this file when its kernel profiles are done; the others sleep until then.
+            # The profiles take what they take (slow where bf16 is emulated): --timeout counts from their end
+            marker = Path(tmp) / "profiled"
+            os.environ["TREERING_PROFILED_MARKER"] = str(marker)
+            profiles = args.verb == "calibrate" and bool(args.kernel_dtypes)
+            spawn(args.procs, list(argv), args.timeout, marker=marker if profiles else None)
     except RankFailure as err:
         print(f"treering: {args.verb} failed: {err}", file=sys.stderr)
         return 1

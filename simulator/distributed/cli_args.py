@@ -7,12 +7,12 @@ import argparse
 __all__ = ["add_calibrate_args", "add_validate_args", "parser"]
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser,
+            timeout_help: str = "seconds: each rank's collective timeout, and the limit on the whole run") -> None:
     p.add_argument("--procs", type=int, default=2, help="local ranks to start (ignored under torchrun)")
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                    help="gloo (CPU tensors) or nccl (one CUDA device per rank)")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds: each rank's collective timeout, and the limit on the whole run")
+    p.add_argument("--timeout", type=float, default=300.0, help=timeout_help)
 
 
 def add_validate_args(p: argparse.ArgumentParser) -> None:
@@ -50,8 +50,9 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
 
 def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     """The options of ``treering calibrate``."""
-    _common(p)
-    p.set_defaults(timeout=600.0)  # the kernel profiles take a minute or two on one rank while the others wait
+    _common(p, "seconds: each rank's collective timeout, and the limit on the run once rank 0's kernel profiles are "
+               "done (they take what they take, up to 12 times this: minutes on a CPU, more where bf16 is emulated)")
+    p.set_defaults(timeout=600.0)
     p.add_argument("-o", "--out", required=True, help="topology YAML to write")
     p.add_argument("--heads", type=int, default=16, help="attention shape of the compute measurement")
     p.add_argument("--head-dim", type=int, default=128, help="head dimension of the compute measurement")

@@ -3,7 +3,9 @@
 Every rank is ``python -m simulator.distributed VERB ARGS`` with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and a free ``MASTER_PORT`` in its environment, in its own process group. If
 any rank exits non-zero, or the timeout passes, every rank's process group is killed and :class:`RankFailure`
-names the rank and the last line of its error output; no process is left behind.
+names the rank and the last line of its error output; no process is left behind. A run may start with a local
+phase that takes what it takes (calibrate's kernel profiles on rank 0, which report their progress): given a
+marker file, the timeout counts from the moment the marker appears, and the phase before it has a limit of its own.
 """
 
 from __future__ import annotations
@@ -60,8 +62,11 @@ def _kill_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
-def spawn(procs: int, argv: Sequence[str], timeout_s: float, threads_per_rank: int = 1) -> None:
-    """Run ``procs`` local ranks of ``python -m simulator.distributed *argv`` to completion."""
+def spawn(procs: int, argv: Sequence[str], timeout_s: float, threads_per_rank: int = 1,
+          marker: Path | None = None, before_marker_s: float | None = None) -> None:
+    """Run ``procs`` local ranks of ``python -m simulator.distributed *argv`` to completion within ``timeout_s``;
+    with a ``marker`` file, within ``timeout_s`` of the marker's appearance and, before it, ``before_marker_s``
+    (default 12 x ``timeout_s``)."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="treering-ranks-") as tmp:
         logs = [Path(tmp) / f"rank{r}.err" for r in range(procs)]
@@ -74,8 +79,12 @@ def spawn(procs: int, argv: Sequence[str], timeout_s: float, threads_per_rank: i
                 with open(logs[r], "wb") as err:
                     children.append(subprocess.Popen([sys.executable, "-m", "simulator.distributed", *argv],
                                                      env=env, stderr=err, start_new_session=True))
-            deadline = time.monotonic() + timeout_s
+            limit = timeout_s if marker is None else (12 * timeout_s if before_marker_s is None else before_marker_s)
+            deadline = time.monotonic() + limit
             while True:
+                if marker is not None and marker.exists():  # the local phase is over: the run's own limit starts
+                    marker, limit = None, timeout_s
+                    deadline = time.monotonic() + timeout_s
                 codes = [p.poll() for p in children]
                 failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
                 if failed:
@@ -89,7 +98,8 @@ def spawn(procs: int, argv: Sequence[str], timeout_s: float, threads_per_rank: i
                     return
                 if time.monotonic() > deadline:
                     _kill_all(children)
-                    raise RankFailure(f"timed out after {timeout_s:g} s; ranks still running: "
+                    phase = "" if marker is None else " before the ranks' local phase was done"
+                    raise RankFailure(f"timed out after {limit:g} s{phase}; ranks still running: "
                                       f"{[r for r, c in enumerate(codes) if c is None]}", None)
                 time.sleep(0.02)
         finally:

@@ -14,6 +14,7 @@ without the ``ops`` / ``critical`` / ``ranks_total`` columns (written by an olde
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import matplotlib
 
@@ -137,7 +138,8 @@ def gantt(timeline: pd.DataFrame) -> plt.Figure:
             boxes = np.stack([np.column_stack(c) for c in ((x0, y0), (x0, y0 + 0.28), (x1, y0 + 0.28), (x1, y0))],
                              axis=1)  # (bars, 4 corners, xy): one collection per kind, not an artist per bar
             # the array itself (not a list of arrays): matplotlib's fast path shares one template's codes
-            ax.add_collection(PolyCollection(boxes, facecolors=color, edgecolors=color, linewidths=0.3))
+            ax.add_collection(PolyCollection(cast(Any, boxes), facecolors=color, edgecolors=color,  # stubs: a list
+                                             linewidths=0.3))
             handles.append(Patch(color=color, label=str(kind)))
         ax.autoscale_view()
         critical = set(part.loc[part["critical"].astype(bool), "rank"])
