@@ -92,7 +92,7 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
         cap = fabric_cap(fabric, operation, family, choice.protocol, ranks, choice.channels)
         b.cap = cap if math.isfinite(cap) else 0.0
         b.grain = forward_grain(choice.protocol)  # its pipelines (tree, broadcast, reduce) pass lines on
-        b.crosses = lambda a, c: max(a, c) < len(hosts) and hosts[a] != hosts[c]
+        b.crosses = lambda a, c: max(a, c) < len(hosts) and fabric.hw(a, c) == "net"  # as the tuner reads it
     if choice.algo == "tree":
         b.slice_bytes = tree_step(n * elem_bytes, choice.channels, choice.protocol,
                                   len({hosts[r] for r in ranks}), len(ranks))
