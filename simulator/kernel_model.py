@@ -34,7 +34,10 @@ import numpy as np
 
 from simulator.errors import InputError, excerpt
 
-__all__ = ["KernelProfile", "extrapolated_text", "parse_kernel_profiles", "profile_to_yaml"]
+__all__ = ["TILED_AXIS", "KernelProfile", "extrapolated_text", "parse_kernel_profiles", "profile_to_yaml"]
+
+TILED_AXIS = "group"  # the rows of a kernel's matrix products, run in tiles (see the module docstring)
+TILE_DROP = 0.9  # a tile: the first row count at which the time falls to this fraction of the one below, or less
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,63 @@ class KernelProfile:
         if isinstance(self.loaded, bool) or not isinstance(self.loaded, int) or self.loaded < 1:
             raise ValueError(f"loaded must be a positive integer (copies run at once), got {self.loaded!r}")
 
+    def tile(self) -> tuple[int, int] | None:
+        """(tile height m, K) of the tiled axis (see the module docstring), or None: no such axis, its grid does
+        not hold every integer 1..K with K >= 3, or no drop of the time marks a tile."""
+        if TILED_AXIS not in self.axes:
+            return None
+        axis = self.axes.index(TILED_AXIS)
+        values = self.grid[axis]
+        dense = 0
+        while dense < len(values) and values[dense] == dense + 1:
+            dense += 1
+        if dense < 3:
+            return None
+        log_t = np.log(np.asarray(self.seconds, dtype=float)).reshape([len(v) for v in self.grid])
+        if axis != 0:  # the largest slice of the first axis (a kernel's size: its own work weighs most there)
+            log_t = log_t[-1]
+            axis -= 1
+        rows = np.moveaxis(log_t, axis, -1).reshape(-1, len(values))[:, :dense].mean(axis=0)
+        for g in range(2, (dense + 1) // 2 + 1):  # 2 m - 1 <= K: every left-over count next to a full tile
+            if rows[g - 1] - rows[g - 2] <= math.log(TILE_DROP):
+                return g, dense
+        return None
+
     def predict(self, dims: Sequence[float]) -> tuple[float, tuple[str, ...]]:
         """(seconds, the axes on which ``dims`` lies outside the profiled range) for a shape ``dims``."""
         if len(dims) != len(self.axes):
             raise ValueError(f"kernel {self.kernel}: {len(dims)} shape values for axes {self.axes}")
+        tile = self._tile
+        if tile is not None:
+            axis = self.axes.index(TILED_AXIS)
+            g = dims[axis]
+            m, dense = tile
+            if g > dense and float(g).is_integer():  # q full tiles and r rows left over
+                q, r = divmod(int(g), m)
+                at = list(dims)
+                at[axis] = q * m
+                full, outside = self._interpolate(at)
+                if r:
+                    at[axis] = m + r
+                    extra = self._interpolate(at)[0]
+                    at[axis] = m
+                    extra -= self._interpolate(at)[0]
+                    full = max(full + extra, full)  # left-over rows never make it faster
+                if g > self.grid[axis][-1] and TILED_AXIS not in outside:  # beyond the rows profiled: said so
+                    outside = tuple(a for a in self.axes if a in outside or a == TILED_AXIS)
+                return full, outside
+        return self._interpolate(dims)
+
+    @property
+    def _tile(self) -> tuple[int, int] | None:
+        hit = self.__dict__.get("_tile_cache", False)
+        if hit is False:
+            hit = self.tile()
+            object.__setattr__(self, "_tile_cache", hit)  # frozen: cached by hand
+        return hit  # type: ignore[no-any-return]
+
+    def _interpolate(self, dims: Sequence[float]) -> tuple[float, tuple[str, ...]]:
+        """Multilinear interpolation of log time over log coordinates (extrapolating beyond the grid)."""
         log_t = np.log(np.asarray(self.seconds, dtype=float)).reshape([len(v) for v in self.grid])
         outside: list[str] = []
         # reduce one axis at a time: interpolate (or extrapolate) along the first axis, then the next

@@ -64,6 +64,56 @@ def test_between_points_the_time_is_monotone_where_the_grid_is() -> None:
     assert all(a < b for a, b in itertools.pairwise(ts))
 
 
+TILED_GROUPS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 16.0, 32.0)  # calibrate's group axis
+
+
+def tiled(a: float, per_row: float, per_tile: float, m: int):
+    """A kernel whose matrix products run their rows in tiles of ``m``: every row left over costs ``per_row`` (it
+    streams the KV again), every full tile ``per_tile``; times scale with the KV bytes."""
+    return lambda kv, d, g: kv * 1e-9 * (a + per_row * (int(g) % m) + per_tile * (int(g) // m))
+
+
+def tiled_profile(law) -> KernelProfile:
+    grid = ((1e6, 1e8), (64.0, 128.0), TILED_GROUPS)
+    return KernelProfile("attend", "fp64", ("kv_bytes", "head_dim", "group"), grid,
+                         tuple(law(*p) for p in itertools.product(*grid)))
+
+
+def test_a_group_beyond_the_dense_counts_costs_its_full_tiles_and_its_left_over_rows() -> None:
+    # the shape of what an AVX2 CPU measured (fp64, 64 MiB): 4 rows a tile, each left-over row a whole KV pass
+    law = tiled(1.0, 1.0, 0.7, 4)
+    p = tiled_profile(law)
+    assert p.tile() == (4, 8)
+    for g in (9, 10, 11, 17, 18, 19, 33, 34):  # q * 4 on the grid (8, 16, 32): exact
+        t, outside = p.predict((3e7, 96.0, float(g)))
+        assert t == pytest.approx(law(3e7, 96.0, g), rel=1e-9), g
+        assert outside == (("group",) if g > 32 else ())
+    # a plain power law between the grid's 8 and 16 would put 11 (two tiles and three rows) below 16 (four tiles)
+    assert p.predict((1e6, 64.0, 11.0))[0] > p.predict((1e6, 64.0, 16.0))[0]
+    # within the dense counts and on the grid nothing changes: the measured times themselves
+    for g in TILED_GROUPS:
+        assert p.predict((1e8, 128.0, g))[0] == pytest.approx(law(1e8, 128.0, g), rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(0.1, 10), st.floats(0.05, 5), st.sampled_from([2, 4]), st.integers(9, 32))
+def test_tiled_laws_are_predicted_exactly_where_the_full_tiles_are_profiled(a: float, per_row: float, m: int,
+                                                                            g: int) -> None:
+    per_tile = 0.8 * (a + per_row * (m - 1)) - a  # a drop at g = m: the tile's rows cost less than left over
+    law = tiled(a, per_row, max(per_tile, 0.0), m)
+    p = tiled_profile(law)
+    assert p.tile() == ((m, 8) if law(1e8, 128.0, m) <= 0.9 * law(1e8, 128.0, m - 1) else None)
+    if p.tile() and (g // m) * m in TILED_GROUPS:
+        assert p.predict((1e7, 96.0, float(g)))[0] == pytest.approx(law(1e7, 96.0, g), rel=1e-9)
+
+
+def test_no_tile_without_every_small_group_or_without_a_drop() -> None:
+    assert profile().tile() is None  # groups 1 and 4 only
+    smooth = tiled_profile(lambda kv, d, g: kv * 1e-9 * g ** 0.8)  # bf16 emulated: rises with every row
+    assert smooth.tile() is None
+    assert smooth.predict((1e6, 64.0, 12.0))[0] == pytest.approx(1e6 * 1e-9 * 12 ** 0.8, rel=1e-9)
+
+
 def test_invalid_profiles_are_refused() -> None:
     with pytest.raises(ValueError, match="strictly increasing"):
         KernelProfile("merge", "fp32", ("elems",), ((4.0, 2.0),), (1e-5, 2e-5))

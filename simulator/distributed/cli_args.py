@@ -65,8 +65,9 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
                         "measuring them again (timed on one rank, with min(its --procs, CPUs) copies of each kernel "
                         "running at once)")
     p.add_argument("--kernel-grid", dest="kernel_grid", choices=["full", "quick"], default="full",
-                   help="full: kv_bytes 32 KiB-256 MiB x head_dim 32-256 x group 1-32 (about a minute per dtype on "
-                        "two cores); quick: kv_bytes up to 2 MiB, head_dim 32 and 128, group 1 and 4 (a smoke test)")
+                   help="full: kv_bytes 32 KiB-256 MiB x head_dim 32-256 x group 1-8, 16, 32 (a few minutes per "
+                        "dtype on two cores; far longer where bf16 is emulated); quick: kv_bytes up to 2 MiB, "
+                        "head_dim 32 and 128, group 1 and 4 (a smoke test)")
     p.add_argument("--max-ci", dest="max_ci", type=float, default=0.5,
                    help="refuse to write the profiles if any point's median is known less precisely than this "
                         "(half-width of its 95 %% confidence interval over the median; default 0.5)")

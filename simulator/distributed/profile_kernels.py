@@ -50,10 +50,13 @@ __all__ = ["ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID", "QU
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
-# kv_bytes 32 KiB .. 256 MiB (x 8, then x 2: a rank's shard of the 512 MiB caches validate --random draws), head_dim
-# 32 .. 256 (x 2), group 1, 4, 32 (query heads per KV head: 1 to 32 heads)
-ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18, 21, 24, 27, 28)),
-                                              (32.0, 64.0, 128.0, 256.0), (1.0, 4.0, 32.0))
+# kv_bytes 32 KiB .. 256 MiB (x 8, then x 4: a rank's shard of the 512 MiB caches validate --random draws), head_dim
+# 32 .. 256 (x 2), group (query heads per KV head) every count from 1 to 8, then 16 and 32: the kernel's matrix
+# products run their rows in tiles, the rows left over apart, so its time is not smooth in the group (a tile height
+# up to 4 is found from these; kernel_model.KernelProfile.tile)
+ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18, 21, 24, 26, 28)),
+                                              (32.0, 64.0, 128.0, 256.0),
+                                              (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 16.0, 32.0))
 ELEMS_GRID: tuple[float, ...] = tuple(float(2**k) for k in (8, 12, 16, 20))
 QUICK_ATTEND_GRID: tuple[tuple[float, ...], ...] = ((2.0**15, 2.0**18, 2.0**21), (32.0, 128.0), (1.0, 4.0))
 QUICK_ELEMS_GRID: tuple[float, ...] = (2.0**8, 2.0**14)
