@@ -25,7 +25,7 @@ from simulator.distributed.profile_kernels import ProfileOptions, profile_kernel
 
 POINTS: tuple[tuple[str, str, tuple[float, ...]], ...] = (
     ("attend", "fp32", (2.0**24, 128.0, 4.0)),  # kv_bytes, head_dim, group
-    ("attend", "fp32", (2.0**27, 128.0, 4.0)),
+    ("attend", "fp32", (2.0**26, 128.0, 4.0)),
     ("attend", "bf16", (2.0**24, 128.0, 4.0)),
     ("attn-fwd", "fp64", (1024.0, 512.0, 128.0, 1.0)),  # row_heads, span, head_dim, density
     ("merge", "fp32", (65536.0,)),  # elems

@@ -9,6 +9,20 @@ shape's time by multilinear interpolation of log time over log coordinates (a po
 points). Outside the grid it extrapolates linearly in log-log space from the nearest segment and says so: a
 prediction names the axes it extrapolated on.
 
+One axis is not smooth: ``group``, the query heads that share a KV head, is the row count (M) of the kernel's two
+matrix products, and a BLAS library (or a GPU kernel) runs M in tiles of a fixed height, the rows left over apart.
+Measured on a 2-CPU AVX2 machine (``benchmarks/attend_shapes.py``: fp64, 64 MiB of KV, head_dim 96, ms): group 1
+18.0, 2 30.6, 3 46.5, 4 24.6, 5 40.0, 7 72.4, 8 29.2, 9 42.5, 11 81.6, 12 45.8: a tile of 4 streams the KV once,
+every row left over streams it again, and a power law through groups 1 and 4 put group 2 at 21 ms. So a profile
+whose ``group`` grid holds every integer from 1 to some K >= 3 finds the tile height ``m`` from its own times
+(:meth:`KernelProfile.tile`: the first group whose time, its log averaged over the profile's largest slice of its
+first axis, drops by a tenth or more from the group below; ``2 m - 1 <= K``; ``m`` divides every profiled group
+above K, of which there must be one), and an integer group ``g = q m + r`` beyond K that is not itself profiled costs
+its full tiles plus what its ``r`` left-over rows cost next to one tile: ``max(T(q m), T(q m) + T(m + r) - T(m))``,
+each read off the profile as above. Without a tile (a kernel whose time rises smoothly with the group, as bf16
+emulated on that CPU does), within 1..K, on a profiled group or for a fractional one, the grid is interpolated as
+usual.
+
 In the topology YAML, under a device spec::
 
     kernels:
@@ -78,7 +92,7 @@ class KernelProfile:
         dense = 0
         while dense < len(values) and values[dense] == dense + 1:
             dense += 1
-        if dense < 3:
+        if dense < 3 or dense == len(values):  # full tiles beyond K are read off profiled groups above it
             return None
         log_t = np.log(np.asarray(self.seconds, dtype=float)).reshape([len(v) for v in self.grid])
         if axis != 0:  # the largest slice of the first axis (a kernel's size: its own work weighs most there)
@@ -87,11 +101,13 @@ class KernelProfile:
         rows = np.moveaxis(log_t, axis, -1).reshape(-1, len(values))[:, :dense].mean(axis=0)
         for g in range(2, (dense + 1) // 2 + 1):  # 2 m - 1 <= K: every left-over count next to a full tile
             if rows[g - 1] - rows[g - 2] <= math.log(TILE_DROP):
-                return g, dense
+                # the profiled groups above K must be whole tiles (else T(q m) would mix in left-over rows)
+                return (g, dense) if all(v % g == 0 for v in values[dense:]) else None
         return None
 
     def predict(self, dims: Sequence[float]) -> tuple[float, tuple[str, ...]]:
-        """(seconds, the axes on which ``dims`` lies outside the profiled range) for a shape ``dims``."""
+        """(seconds, the axes on which ``dims`` lies outside the profiled range) for a shape ``dims``: the grid
+        interpolated in log space, a tiled group beyond the dense counts priced by its tiles (module docstring)."""
         if len(dims) != len(self.axes):
             raise ValueError(f"kernel {self.kernel}: {len(dims)} shape values for axes {self.axes}")
         tile = self._tile
@@ -99,7 +115,7 @@ class KernelProfile:
             axis = self.axes.index(TILED_AXIS)
             g = dims[axis]
             m, dense = tile
-            if g > dense and float(g).is_integer():  # q full tiles and r rows left over
+            if g > dense and float(g).is_integer() and g not in self.grid[axis]:  # q full tiles, r rows left
                 q, r = divmod(int(g), m)
                 at = list(dims)
                 at[axis] = q * m

@@ -9,7 +9,9 @@ device and dtype asked for, timed by :func:`~simulator.distributed.measure.robus
 * the prefill blocks ``attn-fwd`` and ``attn-bwd`` over ``row_heads``, ``keys`` and ``head_dim`` (fp32 and fp64:
   the dtypes CPU real runs of prefill use).
 
-The grid is small on purpose (calibrate stays within a few minutes on two CPU cores); workloads between grid points
+The grid is small on purpose (on two CPU cores each dtype takes a few minutes, far more where bf16 is emulated: 21 of
+calibrate's 32 minutes on an AVX2-only CPU); every group up to 8 is profiled because the kernel's time is not
+smooth in it (:mod:`simulator.kernel_model`); workloads between grid points
 are interpolated in log space by :class:`~simulator.kernel_model.KernelProfile`, and beyond them extrapolated, which
 the simulator reports. A profiled point whose median is not stable (confidence interval above ``max_ci`` after the
 repetitions allowed) makes the whole profile refuse: :class:`UnstableMeasurement` names it.
