@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -131,13 +132,9 @@ class KernelProfile:
                 return full, outside
         return self._interpolate(dims)
 
-    @property
+    @cached_property
     def _tile(self) -> tuple[int, int] | None:
-        hit = self.__dict__.get("_tile_cache", False)
-        if hit is False:
-            hit = self.tile()
-            object.__setattr__(self, "_tile_cache", hit)  # frozen: cached by hand
-        return hit  # type: ignore[no-any-return]
+        return self.tile()  # kept in the instance's __dict__ (not a field: equality and hashing ignore it)
 
     def _interpolate(self, dims: Sequence[float]) -> tuple[float, tuple[str, ...]]:
         """Multilinear interpolation of log time over log coordinates (extrapolating beyond the grid)."""
