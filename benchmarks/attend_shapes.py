@@ -29,7 +29,25 @@ def counts(text: str) -> list[int]:
     for part in text.split(","):
         lo, _, hi = part.partition("-")
         out += list(range(int(lo), int(hi or lo) + 1))
+    if not out or min(out) < 1:
+        raise ValueError(text)
     return out
+
+
+def positive(text: str) -> float:
+    """A positive finite number (KV MiB)."""
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(text)
+    return value
+
+
+def count(text: str) -> int:
+    """A positive whole number (repetitions)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
 
 
 def time_attend(rows: int, group: int, head_dim: int, kv_bytes: float, dtype: str, reps: int) -> tuple[int, float]:
@@ -53,18 +71,18 @@ def time_attend(rows: int, group: int, head_dim: int, kv_bytes: float, dtype: st
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp64")
-    ap.add_argument("--kv-mib", type=float, default=64.0, help="K and V bytes of one call, MiB")
-    ap.add_argument("--head-dim", default="96", help="comma-separated, ranges allowed (e.g. 96,128)")
-    ap.add_argument("--groups", default="1-8,16,32", help="query heads per KV head (e.g. 1-8,16,32)")
-    ap.add_argument("--rows", default="4", help="(batch x KV head) problems (the profile's: 4)")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--kv-mib", type=positive, default=64.0, help="K and V bytes of one call, MiB")
+    ap.add_argument("--head-dim", type=counts, default="96", help="comma-separated, ranges allowed (e.g. 96,128)")
+    ap.add_argument("--groups", type=counts, default="1-8,16,32", help="query heads per KV head (e.g. 1-8,16,32)")
+    ap.add_argument("--rows", type=counts, default="4", help="(batch x KV head) problems (the profile's: 4)")
+    ap.add_argument("--reps", type=count, default=5)
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"attend {args.dtype}, {args.kv_mib:g} MiB of KV, one thread, median of {args.reps} (ms)")
     print(f"{'rows':>5} {'head_dim':>8} {'tokens':>8} {'group':>5} {'ms':>9}")
-    for rows in counts(args.rows):
-        for head_dim in counts(args.head_dim):
-            for group in counts(args.groups):
+    for rows in args.rows:
+        for head_dim in args.head_dim:
+            for group in args.groups:
                 tokens, sec = time_attend(rows, group, head_dim, args.kv_mib * 2**20, args.dtype, args.reps)
                 print(f"{rows:5d} {head_dim:8d} {tokens:8d} {group:5d} {sec * 1e3:9.2f}", flush=True)
 
