@@ -130,6 +130,13 @@ def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
     assert attend.loaded == min(2, os.cpu_count() or 1)
     text = out.read_text()
     assert "R^2" in text and "Raw one-way times" in text and "Kernel profiles" in text
+    # validate on it: before each algorithm's runs, the dominant kernel's nearest profiled point is timed again
+    val = tmp_path / "val"
+    assert main(["validate", scenario(tmp_path, "fp32"), "--procs", "2", "--iters", "1", "--warmup", "0",
+                 "--topology", str(out), "-o", str(val), "--timeout", "120"]) == 0
+    frame = pd.read_csv(val / "validation.csv")
+    assert len(frame) == 6 and (frame["drift"] > 0).all() and frame["drift"].notna().all()
+    assert "machine speed against its calibration" in (val / "summary.md").read_text()
     assert no_stray_ranks()
 
 

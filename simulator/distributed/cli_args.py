@@ -44,6 +44,9 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-kv-bytes", dest="max_kv_bytes", default="512 MiB",
                    help="--random: a draw whose KV cache (all ranks; prefill: a rank's largest score block) exceeds "
                         "this gets a shorter context (default 512 MiB)")
+    p.add_argument("--no-drift", dest="no_drift", action="store_true",
+                   help="do not time a profiled kernel point before each algorithm's runs (the 'drift' column: the "
+                        "machine's speed now against the topology's calibration)")
     p.add_argument("--inject-fault", type=int, default=None, metavar="RANK",
                    help="testing aid: this rank raises an error at its first op")
 

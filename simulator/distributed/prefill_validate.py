@@ -26,6 +26,7 @@ import torch.distributed as dist
 from simulator.algorithms import label, resolve
 from simulator.algorithms.prefill import PREFILL_REGISTRY, build_prefill
 from simulator.distributed.common import rank_layout, timed_iterations
+from simulator.distributed.drift import drift_before
 from simulator.distributed.prefill_run import check_outputs, gather_results, to_torch
 from simulator.distributed.runner import PrefillRankRunner
 from simulator.engine.core import simulate
@@ -99,9 +100,11 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
     cpu_inp = to_torch(np_inp, torch.device("cpu"))
     ref: tuple[np.ndarray, ...] | None = None
     rows = []
+    cluster = cluster_of(args, point, layout.ranks)
     for i, entry in enumerate(point.scenario.algorithms):
         name, params = resolve(entry, field=f"algorithms.{i}", registry=PREFILL_REGISTRY)
         sched = build_prefill(name, params, shape, layout)
+        drift = drift_before(sched, cluster, device, not args.no_drift)
         times, bufs = _time_runs(args, sched, inp, device)
         results = gather_results(sched, bufs)
         if results is None:
@@ -110,7 +113,7 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
         q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (measured,) * 3
         ref = reference_by_blocks(np_inp) if ref is None else ref
         check = check_outputs(sched, results, ref)
-        result = simulate(sched, cluster_of(args, point, sched.ranks))
+        result = simulate(sched, cluster)
         predicted = result.makespan
         rows.append({
             "algorithm": label(name, params, PREFILL_REGISTRY), "ranks": sched.ranks, "context": shape.sequence,
@@ -118,6 +121,6 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
             "max_abs_err": check.max_abs_err, "bitwise_equal_to_sim": _bitwise(sched, cpu_inp, results),
             "measured_q1_s": q1, "measured_q3_s": q3, "grad_max_abs_err": check.grad_max_abs_err,
             "phase": "train" if shape.backward else "prefill", "layout": shape.layout,
-            "extrapolated": extrapolated_text(result.extrapolated), **dict(point.swept),
+            "extrapolated": extrapolated_text(result.extrapolated), "drift": drift, **dict(point.swept),
         })
     return rows

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID",
            "TORCH_DTYPES", "ProfileOptions", "UnstableMeasurement", "build_point", "profile_attend", "profile_kernel",
-           "profile_prefill", "profile_small"]
+           "profile_prefill", "profile_small", "time_call"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
@@ -99,7 +99,7 @@ def _check(kernel: str, dtype: str, where: str, t: Timing, opts: ProfileOptions)
     return t
 
 
-def _time(fn: Callable[[], object], device: torch.device, opts: ProfileOptions, budget_s: float) -> Timing:
+def time_call(fn: Callable[[], object], device: torch.device, opts: ProfileOptions, budget_s: float) -> Timing:
     """Time ``fn`` on ``device``: a CUDA kernel by wall time after synchronizing; a CPU kernel (one thread) by its
     thread's CPU time, which other processes' preemptions do not inflate."""
     common = {"rel_ci": opts.rel_ci, "budget_s": budget_s, "max_reps": opts.max_reps, "min_reps": opts.min_reps,
@@ -200,7 +200,7 @@ def profile_kernel(kernel: str, dtype: str, device: torch.device, grid: Sequence
                 load.wait_running()
         where = ", ".join(f"{a} {v:g}" for a, v in zip(axes, point, strict=True))
         try:
-            timing = _check(kernel, dtype, where, _time(fn, device, opts, budget), opts)
+            timing = _check(kernel, dtype, where, time_call(fn, device, opts, budget), opts)
         finally:
             if load is not None:
                 load.stop()

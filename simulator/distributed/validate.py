@@ -25,6 +25,7 @@ from simulator.algorithms import build_schedule
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.distributed.checks import check_scenario, out_dir
 from simulator.distributed.common import device_for, init_group, rank_layout, timed_iterations
+from simulator.distributed.drift import drift_before
 from simulator.distributed.prefill_validate import prefill_point_rows
 from simulator.distributed.runner import RankRunner
 from simulator.engine.core import simulate
@@ -39,13 +40,16 @@ from simulator.scenario import Point
 from simulator.schedule import Schedule
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["COLUMNS", "run_rank", "summarize", "summary_lines"]
+__all__ = ["COLUMNS", "drift_lines", "run_rank", "summarize", "summary_lines"]
 
 COLUMNS = ["algorithm", "ranks", "context", "measured_s", "predicted_s", "error_pct", "max_abs_err",
            "bitwise_equal_to_sim"]
 SPREAD = ["measured_q1_s", "measured_q3_s"]  # quartiles of the per-iteration times (measured_s is their median)
-EXTRA = ["extrapolated"]  # kernels the prediction timed beyond their profiled shapes (and on which axes)
+# kernels the prediction timed beyond their profiled shapes (and on which axes); the machine's speed against its
+# calibration right before the runs (simulator.distributed.drift)
+EXTRA = ["extrapolated", "drift"]
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DRIFT_WITHIN = 0.10  # a run whose drift is within this of 1 ran on the machine as calibrated (summary_lines)
 PER_ALGORITHM = ["grad_max_abs_err"]  # prefill: dQ, dK, dV against torch autograd (NaN without a backward)
 
 
@@ -79,8 +83,10 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
         np_inputs = inp.to(lambda a: (a.double() if a.is_floating_point() else a).cpu().numpy())
     cpu_inputs = inp.to(lambda a: a.cpu())
     rows = []
+    cluster = _cluster(args, point, world)
     for algo in prep.algorithms:
         sched = build_schedule(algo.name, algo.params, shape, layout)
+        drift = drift_before(sched, cluster, device, not args.no_drift)
         times, bufs = _time_runs(args, sched, inp, shape, device)
         measured = statistics.median(times)
         q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (measured,) * 3
@@ -93,14 +99,14 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
         outputs = {r: out for part in gathered for r, out in part.items()}
         sim = run_numeric(sched, cpu_inputs)
         bitwise = all(torch.equal(outputs[r], sim.outputs[r]) for r in sim.outputs)
-        result = simulate(sched, _cluster(args, point, sched.ranks))
+        result = simulate(sched, cluster)
         predicted = result.makespan
         rows.append({
             "algorithm": algo.label, "ranks": sched.ranks, "context": shape.context,
             "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
             "max_abs_err": max_abs_error([o.double() for o in outputs.values()], dense_attention(np_inputs)),
             "bitwise_equal_to_sim": bitwise, "measured_q1_s": q1, "measured_q3_s": q3,
-            "extrapolated": extrapolated_text(result.extrapolated),
+            "extrapolated": extrapolated_text(result.extrapolated), "drift": drift,
             **dict(point.swept),
         })
     return rows
@@ -141,6 +147,21 @@ def per_algorithm(frame: pd.DataFrame) -> list[str]:
     return out
 
 
+def drift_lines(frame: pd.DataFrame, within: float = DRIFT_WITHIN) -> list[str]:
+    """The machine's drift from its calibration (the ``drift`` column) and the errors where it stayed within
+    ``within`` of it and where it did not: how much of the error the machine's own change can account for."""
+    if "drift" not in frame or not frame["drift"].notna().any():
+        return []
+    timed = frame[frame["drift"].notna()]
+    drift, err = timed["drift"], timed["error_pct"].abs()
+    steady = (drift - 1).abs() <= within
+    parts = [f"{label} at {int(sel.sum())} of {len(timed)} (median |error| {err[sel].median():.1f} %)"
+             for label, sel in ((f"within {within:.0%}", steady), ("beyond", ~steady)) if sel.any()]
+    return [f"- machine speed against its calibration (drift: the dominant kernel's nearest profiled point timed "
+            f"again right before each run, now / calibrated): median {drift.median():.2f}x, range "
+            f"{drift.min():.2f}-{drift.max():.2f}x; " + "; ".join(parts)]
+
+
 def summary_lines(frame: pd.DataFrame) -> list[str]:
     """Error statistics and whether the faster algorithm was predicted right at every point."""
     err = frame["error_pct"].abs()
@@ -159,6 +180,7 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         *per_algorithm(frame),
         faster,
         f"- predictions with a kernel timed beyond its profiled shapes: {extrapolated} of {len(frame)}",
+        *drift_lines(frame),
         f"- max abs error against single-device attention: {frame['max_abs_err'].max():.3g}",
         f"- bitwise equal to the simulator's numeric mode: {int(frame['bitwise_equal_to_sim'].sum())} of {len(frame)}",
     ] + ([f"- max abs error of dQ, dK, dV against torch autograd: {grads.max():.3g}"] if len(grads) else [])

@@ -1,0 +1,108 @@
+"""How fast the machine runs now against its calibration: a profiled kernel point timed again, the same way.
+
+A prediction can only be as right as the machine is still the one calibrated. On a shared VM it is not for long:
+the same call measured 1.3-1.5x its calibrated time tens of minutes later (docs/validation.md). ``treering
+validate`` therefore times, right before each algorithm's runs, the profiled grid point nearest to the schedule's
+dominant kernel (the rank-0 kernel with the largest share of the predicted compute time), exactly as ``calibrate``
+timed it: the same call (:func:`~simulator.distributed.profile_kernels.build_point`), the same clock and stopping
+rule, and as many copies running at once on the host as the profile records (``loaded``: the next ranks of the run
+run the call back to back while rank 0 times it). ``drift`` = now / calibrated: 1.0 is the calibrated machine; a
+point's error cannot be read as the model's where the machine itself moved by more. Nothing here changes a
+prediction.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from simulator.cluster.devices import DeviceSpec, profiled_time
+from simulator.cluster.topology import Cluster
+from simulator.distributed.profile_kernels import ProfileOptions, build_point, time_call
+from simulator.kernel_model import KernelProfile
+from simulator.schedule import COMPUTE_KINDS, Schedule
+
+__all__ = ["dominant_kernel", "drift_before", "measure_drift", "nearest_grid_point", "profiled_seconds"]
+
+
+def nearest_grid_point(profile: KernelProfile, dims: Sequence[float]) -> tuple[float, ...]:
+    """The profile's grid point nearest to ``dims`` in log space, axis by axis (a pure function)."""
+    return tuple(min(values, key=lambda v: (abs(math.log(v) - math.log(x)), v))
+                 for values, x in zip(profile.grid, dims, strict=True))
+
+
+def profiled_seconds(profile: KernelProfile, point: Sequence[float]) -> float:
+    """The calibrated time at a grid point (``seconds`` is row-major over the grid, last axis fastest)."""
+    index = 0
+    for values, x in zip(profile.grid, point, strict=True):
+        index = index * len(values) + values.index(x)
+    return profile.seconds[index]
+
+
+def dominant_kernel(sched: Schedule, spec: DeviceSpec, rank: int = 0
+                    ) -> tuple[KernelProfile, tuple[float, ...]] | None:
+    """(profile, grid point) of ``rank``'s kernel with the largest predicted share of its compute (count x
+    profiled time), or None when none of its kernels is profiled."""
+    shapes = Counter((op.fn, op.dtype, op.dims) for op in sched.ops
+                     if op.rank == rank and op.kind in COMPUTE_KINDS and op.dims and not op.fused)
+    best: tuple[float, KernelProfile, tuple[float, ...]] | None = None
+    for (fn, dtype, dims), count in shapes.items():
+        timed = profiled_time(spec, fn, dtype, dims)
+        profile = spec.kernels.get((fn, dtype))
+        if timed is None or profile is None:
+            continue
+        share = count * timed[0]
+        if best is None or share > best[0]:
+            best = (share, profile, nearest_grid_point(profile, dims))
+    return None if best is None else (best[1], best[2])
+
+
+def measure_drift(profile: KernelProfile, point: tuple[float, ...], device: torch.device,
+                  opts: ProfileOptions | None = None) -> float:
+    """Collective (every rank calls it): rank 0 times ``profile``'s kernel at grid ``point`` while ranks 1 ..
+    ``loaded`` - 1 run the same call back to back (the others wait); returns now / calibrated on rank 0, NaN on
+    the other ranks."""
+    opts = ProfileOptions() if opts is None else opts  # calibrate's (its defaults)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    loaders = range(1, min(profile.loaded, world))
+    fn = build_point(profile.kernel, profile.dtype, point, device) if rank == 0 or rank in loaders else None
+    dist.barrier()
+    ratio = math.nan
+    if rank == 0:
+        assert fn is not None
+        budget = opts.budget_s / 3 if len(profile.axes) == 1 else opts.budget_s
+        seconds = time_call(fn, device, opts, budget).median
+        for r in loaders:  # the loading ranks stop at this
+            dist.send(torch.zeros(1), dst=r)
+        ratio = seconds / profiled_seconds(profile, point)
+    elif rank in loaders:  # a thread runs the call until rank 0's message arrives (torch frees the GIL)
+        assert fn is not None
+        done = threading.Event()
+
+        def load() -> None:
+            while not done.is_set():
+                fn()
+
+        worker = threading.Thread(target=load, daemon=True)
+        worker.start()
+        try:
+            dist.recv(torch.zeros(1), src=0)
+        finally:
+            done.set()
+            worker.join()
+    dist.barrier()
+    return ratio
+
+
+def drift_before(sched: Schedule, cluster: Cluster, device: torch.device, enabled: bool = True) -> float:
+    """Collective: the drift at the grid point nearest to ``sched``'s dominant rank-0 kernel on ``cluster``'s
+    profiles (every rank decides alike from the same schedule and topology); NaN where nothing is profiled, when
+    not ``enabled``, and on ranks other than 0."""
+    spec = cluster.specs.get(sched.placement_on(cluster.ranks)[0])
+    found = dominant_kernel(sched, spec) if enabled and spec is not None else None
+    return math.nan if found is None else measure_drift(*found, device)
