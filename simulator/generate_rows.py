@@ -90,7 +90,7 @@ def _attention_phase(sched: Schedule, cluster: Cluster) -> _Phase:
     wall = time.perf_counter() - t0
     timing = prefill_timing(result, sched.ranks)
     gpus = sched.meta.get("compute_ranks", sched.ranks)  # a switch reducing in the network (NVLS) is no GPU
-    peaks = list(zip(sched.placement_on(cluster.ranks), timeline_peaks(sched, result.timeline), strict=True))[:gpus]
+    peaks = list(zip(sched.placement_on(cluster.ranks), timeline_peaks(sched, result), strict=True))[:gpus]
     return _Phase(result.makespan, timing["compute_s"], result.bytes_sent(), peaks, result.events, wall, timing)
 
 

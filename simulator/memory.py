@@ -8,12 +8,19 @@ Pure: no simpy, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+import math
+from collections.abc import Mapping
+from itertools import compress
+from operator import attrgetter
+from typing import Protocol
+
+import numpy as np
 
 from simulator.schedule import Schedule
 
-__all__ = ["peak_memory", "timeline_peaks"]
+__all__ = ["Timed", "holding", "peak_memory", "timeline_peaks"]
+
+_ALLOC, _FREE = attrgetter("alloc"), attrgetter("free")
 
 
 def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None = None) -> list[float]:
@@ -23,9 +30,8 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
     sizes: list[dict[str, float]] = [dict(sched.initial.get(r, {})) for r in range(sched.ranks)]
     live = [sum(s.values()) for s in sizes]
     clock = [0.0] * sched.ranks
-    for op in sched.ops:
-        if times is not None and not op.alloc and not op.free:
-            continue  # holds nothing: its times do not matter (and ``times`` may leave it out)
+    # with times, only the ops that hold something (their times matter; ``times`` may leave the others out)
+    for op in sched.ops if times is None else map(sched.ops.__getitem__, holding(sched)):
         if times is None:
             start, end = clock[op.rank], clock[op.rank] + 1.0
             clock[op.rank] = end
@@ -53,8 +59,24 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
     return peaks
 
 
-def timeline_peaks(sched: Schedule, timeline: Iterable[Any]) -> list[float]:
-    """Peak bytes of every rank, from a simulated timeline (records with ``op``, ``start``, ``end``): only the ops
-    that allocate or free buffers are looked up."""
-    held = {op.id for op in sched.ops if op.alloc or op.free}
-    return peak_memory(sched, {rec.op: (rec.start, rec.end) for rec in timeline if rec.op in held})
+def holding(sched: Schedule) -> list[int]:
+    """Ids of the ops that allocate or free buffers, in op-id order (C-level passes over the ops)."""
+    ops = sched.ops
+    ids = set(compress(range(len(ops)), map(_ALLOC, ops)))
+    ids.update(compress(range(len(ops)), map(_FREE, ops)))
+    return sorted(ids)
+
+
+class Timed(Protocol):
+    """A simulation's op times (:class:`~simulator.engine.core.SimResult`): arrays by op id, NaN where none."""
+
+    start: np.ndarray
+    end: np.ndarray
+
+
+def timeline_peaks(sched: Schedule, result: Timed) -> list[float]:
+    """Peak bytes of every rank, from a simulation's op times: only the ops that allocate or free buffers (and
+    ended) are looked up."""
+    ids = [i for i in holding(sched) if not math.isnan(result.end[i])]
+    times = dict(zip(ids, zip(result.start[ids].tolist(), result.end[ids].tolist(), strict=True), strict=True))
+    return peak_memory(sched, times)

@@ -171,7 +171,7 @@ def _compose(model: ModelPreset, dense: Schedule, attn: Schedule, head: Schedule
     head_run = simulate(head, cluster)
     layer = sum(r.makespan for r in runs)
     place = attn.placement_on(cluster.ranks)
-    attn_peak = dict(zip(place, timeline_peaks(attn, runs[1].timeline), strict=True))
+    attn_peak = dict(zip(place, timeline_peaks(attn, runs[1]), strict=True))
     out, res = outside or {}, resident or {}
     peaks = [weights_bytes + (model.layers - 1) * kv.get(n, 0.0) + max(attn_peak.get(n, 0.0), out.get(n, 0.0))
              + res.get(n, 0.0) for n in cluster.ranks]

@@ -273,7 +273,7 @@ def result_numbers(sched: Schedule, result: SimResult) -> dict[str, Any]:
     """What a row takes from one simulated schedule: latency_s, compute_s and comm_s (the critical rank's),
     bytes_moved and the per-rank memory ``peaks``."""
     with gc_paused():  # millions of live ops and records: a collection would walk them all for nothing
-        peaks = timeline_peaks(sched, result.timeline)
+        peaks = timeline_peaks(sched, result)
         compute_s, comm_s = result.critical_split()
         moved = result.bytes_sent()
     return {"latency_s": result.makespan, "compute_s": compute_s, "comm_s": comm_s, "bytes_moved": moved,
@@ -310,10 +310,10 @@ def _phase_row(prep: PreparedPoint, row: dict[str, Any]) -> dict[str, Any]:
 def _flow_rows(prep: PreparedPoint, result: SimResult) -> list[dict[str, Any]]:
     wl, sched = prep.workload, prep.flows
     assert isinstance(wl, FlowsWorkload) and sched is not None
-    ends = result.op_ends()
     recv_of = [op.id for op in sched.ops if op.kind == "recv"]  # flow i's receive, in flow order
+    ends = result.end[recv_of].tolist()
     return [make_row("flows", {"flow": i, "src": f.src, "dst": f.dst, "bytes": f.bytes, "start_s": f.start,
-                               "finish_s": ends[recv_of[i]]}, swept=prep.point.columns())
+                               "finish_s": ends[i]}, swept=prep.point.columns())
             for i, f in enumerate(wl.flows)]
 
 

@@ -38,6 +38,8 @@ from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["NUMERIC_MAX_SCORES", "PREFILL_COLUMNS", "check_prefill", "prefill_rows", "prefill_runs", "prefill_timing"]
 
+_TRANSFERS = frozenset({"send", "recv"})
+
 PREFILL_COLUMNS = ["phase", "sequence", "layout", "tflops_per_gpu", "comm_hidden_frac", "imbalance"]
 NUMERIC_MAX_SCORES = 50_000_000  # the dense reference holds batch x heads x sequence^2 scores
 
@@ -108,19 +110,18 @@ def _overlap(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> fl
 
 def prefill_timing(result: SimResult, ranks: int) -> dict[str, float]:
     """compute_s, comm_s, comm_hidden_frac of the critical rank; imbalance over all ranks."""
-    compute = [0.0] * ranks
-    busy: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]
-    moving: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]
-    for rec in result.timeline:
-        if rec.kind in COMPUTE_KINDS:
-            compute[rec.rank] += rec.end - rec.start
-            busy[rec.rank].append((rec.start, rec.end))
-        elif rec.kind in ("send", "recv"):
-            moving[rec.rank].append((rec.start, rec.end))
+    kernels = result.ended(COMPUTE_KINDS)
+    # every rank's kernel seconds, each added in timeline order (bincount adds its weights in array order)
+    compute = np.bincount(result.rank_of[kernels], weights=result.end[kernels] - result.start[kernels],
+                          minlength=ranks).tolist()
     crit = result.critical_rank()
-    transfers = _union(moving[crit])
+
+    def spans(ids: np.ndarray) -> list[tuple[float, float]]:
+        return list(zip(result.start[ids].tolist(), result.end[ids].tolist(), strict=True))
+
+    transfers = _union(spans(result.ended(_TRANSFERS, crit)))
     moved = sum(b - a for a, b in transfers)
-    hidden = _overlap(transfers, _union(busy[crit])) / moved if moved > 0 else math.nan
+    hidden = _overlap(transfers, _union(spans(result.ended(COMPUTE_KINDS, crit)))) / moved if moved > 0 else math.nan
     mean = sum(compute) / ranks
     return {"compute_s": compute[crit], "comm_s": result.end_time.get(crit, 0.0) - compute[crit],
             "comm_hidden_frac": hidden, "imbalance": max(compute) / mean if mean > 0 else 1.0}
@@ -147,7 +148,7 @@ def prefill_rows(point: Point, cluster: Cluster, layout: Layout, numeric: bool =
         t0 = time.perf_counter()
         result = simulate(sched, cluster)
         wall = time.perf_counter() - t0
-        peaks = timeline_peaks(sched, result.timeline)
+        peaks = timeline_peaks(sched, result)
         place = sched.placement_on(cluster.ranks)
         timing = prefill_timing(result, sched.ranks)
         row: dict[str, Any] = {

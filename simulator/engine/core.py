@@ -25,16 +25,17 @@ Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B /
 
 Everything due at one instant runs from one simpy event (a calendar of callbacks per time), so lockstep
 schedules (P ranks finishing a step together) cost one event per instant rather than one per op. The run keeps
-each op's start and end by op id; the timeline (one :class:`Record` per op, in (start, rank, op) order) is built
-once the run is over.
+each op's start and end by op id; the result holds them as arrays, with the ops' (start, rank, op) order, and
+builds the timeline (one :class:`Record` per op) only when a caller asks for it: rows, reports and traces read the
+arrays, so what they cost grows with what they show.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from itertools import chain, compress
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -47,13 +48,15 @@ from simulator.cluster.topology import Cluster
 from simulator.engine.host import HostResources
 from simulator.engine.network import FlowNetwork
 from simulator.gcpause import gc_paused
-from simulator.schedule import COMPUTE_KINDS, Op, Schedule
+from simulator.schedule import COMPUTE_KINDS, OP_KINDS, Op, Schedule
 
 __all__ = ["Record", "SimResult", "simulate"]
 
 Callback = Callable[[Any], None]
 _new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
 _RANK, _KIND, _DEPS, _PEER = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(8)  # Op fields, read by map
+_KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
+_SENDS = frozenset({"send"})
 _COST = itemgetter(5, 6, 7, 18, 11, 25)  # Op.flops, nbytes, dtype, fused, fn, dims: what a kernel's duration depends on
 
 
@@ -72,13 +75,24 @@ class Record(NamedTuple):
 
 @dataclass
 class SimResult:
-    """What a simulation returns: the timeline and counters. Results are derived from the timeline.
+    """What a simulation returns: each op's start and end (columns by op id), the ops in timeline order, counters.
+
+    ``start[i]`` / ``end[i]``: op ``i``'s times in seconds (NaN: it never started / ended); ``order``: the ids of the
+    ops that ended, in (start, rank, op) order (the timeline's); ``rank_of[i]``: op ``i``'s rank, ``kind_of[i]`` its
+kind's index in :data:`~simulator.schedule.OP_KINDS`. Results are read
+    off these arrays; :attr:`timeline` (one :class:`Record` per op) is built only when asked for: millions of
+    tuples for a large run, which nothing on the way to a row or a report needs.
 
     ``events`` counts the engine's callbacks (op completions and readiness, flow injections and finishes, rate
     recomputations); ``simpy_events`` the simpy events that carried them.
     """
 
-    timeline: list[Record]
+    ops: Sequence[Op]
+    start: np.ndarray
+    end: np.ndarray
+    order: np.ndarray
+    rank_of: np.ndarray
+    kind_of: np.ndarray
     events: int
     allocations: int
     ranks: int
@@ -92,6 +106,27 @@ class SimResult:
     def makespan(self) -> float:
         return max(self.end_time.values(), default=0.0)  # each rank's last end: the timeline's latest end, at once
 
+    @cached_property
+    def timeline(self) -> list[Record]:
+        """One :class:`Record` per op that ended, in (start, rank, op) order (built on first use, then kept)."""
+        ops, start, end = self.ops, self.start, self.end
+        out: list[Record] = []
+        for lo in range(0, len(self.order), 1 << 16):  # op ids as Python ints a slice at a time, not all at once
+            ids = self.order[lo:lo + (1 << 16)]
+            out += [_new(Record, (op.rank, i, op.kind, op.name, a, b, op.nbytes, op.flops))
+                    for i, a, b in zip(ids.tolist(), start[ids].tolist(), end[ids].tolist(), strict=True)
+                    for op in (ops[i],)]
+        return out
+
+    def ended(self, kinds: frozenset[str] | None = None, rank: int | None = None) -> np.ndarray:
+        """Ids of the ops that ended, in timeline order: of ``kinds`` only, of ``rank`` only, when given."""
+        ids = self.order
+        if rank is not None:
+            ids = ids[self.rank_of[ids] == rank]
+        if kinds is not None:
+            ids = ids[np.isin(self.kind_of[ids], [_KIND_INDEX[k] for k in kinds])]
+        return ids
+
     def critical_rank(self) -> int:
         """The rank that finishes last (the lowest such rank on a tie); 0 when nothing ran."""
         if not self.end_time:
@@ -99,8 +134,8 @@ class SimResult:
         return max(self.end_time, key=lambda r: (self.end_time[r], -r))
 
     def op_ends(self) -> dict[int, float]:
-        """End time of every op, by op id."""
-        return {r.op: r.end for r in self.timeline}
+        """End time of every op that ended, by op id."""
+        return dict(zip(self.order.tolist(), self.end[self.order].tolist(), strict=True))
 
     def critical_split(self) -> tuple[float, float]:
         """(compute_s, comm_s) of the critical rank: its kernel time, and the rest of its latency (time waiting on
@@ -108,12 +143,14 @@ class SimResult:
         if not self.end_time:
             return 0.0, 0.0
         rank = self.critical_rank()
-        compute = sum(rec.end - rec.start for rec in self.timeline if rec.rank == rank and rec.kind in COMPUTE_KINDS)
+        ids = self.ended(COMPUTE_KINDS, rank)
+        compute = sum((self.end[ids] - self.start[ids]).tolist())  # added in timeline order, as records were
         return compute, self.end_time[rank] - compute
 
     def bytes_sent(self) -> float:
         """Every byte every send moved."""
-        return sum(rec.nbytes for rec in self.timeline if rec.kind == "send")
+        ops = self.ops
+        return sum([ops[i].nbytes for i in self.ended(_SENDS).tolist()])
 
 
 class _Run:
@@ -170,7 +207,9 @@ class _Run:
         self._durations: dict[tuple[Any, ...], float] = {}
         self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._paths: dict[tuple[int, int], tuple[tuple[int, ...], float]] = {}
-        sends = list(compress(ops, map("send".__eq__, map(_KIND, ops))))  # C-level passes over the ops
+        # each op's kind as an index into OP_KINDS (the result keeps it): a C-level pass over the ops
+        self.kind_of = np.fromiter(map(_KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n)
+        sends = list(compress(ops, (self.kind_of == _KIND_INDEX["send"]).tolist()))
         place = self.place
         cluster.prepare_routes({(place[a], place[b]) for a, b in set(zip(map(_RANK, sends), map(_PEER, sends),
                                                                           strict=True))})
@@ -225,24 +264,19 @@ class _Run:
         if None in start:
             unfinished = [i for i, t in enumerate(start) if t is None]
             raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
-        self.kids, self.first_kid, self.pending = array("q"), array("q"), []  # the timeline is built without them
+        self.kids, self.first_kid, self.pending = array("q"), array("q"), []  # the results need none of these
         self.ready, self.held = bytearray(), bytearray()
-        if None in end:  # started but never ended: not on the timeline
-            ids = np.array([i for i, t in enumerate(end) if t is not None], dtype=np.int64)
-        else:
-            ids = np.arange(len(ops), dtype=np.int64)
-        ranks = np.fromiter(map(_RANK, ops), dtype=np.int64, count=len(ops))[ids]
+        starts, ends = np.array(start, dtype=float), np.array(end, dtype=float)  # None -> NaN
+        self.start, self.end = [], []
+        ranks = np.fromiter(map(_RANK, ops), dtype=np.int64, count=len(ops))
+        ids = np.flatnonzero(~np.isnan(ends))  # started but never ended: not on the timeline
         last = np.full(self.sched.ranks, -np.inf)
-        np.maximum.at(last, ranks, np.array([t for t in end if t is not None], dtype=float))
-        ends = {r: float(last[r]) for r in np.unique(ranks).tolist()}
-        # the timeline in (start, rank, op) order: one sort of arrays rather than of millions of key tuples
-        order = ids[np.lexsort((ids, ranks, np.array(start, dtype=float)[ids]))]
-        timeline: list[Record] = []
-        for lo in range(0, len(order), 1 << 16):  # op ids as Python ints a slice at a time, not all at once
-            timeline += [_new(Record, (op.rank, i, op.kind, op.name, start[i], end[i], op.nbytes, op.flops))
-                         for i in order[lo:lo + (1 << 16)].tolist() for op in (ops[i],)]
-        return SimResult(timeline, self.events, self.net.allocations, self.sched.ranks, ends, self.simpy_events,
-                         self.link_load, self.extrapolated)
+        np.maximum.at(last, ranks[ids], ends[ids])
+        end_time = {r: float(last[r]) for r in np.unique(ranks[ids]).tolist()}
+        # the timeline's (start, rank, op) order: one sort of arrays rather than of millions of key tuples
+        order = ids[np.lexsort((ids, ranks[ids], starts[ids]))]
+        return SimResult(ops, starts, ends, order, ranks, self.kind_of, self.events, self.net.allocations,
+                         self.sched.ranks, end_time, self.simpy_events, self.link_load, self.extrapolated)
 
     # -- op life cycle -----------------------------------------------------------------------------------------
     def _duration(self, op: Op) -> float:

@@ -76,13 +76,14 @@ def bound_timeline(frame: pd.DataFrame, resolution: int = RESOLUTION) -> pd.Data
 
 def _run_frame(label: str, result: SimResult, limit: int) -> pd.DataFrame:
     critical = result.critical_rank()
-    keep = set(shown_ranks(result.ranks, critical, limit))
-    recs = [r for r in result.timeline if r.rank in keep]  # one pass over the ops; only shown ranks are kept
+    keep = shown_ranks(result.ranks, critical, limit)
+    ids = result.order[np.isin(result.rank_of[result.order], keep)]  # the shown ranks' ops, in timeline order
+    ops = [result.ops[i] for i in ids.tolist()]
+    ranks = result.rank_of[ids]
     return pd.DataFrame({
-        "algorithm": label, "rank": [r.rank for r in recs], "kind": [r.kind for r in recs],
-        "name": [r.name for r in recs], "start_s": [r.start for r in recs], "end_s": [r.end for r in recs],
-        "bytes": [r.nbytes for r in recs], "ops": 1, "critical": [r.rank == critical for r in recs],
-        "ranks_total": result.ranks}, columns=TIMELINE_COLUMNS)
+        "algorithm": label, "rank": ranks, "kind": [op.kind for op in ops], "name": [op.name for op in ops],
+        "start_s": result.start[ids], "end_s": result.end[ids], "bytes": [op.nbytes for op in ops], "ops": 1,
+        "critical": ranks == critical, "ranks_total": result.ranks}, columns=TIMELINE_COLUMNS)
 
 
 def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]], limit: int = MAX_RANKS) -> pd.DataFrame:

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from simulator.cluster.topology import Cluster
 from simulator.engine.core import SimResult
 from simulator.errors import InputError
@@ -91,17 +93,18 @@ def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: 
                            "args": {"name": f"{label}: rank {rank} ({place[rank]})"}})
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "compute"}})
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "transfers"}})
-        for rec in result.timeline:
-            if rec.rank not in kept:
-                cut.ops_of_hidden_ranks += 1
-                continue
-            if rec.end < lo or rec.start > hi:
+        shown = np.isin(result.rank_of[result.order], keep)
+        cut.ops_of_hidden_ranks += int((~shown).sum())
+        ids = result.order[shown]  # the shown ranks' ops, in timeline order
+        for i, start, end in zip(ids.tolist(), result.start[ids].tolist(), result.end[ids].tolist(), strict=True):
+            if end < lo or start > hi:
                 cut.ops += 1
                 continue
+            op = result.ops[i]
             events.append({
-                "name": rec.name, "cat": rec.kind, "ph": "X", "pid": rank_pid[rec.rank],
-                "tid": 0 if rec.kind in COMPUTE_KINDS else 1, "ts": rec.start * 1e6,
-                "dur": (rec.end - rec.start) * 1e6, "args": {"op": rec.op, "bytes": rec.nbytes, "flops": rec.flops},
+                "name": op.name, "cat": op.kind, "ph": "X", "pid": rank_pid[op.rank],
+                "tid": 0 if op.kind in COMPUTE_KINDS else 1, "ts": start * 1e6,
+                "dur": (end - start) * 1e6, "args": {"op": i, "bytes": op.nbytes, "flops": op.flops},
             })
         pid = next(pids)
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{label}: links"}})
