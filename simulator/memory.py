@@ -23,15 +23,20 @@ __all__ = ["Timed", "holding", "peak_memory", "timeline_peaks"]
 _ALLOC, _FREE = attrgetter("alloc"), attrgetter("free")
 
 
-def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None = None) -> list[float]:
+def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None = None,
+                holders: list[int] | None = None) -> list[float]:
     """Peak bytes of every rank. ``times[op_id] = (start, end)`` (e.g. from the engine's timeline) of at least the
-    ops that allocate or free buffers."""
+    ops that allocate or free buffers (``holders``: their ids in op-id order, when the caller has them)."""
     events: list[list[tuple[float, int, str, float]]] = [[] for _ in range(sched.ranks)]
     sizes: list[dict[str, float]] = [dict(sched.initial.get(r, {})) for r in range(sched.ranks)]
     live = [sum(s.values()) for s in sizes]
     clock = [0.0] * sched.ranks
     # with times, only the ops that hold something (their times matter; ``times`` may leave the others out)
-    for op in sched.ops if times is None else map(sched.ops.__getitem__, holding(sched)):
+    if times is None:
+        holders = None  # program order: every op advances its rank's clock
+    elif holders is None:
+        holders = holding(sched)
+    for op in sched.ops if holders is None else map(sched.ops.__getitem__, holders):
         if times is None:
             start, end = clock[op.rank], clock[op.rank] + 1.0
             clock[op.rank] = end
@@ -77,6 +82,7 @@ class Timed(Protocol):
 def timeline_peaks(sched: Schedule, result: Timed) -> list[float]:
     """Peak bytes of every rank, from a simulation's op times: only the ops that allocate or free buffers (and
     ended) are looked up."""
-    ids = [i for i in holding(sched) if not math.isnan(result.end[i])]
-    times = dict(zip(ids, zip(result.start[ids].tolist(), result.end[ids].tolist(), strict=True), strict=True))
-    return peak_memory(sched, times)
+    holders = holding(sched)
+    ended = [i for i in holders if not math.isnan(result.end[i])]
+    times = dict(zip(ended, zip(result.start[ended].tolist(), result.end[ended].tolist(), strict=True), strict=True))
+    return peak_memory(sched, times, holders)

@@ -54,7 +54,7 @@ __all__ = ["Record", "SimResult", "simulate"]
 
 Callback = Callable[[Any], None]
 _new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
-_RANK, _KIND, _DEPS, _PEER = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(8)  # Op fields, read by map
+_RANK, _KIND, _DEPS, _NBYTES, _PEER = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(6), itemgetter(8)
 _KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
 _SENDS = frozenset({"send"})
 _COST = itemgetter(5, 6, 7, 18, 11, 25)  # Op.flops, nbytes, dtype, fused, fn, dims: what a kernel's duration depends on
@@ -149,8 +149,7 @@ kind's index in :data:`~simulator.schedule.OP_KINDS`. Results are read
 
     def bytes_sent(self) -> float:
         """Every byte every send moved."""
-        ops = self.ops
-        return sum([ops[i].nbytes for i in self.ended(_SENDS).tolist()])
+        return sum(map(_NBYTES, map(self.ops.__getitem__, self.ended(_SENDS).tolist())))  # in timeline order
 
 
 class _Run:
