@@ -113,7 +113,7 @@ def prefill_timing(result: SimResult, ranks: int) -> dict[str, float]:
     kernels = result.ended(COMPUTE_KINDS)
     # every rank's kernel seconds, each added in timeline order (bincount adds its weights in array order)
     compute = np.bincount(result.rank_of[kernels], weights=result.end[kernels] - result.start[kernels],
-                          minlength=ranks).tolist()
+                          minlength=ranks).astype(float).tolist()  # (float even when none ended)
     crit = result.critical_rank()
 
     def spans(ids: np.ndarray) -> list[tuple[float, float]]:

@@ -17,7 +17,13 @@ import torch
 
 from simulator.algorithms import build_schedule
 from simulator.cluster.topology import load_topology
-from simulator.distributed.drift import dominant_kernel, drift_before, nearest_grid_point, profiled_seconds
+from simulator.distributed.drift import (
+    dominant_kernel,
+    drift_before,
+    measure_drift,
+    nearest_grid_point,
+    profiled_seconds,
+)
 from simulator.distributed.validate import drift_lines
 from simulator.kernel_model import KernelProfile, profile_to_yaml
 from simulator.points import layout_of
@@ -48,6 +54,13 @@ def test_the_nearest_grid_point_is_nearest_in_log_space_on_every_axis(kv: float,
         assert all(abs(math.log(chosen / x)) <= abs(math.log(v / x)) + 1e-12 for v in values)
 
 
+def test_halfway_between_two_grid_values_the_smaller_is_taken() -> None:
+    # head_dim 64 lies halfway between 32 and 128 (exactly, in base 2); kv 2^27 between 2^26 and 2^28
+    assert nearest_grid_point(numbered(), (2.0**18, 64.0, 2.0)) == (2.0**18, 32.0, 2.0)
+    wide = KernelProfile("attend", "fp32", ("kv_bytes",), ((2.0**26, 2.0**28),), (1.0, 2.0))
+    assert nearest_grid_point(wide, (2.0**27,)) == (2.0**26,)
+
+
 def test_the_dominant_kernel_is_the_largest_share_of_rank_zero_compute(tmp_path) -> None:
     p = numbered()
     small = KernelProfile("finalize", "fp32", ("elems",), ((1.0, 1e6),), (1e-6, 1e-6))
@@ -66,8 +79,11 @@ def test_the_dominant_kernel_is_the_largest_share_of_rank_zero_compute(tmp_path)
     assert dominant_kernel(fp64, cluster.specs["g0"]) is None
     # nothing timed (and no rank waits on another) with --no-drift, or where nothing is profiled
     cpu = torch.device("cpu")
-    assert math.isnan(drift_before(sched, cluster, cpu, enabled=False))
-    assert math.isnan(drift_before(fp64, cluster, cpu))
+    assert math.isnan(drift_before(sched, cluster, cpu, 2, enabled=False))
+    assert math.isnan(drift_before(fp64, cluster, cpu, 2))
+    # a profile timed with a second copy running cannot be reproduced by a run of one rank per host: not timed
+    loaded = KernelProfile("attend", "fp32", profile.axes, profile.grid, profile.seconds, loaded=2)
+    assert math.isnan(measure_drift(loaded, point, cpu, local_ranks=1))
 
 
 def test_the_summary_splits_errors_by_the_machine_s_drift() -> None:

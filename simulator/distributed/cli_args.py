@@ -46,7 +46,8 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
                         "this gets a shorter context (default 512 MiB)")
     p.add_argument("--no-drift", dest="no_drift", action="store_true",
                    help="do not time a profiled kernel point before each algorithm's runs (the 'drift' column: the "
-                        "machine's speed now against the topology's calibration)")
+                        "machine's speed now against the topology's calibration; each probe takes up to a few "
+                        "seconds, within --timeout)")
     p.add_argument("--inject-fault", type=int, default=None, metavar="RANK",
                    help="testing aid: this rank raises an error at its first op")
 

@@ -31,8 +31,9 @@ __all__ = ["dominant_kernel", "drift_before", "measure_drift", "nearest_grid_poi
 
 
 def nearest_grid_point(profile: KernelProfile, dims: Sequence[float]) -> tuple[float, ...]:
-    """The profile's grid point nearest to ``dims`` in log space, axis by axis (a pure function)."""
-    return tuple(min(values, key=lambda v: (abs(math.log(v) - math.log(x)), v))
+    """The profile's grid point nearest to ``dims`` in log space, axis by axis (a pure function); halfway between
+    two values (exact in base 2 for a power-of-two grid), the smaller."""
+    return tuple(min(values, key=lambda v: (abs(math.log2(v) - math.log2(x)), v))
                  for values, x in zip(profile.grid, dims, strict=True))
 
 
@@ -50,27 +51,49 @@ def dominant_kernel(sched: Schedule, spec: DeviceSpec, rank: int = 0
     profiled time), or None when none of its kernels is profiled."""
     shapes = Counter((op.fn, op.dtype, op.dims) for op in sched.ops
                      if op.rank == rank and op.kind in COMPUTE_KINDS and op.dims and not op.fused)
-    best: tuple[float, KernelProfile, tuple[float, ...]] | None = None
+    share: dict[tuple[str, str, tuple[float, ...]], float] = {}  # (kernel, dtype, grid point) -> count x time
     for (fn, dtype, dims), count in shapes.items():
         timed = profiled_time(spec, fn, dtype, dims)
         profile = spec.kernels.get((fn, dtype))
         if timed is None or profile is None:
             continue
-        share = count * timed[0]
-        if best is None or share > best[0]:
-            best = (share, profile, nearest_grid_point(profile, dims))
-    return None if best is None else (best[1], best[2])
+        key = (fn, dtype, nearest_grid_point(profile, dims))
+        share[key] = share.get(key, 0.0) + count * timed[0]
+    if not share:
+        return None
+    fn, dtype, point = max(share, key=share.__getitem__)  # the first of equal shares: op order decides alike
+    return spec.kernels[(fn, dtype)], point
 
 
-def measure_drift(profile: KernelProfile, point: tuple[float, ...], device: torch.device,
+def measure_drift(profile: KernelProfile, point: tuple[float, ...], device: torch.device, local_ranks: int,
                   opts: ProfileOptions | None = None) -> float:
     """Collective (every rank calls it): rank 0 times ``profile``'s kernel at grid ``point`` while ranks 1 ..
-    ``loaded`` - 1 run the same call back to back (the others wait); returns now / calibrated on rank 0, NaN on
-    the other ranks."""
+    ``loaded`` - 1 run the same call back to back on its host (the others wait); returns now / calibrated on rank
+    0, NaN on the other ranks, and NaN everywhere (nothing timed) where this run cannot load the host as the
+    profile was (fewer than ``loaded`` ranks on rank 0's host, ``local_ranks``, or a GPU profile timed loaded)."""
     opts = ProfileOptions() if opts is None else opts  # calibrate's (its defaults)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    loaders = range(1, min(profile.loaded, world))
+    if profile.loaded > 1 and (device.type != "cpu" or local_ranks < profile.loaded):
+        return math.nan
+    rank = dist.get_rank()
+    loaders = range(1, profile.loaded)
     fn = build_point(profile.kernel, profile.dtype, point, device) if rank == 0 or rank in loaders else None
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def load() -> None:
+        assert fn is not None
+        try:
+            while not done.is_set():
+                fn()
+        except BaseException as err:  # raised on this rank after the stop message (the launcher stops the rest)
+            failed.append(err)
+
+    worker = None
+    if rank in loaders:  # running the call before rank 0 starts timing, as calibrate's loading processes are
+        assert fn is not None
+        fn()
+        worker = threading.Thread(target=load, daemon=True)  # torch frees the GIL inside the kernel
+        worker.start()
     dist.barrier()
     ratio = math.nan
     if rank == 0:
@@ -80,29 +103,23 @@ def measure_drift(profile: KernelProfile, point: tuple[float, ...], device: torc
         for r in loaders:  # the loading ranks stop at this
             dist.send(torch.zeros(1), dst=r)
         ratio = seconds / profiled_seconds(profile, point)
-    elif rank in loaders:  # a thread runs the call until rank 0's message arrives (torch frees the GIL)
-        assert fn is not None
-        done = threading.Event()
-
-        def load() -> None:
-            while not done.is_set():
-                fn()
-
-        worker = threading.Thread(target=load, daemon=True)
-        worker.start()
+    elif worker is not None:
         try:
             dist.recv(torch.zeros(1), src=0)
         finally:
             done.set()
             worker.join()
+        if failed:
+            raise RuntimeError(f"rank {rank}: the drift probe's loading call failed: {failed[0]!r}") from failed[0]
     dist.barrier()
     return ratio
 
 
-def drift_before(sched: Schedule, cluster: Cluster, device: torch.device, enabled: bool = True) -> float:
+def drift_before(sched: Schedule, cluster: Cluster, device: torch.device, local_ranks: int,
+                 enabled: bool = True) -> float:
     """Collective: the drift at the grid point nearest to ``sched``'s dominant rank-0 kernel on ``cluster``'s
-    profiles (every rank decides alike from the same schedule and topology); NaN where nothing is profiled, when
-    not ``enabled``, and on ranks other than 0."""
+    profiles (every rank decides alike from the same schedule, topology and launch); NaN where nothing is
+    profiled, when not ``enabled``, and on ranks other than 0. ``local_ranks``: the ranks on rank 0's host."""
     spec = cluster.specs.get(sched.placement_on(cluster.ranks)[0])
     found = dominant_kernel(sched, spec) if enabled and spec is not None else None
-    return math.nan if found is None else measure_drift(*found, device)
+    return math.nan if found is None else measure_drift(*found, device, local_ranks)

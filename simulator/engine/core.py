@@ -73,7 +73,7 @@ class Record(NamedTuple):
     flops: float
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: its fields are arrays
 class SimResult:
     """What a simulation returns: each op's start and end (columns by op id), the ops in timeline order, counters.
 
