@@ -54,6 +54,7 @@ __all__ = ["Record", "SimResult", "simulate"]
 
 Callback = Callable[[Any], None]
 _new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
+# Op fields, read by map (C-level passes over the ops)
 _RANK, _KIND, _DEPS, _NBYTES, _PEER = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(6), itemgetter(8)
 _KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
 _SENDS = frozenset({"send"})
@@ -79,9 +80,9 @@ class SimResult:
 
     ``start[i]`` / ``end[i]``: op ``i``'s times in seconds (NaN: it never started / ended); ``order``: the ids of the
     ops that ended, in (start, rank, op) order (the timeline's); ``rank_of[i]``: op ``i``'s rank, ``kind_of[i]`` its
-kind's index in :data:`~simulator.schedule.OP_KINDS`. Results are read
-    off these arrays; :attr:`timeline` (one :class:`Record` per op) is built only when asked for: millions of
-    tuples for a large run, which nothing on the way to a row or a report needs.
+    kind's index in :data:`~simulator.schedule.OP_KINDS`. Results are read off these arrays; :attr:`timeline` (one
+    :class:`Record` per op) is built only when asked for: millions of tuples for a large run, which nothing on the
+    way to a row or a report needs.
 
     ``events`` counts the engine's callbacks (op completions and readiness, flow injections and finishes, rate
     recomputations); ``simpy_events`` the simpy events that carried them.
