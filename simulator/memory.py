@@ -31,12 +31,10 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
     sizes: list[dict[str, float]] = [dict(sched.initial.get(r, {})) for r in range(sched.ranks)]
     live = [sum(s.values()) for s in sizes]
     clock = [0.0] * sched.ranks
-    # with times, only the ops that hold something (their times matter; ``times`` may leave the others out)
-    if times is None:
-        holders = None  # program order: every op advances its rank's clock
-    elif holders is None:
-        holders = holding(sched)
-    for op in sched.ops if holders is None else map(sched.ops.__getitem__, holders):
+    # without times every op advances its rank's clock; with times only the ops that hold something matter (and
+    # ``times`` may leave the others out)
+    ops = sched.ops if times is None else [sched.ops[i] for i in (holding(sched) if holders is None else holders)]
+    for op in ops:
         if times is None:
             start, end = clock[op.rank], clock[op.rank] + 1.0
             clock[op.rank] = end

@@ -119,9 +119,9 @@ def prefill_timing(result: SimResult, ranks: int) -> dict[str, float]:
     def spans(ids: np.ndarray) -> list[tuple[float, float]]:
         return list(zip(result.start[ids].tolist(), result.end[ids].tolist(), strict=True))
 
-    transfers = _union(spans(result.ended(_TRANSFERS, crit)))
+    transfers = _union(spans(result.ended(_TRANSFERS, (crit,))))
     moved = sum(b - a for a, b in transfers)
-    hidden = _overlap(transfers, _union(spans(result.ended(COMPUTE_KINDS, crit)))) / moved if moved > 0 else math.nan
+    hidden = _overlap(transfers, _union(spans(result.ended(COMPUTE_KINDS, (crit,))))) / moved if moved > 0 else math.nan
     mean = sum(compute) / ranks
     return {"compute_s": compute[crit], "comm_s": result.end_time.get(crit, 0.0) - compute[crit],
             "comm_hidden_frac": hidden, "imbalance": max(compute) / mean if mean > 0 else 1.0}

@@ -79,8 +79,8 @@ def test_the_dominant_kernel_is_the_largest_share_of_rank_zero_compute(tmp_path)
     assert dominant_kernel(fp64, cluster.specs["g0"]) is None
     # nothing timed (and no rank waits on another) with --no-drift, or where nothing is profiled
     cpu = torch.device("cpu")
-    assert math.isnan(drift_before(sched, cluster, cpu, 2, enabled=False))
-    assert math.isnan(drift_before(fp64, cluster, cpu, 2))
+    assert math.isnan(drift_before(sched, cluster, layout_of(cluster), cpu, enabled=False))
+    assert math.isnan(drift_before(fp64, cluster, layout_of(cluster), cpu))
     # a profile timed with a second copy running cannot be reproduced by a run of one rank per host: not timed
     loaded = KernelProfile("attend", "fp32", profile.axes, profile.grid, profile.seconds, loaded=2)
     assert math.isnan(measure_drift(loaded, point, cpu, local_ranks=1))

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from simulator.cluster.devices import DeviceSpec, profiled_time
+from simulator.algorithms import Layout
+from simulator.cluster.devices import DeviceSpec, kernel_profile
 from simulator.cluster.topology import Cluster
 from simulator.distributed.profile_kernels import ProfileOptions, build_point, time_call
 from simulator.kernel_model import KernelProfile
@@ -53,12 +54,11 @@ def dominant_kernel(sched: Schedule, spec: DeviceSpec, rank: int = 0
                      if op.rank == rank and op.kind in COMPUTE_KINDS and op.dims and not op.fused)
     share: dict[tuple[str, str, tuple[float, ...]], float] = {}  # (kernel, dtype, grid point) -> count x time
     for (fn, dtype, dims), count in shapes.items():
-        timed = profiled_time(spec, fn, dtype, dims)
-        profile = spec.kernels.get((fn, dtype))
-        if timed is None or profile is None:
+        profile = kernel_profile(spec, fn, dtype, dims)
+        if profile is None:
             continue
         key = (fn, dtype, nearest_grid_point(profile, dims))
-        share[key] = share.get(key, 0.0) + count * timed[0]
+        share[key] = share.get(key, 0.0) + count * profile.predict(dims)[0]
     if not share:
         return None
     fn, dtype, point = max(share, key=share.__getitem__)  # the first of equal shares: op order decides alike
@@ -98,8 +98,7 @@ def measure_drift(profile: KernelProfile, point: tuple[float, ...], device: torc
     ratio = math.nan
     if rank == 0:
         assert fn is not None
-        budget = opts.budget_s / 3 if len(profile.axes) == 1 else opts.budget_s
-        seconds = time_call(fn, device, opts, budget).median
+        seconds = time_call(fn, device, opts, opts.budget_for(len(profile.axes))).median
         for r in loaders:  # the loading ranks stop at this
             dist.send(torch.zeros(1), dst=r)
         ratio = seconds / profiled_seconds(profile, point)
@@ -115,11 +114,11 @@ def measure_drift(profile: KernelProfile, point: tuple[float, ...], device: torc
     return ratio
 
 
-def drift_before(sched: Schedule, cluster: Cluster, device: torch.device, local_ranks: int,
+def drift_before(sched: Schedule, cluster: Cluster, layout: Layout, device: torch.device,
                  enabled: bool = True) -> float:
     """Collective: the drift at the grid point nearest to ``sched``'s dominant rank-0 kernel on ``cluster``'s
-    profiles (every rank decides alike from the same schedule, topology and launch); NaN where nothing is
-    profiled, when not ``enabled``, and on ranks other than 0. ``local_ranks``: the ranks on rank 0's host."""
+    profiles (every rank decides alike from the same schedule, topology and ``layout`` of ranks on hosts); NaN
+    where nothing is profiled, when not ``enabled``, and on ranks other than 0."""
     spec = cluster.specs.get(sched.placement_on(cluster.ranks)[0])
     found = dominant_kernel(sched, spec) if enabled and spec is not None else None
-    return math.nan if found is None else measure_drift(*found, device, local_ranks)
+    return math.nan if found is None else measure_drift(*found, device, len(layout.groups()[0]))

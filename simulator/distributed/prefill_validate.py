@@ -104,7 +104,7 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
     for i, entry in enumerate(point.scenario.algorithms):
         name, params = resolve(entry, field=f"algorithms.{i}", registry=PREFILL_REGISTRY)
         sched = build_prefill(name, params, shape, layout)
-        drift = drift_before(sched, cluster, device, layout.hosts.count(layout.hosts[0]), not args.no_drift)
+        drift = drift_before(sched, cluster, layout, device, not args.no_drift)
         times, bufs = _time_runs(args, sched, inp, device)
         results = gather_results(sched, bufs)
         if results is None:

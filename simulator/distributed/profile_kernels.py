@@ -88,6 +88,10 @@ class ProfileOptions:
     min_reps: int = 11
     max_reps: int = 41
 
+    def budget_for(self, axes: int) -> float:
+        """The time budget of one point of a kernel with ``axes`` axes: a third for the one-axis small kernels."""
+        return self.budget_s / 3 if axes == 1 else self.budget_s
+
 
 def _check(kernel: str, dtype: str, where: str, t: Timing, opts: ProfileOptions) -> Timing:
     """Refuse a point whose median is not known well enough after the repetitions allowed."""
@@ -188,7 +192,7 @@ def profile_kernel(kernel: str, dtype: str, device: torch.device, grid: Sequence
     """``kernel``'s profile in ``dtype`` over ``grid`` (one list of values per axis of ``PROFILE_AXES[kernel]``),
     each point timed while ``load`` runs the same call on the host's other cores (None: alone)."""
     axes = PROFILE_AXES[kernel]
-    budget = opts.budget_s / 3 if len(axes) == 1 else opts.budget_s
+    budget = opts.budget_for(len(axes))
     seconds, spread = [], []
     for point in itertools.product(*grid):
         if load is not None:  # the loading processes build their copy while this one builds its own

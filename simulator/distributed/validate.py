@@ -86,7 +86,7 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
     cluster = _cluster(args, point, world)
     for algo in prep.algorithms:
         sched = build_schedule(algo.name, algo.params, shape, layout)
-        drift = drift_before(sched, cluster, device, layout.hosts.count(layout.hosts[0]), not args.no_drift)
+        drift = drift_before(sched, cluster, layout, device, not args.no_drift)
         times, bufs = _time_runs(args, sched, inp, shape, device)
         measured = statistics.median(times)
         q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (measured,) * 3

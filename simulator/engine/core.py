@@ -33,7 +33,7 @@ arrays, so what they cost grows with what they show.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from itertools import chain, compress
@@ -119,11 +119,11 @@ class SimResult:
                     for op in (ops[i],)]
         return out
 
-    def ended(self, kinds: frozenset[str] | None = None, rank: int | None = None) -> np.ndarray:
-        """Ids of the ops that ended, in timeline order: of ``kinds`` only, of ``rank`` only, when given."""
+    def ended(self, kinds: frozenset[str] | None = None, ranks: Collection[int] | None = None) -> np.ndarray:
+        """Ids of the ops that ended, in timeline order: of ``kinds`` only, of ``ranks`` only, when given."""
         ids = self.order
-        if rank is not None:
-            ids = ids[self.rank_of[ids] == rank]
+        if ranks is not None:
+            ids = ids[np.isin(self.rank_of[ids], list(ranks))]
         if kinds is not None:
             ids = ids[np.isin(self.kind_of[ids], [_KIND_INDEX[k] for k in kinds])]
         return ids
@@ -144,7 +144,7 @@ class SimResult:
         if not self.end_time:
             return 0.0, 0.0
         rank = self.critical_rank()
-        ids = self.ended(COMPUTE_KINDS, rank)
+        ids = self.ended(COMPUTE_KINDS, (rank,))
         compute = sum((self.end[ids] - self.start[ids]).tolist())  # added in timeline order, as records were
         return compute, self.end_time[rank] - compute
 

@@ -77,7 +77,7 @@ def bound_timeline(frame: pd.DataFrame, resolution: int = RESOLUTION) -> pd.Data
 def _run_frame(label: str, result: SimResult, limit: int) -> pd.DataFrame:
     critical = result.critical_rank()
     keep = shown_ranks(result.ranks, critical, limit)
-    ids = result.order[np.isin(result.rank_of[result.order], keep)]  # the shown ranks' ops, in timeline order
+    ids = result.ended(ranks=keep)  # the shown ranks' ops, in timeline order
     ops = [result.ops[i] for i in ids.tolist()]
     ranks = result.rank_of[ids]
     return pd.DataFrame({

@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from simulator.cluster.topology import Cluster
 from simulator.engine.core import SimResult
 from simulator.errors import InputError
@@ -93,9 +91,8 @@ def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: 
                            "args": {"name": f"{label}: rank {rank} ({place[rank]})"}})
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "compute"}})
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "transfers"}})
-        shown = np.isin(result.rank_of[result.order], keep)
-        cut.ops_of_hidden_ranks += int((~shown).sum())
-        ids = result.order[shown]  # the shown ranks' ops, in timeline order
+        ids = result.ended(ranks=keep)  # the shown ranks' ops, in timeline order
+        cut.ops_of_hidden_ranks += len(result.order) - len(ids)
         for i, start, end in zip(ids.tolist(), result.start[ids].tolist(), result.end[ids].tolist(), strict=True):
             if end < lo or start > hi:
                 cut.ops += 1
