@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 
 from simulator.cli import main
 from simulator.cluster.topology import load_topology
+from simulator.distributed.calibrate import EXCHANGE_SIZES
 from simulator.distributed.random_shapes import HEAD_DIMS, PREFILL_HEAD_DIMS
 
 pytestmark = pytest.mark.slow
@@ -130,6 +131,10 @@ def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
     assert attend.loaded == min(2, os.cpu_count() or 1)
     text = out.read_text()
     assert "R^2" in text and "Raw one-way times" in text and "Kernel profiles" in text
+    # the exchanges measured at each size: the aggregate link's and the host copies' bandwidth by message size
+    sizes = tuple(float(n) for n in EXCHANGE_SIZES)
+    assert cluster.host_copy_by_size["local"].sizes == sizes
+    assert cluster.graph.edges["local.tx", "local.rx"]["by_size"].sizes == sizes
     # validate on it: before each algorithm's runs, the dominant kernel's nearest profiled point is timed again
     val = tmp_path / "val"
     assert main(["validate", scenario(tmp_path, "fp32"), "--procs", "2", "--iters", "1", "--warmup", "0",

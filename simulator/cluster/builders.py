@@ -132,7 +132,7 @@ def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict
 
 
 _PASSED = ("devices", "collective_overhead", "collective_stall", "host_cores", "host_mem_bw", "host_copy_bw",
-           "nccl_latency")
+           "host_copy_bw_by_size", "nccl_latency")
 _TOP_KEYS = {"name", "builder", "params", "aliases", "description", *_PASSED}
 
 

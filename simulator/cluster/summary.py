@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 import networkx as nx
 
 from simulator.cluster.bottleneck import describe, route_classes
+from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
 
 __all__ = ["bisection_bandwidth", "summarize"]
@@ -68,14 +69,21 @@ def summarize(cluster: Cluster) -> str:
                      f"eff_flops {spec.eff_flops:g} (topologies/devices.yaml cites the measurements)")
     lines.append("links by class (directed edges):")
     classes: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    curves: dict[str, list[SizeCurve]] = defaultdict(list)
     for _, _, data in g.edges(data=True):
         classes[data["cls"]].append((data["bandwidth"], data["latency"]))
+        if "by_size" in data:
+            curves[data["cls"]].append(data["by_size"])
     for cls, vals in sorted(classes.items()):
         bws = sorted({bw for bw, _ in vals})
         lats = sorted({lat for _, lat in vals})
         bw = _si(bws[0], "B/s") if len(bws) == 1 else f"{_si(bws[0], 'B/s')} .. {_si(bws[-1], 'B/s')}"
         lat = _time(lats[0]) if len(lats) == 1 else f"{_time(lats[0])} .. {_time(lats[-1])}"
         lines.append(f"  {cls:<16} {len(vals):>6} x {bw} per direction, latency {lat}")
+        for curve in sorted(set(curves[cls]), key=lambda c: c.sizes + c.bandwidth):  # a link measured by size
+            lines.append(f"  {'':<16} {curves[cls].count(curve):>6} x by message size: "
+                         + ", ".join(f"{_si(n, 'B')} {_si(b, 'B/s')}" for n, b in zip(curve.sizes, curve.bandwidth,
+                                                                                     strict=True)))
     classes_ = route_classes(cluster)
     if classes_:
         lines.append("routes by class (the slowest of each, per direction; the link that bounds it):")

@@ -30,6 +30,7 @@ from simulator.cluster.builders import expand_preset
 from simulator.cluster.devices import DeviceSpec, parse_device_spec
 from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency_key
 from simulator.cluster.routing import Edge, Router
+from simulator.cluster.size_curve import SizeCurve, parse_size_curve
 from simulator.errors import InputError, excerpt
 from simulator.paths import TOPOLOGY_DIR
 from simulator.units import checked_quantity
@@ -57,6 +58,7 @@ class Cluster:
     host_cores: Mapping[str, int] = field(default_factory=dict)  # hosts whose ranks share CPU cores
     host_mem_bw: Mapping[str, float] = field(default_factory=dict)  # and their memory bandwidth (bytes/s)
     host_copy_bw: Mapping[str, float] = field(default_factory=dict)  # bytes/s one core copies for a transfer
+    host_copy_by_size: Mapping[str, SizeCurve] = field(default_factory=dict)  # ... at each message size
     nccl_latency: Mapping[str, float] = field(default_factory=dict)  # "ring.LL.net" -> s (collectives/protocols.py)
     _router: Router = field(init=False, repr=False, compare=False)
     _latency: dict[Edge, float] = field(init=False, repr=False, compare=False)  # edge -> latency, filled on use
@@ -203,7 +205,7 @@ def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict
 
 _TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "collective_overhead",
              "collective_stall",
-             "host_cores", "host_mem_bw", "host_copy_bw", "description", "nccl_latency"}
+             "host_cores", "host_mem_bw", "host_copy_bw", "host_copy_bw_by_size", "description", "nccl_latency"}
 
 
 def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster:
@@ -242,17 +244,29 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
                       host_cores=_host_cores(raw.get("host_cores", {}), locate),
                       host_mem_bw=_host_bandwidths("host_mem_bw", raw, locate),
                       host_copy_bw=_host_bandwidths("host_copy_bw", raw, locate),
+                      host_copy_by_size=_host_curves(raw, locate),
                       nccl_latency=_nccl_latency(raw.get("nccl_latency", {}), locate))
     hosts = {cluster.host_of(r) for r in ranks}
     tables = {"host_cores": cluster.host_cores, "host_mem_bw": cluster.host_mem_bw,
-              "host_copy_bw": cluster.host_copy_bw}
+              "host_copy_bw": cluster.host_copy_bw, "host_copy_bw_by_size": cluster.host_copy_by_size}
     for key, table in tables.items():
         for host in table:
             if host not in hosts:
                 raise locate((key, host), InputError(f"no rank is on host {excerpt(host)}; hosts: {sorted(hosts)}"))
             if key != "host_cores" and host not in cluster.host_cores:
                 raise locate((key, host), InputError("needs host_cores for the same host"))
+            if key == "host_copy_bw_by_size" and host not in cluster.host_copy_bw:
+                raise locate((key, host), InputError("needs host_copy_bw for the same host (the nominal figure)"))
     return cluster
+
+
+def _host_curves(raw: Mapping[str, Any],
+                 locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, SizeCurve]:
+    """``host_copy_bw_by_size``: ``{HOST: {bytes: [...], bandwidth: [...]}}`` (:mod:`.size_curve`)."""
+    table = raw.get("host_copy_bw_by_size", {})
+    if not isinstance(table, Mapping):
+        raise locate(("host_copy_bw_by_size",), InputError("must map host names to {bytes, bandwidth}"))
+    return {str(h): parse_size_curve(v, locate, ("host_copy_bw_by_size", h)) for h, v in table.items()}
 
 
 def _host_bandwidths(key: str, raw: Mapping[str, Any],
@@ -332,7 +346,7 @@ def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], I
         raise locate((), InputError("must be a mapping {a, b, bandwidth, latency}"))
     duplex = "a" in link or "b" in link
     ends = ("a", "b") if duplex else ("src", "dst")
-    allowed = {*ends, "bandwidth", "latency", "class"}
+    allowed = {*ends, "bandwidth", "latency", "class", "bandwidth_by_size"}
     for key in link:
         if key not in allowed:
             raise locate((key,), InputError(
@@ -348,10 +362,12 @@ def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], I
     bw = _quantity("bandwidth", link["bandwidth"], locate, ("bandwidth",), None)
     lat = _quantity("time", link.get("latency", 0), locate, ("latency",), 0.0)
     cls = str(link.get("class", "link"))
+    extra = {} if "bandwidth_by_size" not in link else {
+        "by_size": parse_size_curve(link["bandwidth_by_size"], locate, ("bandwidth_by_size",))}
     for a, b in ((u, v), (v, u)) if duplex else ((u, v),):
         if graph.has_edge(a, b):
             raise locate((), InputError(f"duplicate link {a} -> {b}"))
-        graph.add_edge(a, b, bandwidth=bw, latency=lat, cls=cls)
+        graph.add_edge(a, b, bandwidth=bw, latency=lat, cls=cls, **extra)
 
 
 def _quantity(kind: str, value: Any, locate: Callable[[tuple[Any, ...], InputError], InputError],

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import load_topology
 from simulator.distributed.common import device_for, init_group
 from simulator.distributed.host_load import HostLoad
@@ -135,45 +136,23 @@ def _pingpong(reps: int, device: torch.device) -> list[tuple[int, float]]:
     return out
 
 
-def _ring_exchange(nbytes: int, reps: int, device: torch.device) -> tuple[float, float]:
-    """Every rank sends ``nbytes`` to the next and receives from the previous at once. Returns the medians of the
-    step's time, to the last arrival (the max over ranks: one rank's own time would credit the transport with the
-    transfers that happened to finish first), and of the CPU time all ranks' processes (their transport threads
-    and the kernel's work for their sockets included) spent on it, summed."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    send = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-    recv = torch.empty_like(send)
-
-    def once() -> None:
-        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, (rank + 1) % world),
-                                       dist.P2POp(dist.irecv, recv, (rank - 1) % world)])
-        for r in reqs:
-            r.wait()
-
-    once()
-    walls, cpus = [], []
-    for _ in range(reps):
-        dist.barrier()
-        c0, t0 = time.process_time(), time.perf_counter()
-        once()
-        wall = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        cpu = torch.tensor([time.process_time() - c0], dtype=torch.float64)
-        dist.all_reduce(wall, op=dist.ReduceOp.MAX)
-        dist.all_reduce(cpu, op=dist.ReduceOp.SUM)
-        walls.append(float(wall.item()))
-        cpus.append(float(cpu.item()))
-    return statistics.median(walls), statistics.median(cpus)
+# the exchange's message sizes (bytes per rank): a loopback transport's cost per byte changes with the size (cache
+# residency, socket buffers; 32-64 MiB ran at 1.5-1.9 GB/s in every round on a 2-CPU machine where 2 and 256 MiB
+# ran at 2.0-2.2), so it is measured at each and the engine reads the size's figure (simulator.cluster.size_curve)
+EXCHANGE_SIZES = tuple(2**k for k in (18, 20, 22, 24, 26, 28))  # 256 KiB .. 256 MiB
+SLOPE_FROM = 16 * 2**20  # the nominal aggregate bandwidth and copy cost: the slopes over the sizes from here on
 
 
-EXCHANGE_SIZES = (16 * 2**20, 64 * 2**20, 256 * 2**20)  # the ring exchange's message sizes (bytes per rank)
-
-
-def _ring_exchanges(reps: int, device: torch.device) -> list[tuple[int, float, float]]:
-    """(bytes, wall, CPU) of :func:`_ring_exchange` at each of ``EXCHANGE_SIZES``: the slopes over the sizes are
-    the transport's aggregate bandwidth and its CPU cost per byte. One 16 MiB exchange alone gave copy costs from
-    4.3 to 6.0 GB per core-second in three calibrations of the same machine, and a 256 MiB KV shard (what a decode
-    ring passes) costs more per byte than a 16 MiB one that partly stays in the caches."""
-    return [(n, *_ring_exchange(n, reps, device)) for n in EXCHANGE_SIZES]
+def _exchanges(args: argparse.Namespace, device: torch.device, reps: int) -> list[tuple[int, float, float]]:
+    """(bytes, wall, CPU) of a ring exchange (every rank sends to the next, receives from the previous) at each of
+    ``EXCHANGE_SIZES``, issued as schedules issue it (:func:`_after_compute`): the medians of the time from the last
+    rank's arrival to the last return and of the CPU time all ranks' processes (their transport threads and the
+    kernel's socket work included) spent on it, summed."""
+    out = []
+    for n in EXCHANGE_SIZES:
+        walls, cpus = _after_compute(args, device, reps, p2p=True, nbytes=n)
+        out.append((n, statistics.median(walls), statistics.median(cpus)))
+    return out
 
 
 def _slope(x: Sequence[float], y: Sequence[float]) -> float:
@@ -223,9 +202,11 @@ def stall_of(latencies: Sequence[float]) -> tuple[float, float]:
     return median, max(0.0, statistics.fmean(kept) - median)
 
 
-def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2p: bool) -> list[float]:
-    """Latency of a small all_reduce (or, with ``p2p``, a send to the next rank and a receive from the previous)
-    as schedules issue it: right after every rank ran an attention kernel. Returns every repetition's latency.
+def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2p: bool,
+                   nbytes: int = 0) -> tuple[list[float], list[float]]:
+    """Latency of a small all_reduce (or, with ``p2p``, a send to the next rank and a receive from the previous;
+    of ``nbytes``, else as small) as schedules issue it: right after every rank ran an attention kernel. Returns
+    every repetition's latency, and the CPU time all ranks' processes spent in it, summed.
 
     Measured from the last rank's arrival to the last rank's return (a shared monotonic clock on one machine),
     so the time spent waiting for slower ranks is not counted; in a tight loop of operations alone the
@@ -235,14 +216,15 @@ def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2
     q = torch.randn(1, args.heads, 1, args.head_dim, device=device)
     k = torch.randn(1, args.heads, t, args.head_dim, device=device)
     acc = partial_attention(q, k[:, :, :1], k[:, :, :1], 0.1)
-    x = torch.zeros(args.heads, device=device)
+    x = torch.zeros(max(args.heads, nbytes // 4), device=device)
     y = torch.zeros_like(x)
-    stamps = torch.zeros(2, dtype=torch.float64)
+    stamps = torch.zeros(3, dtype=torch.float64)
     rank, world = dist.get_rank(), dist.get_world_size()
-    latencies = []
+    latencies, cpus = [], []
     for _ in range(reps):
         dist.barrier()
         merge(acc, partial_attention(q, k, k, 0.1))
+        c0 = time.process_time()
         stamps[0] = time.monotonic()
         if p2p:
             for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % world),
@@ -251,10 +233,12 @@ def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2
         else:
             dist.all_reduce(x)
         stamps[1] = time.monotonic()
-        every = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
+        stamps[2] = time.process_time() - c0
+        every = [torch.zeros(3, dtype=torch.float64) for _ in range(world)]
         dist.all_gather(every, stamps)
         latencies.append(max(float(s[1]) for s in every) - max(float(s[0]) for s in every))
-    return latencies
+        cpus.append(sum(float(s[2]) for s in every))
+    return latencies, cpus
 
 
 def _copy_bandwidth(device: torch.device, reps: int) -> float:
@@ -350,15 +334,15 @@ def run_rank(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     if world < 2:
         raise RuntimeError("calibrate needs at least 2 ranks (--procs 2)")
-    with _phase("ping-pong and ring exchange"):
+    with _phase("ping-pong and ring exchanges"):
         pp = _pingpong(args.reps, device)
-        exchanges = _ring_exchanges(args.reps, device)
+        exchanges = _exchanges(args, device, args.reps)
     with _phase("per-operation overheads"):
         # the per-operation overheads are the noisiest figures (scheduling delays): twice the repetitions; the
         # all_reduce's mean (its stall) needs more: a third of its calls are 2-4 ms slower, a count whose binomial
         # noise moves the mean by ~0.3 ms at 30 calls, ~0.1 ms at 180 (about 1.5 s here)
-        allreduce = _after_compute(args, device, 12 * args.reps, p2p=False)
-        p2p_s = statistics.median(_after_compute(args, device, 2 * args.reps, p2p=True))
+        allreduce, _ = _after_compute(args, device, 12 * args.reps, p2p=False)
+        p2p_s = statistics.median(_after_compute(args, device, 2 * args.reps, p2p=True)[0])
     with _phase("compute roofline (small kernels, attend, matmul, shared memory bandwidth, memcpy)"):
         small = _small_kernel_time(args, device, args.reps)
         attend32 = _attend_times(args, device, torch.float32)
@@ -412,6 +396,36 @@ def _bandwidth_after(launch: float, points: list[tuple[float, float]]) -> tuple[
     return bw, float(np.max(np.abs(launch + x / bw - y) / y))
 
 
+def _size_text(n: float) -> str:
+    return f"{int(n) >> 20} MiB" if n >= 2**20 else f"{int(n) >> 10} KiB"
+
+
+def _curve_text(curve: SizeCurve) -> str:
+    return ", ".join(f"{_size_text(n)} {b / 1e9:.3f}" for n, b in zip(curve.sizes, curve.bandwidth, strict=True)) + \
+        " GB/s"
+
+
+def _by_size(exchanges: list[tuple[int, float, float]], world: int, delay: float, flow_bw: float,
+             copy_bw: float) -> tuple[SizeCurve, SizeCurve]:
+    """The exchanges' figures at each size, as the engine reads them (:mod:`simulator.cluster.size_curve`): the
+    aggregate bandwidth that makes the engine's exchange take the measured time (``world`` messages of n bytes
+    after the fixed ``delay`` it charges a standalone transfer), kept within [``flow_bw``, ``world`` x
+    ``flow_bw``] (no lone message is slowed below what the ping-pong measured, and above that the per-flow links
+    bind anyway; a time within the delay is the upper end), and the bytes a core copies: every byte is copied by
+    its sender and its receiver, 2 x ``world`` n bytes, in the CPU time spent while the bytes moved (the share
+    ``(time - delay) / time`` of the measured CPU time: the engine charges the delay no CPU); so the host's cores
+    never bind the exchange alone below its measured time, as the ranks' processes used fewer CPUs than the host
+    has. ``copy_bw`` where no CPU time was read or the time is within the delay."""
+    aggregate, copies = [], []
+    for n, wall, cpu in exchanges:
+        moved = wall - delay
+        bw = world * n / moved if moved > 0 else world * flow_bw
+        aggregate.append(min(max(bw, flow_bw), world * flow_bw))
+        copies.append(2 * world * n / (cpu * moved / wall) if cpu > 0 and moved > 0 else copy_bw)
+    sizes = tuple(float(n) for n, _, _ in exchanges)
+    return SizeCurve(sizes, tuple(aggregate)), SizeCurve(sizes, tuple(copies))
+
+
 def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
               exchanges: list[tuple[int, float, float]],
               after_compute: tuple[float, float, float], small: float, attend32: list[tuple[float, float]],
@@ -432,9 +446,9 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
                       f"--min-r2; largest "
                       f"relative residual {res_p2p:.0%}): the machine was too busy; nothing written, rerun when it is "
                       "quiet")
-    sizes_x = [world * n for n, _, _ in exchanges]  # bytes all ranks send in one exchange
-    wall_slope = _slope(sizes_x, [w for _, w, _ in exchanges])
-    cpu_slope = _slope(sizes_x, [c for _, _, c in exchanges])
+    large_x = [(world * n, w, c) for n, w, c in exchanges if n >= SLOPE_FROM]  # bytes all ranks send at once
+    wall_slope = _slope([x for x, _, _ in large_x], [w for _, w, _ in large_x])
+    cpu_slope = _slope([x for x, _, _ in large_x], [c for _, _, c in large_x])
     aggregate = 1 / wall_slope if wall_slope > 0 else flow_bw
     aggregate = max(aggregate, flow_bw)  # a lone flow is never faster than all of them together
     # the model charges a ring allreduce 2(P-1) steps of the message overhead; the rest is per collective
@@ -449,6 +463,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     # the CPU a loopback transfer costs, per byte and side, from the CPU time the ring exchange took (sender's and
     # receiver's processes, their transport threads and the kernel's socket work: several lone memcpys' worth)
     copy_bw = 2 / cpu_slope if cpu_slope > 0 else memcpy_bw  # every byte sent is copied by its sender and receiver
+    aggregate_by_size, copy_by_size = _by_size(exchanges, world, overhead + comm_overhead, flow_bw, copy_bw)
     host_mem_bw = min(shared_bw, cores * mem_bw)  # what several kernels at once get, at most a core each
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16e9
     lines = [
@@ -458,11 +473,14 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"bytes / {flow_bw / 1e9:.3f} GB/s (the overhead fitted on relative error over all sizes, the bandwidth the "
         f"median over messages of {LARGE_MESSAGE >> 20} MiB and more); R^2 = {r2_p2p:.4f}, largest relative residual "
         f"{res_p2p:.1%}.",
-        f"# Aggregate bandwidth ({world} ranks each sending "
-        f"{', '.join(str(n >> 20) for n, _, _ in exchanges)} MiB to the next at once; the slope of the time to the "
-        f"last arrival over the bytes): {aggregate / 1e9:.3f} GB/s; "
-        + ", ".join(f"{n >> 20} MiB {w * 1e3:.1f} ms using {c / w:.2f} of {os.cpu_count()} CPUs"
-                    for n, w, c in exchanges) + ".",
+        f"# Ring exchanges ({world} ranks each sending N bytes to the next at once right after an attention kernel, "
+        "as schedules issue them; last arrival to last return, and the CPU time of all ranks' processes): "
+        + ", ".join(f"{_size_text(n)} {w * 1e3:.2f} ms using {c / w:.2f} of {os.cpu_count()} CPUs"
+                    for n, w, c in exchanges) + ". "
+        f"Aggregate bandwidth (the slope of the time over the bytes from {_size_text(SLOPE_FROM)}): "
+        f"{aggregate / 1e9:.3f} GB/s; at each size (bandwidth_by_size: P N / (time - message_overhead - "
+        f"comm_overhead), within [per-flow, P x per-flow]): "
+        + _curve_text(aggregate_by_size) + ".",
         f"# A {args.heads}-element all_reduce right after every rank's attention kernel (last arrival to last "
         f"return): median {allreduce_s * 1e6:.1f} us -> collective_overhead {collective_overhead * 1e6:.1f} us per "
         f"collective beyond 2(P-1) message overheads; its mean (the slowest 5 % dropped) is "
@@ -480,7 +498,9 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"{concurrent} attend kernels at once moved {shared_bw / 1e9:.3f} GB/s together "
         f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone). host_copy_bw: a loopback transfer "
         f"costs its sender and its receiver a core-second per {copy_bw / 1e9:.3f} GB each (the slope of the "
-        f"exchanges' CPU time over the bytes, per side; a lone memcpy moves {memcpy_bw / 1e9:.3f} GB/s on one core).",
+        f"exchanges' CPU time over the bytes, per side; a lone memcpy moves {memcpy_bw / 1e9:.3f} GB/s on one core); "
+        "host_copy_bw_by_size, what each size cost (2 P N / the CPU time's share after the delay): "
+        + _curve_text(copy_by_size) + ".",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
         "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
         *_profile_lines(profiles, args.kernels_from),
@@ -498,7 +518,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         "links": [{"src": f"local.rank{r}", "dst": "local.tx", "bandwidth": f"{flow_bw:.6g} B/s",
                    "latency": "0 s", "class": "loopback"} for r in range(world)]
         + [{"src": "local.tx", "dst": "local.rx", "bandwidth": f"{aggregate:.6g} B/s", "latency": "0 s",
-            "class": "loopback-aggregate"}]
+            "class": "loopback-aggregate", "bandwidth_by_size": aggregate_by_size.to_yaml()}]
         + [{"src": "local.rx", "dst": f"local.rank{r}", "bandwidth": f"{flow_bw:.6g} B/s", "latency": "0 s",
             "class": "loopback"} for r in range(world)],
         "message_overhead": f"{overhead * 1e6:.6g} us",
@@ -508,6 +528,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         "host_cores": {"local": cores},
         "host_mem_bw": {"local": f"{host_mem_bw:.6g} B/s"},
         "host_copy_bw": {"local": f"{copy_bw:.6g} B/s"},
+        "host_copy_bw_by_size": {"local": copy_by_size.to_yaml()},
     }
     text = "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, width=120)
     for line in lines:

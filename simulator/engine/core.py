@@ -18,7 +18,9 @@
   none for a later step of a pipeline, ``floor_s`` = ``STREAMED``: NCCL keeps 8 steps in flight per connection),
   then drains over every directed link of the route at its max-min fair rate (:mod:`simulator.engine.network`). Rates
   are recomputed once per simulated instant at which flows start or finish, after every other callback of that
-  instant has run.
+  instant has run. A link measured by message size (``bandwidth_by_size``, and the host copies'
+  ``host_copy_bw_by_size``: :mod:`simulator.cluster.size_curve`) is loaded by a message of B bytes as if its
+  bandwidth were the one measured at B.
 
 Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)``, where
 ``overhead = message_overhead (+ comm_overhead outside a collective)`` (a ``STREAMED`` one: ``B / min(bandwidth)``).
@@ -44,6 +46,7 @@ import numpy as np
 import simpy
 
 from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
+from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
 from simulator.engine.host import HostResources
 from simulator.engine.network import FlowNetwork
@@ -194,6 +197,12 @@ class _Run:
             capacity.append(data["bandwidth"])
             self.latency.append(data["latency"])
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
+        # link id -> (nominal bytes/s, bandwidth by message size): links and host copies measured over sizes
+        self.curves: dict[int, tuple[float, SizeCurve]] = dict(self.hosts.copy_curves)
+        for i, (_, _, curve) in enumerate(cluster.graph.edges(data="by_size")):
+            if curve is not None:
+                self.curves[i] = (capacity[i], curve)
+        self._weights: dict[tuple[tuple[int, ...], float], tuple[float, ...] | None] = {}
         # ranks on shared host cores are host threads that issue their ops in program order (see _ready)
         self.program: list[list[int]] = [[] for _ in range(schedule.ranks)]
         self.in_order = any(self.hosts.shares(r) for r in range(schedule.ranks))  # any rank issues in order
@@ -416,9 +425,20 @@ class _Run:
 
     def _inject(self, flow: tuple[Op, tuple[int, ...]]) -> None:
         send, link_ids = flow
-        self.net.add(send.id, link_ids, send.nbytes, self.now, send.rate_cap)
+        weights = self._weights_of(link_ids, send.nbytes) if self.curves else None
+        self.net.add(send.id, link_ids, send.nbytes, self.now, send.rate_cap, weights)
         self.flow_op[send.id] = send
         self.dirty = True  # rates are recomputed once every other callback of this instant has run (_run_due)
+
+    def _weights_of(self, link_ids: tuple[int, ...], nbytes: float) -> tuple[float, ...] | None:
+        """A message's weight on each link of its route: nominal / bandwidth at its size where the link (or host
+        copy) was measured over sizes, else 1; None where no link of the route was."""
+        key = (link_ids, nbytes)
+        if key not in self._weights:
+            curves = [self.curves.get(link) for link in link_ids]
+            self._weights[key] = None if not any(curves) else tuple(
+                1.0 if c is None else c[1].weight(c[0], nbytes) for c in curves)
+        return self._weights[key]
 
     def _mark_dirty(self) -> None:
         """Rates are recomputed once every other callback of this instant has run (see _run_due)."""

@@ -3,7 +3,9 @@
 Per host with ``host_cores`` C, in units of bytes of copying (``host_copy_bw`` s per core; 1 when not given):
 
 * a host link of C x s: every kernel and, with ``host_copy_bw``, every byte copied by a transfer's sender and by
-  its receiver (the loopback transport copies through the kernel on the CPU) share the host's cores max-min;
+  its receiver (the loopback transport copies through the kernel on the CPU) share the host's cores max-min; with
+  ``host_copy_bw_by_size``, a message of n bytes costs ``s / copy_bw(n)`` bytes of copying per byte (its weight on
+  the link, :mod:`simulator.cluster.size_curve`);
 * a rank link of s: one rank's kernels run one at a time on at most one core;
 * with ``host_mem_bw``, a memory link of ``host_mem_bw / mem_bw`` x s that memory-bound kernels also cross, except
   kernels timed from a profile measured with the host's other cores running the same kernel (``loaded`` > 1: the
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from simulator.cluster.devices import DeviceSpec, kernel_profile, roofline
+from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
 from simulator.schedule import Op
 
@@ -34,6 +37,8 @@ class HostResources:
         self.host_link: dict[int, int] = {}  # rank -> its host's core link
         self.mem_link: dict[int, int] = {}
         self.copies: dict[int, bool] = {}  # rank -> do its transfers cost CPU
+        # host core link -> (bytes of copying per core-second, what a byte of a message of each size costs)
+        self.copy_curves: dict[int, tuple[float, SizeCurve]] = {}
         hosts: dict[str, tuple[int, int | None]] = {}
         for r, node in enumerate(place):
             host = cluster.host_of(node)
@@ -50,6 +55,8 @@ class HostResources:
                     capacity.append(cluster.host_mem_bw[host] / cluster.specs[node].mem_bw_Bps * s)
                 hosts[host] = (core, mem)
             core, mem = hosts[host]
+            if host in cluster.host_copy_by_size:
+                self.copy_curves[core] = (s, cluster.host_copy_by_size[host])
             self.scale[r] = s
             self.host_link[r] = core
             self.rank_link[r] = len(capacity)

@@ -21,6 +21,13 @@ A flow may carry a rate cap (bytes/s): a private virtual link of that capacity t
 filling over it is max-min fairness with a per-flow upper bound, exactly (the cap is one more constraint; a capped
 flow frees what it cannot use for the flows it shares links with). A communication library's per-channel
 bandwidth limits (NCCL's ``perChMax*Bw``, :mod:`simulator.collectives.caps`) are such caps.
+
+A flow may also load some of its links more than once per byte: ``weights``, one per link of its route, say how
+many bytes of a link's capacity one byte of the flow uses (a loopback transport whose cost per byte depends on the
+message size, :mod:`simulator.cluster.size_curve`). Progressive filling then raises every unfrozen flow's rate
+together and freezes the flows of the first link whose remaining capacity their weighted rates use up (max-min
+fairness in the flows' rates, each link's use the weighted sum); a component with no weighted flow is filled by the
+unweighted code, so its floats do not change.
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ from typing import Any, TypeVar
 __all__ = ["FlowNetwork", "max_min_rates"]
 
 F = TypeVar("F", bound=Hashable)  # a flow's key
-Shape = tuple[tuple[int, ...], float]  # a flow's route without its cap link, and its cap (0: none)
+Weights = tuple[float, ...] | None  # per link of a route (without the cap link): bytes of capacity per byte
+Shape = tuple[tuple[int, ...], float, Weights]  # a flow's route without its cap link, its cap (0: none), weights
 FILLED_KEPT = 4096  # components' rates kept for reuse (all forgotten at once when full)
 KEYING_TRIAL = 256  # fills after which keying stops unless a fifth of the lookups or more found their rates
 FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
@@ -90,6 +98,47 @@ def _fill(flows: int, routes: Mapping[F, Sequence[int]], users: Mapping[int, Ite
     return rate
 
 
+def _fill_weighted(flows: int, routes: Mapping[F, Sequence[int]], weights: Mapping[F, Sequence[float]],
+                   users: Mapping[int, Iterable[F]], count: dict[int, int], load: dict[int, float],
+                   capacity: Sequence[float]) -> dict[F, float]:
+    """:func:`_fill` where flows load links by weight: ``weights[f]`` (one per link of ``routes[f]``; 1 for a flow
+    not in it), ``load[link]`` the weights of the flows crossing it summed (consumed, with ``count``). A link's fair
+    share is what its remaining capacity gives each of its unfrozen flows at one rate: remaining / load."""
+    rem = {link: float(capacity[link]) for link in count}
+    version = dict.fromkeys(count, 0)
+    heap = [(rem[link] / load[link], 0, link) for link in count]
+    heapq.heapify(heap)
+    rate: dict[F, float] = {}
+    pop, push = heapq.heappop, heapq.heappush
+    while heap:
+        share, ver, link = pop(heap)
+        if ver != version[link] or count[link] == 0:
+            continue
+        for f in users[link]:
+            if f in rate:
+                continue
+            rate[f] = share
+            w = weights.get(f)
+            for i, other in enumerate(routes[f]):
+                left = rem.get(other)
+                if left is None:
+                    continue
+                used = share if w is None else share * w[i]
+                left -= used
+                rem[other] = left
+                c = count[other] - 1
+                count[other] = c
+                rest = load[other] - (1.0 if w is None else w[i])
+                load[other] = rest
+                v = version[other] + 1
+                version[other] = v
+                if c > 0:  # (rest > 0 but where rounding ate weights 1e15 times smaller than others)
+                    push(heap, ((left if left >= 0.0 else 0.0) / (rest if rest > 0.0 else 1e-300), v, other))
+        if len(rate) == flows:
+            break
+    return rate
+
+
 class FlowNetwork:
     """Active flows; call :meth:`add` / :meth:`remove`, then :meth:`allocate` once per instant."""
 
@@ -117,14 +166,19 @@ class FlowNetwork:
         self._tight_now: dict[int, bool] = {}  # allocate's answers of _tight (the flows do not change during it)
         self._spare_caps: list[int] = []  # ids of cap links no flow holds now (reused before new ones)
         self._cap_link: dict[int, int] = {}  # flow -> its private cap link
+        self._weighted: dict[int, tuple[float, ...]] = {}  # flow -> weights of its whole route (cap link: 1)
         # next_finish's last answer (best, tolerance, due flows as a set and sorted), None once it may have changed
         self._next: tuple[float, float, set[int], list[int]] | None = None
 
-    def add(self, flow: int, links: Iterable[int], nbytes: float, now: float, cap: float = 0.0) -> None:
+    def add(self, flow: int, links: Iterable[int], nbytes: float, now: float, cap: float = 0.0,
+            weights: Weights = None) -> None:
         """Start draining ``flow`` at time ``now`` (rate 0 until the next :meth:`allocate`); ``cap`` > 0: the flow
-        never goes faster (bytes/s), through a private link of that capacity appended to its route."""
+        never goes faster (bytes/s), through a private link of that capacity appended to its route; ``weights``
+        (one per link, > 0): bytes of each link's capacity one byte of the flow uses (None: 1 each)."""
         route = links if type(links) is tuple else tuple(links)
-        shape = (route, cap)  # what its rate depends on, with the other flows' shapes (not the cap link's id)
+        if weights is not None:
+            self._weighted[flow] = (*weights, 1.0) if cap > 0.0 else tuple(weights)
+        shape = (route, cap, weights)  # what its rate depends on, with the other flows' shapes (not the cap link)
         if cap > 0.0:
             if self._spare_caps:
                 private = self._spare_caps.pop()
@@ -150,7 +204,7 @@ class FlowNetwork:
                 on_link[link] = {flow}
             else:
                 users.add(flow)
-        if cap > 0.0:
+        if cap > 0.0 and weights is None:  # (a weighted flow counts as uncapped here: its links stay tight)
             caps_on, capped, capacity, touched = self._caps_on, self._capped, self.capacity, self._touched
             if flow in self._repeats:  # a link crossed twice: its cap counted twice, the flow once
                 for link in shape[0]:
@@ -180,9 +234,11 @@ class FlowNetwork:
 
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
-        links, cap = self.state[flow][4]
+        links, cap, weights = self.state[flow][4]
         repeated = flow in self._repeats
-        if cap > 0.0:  # the other flows of a tight link may rise (or be freed, once it turns slack)
+        if weights is not None:
+            del self._weighted[flow]
+        if cap > 0.0 and weights is None:  # the other flows of a tight link may rise (or be freed, once it turns slack)
             self._left.update(links)  # their loads changed
             self._fresh.discard(flow)
             caps_on, capped, capacity, touched, on_link = (self._caps_on, self._capped, self.capacity, self._touched,
@@ -335,11 +391,12 @@ class FlowNetwork:
         self.allocations += 1
         routes, alone_of = self.routes, self._alone
         solo_rates = []
+        weighted = self._weighted
         for f in solos:  # a flow alone on its links gets the narrowest one (_rerate's answer, inlined)
             route = routes[f]
             if changed_links:
                 changed.update(route)
-            new = alone_of.get(route)
+            new = None if weighted and f in weighted else alone_of.get(route)  # (weighted: never cached)
             solo_rates.append((f, self._alone_rate(f) if new is None else new))
         self._set_rates(solo_rates, now)
         for flows, shapes, links in comps:
@@ -352,6 +409,12 @@ class FlowNetwork:
     def _alone_rate(self, only: int) -> float:
         """The rate of a flow alone on its links: its narrowest one (counted as often as it crosses it)."""
         route = self.routes[only]
+        weights = self._weighted.get(only)
+        if weights is not None:  # each link's weights, summed over the times the flow crosses it
+            used: dict[int, float] = {}
+            for link, w in zip(route, weights, strict=True):
+                used[link] = used.get(link, 0.0) + w
+            return min(self.capacity[link] / w for link, w in used.items())  # not cached: weights vary by size
         if only in self._repeats:
             alone = min(self.capacity[link] / route.count(link) for link in route)
         else:  # each link once: its narrowest (x / 1 == x exactly)
@@ -375,10 +438,20 @@ class FlowNetwork:
             if extra:
                 for link in links:
                     count[link] += extra.get(link, 0)
-            for f, (_, cap) in zip(flows, shapes, strict=True):
+            for f, (_, cap, _w) in zip(flows, shapes, strict=True):
                 if cap > 0.0:
                     count[self._cap_link[f]] = 1
-            rates = _fill(len(flows), self.routes, on_link, count, self.capacity)
+            weighted = self._weighted
+            if weighted and any(shape[2] is not None for shape in shapes):
+                load = dict.fromkeys(count, 0.0)
+                for f in flows:
+                    w = weighted.get(f)
+                    for i, link in enumerate(self.routes[f]):
+                        if link in load:
+                            load[link] += 1.0 if w is None else w[i]
+                rates = _fill_weighted(len(flows), self.routes, weighted, on_link, count, load, self.capacity)
+            else:
+                rates = _fill(len(flows), self.routes, on_link, count, self.capacity)
             by_shape = {sh: rates[f] for f, sh in zip(flows, shapes, strict=True)}
             if self._keying:
                 self._misses += 1
@@ -415,8 +488,15 @@ class FlowNetwork:
         return float(self.state[flow][2])
 
     def load(self, link: int) -> float:
-        """Bytes/s flowing on ``link`` now (a flow that crosses it twice counts twice)."""
-        return sum(self.state[f][2] * self.routes[f].count(link) for f in self.on_link.get(link, ()))
+        """Bytes/s of ``link``'s capacity in use now (a flow that crosses it twice counts twice; a weighted flow
+        its rate times its weight there)."""
+        total = 0.0
+        for f in self.on_link.get(link, ()):
+            w = self._weighted.get(f)
+            route = self.routes[f]
+            times = route.count(link) if w is None else sum(x for r, x in zip(route, w, strict=True) if r == link)
+            total += self.state[f][2] * times
+        return total
 
     def next_finish(self) -> tuple[float, list[int]]:
         """Earliest predicted finish time and every flow predicted to finish then (``(inf, [])`` when idle).
