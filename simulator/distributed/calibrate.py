@@ -150,7 +150,10 @@ def _exchanges(args: argparse.Namespace, device: torch.device, reps: int) -> lis
     kernel's socket work included) spent on it, summed."""
     out = []
     for n in EXCHANGE_SIZES:
-        walls, cpus = _after_compute(args, device, reps, p2p=True, nbytes=n)
+        # a small exchange's latency is heavy-tailed (one of 15 medians at 1 MiB was 4.1 ms where 60 calls gave
+        # 1.7-2.2): four times the repetitions up to 4 MiB, where they are cheap, twice at 16 MiB
+        walls, cpus = _after_compute(args, device, reps * (4 if n <= 4 * 2**20 else 2 if n <= 16 * 2**20 else 1),
+                                     p2p=True, nbytes=n)
         out.append((n, statistics.median(walls), statistics.median(cpus)))
     return out
 
@@ -336,13 +339,16 @@ def run_rank(args: argparse.Namespace) -> None:
         raise RuntimeError("calibrate needs at least 2 ranks (--procs 2)")
     with _phase("ping-pong and ring exchanges"):
         pp = _pingpong(args.reps, device)
+        # the small exchange (the per-transfer overhead), then the sizes, one after the other: the engine charges
+        # an exchange the first's time and the sizes' bytes at their bandwidth, so they are measured alike. Its
+        # latency is heavy-tailed (10-30 % of calls take 3-5 ms instead of 0.5-0.7; measured in three rounds of 60):
+        # four times the repetitions, so that the median does not flip with a few slow calls
+        p2p_s = statistics.median(_after_compute(args, device, 4 * args.reps, p2p=True)[0])
         exchanges = _exchanges(args, device, args.reps)
     with _phase("per-operation overheads"):
-        # the per-operation overheads are the noisiest figures (scheduling delays): twice the repetitions; the
-        # all_reduce's mean (its stall) needs more: a third of its calls are 2-4 ms slower, a count whose binomial
-        # noise moves the mean by ~0.3 ms at 30 calls, ~0.1 ms at 180 (about 1.5 s here)
+        # the all_reduce's mean (its stall) needs many repetitions: a third of its calls are 2-4 ms slower, a
+        # count whose binomial noise moves the mean by ~0.3 ms at 30 calls, ~0.1 ms at 180 (about 1.5 s here)
         allreduce, _ = _after_compute(args, device, 12 * args.reps, p2p=False)
-        p2p_s = statistics.median(_after_compute(args, device, 2 * args.reps, p2p=True)[0])
     with _phase("compute roofline (small kernels, attend, matmul, shared memory bandwidth, memcpy)"):
         small = _small_kernel_time(args, device, args.reps)
         attend32 = _attend_times(args, device, torch.float32)
@@ -409,9 +415,12 @@ def _by_size(exchanges: list[tuple[int, float, float]], world: int, delay: float
              copy_bw: float) -> tuple[SizeCurve, SizeCurve]:
     """The exchanges' figures at each size, as the engine reads them (:mod:`simulator.cluster.size_curve`): the
     aggregate bandwidth that makes the engine's exchange take the measured time (``world`` messages of n bytes
-    after the fixed ``delay`` it charges a standalone transfer), kept within [``flow_bw``, ``world`` x
-    ``flow_bw``] (no lone message is slowed below what the ping-pong measured, and above that the per-flow links
-    bind anyway; a time within the delay is the upper end), and the bytes a core copies: every byte is copied by
+    after the fixed ``delay`` it charges a standalone transfer), at most ``world`` x ``flow_bw`` (above that the
+    per-flow links bind anyway; a time within the delay is that end). It may be below ``flow_bw``: messages sent at
+    once slow each other on loopback more than a shared pipe would (2 ranks on 2 CPUs: 1.50 GB/s together at 16
+    MiB, where the ping-pong moved 1.75 GB/s one way), and a lone message of that size then gets it too (the
+    schedules' lone messages are states of a few KiB to MiB, where the fixed delay dominates; their exchanges are
+    what the curve is for). And the bytes a core copies: every byte is copied by
     its sender and its receiver, 2 x ``world`` n bytes, in the CPU time spent while the bytes moved (the share
     ``(time - delay) / time`` of the measured CPU time: the engine charges the delay no CPU); so the host's cores
     never bind the exchange alone below its measured time, as the ranks' processes used fewer CPUs than the host
@@ -420,7 +429,7 @@ def _by_size(exchanges: list[tuple[int, float, float]], world: int, delay: float
     for n, wall, cpu in exchanges:
         moved = wall - delay
         bw = world * n / moved if moved > 0 else world * flow_bw
-        aggregate.append(min(max(bw, flow_bw), world * flow_bw))
+        aggregate.append(min(bw, world * flow_bw))
         copies.append(2 * world * n / (cpu * moved / wall) if cpu > 0 and moved > 0 else copy_bw)
     sizes = tuple(float(n) for n, _, _ in exchanges)
     return SizeCurve(sizes, tuple(aggregate)), SizeCurve(sizes, tuple(copies))
@@ -446,7 +455,12 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
                       f"--min-r2; largest "
                       f"relative residual {res_p2p:.0%}): the machine was too busy; nothing written, rerun when it is "
                       "quiet")
-    large_x = [(world * n, w, c) for n, w, c in exchanges if n >= SLOPE_FROM]  # bytes all ranks send at once
+    cores = os.cpu_count() or 1
+    # the CPU time an exchange used, at most what the cores give in its measured time: each rank's clock runs from
+    # its own arrival, and with more ranks than CPUs the early ones wait for the last (8 ranks on 2 CPUs summed 4.7
+    # CPUs' worth over a 1 MiB exchange's time), which is no copying
+    copying = [(n, w, min(c, cores * w)) for n, w, c in exchanges]
+    large_x = [(world * n, w, c) for n, w, c in copying if n >= SLOPE_FROM]  # bytes all ranks send at once
     wall_slope = _slope([x for x, _, _ in large_x], [w for _, w, _ in large_x])
     cpu_slope = _slope([x for x, _, _ in large_x], [c for _, _, c in large_x])
     aggregate = 1 / wall_slope if wall_slope > 0 else flow_bw
@@ -458,12 +472,11 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     launch = small
     mem_bw, res_mem = _bandwidth_after(launch, attend32)
     mem_bw64, res_mem64 = _bandwidth_after(launch, attend64)
-    cores = os.cpu_count() or 1
     concurrent, shared_bw, memcpy_bw = shared
     # the CPU a loopback transfer costs, per byte and side, from the CPU time the ring exchange took (sender's and
     # receiver's processes, their transport threads and the kernel's socket work: several lone memcpys' worth)
     copy_bw = 2 / cpu_slope if cpu_slope > 0 else memcpy_bw  # every byte sent is copied by its sender and receiver
-    aggregate_by_size, copy_by_size = _by_size(exchanges, world, overhead + comm_overhead, flow_bw, copy_bw)
+    aggregate_by_size, copy_by_size = _by_size(copying, world, overhead + comm_overhead, flow_bw, copy_bw)
     host_mem_bw = min(shared_bw, cores * mem_bw)  # what several kernels at once get, at most a core each
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16e9
     lines = [
@@ -479,7 +492,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
                     for n, w, c in exchanges) + ". "
         f"Aggregate bandwidth (the slope of the time over the bytes from {_size_text(SLOPE_FROM)}): "
         f"{aggregate / 1e9:.3f} GB/s; at each size (bandwidth_by_size: P N / (time - message_overhead - "
-        f"comm_overhead), within [per-flow, P x per-flow]): "
+        f"comm_overhead), at most P x per-flow): "
         + _curve_text(aggregate_by_size) + ".",
         f"# A {args.heads}-element all_reduce right after every rank's attention kernel (last arrival to last "
         f"return): median {allreduce_s * 1e6:.1f} us -> collective_overhead {collective_overhead * 1e6:.1f} us per "
@@ -498,7 +511,8 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"{concurrent} attend kernels at once moved {shared_bw / 1e9:.3f} GB/s together "
         f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone). host_copy_bw: a loopback transfer "
         f"costs its sender and its receiver a core-second per {copy_bw / 1e9:.3f} GB each (the slope of the "
-        f"exchanges' CPU time over the bytes, per side; a lone memcpy moves {memcpy_bw / 1e9:.3f} GB/s on one core); "
+        f"exchanges' CPU time over the bytes, per side, at most the CPUs' time; a lone memcpy moves "
+        f"{memcpy_bw / 1e9:.3f} GB/s on one core); "
         "host_copy_bw_by_size, what each size cost (2 P N / the CPU time's share after the delay): "
         + _curve_text(copy_by_size) + ".",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
