@@ -422,9 +422,13 @@ def _by_size(exchanges: list[tuple[int, float, float]], world: int, delay: float
     schedules' lone messages are states of a few KiB to MiB, where the fixed delay dominates; their exchanges are
     what the curve is for). And the bytes a core copies: every byte is copied by
     its sender and its receiver, 2 x ``world`` n bytes, in the CPU time spent while the bytes moved (the share
-    ``(time - delay) / time`` of the measured CPU time: the engine charges the delay no CPU); so the host's cores
-    never bind the exchange alone below its measured time, as the ranks' processes used fewer CPUs than the host
-    has. ``copy_bw`` where no CPU time was read or the time is within the delay."""
+    ``(time - delay) / time`` of the measured CPU time: the engine charges the delay no CPU); so where the ranks'
+    processes used fewer CPUs than the host has, the cores never bind the exchange alone below its measured time.
+    Where there are more ranks than CPUs they summed more than the CPUs' time over it (8 ranks on 2 CPUs: 4.7 CPUs'
+    worth over a 1 MiB exchange: each rank's clock runs from its own arrival, the early ones posting, copying and
+    waiting for the last), all of it CPU the exchange takes from kernels on those cores, and the engine then
+    predicts the exchange alone slower than measured (there: 4 MiB in 12.4 ms, measured 7.1). ``copy_bw`` where no
+    CPU time was read or the time is within the delay."""
     aggregate, copies = [], []
     for n, wall, cpu in exchanges:
         moved = wall - delay
@@ -456,11 +460,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
                       f"relative residual {res_p2p:.0%}): the machine was too busy; nothing written, rerun when it is "
                       "quiet")
     cores = os.cpu_count() or 1
-    # the CPU time an exchange used, at most what the cores give in its measured time: each rank's clock runs from
-    # its own arrival, and with more ranks than CPUs the early ones wait for the last (8 ranks on 2 CPUs summed 4.7
-    # CPUs' worth over a 1 MiB exchange's time), which is no copying
-    copying = [(n, w, min(c, cores * w)) for n, w, c in exchanges]
-    large_x = [(world * n, w, c) for n, w, c in copying if n >= SLOPE_FROM]  # bytes all ranks send at once
+    large_x = [(world * n, w, c) for n, w, c in exchanges if n >= SLOPE_FROM]  # bytes all ranks send at once
     wall_slope = _slope([x for x, _, _ in large_x], [w for _, w, _ in large_x])
     cpu_slope = _slope([x for x, _, _ in large_x], [c for _, _, c in large_x])
     aggregate = 1 / wall_slope if wall_slope > 0 else flow_bw
@@ -476,7 +476,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
     # the CPU a loopback transfer costs, per byte and side, from the CPU time the ring exchange took (sender's and
     # receiver's processes, their transport threads and the kernel's socket work: several lone memcpys' worth)
     copy_bw = 2 / cpu_slope if cpu_slope > 0 else memcpy_bw  # every byte sent is copied by its sender and receiver
-    aggregate_by_size, copy_by_size = _by_size(copying, world, overhead + comm_overhead, flow_bw, copy_bw)
+    aggregate_by_size, copy_by_size = _by_size(exchanges, world, overhead + comm_overhead, flow_bw, copy_bw)
     host_mem_bw = min(shared_bw, cores * mem_bw)  # what several kernels at once get, at most a core each
     mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 16e9
     lines = [
@@ -511,7 +511,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         f"{concurrent} attend kernels at once moved {shared_bw / 1e9:.3f} GB/s together "
         f"({shared_bw / (concurrent * mem_bw):.0%} of {concurrent} x one alone). host_copy_bw: a loopback transfer "
         f"costs its sender and its receiver a core-second per {copy_bw / 1e9:.3f} GB each (the slope of the "
-        f"exchanges' CPU time over the bytes, per side, at most the CPUs' time; a lone memcpy moves "
+        f"exchanges' CPU time over the bytes, per side; a lone memcpy moves "
         f"{memcpy_bw / 1e9:.3f} GB/s on one core); "
         "host_copy_bw_by_size, what each size cost (2 P N / the CPU time's share after the delay): "
         + _curve_text(copy_by_size) + ".",
