@@ -36,6 +36,7 @@ from scipy.optimize import least_squares
 
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.nccl_keys import PROTOCOLS, latency_key
+from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.collective_rows import collective_schedule
 from simulator.collectives import fabric_of
@@ -197,6 +198,9 @@ def apply(base: Cluster, params: Sequence[Param], values: dict[str, float]) -> C
         group = _group(base, u, v)
         if group in scale:
             data["bandwidth"] = data["bandwidth"] * scale[group]
+            if "by_size" in data:  # the bandwidth at each size too (the weight is nominal / at(n): it would cancel)
+                curve = data["by_size"]
+                data["by_size"] = SizeCurve(curve.sizes, tuple(b * scale[group] for b in curve.bandwidth))
     table = dict(base.nccl_latency)
     for p in params:
         if p.kind == "time":

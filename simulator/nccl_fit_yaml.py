@@ -13,6 +13,7 @@ from typing import Any
 
 from simulator.cluster.devices import DeviceSpec
 from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency_key
+from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster, device_library
 
 __all__ = ["render_fitted"]
@@ -44,12 +45,20 @@ def _links(cluster: Cluster) -> list[str]:
             continue
         back = graph.edges[v, u] if graph.has_edge(v, u) else None
         fields = f"bandwidth: {_bw(data['bandwidth'])}, latency: {_time(data['latency'])}, class: {data['cls']}"
-        if back is not None and all(back[k] == data[k] for k in ("bandwidth", "latency", "cls")):
+        if "by_size" in data:
+            fields += f", bandwidth_by_size: {_curve(data['by_size'])}"
+        if back is not None and all(back.get(k) == data.get(k) for k in ("bandwidth", "latency", "cls", "by_size")):
             done.add((v, u))
             out.append(f"  - {{a: {u}, b: {v}, {fields}}}")
         else:
             out.append(f"  - {{src: {u}, dst: {v}, {fields}}}")
     return out
+
+
+def _curve(curve: SizeCurve) -> str:
+    """A by-size bandwidth in flow style (:mod:`simulator.cluster.size_curve`)."""
+    return (f"{{bytes: [{', '.join(f'{s:.17g}' for s in curve.sizes)}], "
+            f"bandwidth: [{', '.join(_bw(b) for b in curve.bandwidth)}]}}")
 
 
 def _latencies(table: dict[str, float]) -> list[str]:
@@ -85,6 +94,9 @@ def render_fitted(cluster: Cluster, comments: Sequence[str]) -> str:
         if table:
             body = ", ".join(f"{h}: {v if key == 'host_cores' else _bw(v)}" for h, v in table.items())
             out.append(f"{key}: {{{body}}}")
+    if cluster.host_copy_bw_by_size:
+        curves = ", ".join(f"{h}: {_curve(c)}" for h, c in cluster.host_copy_bw_by_size.items())
+        out.append(f"host_copy_bw_by_size: {{{curves}}}")
     out.append("nodes:")
     for name, data in cluster.graph.nodes(data=True):
         device = f", device: {data['device']}" if data.get("device") else ""

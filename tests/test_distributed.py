@@ -134,7 +134,7 @@ def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
     assert "R^2" in text and "Raw one-way times" in text and "Kernel profiles" in text
     # the exchanges measured at each size: the aggregate link's and the host copies' bandwidth by message size
     sizes = tuple(float(n) for n in EXCHANGE_SIZES)
-    assert cluster.host_copy_by_size["local"].sizes == sizes
+    assert cluster.host_copy_bw_by_size["local"].sizes == sizes
     assert cluster.graph.edges["local.tx", "local.rx"]["by_size"].sizes == sizes
     # validate on it: before each algorithm's runs, the dominant kernel's nearest profiled point is timed again
     val = tmp_path / "val"

@@ -196,3 +196,49 @@ def test_the_engine_predicts_calibrates_own_exchanges_at_every_size(tmp_path):
     for n, wall, _ in exchanges:
         assert math.isclose(simulate(_exchange(n), cluster).makespan, wall, rel_tol=1e-5), n
     assert "Ring exchanges" in text and "bandwidth_by_size" in text and "host_copy_bw_by_size" in text
+
+
+def test_a_weighted_flow_leaves_the_other_components_bit_identical():
+    """Flows that share no link with a weighted one get exactly the rates they get without it, and a link's load
+    counts a weighted flow at its rate times its weights there."""
+    routes = {0: (0, 1), 1: (1, 2), 2: (1,)}
+    plain, mixed = FlowNetwork(CAPACITY), FlowNetwork(CAPACITY)
+    for net in (plain, mixed):
+        for f, r in routes.items():
+            net.add(f, r, 100.0, now=0.0)
+    mixed.add(9, (3, 4, 3), 100.0, now=0.0, weights=(2.0, 0.5, 1.0))  # crosses link 3 twice
+    plain.allocate(0.0)
+    mixed.allocate(0.0)
+    assert {f: mixed.rate(f) for f in routes} == {f: plain.rate(f) for f in routes}
+    assert mixed.rate(9) == 15.0 / 3.0  # link 3: 15 B/s over weights 2 + 1
+    assert mixed.load(3) == 15.0 and mixed.load(4) == 2.5
+
+
+@pytest.mark.parametrize("weights", [(1.0,), (1.0, 0.0), (1.0, float("inf"))])
+def test_bad_weights_are_refused_where_they_are_given(weights):
+    with pytest.raises(ValueError, match="finite weight > 0 per link"):
+        FlowNetwork(CAPACITY).add(0, (0, 1), 1.0, now=0.0, weights=weights)
+
+
+def test_a_curve_key_misspelt_is_named():
+    with pytest.raises(InputError) as err:
+        build_cluster(_loopback({"bytes": [1e6], "bandwidths": ["1 GB/s"]}), "t.yaml")
+    assert err.value.field == "links.2.bandwidth_by_size.bandwidths" and "unknown key" in str(err.value)
+
+
+def test_curves_survive_a_rendered_topology_and_show_in_its_summary(tmp_path):
+    """A topology written back (the fitted-topology writer) keeps its curves; `topo show` lists them."""
+    from simulator.cluster.summary import summarize
+    from simulator.nccl_fit_yaml import render_fitted
+
+    cluster = build_cluster(_loopback({"bytes": [1e6, 1e8], "bandwidth": ["1.5 GB/s", "2.4 GB/s"]},
+                                      {"bytes": [1e6], "bandwidth": ["1 GB/s"]}), "t.yaml")
+    path = tmp_path / "back.yaml"
+    path.write_text(render_fitted(cluster, ["written back"]))
+    from simulator.cluster.topology import load_topology
+
+    again = load_topology(str(path))
+    assert again.graph.edges["h.tx", "h.rx"]["by_size"] == cluster.graph.edges["h.tx", "h.rx"]["by_size"]
+    assert again.host_copy_bw_by_size == cluster.host_copy_bw_by_size
+    assert simulate(_exchange(3e6), again).makespan == simulate(_exchange(3e6), cluster).makespan
+    assert "1 x by message size: 1 MB 1.5 GB/s, 100 MB 2.4 GB/s" in summarize(cluster)

@@ -16,7 +16,7 @@ In a topology YAML::
     host_copy_bw_by_size:
       local: {bytes: [...], bandwidth: [...]}
 
-Pure data and numpy.
+Pure data.
 """
 
 from __future__ import annotations
@@ -73,8 +73,15 @@ def parse_size_curve(raw: Any, locate: Callable[[tuple[Any, ...], InputError], I
                      path: Sequence[Any]) -> SizeCurve:
     """``{bytes: [...], bandwidth: [...]}`` (sizes increasing; bandwidths with units or in B/s)."""
     base = tuple(path)
-    if not isinstance(raw, Mapping) or set(raw) != {"bytes", "bandwidth"}:
+    if not isinstance(raw, Mapping):
         raise locate(base, InputError("must be a mapping {bytes: [sizes], bandwidth: [one per size]}"))
+    for key in raw:
+        if key not in ("bytes", "bandwidth"):
+            raise locate((*base, key), InputError("unknown key; valid keys: bandwidth, bytes"))
+    for key in ("bytes", "bandwidth"):
+        if key not in raw:
+            raise locate(base, InputError(f"missing field {key!r}: a mapping {{bytes: [sizes], bandwidth: [one per "
+                                          "size]}"))
     sizes, bws = raw["bytes"], raw["bandwidth"]
     for key, values in (("bytes", sizes), ("bandwidth", bws)):
         if not isinstance(values, list) or not values:

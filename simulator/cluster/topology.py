@@ -58,7 +58,7 @@ class Cluster:
     host_cores: Mapping[str, int] = field(default_factory=dict)  # hosts whose ranks share CPU cores
     host_mem_bw: Mapping[str, float] = field(default_factory=dict)  # and their memory bandwidth (bytes/s)
     host_copy_bw: Mapping[str, float] = field(default_factory=dict)  # bytes/s one core copies for a transfer
-    host_copy_by_size: Mapping[str, SizeCurve] = field(default_factory=dict)  # ... at each message size
+    host_copy_bw_by_size: Mapping[str, SizeCurve] = field(default_factory=dict)  # ... at each message size
     nccl_latency: Mapping[str, float] = field(default_factory=dict)  # "ring.LL.net" -> s (collectives/protocols.py)
     _router: Router = field(init=False, repr=False, compare=False)
     _latency: dict[Edge, float] = field(init=False, repr=False, compare=False)  # edge -> latency, filled on use
@@ -244,11 +244,11 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
                       host_cores=_host_cores(raw.get("host_cores", {}), locate),
                       host_mem_bw=_host_bandwidths("host_mem_bw", raw, locate),
                       host_copy_bw=_host_bandwidths("host_copy_bw", raw, locate),
-                      host_copy_by_size=_host_curves(raw, locate),
+                      host_copy_bw_by_size=_host_curves(raw, locate),
                       nccl_latency=_nccl_latency(raw.get("nccl_latency", {}), locate))
     hosts = {cluster.host_of(r) for r in ranks}
     tables = {"host_cores": cluster.host_cores, "host_mem_bw": cluster.host_mem_bw,
-              "host_copy_bw": cluster.host_copy_bw, "host_copy_bw_by_size": cluster.host_copy_by_size}
+              "host_copy_bw": cluster.host_copy_bw, "host_copy_bw_by_size": cluster.host_copy_bw_by_size}
     for key, table in tables.items():
         for host in table:
             if host not in hosts:

@@ -22,7 +22,8 @@
   ``host_copy_bw_by_size``: :mod:`simulator.cluster.size_curve`) is loaded by a message of B bytes as if its
   bandwidth were the one measured at B.
 
-Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)``, where
+Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)`` (each link's
+bandwidth at B where it was measured by size), where
 ``overhead = message_overhead (+ comm_overhead outside a collective)`` (a ``STREAMED`` one: ``B / min(bandwidth)``).
 
 Everything due at one instant runs from one simpy event (a calendar of callbacks per time), so lockstep

@@ -55,8 +55,8 @@ class HostResources:
                     capacity.append(cluster.host_mem_bw[host] / cluster.specs[node].mem_bw_Bps * s)
                 hosts[host] = (core, mem)
             core, mem = hosts[host]
-            if host in cluster.host_copy_by_size:
-                self.copy_curves[core] = (s, cluster.host_copy_by_size[host])
+            if host in cluster.host_copy_bw_by_size:
+                self.copy_curves[core] = (s, cluster.host_copy_bw_by_size[host])
             self.scale[r] = s
             self.host_link[r] = core
             self.rank_link[r] = len(capacity)

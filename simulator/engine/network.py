@@ -33,6 +33,7 @@ unweighted code, so its floats do not change.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from itertools import chain
@@ -109,7 +110,11 @@ def _fill_weighted(flows: int, routes: Mapping[F, Sequence[int]], weights: Mappi
                    capacity: Sequence[float]) -> dict[F, float]:
     """:func:`_fill` where flows load links by weight: ``weights[f]`` (one per link of ``routes[f]``; 1 for a flow
     not in it), ``load[link]`` the weights of the flows crossing it summed (consumed, with ``count``). A link's fair
-    share is what its remaining capacity gives each of its unfrozen flows at one rate: remaining / load."""
+    share is what its remaining capacity gives each of its unfrozen flows at one rate: remaining / load.
+
+    Unlike :func:`_fill`'s, the rates' last bits may depend on the order of the flows in ``users[link]`` (the flows
+    frozen by one link subtract different amounts): a component filled afresh and one looked up can differ by a
+    few ulps (2.6e-14 relative at most over 6,800 random histories); the same run always gives the same floats."""
     rem, version, heap = _shares(count, load, capacity)
     rate: dict[F, float] = {}
     pop, push = heapq.heappop, heapq.heappush
@@ -135,11 +140,24 @@ def _fill_weighted(flows: int, routes: Mapping[F, Sequence[int]], weights: Mappi
                 load[other] = rest
                 v = version[other] + 1
                 version[other] = v
-                if c > 0:  # (rest > 0 but where rounding ate weights 1e15 times smaller than others)
-                    push(heap, ((left if left >= 0.0 else 0.0) / (rest if rest > 0.0 else 1e-300), v, other))
+                if c > 0:
+                    if rest <= 0.0:  # rounding ate what is left (weights 1e15 times apart): sum them again
+                        rest = load[other] = _unfrozen_load(other, users, rate, routes, weights)
+                    push(heap, ((left if left >= 0.0 else 0.0) / rest, v, other))
         if len(rate) == flows:
             break
     return rate
+
+
+def _unfrozen_load(link: int, users: Mapping[int, Iterable[F]], rate: Mapping[F, float],
+                   routes: Mapping[F, Sequence[int]], weights: Mapping[F, Sequence[float]]) -> float:
+    """The weights with which the flows not yet rated cross ``link``, summed afresh."""
+    total = 0.0
+    for f in users[link]:
+        if f not in rate:
+            w = weights.get(f)
+            total += sum(1.0 if w is None else w[i] for i, x in enumerate(routes[f]) if x == link)
+    return total
 
 
 class FlowNetwork:
@@ -180,7 +198,11 @@ class FlowNetwork:
         (one per link, > 0): bytes of each link's capacity one byte of the flow uses (None: 1 each)."""
         route = links if type(links) is tuple else tuple(links)
         if weights is not None:
-            self._weighted[flow] = (*weights, 1.0) if cap > 0.0 else tuple(weights)
+            weights = tuple(map(float, weights))
+            if len(weights) != len(route) or not all(0.0 < w < math.inf for w in weights):
+                raise ValueError(f"flow {flow}: needs one finite weight > 0 per link of its route {route}, got "
+                                 f"{weights}")
+            self._weighted[flow] = (*weights, 1.0) if cap > 0.0 else weights
         shape = (route, cap, weights)  # what its rate depends on, with the other flows' shapes (not the cap link)
         if cap > 0.0:
             if self._spare_caps:
