@@ -5,9 +5,12 @@ Measured:
 * point-to-point: a ping-pong between rank 0 and rank 1 over message sizes from 8 B to 32 MiB; the one-way time
   is fitted as ``overhead + bytes / bandwidth`` (the per-message software cost, fitted on relative error over all
   sizes, and the per-flow bandwidth, the median over messages of 1 MiB and more);
-* aggregate bandwidth: every rank sends a large message to the next at once (what a ring step does), timed to
-  the last arrival (the slowest rank's time: one rank's own would credit the transport with the bandwidth of the
-  transfers that happened to finish first);
+* ring exchanges: every rank sends a message to the next at once (what a ring step does), right after an
+  attention kernel, from 256 KiB to 256 MiB, timed from the last rank's arrival to the last return (one rank's own
+  time would credit the transport with the transfers that happened to finish first), with the CPU time the ranks'
+  processes spent: the slopes from 16 MiB are the nominal aggregate bandwidth and copy cost, and each size's
+  figures are written beside them (``bandwidth_by_size``, ``host_copy_bw_by_size``: the transport's cost per
+  byte is not one number over the sizes, :mod:`simulator.cluster.size_curve`);
 * per-operation overheads: a small ``all_reduce``, and a small send/receive with the ring neighbours, each issued
   as schedules issue them, right after every rank ran an attention kernel (from the last rank's arrival to the
   last return), less what the model already charges for their messages. The all_reduce's latency is heavy-tailed
