@@ -56,9 +56,9 @@ def _links(cluster: Cluster) -> list[str]:
 
 
 def _curve(curve: SizeCurve) -> str:
-    """A by-size bandwidth in flow style (:mod:`simulator.cluster.size_curve`)."""
-    return (f"{{bytes: [{', '.join(f'{s:.17g}' for s in curve.sizes)}], "
-            f"bandwidth: [{', '.join(_bw(b) for b in curve.bandwidth)}]}}")
+    """A by-size bandwidth in flow style (:meth:`SizeCurve.to_yaml`'s figures)."""
+    body = curve.to_yaml()
+    return f"{{bytes: [{', '.join(map(str, body['bytes']))}], bandwidth: [{', '.join(body['bandwidth'])}]}}"
 
 
 def _latencies(table: dict[str, float]) -> list[str]:

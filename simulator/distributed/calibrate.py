@@ -226,10 +226,14 @@ def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2
     y = torch.zeros_like(x)
     stamps = torch.zeros(3, dtype=torch.float64)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if p2p:  # one untimed exchange: the first of a new size is cold (buffers not yet touched)
+
+    def exchange() -> None:
         for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % world),
                                            dist.P2POp(dist.irecv, y, (rank - 1) % world)]):
             req.wait()
+
+    if p2p:  # one untimed exchange: the first of a new size is cold (buffers not yet touched)
+        exchange()
     latencies, cpus = [], []
     for _ in range(reps):
         dist.barrier()
@@ -237,9 +241,7 @@ def _after_compute(args: argparse.Namespace, device: torch.device, reps: int, p2
         c0 = time.process_time()
         stamps[0] = time.monotonic()
         if p2p:
-            for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, (rank + 1) % world),
-                                               dist.P2POp(dist.irecv, y, (rank - 1) % world)]):
-                req.wait()
+            exchange()
         else:
             dist.all_reduce(x)
         stamps[1] = time.monotonic()
