@@ -33,12 +33,24 @@ In the topology YAML, under a device spec::
           seconds: [...]   # one median per grid point, row-major (last axis fastest)
           spread: [...]    # optional: each point's interquartile range over its median
           loaded: 2        # optional (default 1): copies of the kernel run at once on the host while timed
+          alone:           # optional, with loaded > 1: time alone / time loaded, along the first axis
+            kv_bytes: [32768, 2097152, 268435456]
+            ratio: [0.97, 0.86, 0.95]
+
+A profile timed ``loaded`` is what the kernel costs while the host's other cores run the same kernel (the ranks of a
+lockstep schedule); run alone (ring-q's hops, a rank another waits on) it is faster, by how much it contends for the
+memory system: measured on a 2-CPU VM, 0.83-0.86 for a 64 MiB fp32 attend, 0.98-0.99 for an emulated-bf16 one whose
+arithmetic dominates (wall and thread time alike, two gloo ranks; ``docs/validation.md``). ``alone`` records that
+ratio at a few values of the first axis (the other axes at a reference shape, :mod:`.profile_kernels`); a shape's
+ratio is interpolated in log space along the first axis (flat beyond the ends) whatever its other axes, and the
+engine lets the kernel run that much faster while nothing else contends (:mod:`simulator.engine.host`).
 
 Pure data and numpy: no simpy, no torch.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +78,8 @@ class KernelProfile:
     seconds: tuple[float, ...]  # row-major over the grid, last axis fastest
     spread: tuple[float, ...] = ()
     loaded: int = 1  # copies of the kernel that ran at once on the host while it was timed (this one included)
+    alone_at: tuple[float, ...] = ()  # values of the first axis where the kernel was also timed alone
+    alone: tuple[float, ...] = ()  # time alone / time loaded there
 
     def __post_init__(self) -> None:
         if len(self.axes) != len(self.grid):
@@ -82,6 +96,35 @@ class KernelProfile:
             raise ValueError(f"{len(self.spread)} spreads for {len(self.seconds)} times")
         if isinstance(self.loaded, bool) or not isinstance(self.loaded, int) or self.loaded < 1:
             raise ValueError(f"loaded must be a positive integer (copies run at once), got {self.loaded!r}")
+        if len(self.alone) != len(self.alone_at):
+            raise ValueError(f"alone: {len(self.alone_at)} {self.axes[0]} values but {len(self.alone)} ratios")
+        if self.alone_at:
+            if self.loaded < 2:
+                raise ValueError("alone: ratios to a loaded time need loaded >= 2")
+            if any(v <= 0 for v in self.alone_at) or list(self.alone_at) != sorted(set(self.alone_at)):
+                raise ValueError(f"alone: {self.axes[0]} values must be positive and strictly increasing, got "
+                                 f"{list(self.alone_at)}")
+            if any(not 0 < r < math.inf for r in self.alone):
+                raise ValueError(f"alone: every ratio must be positive and finite, got {list(self.alone)}")
+
+    def alone_ratio(self, dims: Sequence[float]) -> float:
+        """Time alone / time loaded of a shape ``dims``: the ``alone`` ratios interpolated in log space along the
+        first axis (flat beyond the measured values), within [1 / loaded, 1] (no faster than ``loaded`` times, never
+        slower alone); 1 without ratios."""
+        if not self.alone_at:
+            return 1.0
+        x = math.log(dims[0])
+        xs = [math.log(v) for v in self.alone_at]
+        logs = [math.log(r) for r in self.alone]
+        if x <= xs[0]:
+            log_r = logs[0]
+        elif x >= xs[-1]:
+            log_r = logs[-1]
+        else:  # xs[i] <= x < xs[i + 1]
+            i = bisect.bisect_right(xs, x) - 1
+            w = (x - xs[i]) / (xs[i + 1] - xs[i])
+            log_r = (1 - w) * logs[i] + w * logs[i + 1]
+        return min(1.0, max(1.0 / self.loaded, math.exp(log_r)))
 
     def tile(self) -> tuple[int, int] | None:
         """(tile height m, K) of the tiled axis (see the module docstring), or None: no such axis, its grid does
@@ -175,6 +218,8 @@ def profile_to_yaml(p: KernelProfile) -> dict[str, Any]:
         out["spread"] = [float(f"{s:.3g}") for s in p.spread]
     if p.loaded > 1:
         out["loaded"] = p.loaded
+    if p.alone_at:
+        out["alone"] = {p.axes[0]: [_num(v) for v in p.alone_at], "ratio": [float(f"{r:.4g}") for r in p.alone]}
     return out
 
 
@@ -208,10 +253,10 @@ def _profile(kernel: str, dtype: str, body: Any, axes: tuple[str, ...], path: tu
              locate: Callable[[tuple[Any, ...], InputError], InputError]) -> KernelProfile:
     if not isinstance(body, Mapping):
         raise locate(path, InputError("must be a mapping with axes, grid and seconds"))
-    unknown = set(body) - {"axes", "grid", "seconds", "spread", "loaded"}
+    unknown = set(body) - {"axes", "grid", "seconds", "spread", "loaded", "alone"}
     if unknown:
         key = sorted(unknown, key=str)[0]
-        raise locate((*path, key), InputError("unknown key; valid keys: axes, grid, seconds, spread, loaded"))
+        raise locate((*path, key), InputError("unknown key; valid keys: axes, grid, seconds, spread, loaded, alone"))
     for key in ("axes", "grid", "seconds"):
         if key not in body:
             raise locate(path, InputError(f"missing {key!r}"))
@@ -222,12 +267,37 @@ def _profile(kernel: str, dtype: str, body: Any, axes: tuple[str, ...], path: tu
     for key, value in (("grid", grid), ("seconds", seconds), ("spread", spread)):
         if not isinstance(value, list):
             raise locate((*path, key), InputError(f"must be a list, got {excerpt(value)}"))
+    alone_at, alone = _alone(body.get("alone"), axes[0], (*path, "alone"), locate)
     try:
         return KernelProfile(kernel, dtype, tuple(axes), tuple(tuple(float(v) for v in _list(vals)) for vals in grid),
                              tuple(float(s) for s in seconds), tuple(float(s) for s in spread),
-                             body.get("loaded", 1))
+                             body.get("loaded", 1), alone_at, alone)
     except (TypeError, ValueError) as err:
         raise locate(path, InputError(str(err))) from None
+
+
+def _alone(raw: Any, axis: str, path: tuple[Any, ...], locate: Callable[[tuple[Any, ...], InputError], InputError]
+           ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """A profile's ``alone: {<first axis>: [...], ratio: [...]}`` as (values, ratios); ((), ()) when absent."""
+    if raw is None:
+        return (), ()
+    if not isinstance(raw, Mapping):
+        raise locate(path, InputError(f"must map {axis} and ratio to lists, got {excerpt(raw)}"))
+    for key in raw:
+        if key not in (axis, "ratio"):
+            raise locate((*path, key), InputError(f"unknown key; valid keys: {axis}, ratio"))
+    out = []
+    for key in (axis, "ratio"):
+        if key not in raw:
+            raise locate(path, InputError(f"missing {key!r}"))
+        values = raw[key]
+        if not isinstance(values, list) or not values:
+            raise locate((*path, key), InputError(f"must be a non-empty list, got {excerpt(values)}"))
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise locate((*path, key, i), InputError(f"must be a number, got {excerpt(v)}"))
+        out.append(tuple(float(v) for v in values))
+    return out[0], out[1]
 
 
 def _list(value: Any) -> list[Any]:

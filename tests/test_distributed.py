@@ -130,8 +130,14 @@ def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
     assert attend.axes == ("kv_bytes", "head_dim", "group") and len(attend.seconds) == 12
     # timed while the other core ran the same call (2 ranks on a machine of 2 or more CPUs)
     assert attend.loaded == min(2, os.cpu_count() or 1)
+    # and then alone along the first axis: ring-q's hops run so (ratios on a machine that could load the profile)
+    timed_alone = {(k, d) for (k, d), p in spec.kernels.items() if p.alone}
+    assert timed_alone == ({("attend", "fp32"), ("attend", "bf16"), ("attn-fwd", "fp32"), ("attn-bwd", "fp32")}
+                           if attend.loaded == 2 else set())
+    assert all(p.alone_at == p.grid[0] for p in spec.kernels.values() if p.alone)
     text = out.read_text()
     assert "R^2" in text and "Raw one-way times" in text and "Kernel profiles" in text
+    assert ("Kernel times alone" in text) == (attend.loaded == 2)
     # the exchanges measured at each size: the aggregate link's and the host copies' bandwidth by message size
     sizes = tuple(float(n) for n in EXCHANGE_SIZES)
     assert cluster.host_copy_bw_by_size["local"].sizes == sizes

@@ -226,6 +226,57 @@ def test_a_profile_timed_under_the_hosts_load_is_not_slowed_again(loaded, factor
         assert math.isclose(ends[op], 2e-3 * factor, rel_tol=REL)
 
 
+def _alone_cluster(ranks: int, ratio: list[float], at: list[float] | None = None):
+    """``ranks`` CPU ranks on 2 shared cores whose attend profile (2 ms at every shape, timed ``loaded: 2``) says
+    the kernel runs ``ratio`` of that alone."""
+    at = at if at is not None else [1e6, 1e8][:len(ratio)]
+    profile = {"axes": ["kv_bytes", "head_dim", "group"], "grid": [[1e6, 1e8], [64], [1]], "seconds": [2e-3, 2e-3],
+               "loaded": 2, "alone": {"kv_bytes": at, "ratio": ratio}}
+    cluster = _shared_cores_cluster(ranks, 2, mem_bw="10 GB/s", launch="1 us", host_mem_bw="15 GB/s")
+    raw_cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "10 GB/s", "mem": "8 GB", "launch_overhead": "1 us",
+               "kernels": {"attend": {"fp32": profile}}}
+    return override_cpu(cluster, raw_cpu)
+
+
+def _attends(cluster, ranks: int, starts: list[float] | None = None, kv: float = 1e7):
+    sched = Schedule(ranks, placement=cluster.ranks)
+    ops = [sched.add_compute(r, "attend", fn="attend", nbytes=kv, dims=(kv, 64.0, 1.0),
+                             not_before_s=starts[r] if starts else 0.0) for r in range(ranks)]
+    return sched, ops
+
+
+@pytest.mark.parametrize(("ranks", "factor"), [(1, 0.8), (2, 1.0), (4, 2.0)])
+def test_a_kernel_alone_runs_its_ratio_faster_than_profiled_under_load(ranks, factor):
+    """Profiled loaded at 2 ms with a ratio alone of 0.8: alone 1.6 ms; two at once (the load profiled) 2 ms each;
+    four on two cores 4 ms (a core's half for the loaded time each)."""
+    cluster = _alone_cluster(ranks, [0.8, 0.8])
+    sched, ops = _attends(cluster, ranks)
+    ends = simulate(sched, cluster).op_ends()
+    for op in ops:
+        assert math.isclose(ends[op], 2e-3 * factor, rel_tol=REL)
+
+
+def test_kernels_overlapping_in_part_run_alone_while_alone():
+    """Rank 1's kernel starts 0.5 ms after rank 0's (R = 0.8, 2 ms loaded: 1.6 ms of work at full speed). Rank 0 runs
+    0.5 ms alone, then both at R: its 1.1 ms left take 1.375 ms (ends at 1.875 ms); rank 1 did 1.1 ms of its 1.6 by
+    then and ends 0.5 ms later, alone."""
+    cluster = _alone_cluster(2, [0.8, 0.8])
+    sched, ops = _attends(cluster, 2, [0.0, 0.5e-3])
+    ends = simulate(sched, cluster).op_ends()
+    assert math.isclose(ends[ops[0]], 1.875e-3, rel_tol=REL)
+    assert math.isclose(ends[ops[1]], 2.375e-3, rel_tol=REL)
+
+
+@pytest.mark.parametrize(("ratio", "alone"), [([0.3], 1e-3), ([1.2], 2e-3),
+                                              ([0.9, 0.6], 2e-3 * 0.9 ** 0.5 * 0.6 ** 0.5)])
+def test_a_ratio_alone_is_interpolated_and_kept_between_one_over_loaded_and_one(ratio, alone):
+    """Below 1 / loaded (0.3 < 0.5) a kernel would need more than its core alone: 0.5; above 1 it would run slower
+    alone than loaded: 1; between two measured sizes (1e6: 0.9, 1e8: 0.6) the power law at 1e7: sqrt(0.9 x 0.6)."""
+    cluster = _alone_cluster(1, ratio)
+    sched, ops = _attends(cluster, 1)
+    assert math.isclose(simulate(sched, cluster).op_ends()[ops[0]], alone, rel_tol=REL)
+
+
 def override_cpu(cluster, raw_cpu):
     """The cluster with its ``cpu`` device spec parsed again from ``raw_cpu``."""
     import dataclasses

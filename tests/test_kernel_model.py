@@ -257,3 +257,61 @@ def test_profiling_under_the_hosts_load_runs_the_same_call_elsewhere_and_says_so
     assert cluster.specs["g0"].kernels[("merge", "fp32")].loaded == 2
     with pytest.raises(InputError, match="loaded must be a positive integer"):
         load_topology(_topology_with(tmp_path, {"merge": {"fp32": {**body, "loaded": 0}}}))
+
+
+def _loaded(alone_at=(1e4, 1e8), alone=(0.9, 0.5), loaded=2) -> KernelProfile:
+    return KernelProfile("attend", "fp32", ("kv_bytes", "head_dim", "group"), GRID,
+                         tuple(power_law(*p) for p in itertools.product(*GRID)), loaded=loaded, alone_at=alone_at,
+                         alone=alone)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(1e2, 1e10), st.floats(16, 512), st.floats(1, 64))
+def test_a_ratio_alone_is_a_power_law_along_the_first_axis_flat_beyond(kv_bytes, head_dim, group) -> None:
+    p = _loaded()
+    r = p.alone_ratio((kv_bytes, head_dim, group))
+    x = min(max(kv_bytes, 1e4), 1e8)
+    expected = 0.9 * (0.5 / 0.9) ** (math.log(x / 1e4) / math.log(1e8 / 1e4))
+    assert r == pytest.approx(max(0.5, expected), rel=1e-12)
+    assert _loaded((1e4, 1e8), (0.2, 1.3)).alone_ratio((1e4, 1.0, 1.0)) == 0.5  # never faster than 1 / loaded
+    assert _loaded((1e4, 1e8), (0.2, 1.3)).alone_ratio((1e8, 1.0, 1.0)) == 1.0  # never slower alone
+    assert profile().alone_ratio((kv_bytes, head_dim, group)) == 1.0  # no ratios: as profiled
+
+
+def test_ratios_alone_round_trip_through_the_yaml_and_bad_ones_are_named(tmp_path) -> None:
+    p = _loaded((1e4, 1e6, 1e8), (0.97, 0.86, 0.95))
+    body = profile_to_yaml(p)
+    assert body["alone"] == {"kv_bytes": [10000, 1000000, 100000000], "ratio": [0.97, 0.86, 0.95]}
+    again = load_topology(_topology_with(tmp_path, {"attend": {"fp32": body}})).specs["g0"].kernels[
+        ("attend", "fp32")]
+    assert again.alone_at == p.alone_at and again.alone == p.alone and "alone" not in profile_to_yaml(profile())
+    bad = [({"kv_bytes": [1e4], "ratio": [0.9], "seconds": 1}, r"kernels\.attend\.fp32\.alone\.seconds: unknown key"),
+           ({"kv_bytes": [1e4]}, "missing 'ratio'"),
+           ({"kv_bytes": [1e4, 1e6], "ratio": [0.9]}, "alone: 2 kv_bytes values but 1 ratios"),
+           ({"kv_bytes": [1e6, 1e4], "ratio": [0.9, 0.9]}, "must be positive and strictly increasing"),
+           ({"kv_bytes": [1e4], "ratio": [0]}, "every ratio must be positive"),
+           ({"kv_bytes": [1e4], "ratio": ["fast"]}, r"alone\.ratio\.0: must be a number"),
+           ({"kv_bytes": [], "ratio": []}, r"alone\.kv_bytes: must be a non-empty list"),
+           ([0.9], "must map kv_bytes and ratio to lists")]
+    for alone, message in bad:
+        with pytest.raises(InputError, match=message):
+            load_topology(_topology_with(tmp_path, {"attend": {"fp32": {**body, "alone": alone}}}))
+    with pytest.raises(InputError, match="ratios to a loaded time need loaded >= 2"):
+        load_topology(_topology_with(tmp_path, {"attend": {"fp32": {**body, "loaded": 1}}}))
+
+
+def test_calibrate_times_a_loaded_profile_alone_along_its_first_axis() -> None:
+    import torch
+
+    from simulator.distributed.host_load import HostLoad
+    from simulator.distributed.profile_kernels import ProfileOptions, profile_attend, with_alone_ratios
+
+    opts = ProfileOptions(budget_s=0.05, min_reps=3)
+    grid = ((2.0**15, 2.0**18), (32.0,), (1.0,))
+    with HostLoad(2) as load:
+        p = with_alone_ratios(profile_attend("fp32", torch.device("cpu"), opts, grid, load), torch.device("cpu"),
+                              load, opts)
+        with pytest.raises(ValueError, match="no ratio alone for a profile loaded 1 with 2 copies"):
+            with_alone_ratios(profile_attend("fp32", torch.device("cpu"), opts, grid, None), torch.device("cpu"), load,
+                              opts)
+    assert p.alone_at == grid[0] and len(p.alone) == 2 and all(0 < r < 10 for r in p.alone)

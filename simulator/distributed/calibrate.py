@@ -56,6 +56,7 @@ from simulator.cluster.topology import load_topology
 from simulator.distributed.common import device_for, init_group
 from simulator.distributed.host_load import HostLoad
 from simulator.distributed.profile_kernels import (
+    ALONE_REF,
     ATTEND_GRID,
     ELEMS_GRID,
     PREFILL_GRID,
@@ -66,6 +67,7 @@ from simulator.distributed.profile_kernels import (
     profile_attend,
     profile_prefill,
     profile_small,
+    with_alone_ratios,
 )
 from simulator.files import write_text_atomic
 from simulator.kernel_model import KernelProfile, profile_to_yaml
@@ -283,26 +285,41 @@ def _matmul_flops(device: torch.device, dtype: torch.dtype, reps: int) -> float:
 def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProfile]:
     """The kernels' profiles over shapes (:mod:`simulator.distributed.profile_kernels`), timed on rank 0. On a CPU,
     with as many copies of each kernel running at once as the calibrated ranks will run on this host's cores
-    (min(ranks, CPUs), :class:`~simulator.distributed.host_load.HostLoad`): the lockstep schedules run them so."""
-    if args.kernels_from:
-        cluster = load_topology(args.kernels_from)
-        return list(cluster.specs[cluster.ranks[0]].kernels.values())
-    out = []
+    (min(ranks, CPUs), :class:`~simulator.distributed.host_load.HostLoad`): the lockstep schedules run them so;
+    then (taken ``--kernels-from`` an earlier calibration too) how much faster the big kernels run alone
+    (:func:`~simulator.distributed.profile_kernels.with_alone_ratios`): ring-q's hops and a rank the others wait on
+    run so."""
+    copies = 1 if device.type == "cuda" else min(int(os.environ.get("WORLD_SIZE", "1")), os.cpu_count() or 1)
     opts = ProfileOptions(max_ci=args.max_ci)
+    with HostLoad(copies) as load:
+        if args.kernels_from:
+            cluster = load_topology(args.kernels_from)
+            out = list(cluster.specs[cluster.ranks[0]].kernels.values())
+        else:
+            out = _measured_profiles(args, device, opts, load)
+        timed = [p for p in out if p.kernel in ALONE_REF and p.loaded == copies > 1]
+        if timed:
+            with _phase(f"kernel times alone ({', '.join(f'{p.kernel} {p.dtype}' for p in timed)})"):
+                alone = {id(p): with_alone_ratios(p, device, load, opts) for p in timed}
+            out = [alone.get(id(p), p) for p in out]
+    return out
+
+
+def _measured_profiles(args: argparse.Namespace, device: torch.device, opts: ProfileOptions, load: HostLoad
+                       ) -> list[KernelProfile]:
+    out = []
     quick = args.kernel_grid == "quick"
     attend_grid, elems_grid, prefill_grid = (QUICK_ATTEND_GRID, QUICK_ELEMS_GRID, QUICK_PREFILL_GRID) if quick else (
         ATTEND_GRID, ELEMS_GRID, PREFILL_GRID)
-    copies = 1 if device.type == "cuda" else min(int(os.environ.get("WORLD_SIZE", "1")), os.cpu_count() or 1)
-    with HostLoad(copies) as load:
-        for dtype in filter(None, args.kernel_dtypes.split(",")):
-            with _phase(f"kernel profiles {dtype}: attend"):
-                out.append(profile_attend(dtype, device, opts, attend_grid, load))
-            with _phase(f"kernel profiles {dtype}: merge, rescale, finalize, finalize-flat"):
-                out += [profile_small(k, dtype, device, opts, elems_grid, load)
-                        for k in ("merge", "rescale", "finalize", "finalize-flat")]
-            if dtype in ("fp32", "fp64"):
-                with _phase(f"kernel profiles {dtype}: attn-fwd, attn-bwd"):
-                    out += profile_prefill(dtype, device, opts, prefill_grid, load)
+    for dtype in filter(None, args.kernel_dtypes.split(",")):
+        with _phase(f"kernel profiles {dtype}: attend"):
+            out.append(profile_attend(dtype, device, opts, attend_grid, load))
+        with _phase(f"kernel profiles {dtype}: merge, rescale, finalize, finalize-flat"):
+            out += [profile_small(k, dtype, device, opts, elems_grid, load)
+                    for k in ("merge", "rescale", "finalize", "finalize-flat")]
+        if dtype in ("fp32", "fp64"):
+            with _phase(f"kernel profiles {dtype}: attn-fwd, attn-bwd"):
+                out += profile_prefill(dtype, device, opts, prefill_grid, load)
     return out
 
 
@@ -377,9 +394,15 @@ def run_rank(args: argparse.Namespace) -> None:
 def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[str]:
     if not profiles:
         return []
+    timed = [p for p in profiles if p.alone]
+    alone = [] if not timed else [
+        "# Kernel times alone (alone:, measured by this calibration at each value of a profile's first axis, the other "
+        "axes at " + ", ".join(f"{k} {', '.join(f'{v:g}' for v in ref)}" for k, ref in ALONE_REF.items())
+        + ": the kernel timed loaded, then alone; time alone / time loaded): "
+        + "; ".join(f"{p.kernel} {p.dtype} " + ", ".join(f"{r:.2f}" for r in p.alone) for p in timed) + "."]
     if source:
         return [f"# Kernel profiles (kernels:): taken from {source} (an earlier calibration of this machine; its "
-                "comments say how they were measured)."]
+                "comments say how they were measured).", *alone]
     worst = max(profiles, key=lambda p: max(p.spread, default=0.0))
     loaded = max(p.loaded for p in profiles)
     how = "rank 0 alone" if loaded == 1 else (f"timed on rank 0 while {loaded - 1} more process(es) ran the same "
@@ -392,7 +415,7 @@ def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[st
             + "; ".join(f"{p.kernel} {p.dtype} over {p.ranges()} ({len(p.seconds)} points, median spread "
                         f"{statistics.median(p.spread):.1%})" for p in profiles)
             + f". Largest spread: {max(worst.spread):.1%} ({worst.kernel} {worst.dtype}). Shapes between grid points "
-            "are interpolated in log space; beyond them, extrapolated and reported."]
+            "are interpolated in log space; beyond them, extrapolated and reported.", *alone]
 
 
 def _kernels_yaml(profiles: list[KernelProfile]) -> dict[str, dict[str, object]]:

@@ -13,12 +13,16 @@ The grid is small on purpose (on two CPU cores each dtype takes a few minutes, f
 calibrate's 32 minutes on an AVX2-only CPU); every group up to 8 is profiled because the kernel's time is not
 smooth in it (:mod:`simulator.kernel_model`); workloads between grid points
 are interpolated in log space by :class:`~simulator.kernel_model.KernelProfile`, and beyond them extrapolated, which
-the simulator reports. A profiled point whose median is not stable (confidence interval above ``max_ci`` after the
-repetitions allowed) makes the whole profile refuse: :class:`UnstableMeasurement` names it.
+the simulator reports. A profile timed under load (``loaded`` > 1) can also be timed alone along its first axis, the
+other axes at a reference shape (:data:`ALONE_REF`), loaded and alone back to back at each value: the ratios
+(:func:`with_alone_ratios`) say how much faster the kernel runs while nothing else contends for the host
+(:mod:`simulator.kernel_model`). A profiled point whose median is not stable (confidence interval above ``max_ci``
+after the repetitions allowed) makes the whole profile refuse: :class:`UnstableMeasurement` names it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -46,9 +50,9 @@ from simulator.merge import (
 if TYPE_CHECKING:
     from simulator.distributed.host_load import HostLoad
 
-__all__ = ["ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID",
-           "TORCH_DTYPES", "ProfileOptions", "UnstableMeasurement", "build_point", "profile_attend", "profile_kernel",
-           "profile_prefill", "profile_small", "time_call"]
+__all__ = ["ALONE_REF", "ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID", "QUICK_ELEMS_GRID",
+           "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileOptions", "UnstableMeasurement", "build_point",
+           "profile_attend", "profile_kernel", "profile_prefill", "profile_small", "time_call", "with_alone_ratios"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
@@ -67,6 +71,9 @@ QUICK_ELEMS_GRID: tuple[float, ...] = (2.0**8, 2.0**14)
 PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10, 2.0**12), (2.0**6, 2.0**9, 2.0**12), (32.0, 128.0),
                                                (0.5, 1.0))
 QUICK_PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10), (2.0**6, 2.0**8), (32.0, 64.0), (0.5, 1.0))
+# kernels timed alone along their first axis, at these values of the others (a mid-sized head, a group of a tile)
+ALONE_REF: dict[str, tuple[float, ...]] = {"attend": (128.0, 4.0), "attn-fwd": (512.0, 128.0, 1.0),
+                                           "attn-bwd": (512.0, 128.0, 1.0)}
 PREFILL_HEADS = 4  # the heads of a profiled prefill block (its query rows follow from row_heads)
 KV_HEADS = 4  # the KV heads of a profiled attend shape (its tokens follow from kv_bytes)
 _RAND_BLOCK = 2**20  # random values drawn per tensor built (longer tensors repeat them)
@@ -192,27 +199,48 @@ def profile_kernel(kernel: str, dtype: str, device: torch.device, grid: Sequence
     """``kernel``'s profile in ``dtype`` over ``grid`` (one list of values per axis of ``PROFILE_AXES[kernel]``),
     each point timed while ``load`` runs the same call on the host's other cores (None: alone)."""
     axes = PROFILE_AXES[kernel]
-    budget = opts.budget_for(len(axes))
     seconds, spread = [], []
     for point in itertools.product(*grid):
-        if load is not None:  # the loading processes build their copy while this one builds its own
-            load.request(kernel, dtype, point)
-        try:
-            fn = build_point(kernel, dtype, point, device)
-        finally:
-            if load is not None:
-                load.wait_running()
-        where = ", ".join(f"{a} {v:g}" for a, v in zip(axes, point, strict=True))
-        try:
-            timing = _check(kernel, dtype, where, time_call(fn, device, opts, budget), opts)
-        finally:
-            if load is not None:
-                load.stop()
+        timing = _timed(kernel, dtype, point, device, opts, load)
         seconds.append(timing.median)
         spread.append(timing.spread)
-        del fn
     return KernelProfile(kernel, dtype, axes, tuple(tuple(float(x) for x in g) for g in grid), tuple(seconds),
                          tuple(spread), load.copies if load is not None else 1)
+
+
+def _timed(kernel: str, dtype: str, point: tuple[float, ...], device: torch.device, opts: ProfileOptions,
+           load: HostLoad | None) -> Timing:
+    """One point timed while ``load`` runs the same call on the host's other cores (None: alone)."""
+    if load is not None:  # the loading processes build their copy while this one builds its own
+        load.request(kernel, dtype, point)
+    try:
+        fn = build_point(kernel, dtype, point, device)
+    finally:
+        if load is not None:
+            load.wait_running()
+    where = ", ".join(f"{a} {v:g}" for a, v in zip(PROFILE_AXES[kernel], point, strict=True))
+    try:
+        return _check(kernel, dtype, where, time_call(fn, device, opts, opts.budget_for(len(point))), opts)
+    finally:
+        if load is not None:
+            load.stop()
+        del fn
+
+
+def with_alone_ratios(profile: KernelProfile, device: torch.device, load: HostLoad,
+                      opts: ProfileOptions = ProfileOptions()) -> KernelProfile:
+    """``profile`` (timed under ``load``, ``profile.loaded`` = ``load.copies``) with its ratios alone: at each value
+    of its first axis, the other axes at :data:`ALONE_REF`, the kernel timed loaded then alone, back to back."""
+    if load.copies != profile.loaded or load.copies < 2 or profile.kernel not in ALONE_REF:
+        raise ValueError(f"{profile.kernel} {profile.dtype}: no ratio alone for a profile loaded {profile.loaded} "
+                         f"with {load.copies} copies running")
+    ratios = []
+    for x in profile.grid[0]:
+        point = (x, *ALONE_REF[profile.kernel])
+        loaded = _timed(profile.kernel, profile.dtype, point, device, opts, load)
+        alone = _timed(profile.kernel, profile.dtype, point, device, opts, None)
+        ratios.append(alone.median / loaded.median)
+    return dataclasses.replace(profile, alone_at=profile.grid[0], alone=tuple(ratios))
 
 
 def profile_attend(dtype: str, device: torch.device, opts: ProfileOptions = ProfileOptions(),

@@ -385,8 +385,8 @@ class _Run:
         if duration <= 0:
             self._kernel_done(op)
             return
-        links, work = self.hosts.kernel(op, duration)
-        self.net.add(op.id, links, work, self.now)
+        links, work, weights = self.hosts.kernel(op, duration)
+        self.net.add(op.id, links, work, self.now, 0.0, weights)
         self.flow_op[op.id] = op
         self._mark_dirty()
 

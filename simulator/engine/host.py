@@ -9,9 +9,15 @@ Per host with ``host_cores`` C, in units of bytes of copying (``host_copy_bw`` s
 * a rank link of s: one rank's kernels run one at a time on at most one core;
 * with ``host_mem_bw``, a memory link of ``host_mem_bw / mem_bw`` x s that memory-bound kernels also cross, except
   kernels timed from a profile measured with the host's other cores running the same kernel (``loaded`` > 1: the
-  sharing of memory is in the measured time already, :mod:`simulator.distributed.host_load`).
+  sharing of memory is in the measured time already, :mod:`simulator.distributed.host_load`);
+* with profiles that say how much faster a kernel runs alone (``alone``, :mod:`simulator.kernel_model`), a
+  contention link of s: such a kernel of profiled (loaded) duration d and ratio R is a flow of R d x s that loads
+  the contention link 1 / (loaded R) per byte. Alone it runs at s: R d. With ``loaded`` copies at once (of one R)
+  the contention link holds each to R s: d, the time profiled. Kernels of other ratios share it max-min by their
+  weights; kernels without a ratio do not cross it.
 
-A kernel of roofline duration d is a flow of d x s: alone on the host it takes exactly d.
+A kernel of roofline (or profiled) duration d is a flow of d x s: alone on the host it takes exactly d (R d with
+an ``alone`` ratio).
 """
 
 from __future__ import annotations
@@ -36,10 +42,12 @@ class HostResources:
         self.rank_link: dict[int, int] = {}
         self.host_link: dict[int, int] = {}  # rank -> its host's core link
         self.mem_link: dict[int, int] = {}
+        self.contention_link: dict[int, int] = {}  # rank -> its host's contention link (profiles with ratios alone)
         self.copies: dict[int, bool] = {}  # rank -> do its transfers cost CPU
         # host core link -> (bytes of copying per core-second, what a byte of a message of each size costs)
         self.copy_curves: dict[int, tuple[float, SizeCurve]] = {}
         hosts: dict[str, tuple[int, int | None]] = {}
+        contention: dict[str, int] = {}
         for r, node in enumerate(place):
             host = cluster.host_of(node)
             cores = cluster.host_cores.get(host)
@@ -55,6 +63,11 @@ class HostResources:
                     capacity.append(cluster.host_mem_bw[host] / cluster.specs[node].mem_bw_Bps * s)
                 hosts[host] = (core, mem)
             core, mem = hosts[host]
+            if any(p.alone for p in cluster.specs[node].kernels.values()):
+                if host not in contention:
+                    contention[host] = len(capacity)
+                    capacity.append(s)
+                self.contention_link[r] = contention[host]
             if host in cluster.host_copy_bw_by_size:
                 self.copy_curves[core] = (s, cluster.host_copy_bw_by_size[host])
             self.scale[r] = s
@@ -69,24 +82,24 @@ class HostResources:
         """Whether the rank's kernels run as flows over its host's cores."""
         return rank in self.rank_link
 
-    def kernel(self, op: Op, duration: float) -> tuple[tuple[int, ...], float]:
-        """The links a kernel crosses and its size (duration in the host's unit)."""
+    def kernel(self, op: Op, duration: float) -> tuple[tuple[int, ...], float, tuple[float, ...] | None]:
+        """The links a kernel crosses, its size (duration in the host's unit) and its weights on them (None: 1)."""
         r = op.rank
         links: tuple[int, ...] = (self.rank_link[r], self.host_link[r])
         spec = self.cluster.specs[self.place[r]]
-        if r in self.mem_link and _memory_bound(spec, op) and not _loaded_profile(spec, op):
+        profile = None if op.fused else kernel_profile(spec, op.fn, op.dtype, op.dims)
+        loaded = profile is not None and profile.loaded > 1
+        if r in self.mem_link and _memory_bound(spec, op) and not loaded:
             links = (*links, self.mem_link[r])
-        return links, duration * self.scale[r]
+        if loaded and r in self.contention_link and profile is not None and profile.alone:
+            ratio = profile.alone_ratio(op.dims)
+            return ((*links, self.contention_link[r]), ratio * duration * self.scale[r],
+                    (*(1.0 for _ in links), 1.0 / (profile.loaded * ratio)))
+        return links, duration * self.scale[r], None
 
     def transfer(self, src: int, dst: int) -> tuple[int, ...]:
         """The host core links a transfer's copies cross (sender's host, then receiver's; once each)."""
         return tuple(self.host_link[r] for r in (src, dst) if self.copies.get(r))
-
-
-def _loaded_profile(spec: DeviceSpec, op: Op) -> bool:
-    """Whether the op is timed from a profile measured under the host's load (see the module docstring)."""
-    profile = None if op.fused else kernel_profile(spec, op.fn, op.dtype, op.dims)
-    return profile is not None and profile.loaded > 1
 
 
 def _memory_bound(spec: DeviceSpec, op: Op) -> bool:
