@@ -56,6 +56,7 @@ from simulator.cluster.topology import load_topology
 from simulator.distributed.common import device_for, init_group
 from simulator.distributed.host_load import HostLoad
 from simulator.distributed.profile_kernels import (
+    ALONE_PAIRS,
     ALONE_REF,
     ATTEND_GRID,
     ELEMS_GRID,
@@ -398,7 +399,7 @@ def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[st
     alone = [] if not timed else [
         "# Kernel times alone (alone:, measured by this calibration at each value of a profile's first axis, the other "
         "axes at " + ", ".join(f"{k} {', '.join(f'{v:g}' for v in ref)}" for k, ref in ALONE_REF.items())
-        + ": the kernel timed loaded, then alone; time alone / time loaded): "
+        + f": the kernel timed loaded, then alone, {ALONE_PAIRS} times; the median of time alone / time loaded): "
         + "; ".join(f"{p.kernel} {p.dtype} " + ", ".join(f"{r:.2f}" for r in p.alone) for p in timed) + "."]
     if source:
         return [f"# Kernel profiles (kernels:): taken from {source} (an earlier calibration of this machine; its "

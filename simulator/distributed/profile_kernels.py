@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,9 +51,10 @@ from simulator.merge import (
 if TYPE_CHECKING:
     from simulator.distributed.host_load import HostLoad
 
-__all__ = ["ALONE_REF", "ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID", "QUICK_ELEMS_GRID",
-           "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileOptions", "UnstableMeasurement", "build_point",
-           "profile_attend", "profile_kernel", "profile_prefill", "profile_small", "time_call", "with_alone_ratios"]
+__all__ = ["ALONE_PAIRS", "ALONE_REF", "ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID",
+           "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileOptions", "UnstableMeasurement",
+           "build_point", "profile_attend", "profile_kernel", "profile_prefill", "profile_small", "time_call",
+           "with_alone_ratios"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
@@ -74,6 +76,9 @@ QUICK_PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10), (2.0**6,
 # kernels timed alone along their first axis, at these values of the others (a mid-sized head, a group of a tile)
 ALONE_REF: dict[str, tuple[float, ...]] = {"attend": (128.0, 4.0), "attn-fwd": (512.0, 128.0, 1.0),
                                            "attn-bwd": (512.0, 128.0, 1.0)}
+# loaded-then-alone pairs timed per value, their ratios' median kept: one pair's ratio moved by up to 0.5 between
+# calibrations of one machine (two calibrations' attend fp32 at 32 KiB: 1.09 and 1.49; fp64: 0.49 and 1.01)
+ALONE_PAIRS = 3
 PREFILL_HEADS = 4  # the heads of a profiled prefill block (its query rows follow from row_heads)
 KV_HEADS = 4  # the KV heads of a profiled attend shape (its tokens follow from kv_bytes)
 _RAND_BLOCK = 2**20  # random values drawn per tensor built (longer tensors repeat them)
@@ -230,16 +235,20 @@ def _timed(kernel: str, dtype: str, point: tuple[float, ...], device: torch.devi
 def with_alone_ratios(profile: KernelProfile, device: torch.device, load: HostLoad,
                       opts: ProfileOptions = ProfileOptions()) -> KernelProfile:
     """``profile`` (timed under ``load``, ``profile.loaded`` = ``load.copies``) with its ratios alone: at each value
-    of its first axis, the other axes at :data:`ALONE_REF`, the kernel timed loaded then alone, back to back."""
+    of its first axis, the other axes at :data:`ALONE_REF`, the kernel timed loaded then alone, back to back,
+    :data:`ALONE_PAIRS` times (the pairs' median ratio)."""
     if load.copies != profile.loaded or load.copies < 2 or profile.kernel not in ALONE_REF:
         raise ValueError(f"{profile.kernel} {profile.dtype}: no ratio alone for a profile loaded {profile.loaded} "
                          f"with {load.copies} copies running")
     ratios = []
     for x in profile.grid[0]:
         point = (x, *ALONE_REF[profile.kernel])
-        loaded = _timed(profile.kernel, profile.dtype, point, device, opts, load)
-        alone = _timed(profile.kernel, profile.dtype, point, device, opts, None)
-        ratios.append(alone.median / loaded.median)
+        pairs = []
+        for _ in range(ALONE_PAIRS):
+            loaded = _timed(profile.kernel, profile.dtype, point, device, opts, load)
+            alone = _timed(profile.kernel, profile.dtype, point, device, opts, None)
+            pairs.append(alone.median / loaded.median)
+        ratios.append(statistics.median(pairs))
     return dataclasses.replace(profile, alone_at=profile.grid[0], alone=tuple(ratios))
 
 
