@@ -101,8 +101,8 @@ class KernelProfile:
         if self.alone_at:
             if self.loaded < 2:
                 raise ValueError("alone: ratios to a loaded time need loaded >= 2")
-            if any(v <= 0 for v in self.alone_at) or list(self.alone_at) != sorted(set(self.alone_at)):
-                raise ValueError(f"alone: {self.axes[0]} values must be positive and strictly increasing, got "
+            if any(not 0 < v < math.inf for v in self.alone_at) or list(self.alone_at) != sorted(set(self.alone_at)):
+                raise ValueError(f"alone: {self.axes[0]} values must be positive, finite and strictly increasing, got "
                                  f"{list(self.alone_at)}")
             if any(not 0 < r < math.inf for r in self.alone):
                 raise ValueError(f"alone: every ratio must be positive and finite, got {list(self.alone)}")

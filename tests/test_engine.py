@@ -226,23 +226,44 @@ def test_a_profile_timed_under_the_hosts_load_is_not_slowed_again(loaded, factor
         assert math.isclose(ends[op], 2e-3 * factor, rel_tol=REL)
 
 
-def _alone_cluster(ranks: int, ratio: list[float], at: list[float] | None = None):
-    """``ranks`` CPU ranks on 2 shared cores whose attend profile (2 ms at every shape, timed ``loaded: 2``) says
-    the kernel runs ``ratio`` of that alone."""
+def _alone_cluster(ranks: int, ratio: list[float], at: list[float] | None = None, cores: int = 2):
+    """``ranks`` CPU ranks on ``cores`` shared cores whose attend profile (2 ms at every shape, timed ``loaded: 2``)
+    says the kernel runs ``ratio`` of that alone."""
     at = at if at is not None else [1e6, 1e8][:len(ratio)]
     profile = {"axes": ["kv_bytes", "head_dim", "group"], "grid": [[1e6, 1e8], [64], [1]], "seconds": [2e-3, 2e-3],
                "loaded": 2, "alone": {"kv_bytes": at, "ratio": ratio}}
-    cluster = _shared_cores_cluster(ranks, 2, mem_bw="10 GB/s", launch="1 us", host_mem_bw="15 GB/s")
+    cluster = _shared_cores_cluster(ranks, cores, mem_bw="10 GB/s", launch="1 us", host_mem_bw="15 GB/s")
     raw_cpu = {"peak_flops": {"fp32": "1e30 FLOP/s"}, "mem_bw": "10 GB/s", "mem": "8 GB", "launch_overhead": "1 us",
                "kernels": {"attend": {"fp32": profile}}}
     return override_cpu(cluster, raw_cpu)
 
 
-def _attends(cluster, ranks: int, starts: list[float] | None = None, kv: float = 1e7):
+def _attends(cluster, ranks: int, starts: list[float] | None = None, kv: float | list[float] = 1e7):
     sched = Schedule(ranks, placement=cluster.ranks)
-    ops = [sched.add_compute(r, "attend", fn="attend", nbytes=kv, dims=(kv, 64.0, 1.0),
+    kvs = kv if isinstance(kv, list) else [kv] * ranks
+    ops = [sched.add_compute(r, "attend", fn="attend", nbytes=kvs[r], dims=(kvs[r], 64.0, 1.0),
                              not_before_s=starts[r] if starts else 0.0) for r in range(ranks)]
     return sched, ops
+
+
+def test_ratios_alone_apply_only_where_the_profile_loaded_every_core():
+    """Four kernels on four cores, the profile timed with two at once: how four at once go was not measured, so the
+    ratio is not applied and each takes the profiled 2 ms on its core, as without ratios."""
+    cluster = _alone_cluster(4, [0.8, 0.8], cores=4)
+    sched, ops = _attends(cluster, 4)
+    ends = simulate(sched, cluster).op_ends()
+    for op in ops:
+        assert math.isclose(ends[op], 2e-3, rel_tol=REL)
+
+
+def test_a_kernel_with_ratio_one_does_not_contend():
+    """Ratios 0.5 at 1e6 bytes and 1 at 1e8: the second kernel runs as profiled and crosses no contention link, so
+    the first runs at its alone speed beside it (the model's limit: only kernels with a ratio below 1 contend)."""
+    cluster = _alone_cluster(2, [0.5, 1.0])
+    sched, ops = _attends(cluster, 2, kv=[1e6, 1e8])
+    ends = simulate(sched, cluster).op_ends()
+    assert math.isclose(ends[ops[0]], 1e-3, rel_tol=REL)
+    assert math.isclose(ends[ops[1]], 2e-3, rel_tol=REL)
 
 
 @pytest.mark.parametrize(("ranks", "factor"), [(1, 0.8), (2, 1.0), (4, 2.0)])

@@ -288,7 +288,9 @@ def test_ratios_alone_round_trip_through_the_yaml_and_bad_ones_are_named(tmp_pat
     bad = [({"kv_bytes": [1e4], "ratio": [0.9], "seconds": 1}, r"kernels\.attend\.fp32\.alone\.seconds: unknown key"),
            ({"kv_bytes": [1e4]}, "missing 'ratio'"),
            ({"kv_bytes": [1e4, 1e6], "ratio": [0.9]}, "alone: 2 kv_bytes values but 1 ratios"),
-           ({"kv_bytes": [1e6, 1e4], "ratio": [0.9, 0.9]}, "must be positive and strictly increasing"),
+           ({"kv_bytes": [1e6, 1e4], "ratio": [0.9, 0.9]}, "must be positive, finite and strictly increasing"),
+           ({"kv_bytes": [float("nan")], "ratio": [0.9]}, "must be positive, finite and strictly increasing"),
+           ({"kv_bytes": [float("inf")], "ratio": [0.9]}, "must be positive, finite and strictly increasing"),
            ({"kv_bytes": [1e4], "ratio": [0]}, "every ratio must be positive"),
            ({"kv_bytes": [1e4], "ratio": ["fast"]}, r"alone\.ratio\.0: must be a number"),
            ({"kv_bytes": [], "ratio": []}, r"alone\.kv_bytes: must be a non-empty list"),
@@ -306,7 +308,8 @@ def test_calibrate_times_a_loaded_profile_alone_along_its_first_axis() -> None:
     from simulator.distributed.host_load import HostLoad
     from simulator.distributed.profile_kernels import ProfileOptions, profile_attend, with_alone_ratios
 
-    opts = ProfileOptions(budget_s=0.05, min_reps=3)
+    # a busy test machine cannot promise a calibration-grade median (the other test worker runs): accept its spread
+    opts = ProfileOptions(budget_s=0.05, min_reps=3, max_ci=100.0)
     grid = ((2.0**15, 2.0**18), (32.0,), (1.0,))
     with HostLoad(2) as load:
         p = with_alone_ratios(profile_attend("fp32", torch.device("cpu"), opts, grid, load), torch.device("cpu"),
@@ -314,4 +317,6 @@ def test_calibrate_times_a_loaded_profile_alone_along_its_first_axis() -> None:
         with pytest.raises(ValueError, match="no ratio alone for a profile loaded 1 with 2 copies"):
             with_alone_ratios(profile_attend("fp32", torch.device("cpu"), opts, grid, None), torch.device("cpu"), load,
                               opts)
-    assert p.alone_at == grid[0] and len(p.alone) == 2 and all(0 < r < 10 for r in p.alone)
+    # the ratios join the profile; its measured times stay (what the ratios divide)
+    assert p.alone_at == grid[0] and len(p.alone) == 2 and all(0.2 < r < 5 for r in p.alone)
+    assert p.loaded == 2 and p.grid == grid and len(p.seconds) == 2

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import math
 import os
@@ -65,6 +66,7 @@ from simulator.distributed.profile_kernels import (
     QUICK_ELEMS_GRID,
     QUICK_PREFILL_GRID,
     ProfileOptions,
+    UnstableMeasurement,
     profile_attend,
     profile_prefill,
     profile_small,
@@ -292,18 +294,29 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
     run so."""
     copies = 1 if device.type == "cuda" else min(int(os.environ.get("WORLD_SIZE", "1")), os.cpu_count() or 1)
     opts = ProfileOptions(max_ci=args.max_ci)
+    source = load_topology(args.kernels_from) if args.kernels_from else None
+    reused = [] if source is None else list(source.specs[source.ranks[0]].kernels.values())
+    if source is not None and not any(p.kernel in ALONE_REF and p.loaded == copies > 1 for p in reused):
+        return reused  # nothing to time: no process loads the host
     with HostLoad(copies) as load:
-        if args.kernels_from:
-            cluster = load_topology(args.kernels_from)
-            out = list(cluster.specs[cluster.ranks[0]].kernels.values())
-        else:
-            out = _measured_profiles(args, device, opts, load)
+        out = reused if source is not None else _measured_profiles(args, device, opts, load)
         timed = [p for p in out if p.kernel in ALONE_REF and p.loaded == copies > 1]
         if timed:
             with _phase(f"kernel times alone ({', '.join(f'{p.kernel} {p.dtype}' for p in timed)})"):
-                alone = {id(p): with_alone_ratios(p, device, load, opts) for p in timed}
-            out = [alone.get(id(p), p) for p in out]
+                alone = {id(p): _alone_or_none(p, device, load, opts) for p in timed}
+            out = [alone.get(id(p)) or p for p in out]
     return out
+
+
+def _alone_or_none(profile: KernelProfile, device: torch.device, load: HostLoad, opts: ProfileOptions
+                   ) -> KernelProfile | None:
+    """The profile with its ratios alone measured now, or, where a ratio's timing was not stable, the profile
+    without ratios (said on stdout: the rest of the calibration stands)."""
+    try:
+        return with_alone_ratios(profile, device, load, opts)
+    except UnstableMeasurement as err:
+        print(f"calibrate: {profile.kernel} {profile.dtype}: no ratio alone written ({err})", flush=True)
+        return dataclasses.replace(profile, alone_at=(), alone=())
 
 
 def _measured_profiles(args: argparse.Namespace, device: torch.device, opts: ProfileOptions, load: HostLoad
@@ -397,7 +410,9 @@ def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[st
         return []
     timed = [p for p in profiles if p.alone]
     alone = [] if not timed else [
-        "# Kernel times alone (alone:, measured by this calibration at each value of a profile's first axis, the other "
+        "# Kernel times alone (alone:, measured by this calibration at each value of a profile's first axis"
+        + (" where it could load the host as the profile was timed; the others' kept from the source" if source
+           else "") + ", the other "
         "axes at " + ", ".join(f"{k} {', '.join(f'{v:g}' for v in ref)}" for k, ref in ALONE_REF.items())
         + f": the kernel timed loaded, then alone, {ALONE_PAIRS} times; the median of time alone / time loaded): "
         + "; ".join(f"{p.kernel} {p.dtype} " + ", ".join(f"{r:.2f}" for r in p.alone) for p in timed) + "."]

@@ -10,11 +10,15 @@ Per host with ``host_cores`` C, in units of bytes of copying (``host_copy_bw`` s
 * with ``host_mem_bw``, a memory link of ``host_mem_bw / mem_bw`` x s that memory-bound kernels also cross, except
   kernels timed from a profile measured with the host's other cores running the same kernel (``loaded`` > 1: the
   sharing of memory is in the measured time already, :mod:`simulator.distributed.host_load`);
-* with profiles that say how much faster a kernel runs alone (``alone``, :mod:`simulator.kernel_model`), a
-  contention link of s: such a kernel of profiled (loaded) duration d and ratio R is a flow of R d x s that loads
-  the contention link 1 / (loaded R) per byte. Alone it runs at s: R d. With ``loaded`` copies at once (of one R)
-  the contention link holds each to R s: d, the time profiled. Kernels of other ratios share it max-min by their
-  weights; kernels without a ratio do not cross it.
+* with profiles that say how much faster a kernel runs alone (``alone``, :mod:`simulator.kernel_model`), timed
+  loaded on every core of the host (``loaded`` = ``host_cores``: what the ratio is relative to), a contention link
+  of s: such a kernel of profiled (loaded) duration d and ratio R < 1 is a flow of R d x s that loads the contention
+  link 1 / (loaded R) per byte. Alone it runs at s: R d. With ``loaded`` copies at once (of one R) the contention
+  link holds each to R s: d, the time profiled. Limits of the model: kernels of different ratios on it get one rate
+  (max-min), so one of R near 1 beside one of small R runs slower than loaded while they overlap (R 0.95 beside
+  0.5: 1.45 times); kernels without a ratio (roofline kernels, merges, copies), or with R = 1, do not cross it, so
+  a kernel with a ratio beside them runs at its alone speed; a profile loaded on fewer cores than the host has gets
+  no ratio (the time of more copies at once was not measured).
 
 A kernel of roofline (or profiled) duration d is a flow of d x s: alone on the host it takes exactly d (R d with
 an ``alone`` ratio).
@@ -39,6 +43,7 @@ class HostResources:
         self.cluster = cluster
         self.place = place
         self.scale: dict[int, float] = {}  # rank -> bytes of copying per core-second
+        self.cores: dict[int, int] = {}  # rank -> its host's cores
         self.rank_link: dict[int, int] = {}
         self.host_link: dict[int, int] = {}  # rank -> its host's core link
         self.mem_link: dict[int, int] = {}
@@ -63,7 +68,7 @@ class HostResources:
                     capacity.append(cluster.host_mem_bw[host] / cluster.specs[node].mem_bw_Bps * s)
                 hosts[host] = (core, mem)
             core, mem = hosts[host]
-            if any(p.alone for p in cluster.specs[node].kernels.values()):
+            if any(p.alone and p.loaded == cores for p in cluster.specs[node].kernels.values()):
                 if host not in contention:
                     contention[host] = len(capacity)
                     capacity.append(s)
@@ -71,6 +76,7 @@ class HostResources:
             if host in cluster.host_copy_bw_by_size:
                 self.copy_curves[core] = (s, cluster.host_copy_bw_by_size[host])
             self.scale[r] = s
+            self.cores[r] = cores
             self.host_link[r] = core
             self.rank_link[r] = len(capacity)
             capacity.append(s)
@@ -91,10 +97,12 @@ class HostResources:
         loaded = profile is not None and profile.loaded > 1
         if r in self.mem_link and _memory_bound(spec, op) and not loaded:
             links = (*links, self.mem_link[r])
-        if loaded and r in self.contention_link and profile is not None and profile.alone:
+        if loaded and r in self.contention_link and profile is not None and profile.alone and \
+                profile.loaded == self.cores[r]:
             ratio = profile.alone_ratio(op.dims)
-            return ((*links, self.contention_link[r]), ratio * duration * self.scale[r],
-                    (*(1.0 for _ in links), 1.0 / (profile.loaded * ratio)))
+            if ratio < 1.0:  # (a kernel that runs alone as fast as loaded contends for nothing: no link)
+                return ((*links, self.contention_link[r]), ratio * duration * self.scale[r],
+                        (*(1.0 for _ in links), 1.0 / (profile.loaded * ratio)))
         return links, duration * self.scale[r], None
 
     def transfer(self, src: int, dst: int) -> tuple[int, ...]:
