@@ -40,10 +40,11 @@ In the topology YAML, under a device spec::
 A profile timed ``loaded`` is what the kernel costs while the host's other cores run the same kernel (the ranks of a
 lockstep schedule); run alone (ring-q's hops, a rank another waits on) it is faster, by how much it contends for the
 memory system: measured on a 2-CPU VM, 0.83-0.93 for a 64 MiB fp32 attend, 0.98-1.01 for an emulated-bf16 one whose
-arithmetic dominates (wall and thread time alike, two gloo ranks; ``docs/validation.md``). ``alone`` records that
-ratio at a few values of the first axis (the other axes at a reference shape, :mod:`.profile_kernels`); a shape's
-ratio is interpolated in log space along the first axis (flat beyond the ends) whatever its other axes, and the
-engine lets the kernel run that much faster while nothing else contends (:mod:`simulator.engine.host`).
+arithmetic dominates (wall time of two gloo ranks; the thread's CPU time moves a little less:
+``docs/validation.md``). ``alone`` records that ratio at a few values of the first axis (the other axes at a
+reference shape, :mod:`.profile_kernels`); a shape's ratio is interpolated in log space along the first axis (flat
+beyond the ends) whatever its other axes, and the engine lets the kernel run that much faster while nothing else
+contends (:mod:`simulator.engine.host`).
 
 Pure data and numpy: no simpy, no torch.
 """

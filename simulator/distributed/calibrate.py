@@ -303,13 +303,13 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
         timed = [p for p in out if p.kernel in ALONE_REF and p.loaded == copies > 1]
         if timed:
             with _phase(f"kernel times alone ({', '.join(f'{p.kernel} {p.dtype}' for p in timed)})"):
-                alone = {id(p): _alone_or_none(p, device, load, opts) for p in timed}
-            out = [alone.get(id(p)) or p for p in out]
+                alone = {id(p): _with_alone(p, device, load, opts) for p in timed}
+            out = [alone.get(id(p), p) for p in out]
     return out
 
 
-def _alone_or_none(profile: KernelProfile, device: torch.device, load: HostLoad, opts: ProfileOptions
-                   ) -> KernelProfile | None:
+def _with_alone(profile: KernelProfile, device: torch.device, load: HostLoad, opts: ProfileOptions
+                ) -> KernelProfile:
     """The profile with its ratios alone measured now, or, where a ratio's timing was not stable, the profile
     without ratios (said on stdout: the rest of the calibration stands)."""
     try:
