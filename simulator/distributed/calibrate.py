@@ -296,16 +296,21 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
     opts = ProfileOptions(max_ci=args.max_ci)
     source = load_topology(args.kernels_from) if args.kernels_from else None
     reused = [] if source is None else list(source.specs[source.ranks[0]].kernels.values())
-    if source is not None and not any(p.kernel in ALONE_REF and p.loaded == copies > 1 for p in reused):
+    if source is not None and not _alone_to_time(reused, copies):
         return reused  # nothing to time: no process loads the host
     with HostLoad(copies) as load:
         out = reused if source is not None else _measured_profiles(args, device, opts, load)
-        timed = [p for p in out if p.kernel in ALONE_REF and p.loaded == copies > 1]
+        timed = _alone_to_time(out, copies)
         if timed:
             with _phase(f"kernel times alone ({', '.join(f'{p.kernel} {p.dtype}' for p in timed)})"):
                 alone = {id(p): _with_alone(p, device, load, opts) for p in timed}
             out = [alone.get(id(p), p) for p in out]
     return out
+
+
+def _alone_to_time(profiles: list[KernelProfile], copies: int) -> list[KernelProfile]:
+    """The profiles whose kernels are timed alone now: the big ones, timed loaded as this host can load them."""
+    return [p for p in profiles if p.kernel in ALONE_REF and p.loaded == copies > 1]
 
 
 def _with_alone(profile: KernelProfile, device: torch.device, load: HostLoad, opts: ProfileOptions
