@@ -542,9 +542,10 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if not cluster.ranks or not cluster.specs[cluster.ranks[0]].kernels:
                 raise InputError("has no kernel profiles (kernels: under its device)", file=args.kernels_from,
                                  field="--kernels-from")
-        for dtype in filter(None, args.kernel_dtypes.split(",")):
-            if dtype not in ("fp32", "fp64", "bf16", "fp16"):
-                raise InputError(f"unknown dtype {dtype!r}; valid: fp32, fp64, bf16, fp16", field="--kernel-dtypes")
+        for flag, dtypes in (("--kernel-dtypes", args.kernel_dtypes), ("--attend-rows", args.attend_rows)):
+            for dtype in filter(None, dtypes.split(",")):
+                if dtype not in ("fp32", "fp64", "bf16", "fp16"):
+                    raise InputError(f"unknown dtype {dtype!r}; valid: fp32, fp64, bf16, fp16", field=flag)
     try:
         with tempfile.TemporaryDirectory(prefix="treering-calibrate-") as tmp:
             # calibrate's rank 0 creates this file when its kernel profiles are done; the others sleep until then.

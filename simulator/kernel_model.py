@@ -37,6 +37,10 @@ In the topology YAML, under a device spec::
             kv_bytes: [32768, 2097152, 268435456]
             ratio: [0.97, 0.86, 0.95]
 
+A kernel's axes may end in ones a profile leaves out (``attend``'s ``rows``, the batch x KV heads its bytes split
+into, is profiled where the time depends on it: emulated bf16 on a CPU); such a profile reads a shape's leading
+values (:meth:`KernelProfile.own`) and its time does not depend on the rest.
+
 A profile timed ``loaded`` is what the kernel costs while the host's other cores run the same kernel (the ranks of a
 lockstep schedule); run alone (ring-q's hops, a rank another waits on) it is faster, by how much it contends for the
 memory system: measured on a 2-CPU VM, 0.83-0.93 for a 64 MiB fp32 attend, 0.98-1.01 for an emulated-bf16 one whose
@@ -153,8 +157,7 @@ class KernelProfile:
     def predict(self, dims: Sequence[float]) -> tuple[float, tuple[str, ...]]:
         """(seconds, the axes on which ``dims`` lies outside the profiled range) for a shape ``dims``: the grid
         interpolated in log space, a tiled group beyond the dense counts priced by its tiles (module docstring)."""
-        if len(dims) != len(self.axes):
-            raise ValueError(f"kernel {self.kernel}: {len(dims)} shape values for axes {self.axes}")
+        dims = self.own(dims)
         tile = self._tile
         if tile is not None:
             axis = self.axes.index(TILED_AXIS)
@@ -175,6 +178,14 @@ class KernelProfile:
                     outside = tuple(a for a in self.axes if a in outside or a == TILED_AXIS)
                 return full, outside
         return self._interpolate(dims)
+
+    def own(self, dims: Sequence[float]) -> tuple[float, ...]:
+        """A shape's values on this profile's axes: the kernel's shape may name trailing axes the profile leaves
+        out (attend's ``rows`` where a calibration did not profile them), its time then taken as not depending on
+        them."""
+        if len(dims) < len(self.axes):
+            raise ValueError(f"kernel {self.kernel}: {len(dims)} shape values for axes {self.axes}")
+        return tuple(dims[:len(self.axes)])
 
     @cached_property
     def _tile(self) -> tuple[int, int] | None:
@@ -229,10 +240,11 @@ def _num(v: float) -> float | int:
 
 
 def parse_kernel_profiles(raw: Any, axes_of: Mapping[str, tuple[str, ...]], dtypes: Sequence[str],
-                          locate: Callable[[tuple[Any, ...], InputError], InputError]
-                          ) -> dict[tuple[str, str], KernelProfile]:
+                          locate: Callable[[tuple[Any, ...], InputError], InputError],
+                          optional: Mapping[str, int] | None = None) -> dict[tuple[str, str], KernelProfile]:
     """``kernels:`` of a device spec -> {(kernel, dtype): profile}. ``axes_of`` gives each profilable kernel's
-    axes (the kernel table's); ``locate(subpath, err)`` places an error in the file."""
+    axes (the kernel table's), ``optional`` how many of its trailing axes a profile may leave out;
+    ``locate(subpath, err)`` places an error in the file."""
     if not isinstance(raw, Mapping):
         raise locate((), InputError("must map kernel name -> dtype -> profile"))
     out: dict[tuple[str, str], KernelProfile] = {}
@@ -246,11 +258,12 @@ def parse_kernel_profiles(raw: Any, axes_of: Mapping[str, tuple[str, ...]], dtyp
             path = (kernel, dtype)
             if dtype not in dtypes:
                 raise locate(path, InputError(f"unknown dtype; valid: {', '.join(dtypes)}"))
-            out[(str(kernel), str(dtype))] = _profile(str(kernel), str(dtype), body, axes_of[kernel], path, locate)
+            out[(str(kernel), str(dtype))] = _profile(str(kernel), str(dtype), body, axes_of[kernel],
+                                                      (optional or {}).get(kernel, 0), path, locate)
     return out
 
 
-def _profile(kernel: str, dtype: str, body: Any, axes: tuple[str, ...], path: tuple[Any, ...],
+def _profile(kernel: str, dtype: str, body: Any, axes: tuple[str, ...], optional: int, path: tuple[Any, ...],
              locate: Callable[[tuple[Any, ...], InputError], InputError]) -> KernelProfile:
     if not isinstance(body, Mapping):
         raise locate(path, InputError("must be a mapping with axes, grid and seconds"))
@@ -261,9 +274,12 @@ def _profile(kernel: str, dtype: str, body: Any, axes: tuple[str, ...], path: tu
     for key in ("axes", "grid", "seconds"):
         if key not in body:
             raise locate(path, InputError(f"missing {key!r}"))
-    if not isinstance(body["axes"], list) or [str(a) for a in body["axes"]] != list(axes):
-        raise locate((*path, "axes"), InputError(f"must be {list(axes)} for kernel {kernel}, got "
+    allowed = [list(axes[:n]) for n in range(len(axes), len(axes) - optional - 1, -1)]
+    if not isinstance(body["axes"], list) or [str(a) for a in body["axes"]] not in allowed:
+        also = "".join(f" or {a}" for a in allowed[1:])
+        raise locate((*path, "axes"), InputError(f"must be {list(axes)}{also} for kernel {kernel}, got "
                                                  f"{excerpt(body['axes'])}"))
+    axes = tuple(str(a) for a in body["axes"])
     grid, seconds, spread = body["grid"], body["seconds"], body.get("spread", [])
     for key, value in (("grid", grid), ("seconds", seconds), ("spread", spread)):
         if not isinstance(value, list):

@@ -42,8 +42,8 @@ from simulator.prefill_kernels import PREFILL_KERNELS
 from simulator.schedule import Op
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["KERNELS", "PROFILE_AXES", "Descriptor", "KVShard", "Kernel", "RankBuffers", "kernel_cost", "kernel_dims",
-           "state_of"]
+__all__ = ["KERNELS", "OPTIONAL_AXES", "PROFILE_AXES", "Descriptor", "KVShard", "Kernel", "RankBuffers", "kernel_cost",
+           "kernel_dims", "state_of"]
 
 Descriptor = tuple[Any, ...]
 
@@ -206,7 +206,8 @@ def _free(shape: DecodeShape, n: int) -> tuple[float, float]:
 # -- shapes on the profile axes (:mod:`simulator.kernel_model`: what ``treering calibrate`` measures) --------------
 
 def _attend_dims(shape: DecodeShape, tokens: int) -> tuple[float, ...]:
-    return shape.kv_bytes(tokens), float(shape.head_dim), float(shape.heads // shape.kv_heads)
+    return (shape.kv_bytes(tokens), float(shape.head_dim), float(shape.heads // shape.kv_heads),
+            float(shape.batch * shape.kv_heads))
 
 
 def _state_dims(shape: DecodeShape, n: int) -> tuple[float, ...]:
@@ -251,7 +252,8 @@ KERNELS.update({name: Kernel(name, run, _by_writes, _prefill_cost, writes=writes
 
 
 PROFILE_AXES: dict[str, tuple[str, ...]] = {
-    "attend": ("kv_bytes", "head_dim", "group"),  # KV bytes read, head dimension, query heads per KV head
+    # KV bytes read, head dimension, query heads per KV head, (batch, KV head) rows: the independent problems
+    "attend": ("kv_bytes", "head_dim", "group", "rows"),
     "merge": ("elems",),  # elements of one state (o, l, m)
     "rescale": ("elems",),
     "finalize": ("elems",),
@@ -260,6 +262,11 @@ PROFILE_AXES: dict[str, tuple[str, ...]] = {
     "attn-fwd": ("row_heads", "span", "head_dim", "density"),
     "attn-bwd": ("row_heads", "span", "head_dim", "density"),
 }  # the kernels ``treering calibrate`` profiles over shapes, and their axes
+# trailing axes a profile may leave out (its time then taken as not depending on them): attend's rows, profiled
+# where they matter (emulated bf16 on a CPU: 0.45-3.85x of its 4-row time between 1 and 256 rows of the same
+# bytes; fp32 and fp64 0.6-1.45x, in no consistent direction: docs/validation.md), not where the grid's cost would
+# double
+OPTIONAL_AXES: dict[str, int] = {"attend": 1}
 
 
 def kernel_dims(name: str, shape: DecodeShape, n: int) -> tuple[float, ...]:

@@ -126,8 +126,10 @@ def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
                                             "attn-bwd"}
     assert ("attn-fwd", "fp32") in spec.kernels and ("attn-fwd", "bf16") not in spec.kernels  # CPU prefill: fp32/64
     assert {d for _, d in spec.kernels} == {"fp32", "bf16"}
-    attend = spec.kernels[("attend", "bf16")]
-    assert attend.axes == ("kv_bytes", "head_dim", "group") and len(attend.seconds) == 12
+    attend = spec.kernels[("attend", "bf16")]  # over rows too (--attend-rows: bf16 by default), fp32 at 4 rows
+    assert attend.axes == ("kv_bytes", "head_dim", "group", "rows") and len(attend.seconds) == 24
+    assert attend.grid[3] == (1.0, 4.0)
+    assert spec.kernels[("attend", "fp32")].axes == ("kv_bytes", "head_dim", "group")
     # timed while the other core ran the same call (2 ranks on a machine of 2 or more CPUs)
     assert attend.loaded == min(2, os.cpu_count() or 1)
     # and then alone along the first axis: ring-q's hops run so (ratios on a machine that could load the profile)

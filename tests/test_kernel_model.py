@@ -167,7 +167,8 @@ def test_the_engine_times_profiled_kernels_from_the_profile(tmp_path) -> None:
     for rec in attends:
         op = sched.ops[rec.op]
         assert rec.end - rec.start == pytest.approx(p.predict(op.dims)[0], rel=1e-12)
-        assert op.dims == (shape.kv_bytes(20000), 64.0, 2.0)
+        assert op.dims == (shape.kv_bytes(20000), 64.0, 2.0, 8.0)  # rows: batch x KV heads (a 3-axis profile
+        # leaves them out: its time does not depend on them)
     finals = [rec for rec in res.timeline if rec.name == "finalize"]
     assert finals and all(rec.end - rec.start == pytest.approx(3e-5, rel=1e-12) for rec in finals)
     assert res.extrapolated == {}
@@ -184,7 +185,10 @@ def test_the_engine_times_profiled_kernels_from_the_profile(tmp_path) -> None:
 
 @pytest.mark.parametrize(("kernels", "message"), [
     ({"attend": {"fp32": {"axes": ["kv_bytes"], "grid": [[1]], "seconds": [1e-5]}}},
-     "kernels.attend.fp32.axes: must be ['kv_bytes', 'head_dim', 'group']"),
+     "kernels.attend.fp32.axes: must be ['kv_bytes', 'head_dim', 'group', 'rows'] or ['kv_bytes', 'head_dim', "
+     "'group'] for kernel attend"),
+    ({"attend": {"fp32": {"axes": ["kv_bytes", "head_dim", "rows"], "grid": [[1], [1], [1]], "seconds": [1e-5]}}},
+     "kernels.attend.fp32.axes: must be"),
     ({"softmax": {}}, "kernels.softmax: no profile for this kernel"),
     ({"merge": {"fp33": {}}}, "kernels.merge.fp33: unknown dtype"),
     ({"merge": {"fp32": {"axes": ["elems"], "grid": [[1, 2]], "seconds": [1e-5]}}},
@@ -198,6 +202,63 @@ def test_bad_profiles_are_located_errors(tmp_path, kernels: dict, message: str) 
         load_topology(path)
     assert message in str(err.value)
     assert err.value.line is not None
+
+
+ROWS_GRID = ((1e4, 1e6, 1e8), (32.0, 128.0), (1.0, 4.0), (1.0, 4.0, 64.0))
+
+
+def rows_law(kv_bytes: float, head_dim: float, group: float, rows: float) -> float:
+    """A power law that also falls with the rows the same bytes split into (emulated bf16's shape)."""
+    return power_law(kv_bytes, head_dim, group) * rows ** -0.4
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(1e4, 1e8), st.floats(32, 128), st.floats(1, 4), st.floats(1, 64))
+def test_a_profile_over_rows_interpolates_them_and_one_without_ignores_them(kv_bytes: float, head_dim: float,
+                                                                            group: float, rows: float) -> None:
+    over = KernelProfile("attend", "bf16", ("kv_bytes", "head_dim", "group", "rows"), ROWS_GRID,
+                         tuple(rows_law(*p) for p in itertools.product(*ROWS_GRID)))
+    t, outside = over.predict((kv_bytes, head_dim, group, rows))
+    assert t == pytest.approx(rows_law(kv_bytes, head_dim, group, rows), rel=1e-9) and outside == ()
+    # a profile timed at one row count (no rows axis) reads the first three values of the same shape
+    assert profile().predict((kv_bytes, head_dim, group, rows)) == profile().predict((kv_bytes, head_dim, group))
+    with pytest.raises(ValueError, match="3 shape values for axes"):
+        over.predict((kv_bytes, head_dim, group))
+
+
+def test_the_engine_prices_the_same_bytes_by_their_rows(tmp_path) -> None:
+    """Two decode workloads with the same KV bytes per rank, one in 8 rows (batch 2 x 4 KV heads), one in 64 (batch
+    8 x 8 KV heads): on a profile over rows their attends cost what the profile says at their rows."""
+    over = KernelProfile("attend", "fp32", ("kv_bytes", "head_dim", "group", "rows"), ROWS_GRID,
+                         tuple(rows_law(*p) for p in itertools.product(*ROWS_GRID)))
+    cluster = load_topology(_topology_with(tmp_path, {"attend": {"fp32": profile_to_yaml(over)}}))
+    loaded = cluster.specs["g0"].kernels[("attend", "fp32")]
+    assert loaded.axes[-1] == "rows" and loaded.grid == ROWS_GRID
+    times = {}
+    for batch, kv_heads, context in ((2, 4, 64000), (8, 8, 8000)):
+        shape = DecodeShape(batch=batch, heads=2 * kv_heads, head_dim=64, kv_heads=kv_heads, context=context,
+                            dtype="fp32")
+        sched = build_schedule("ring", {}, shape, layout_of(cluster))
+        rec = next(r for r in simulate(sched, cluster).timeline if r.name.startswith("attend"))
+        op = sched.ops[rec.op]
+        assert op.dims == (shape.kv_bytes(context // 2), 64.0, 2.0, float(batch * kv_heads))
+        assert rec.end - rec.start == pytest.approx(loaded.predict(op.dims)[0], rel=1e-12)
+        times[batch * kv_heads] = rec.end - rec.start
+    assert times[64] / times[8] == pytest.approx(8 ** -0.4, rel=1e-4)  # same bytes: the rows' power alone
+
+
+def test_the_rows_grid_times_the_bytes_it_names() -> None:
+    """Every point of calibrate's grid over rows builds a shard of exactly its kv_bytes (at least a token a row)."""
+    from simulator.cluster.devices import DTYPE_BYTES
+    from simulator.distributed.profile_kernels import attend_rows_grid, attend_shape
+
+    for dtype, quick in itertools.product(("bf16", "fp32", "fp64"), (False, True)):
+        grid = attend_rows_grid(dtype, quick)
+        assert grid[3] == ((1.0, 4.0) if quick else (1.0, 4.0, 16.0, 64.0))
+        for kv, d, g, r in itertools.product(*grid):
+            batch, heads, kv_heads, head_dim, tokens = attend_shape(kv, int(d), int(g), dtype, int(r))
+            assert (batch, heads, kv_heads, head_dim) == (1, int(g * r), int(r), int(d))
+            assert 2 * kv_heads * tokens * head_dim * DTYPE_BYTES[dtype] == kv
 
 
 def test_median_ci_narrows_with_n_and_ignores_one_outlier() -> None:
@@ -232,6 +293,9 @@ def test_calibrate_refuses_kernels_from_a_topology_without_profiles(tmp_path, ca
     assert not out.exists()
     assert main(["calibrate", "--procs", "2", "-o", str(out), "--kernel-dtypes", "fp33"]) == 2
     assert "--kernel-dtypes: unknown dtype 'fp33'" in capsys.readouterr().err
+    assert main(["calibrate", "--procs", "2", "-o", str(out), "--attend-rows", "bf16,int8"]) == 2
+    assert "--attend-rows: unknown dtype 'int8'" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_profiling_under_the_hosts_load_runs_the_same_call_elsewhere_and_says_so(tmp_path) -> None:

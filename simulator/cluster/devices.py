@@ -128,12 +128,12 @@ def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
 
 
 def _kernels(raw: Any, locate: Any) -> dict[tuple[str, str], KernelProfile]:
-    from simulator.kernels import PROFILE_AXES  # the kernel table imports the merge core: only when profiled
+    from simulator.kernels import OPTIONAL_AXES, PROFILE_AXES  # the kernel table imports the merge core
 
     if not raw:
         return {}
     return parse_kernel_profiles(raw, PROFILE_AXES, list(DTYPE_BYTES),
-                                 lambda sub, err: locate(("kernels", *sub), err))
+                                 lambda sub, err: locate(("kernels", *sub), err), OPTIONAL_AXES)
 
 
 def _attention_eff(raw: Any, locate: Any) -> dict[str, float]:

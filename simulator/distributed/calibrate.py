@@ -67,6 +67,7 @@ from simulator.distributed.profile_kernels import (
     QUICK_PREFILL_GRID,
     ProfileOptions,
     UnstableMeasurement,
+    attend_rows_grid,
     profile_attend,
     profile_prefill,
     profile_small,
@@ -330,9 +331,11 @@ def _measured_profiles(args: argparse.Namespace, device: torch.device, opts: Pro
     quick = args.kernel_grid == "quick"
     attend_grid, elems_grid, prefill_grid = (QUICK_ATTEND_GRID, QUICK_ELEMS_GRID, QUICK_PREFILL_GRID) if quick else (
         ATTEND_GRID, ELEMS_GRID, PREFILL_GRID)
+    over_rows = set(filter(None, args.attend_rows.split(",")))
     for dtype in filter(None, args.kernel_dtypes.split(",")):
-        with _phase(f"kernel profiles {dtype}: attend"):
-            out.append(profile_attend(dtype, device, opts, attend_grid, load))
+        grid = attend_rows_grid(dtype, quick) if dtype in over_rows else attend_grid
+        with _phase(f"kernel profiles {dtype}: attend" + (" (over rows)" if dtype in over_rows else "")):
+            out.append(profile_attend(dtype, device, opts, grid, load))
         with _phase(f"kernel profiles {dtype}: merge, rescale, finalize, finalize-flat"):
             out += [profile_small(k, dtype, device, opts, elems_grid, load)
                     for k in ("merge", "rescale", "finalize", "finalize-flat")]

@@ -35,7 +35,7 @@ def nearest_grid_point(profile: KernelProfile, dims: Sequence[float]) -> tuple[f
     """The profile's grid point nearest to ``dims`` in log space, axis by axis (a pure function); halfway between
     two values (exact in base 2 for a power-of-two grid), the smaller."""
     return tuple(min(values, key=lambda v: (abs(math.log2(v) - math.log2(x)), v))
-                 for values, x in zip(profile.grid, dims, strict=True))
+                 for values, x in zip(profile.grid, profile.own(dims), strict=True))
 
 
 def profiled_seconds(profile: KernelProfile, point: Sequence[float]) -> float:

@@ -51,10 +51,10 @@ from simulator.merge import (
 if TYPE_CHECKING:
     from simulator.distributed.host_load import HostLoad
 
-__all__ = ["ALONE_PAIRS", "ALONE_REF", "ATTEND_GRID", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID",
-           "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileOptions", "UnstableMeasurement",
-           "build_point", "profile_attend", "profile_kernel", "profile_prefill", "profile_small", "time_call",
-           "with_alone_ratios"]
+__all__ = ["ALONE_PAIRS", "ALONE_REF", "ATTEND_GRID", "ATTEND_ROWS", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID",
+           "QUICK_ATTEND_ROWS", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileOptions",
+           "UnstableMeasurement", "attend_rows_grid", "build_point", "profile_attend", "profile_kernel",
+           "profile_prefill", "profile_small", "time_call", "with_alone_ratios"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
@@ -67,6 +67,15 @@ ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18
                                               (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 16.0, 32.0))
 ELEMS_GRID: tuple[float, ...] = tuple(float(2**k) for k in (8, 12, 16, 20))
 QUICK_ATTEND_GRID: tuple[tuple[float, ...], ...] = ((2.0**15, 2.0**18, 2.0**21), (32.0, 128.0), (1.0, 4.0))
+# attend over rows too (``--attend-rows``, the dtypes whose time depends on them: emulated bf16 on an AVX2 CPU took
+# 668, 329, 260 and 251 ms for 128 MiB of KV at head_dim 128, group 4 in 4, 16, 64 and 256 rows; fp32 and fp64
+# 0.6-1.45x of their 4-row time): rows 1 .. 64, every group that is a power of two (no tile in such a kernel's
+# time, kernel_model), kv_bytes up to 64 MiB (in 4 rows, 256 MiB at group 32 took 18-21 s a call; one row is
+# slower); the smallest kv_bytes is one token of every row at the largest head_dim (fewer would round up to a token
+# and time more bytes)
+ATTEND_ROWS: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0)
+ATTEND_ROWS_REST: tuple[tuple[float, ...], ...] = ((32.0, 64.0, 128.0, 256.0), (1.0, 2.0, 4.0, 8.0, 16.0, 32.0))
+QUICK_ATTEND_ROWS: tuple[float, ...] = (1.0, 4.0)
 QUICK_ELEMS_GRID: tuple[float, ...] = (2.0**8, 2.0**14)
 # prefill blocks: row_heads 256 .. 4096 (x 4), span 64 .. 4096 keys (x 8), head_dim 32 and 128, density: a causal
 # (diagonal) block and a full one
@@ -74,7 +83,7 @@ PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10, 2.0**12), (2.0*
                                                (0.5, 1.0))
 QUICK_PREFILL_GRID: tuple[tuple[float, ...], ...] = ((2.0**8, 2.0**10), (2.0**6, 2.0**8), (32.0, 64.0), (0.5, 1.0))
 # kernels timed alone along their first axis, at these values of the others (a mid-sized head, a group of a tile)
-ALONE_REF: dict[str, tuple[float, ...]] = {"attend": (128.0, 4.0), "attn-fwd": (512.0, 128.0, 1.0),
+ALONE_REF: dict[str, tuple[float, ...]] = {"attend": (128.0, 4.0, 4.0), "attn-fwd": (512.0, 128.0, 1.0),
                                            "attn-bwd": (512.0, 128.0, 1.0)}
 # loaded-then-alone pairs timed per value, their ratios' median kept: one pair's ratio moved by up to 0.5 between
 # calibrations of one machine (two calibrations' attend fp32 at 32 KiB: 1.09 and 1.49; fp64: 0.49 and 1.01)
@@ -125,10 +134,20 @@ def time_call(fn: Callable[[], object], device: torch.device, opts: ProfileOptio
     return robust_time(fn, clock=time.thread_time, **common)  # type: ignore[arg-type]
 
 
-def attend_shape(kv_bytes: float, head_dim: int, group: int, dtype: str) -> tuple[int, int, int, int, int]:
-    """(batch, heads, kv_heads, head_dim, tokens) of the profiled attend point."""
-    tokens = max(1, round(kv_bytes / (2 * KV_HEADS * head_dim * DTYPE_BYTES[dtype])))
-    return 1, KV_HEADS * group, KV_HEADS, head_dim, tokens
+def attend_rows_grid(dtype: str, quick: bool = False) -> tuple[tuple[float, ...], ...]:
+    """The attend grid over (kv_bytes, head_dim, group, rows) of ``dtype`` (see :data:`ATTEND_ROWS`); quick: a
+    smoke test's (kv_bytes up to 2 MiB, head_dim 32 and 128, group 1 and 4, rows 1 and 4)."""
+    rest, rows = ((32.0, 128.0), (1.0, 4.0)) if quick else ATTEND_ROWS_REST, QUICK_ATTEND_ROWS if quick else ATTEND_ROWS
+    smallest = 2 * rows[-1] * rest[0][-1] * DTYPE_BYTES[dtype]  # a token of every row at the largest head_dim
+    levels = (15, 18, 21) if quick else (15, 18, 21, 24, 26)
+    return (tuple(sorted({max(2.0**k, smallest) for k in levels})), *rest, rows)
+
+
+def attend_shape(kv_bytes: float, head_dim: int, group: int, dtype: str, rows: int = KV_HEADS
+                 ) -> tuple[int, int, int, int, int]:
+    """(batch, heads, kv_heads, head_dim, tokens) of the profiled attend point: ``rows`` KV heads of batch 1."""
+    tokens = max(1, round(kv_bytes / (2 * rows * head_dim * DTYPE_BYTES[dtype])))
+    return 1, rows * group, rows, head_dim, tokens
 
 
 def build_point(kernel: str, dtype: str, point: tuple[float, ...], device: torch.device) -> Callable[[], object]:
@@ -145,7 +164,8 @@ def build_point(kernel: str, dtype: str, point: tuple[float, ...], device: torch
         return block.repeat(-(-n // block.numel()))[:n].reshape(shape)
 
     if kernel == "attend":
-        b, h, kvh, d, t = attend_shape(point[0], int(point[1]), int(point[2]), dtype)
+        b, h, kvh, d, t = attend_shape(point[0], int(point[1]), int(point[2]), dtype,
+                                       int(point[3]) if len(point) > 3 else KV_HEADS)
         q, k, v = rand(b, h, 1, d), rand(b, kvh, t, d), rand(b, kvh, t, d)
         acc = partial_attention(q, k[:, :, :1], v[:, :, :1], 1 / math.sqrt(d))
         return lambda: merge(acc, partial_attention(q, k, v, 1 / math.sqrt(d)))
@@ -203,7 +223,7 @@ def profile_kernel(kernel: str, dtype: str, device: torch.device, grid: Sequence
                    opts: ProfileOptions = ProfileOptions(), load: HostLoad | None = None) -> KernelProfile:
     """``kernel``'s profile in ``dtype`` over ``grid`` (one list of values per axis of ``PROFILE_AXES[kernel]``),
     each point timed while ``load`` runs the same call on the host's other cores (None: alone)."""
-    axes = PROFILE_AXES[kernel]
+    axes = PROFILE_AXES[kernel][:len(grid)]  # (a profile may leave out the kernel's optional trailing axes)
     seconds, spread = [], []
     for point in itertools.product(*grid):
         timing = _timed(kernel, dtype, point, device, opts, load)
@@ -223,7 +243,7 @@ def _timed(kernel: str, dtype: str, point: tuple[float, ...], device: torch.devi
     finally:
         if load is not None:
             load.wait_running()
-    where = ", ".join(f"{a} {v:g}" for a, v in zip(PROFILE_AXES[kernel], point, strict=True))
+    where = ", ".join(f"{a} {v:g}" for a, v in zip(PROFILE_AXES[kernel][:len(point)], point, strict=True))
     try:
         return _check(kernel, dtype, where, time_call(fn, device, opts, opts.budget_for(len(point))), opts)
     finally:
@@ -242,7 +262,7 @@ def with_alone_ratios(profile: KernelProfile, device: torch.device, load: HostLo
                          f"with {load.copies} copies running")
     ratios = []
     for x in profile.grid[0]:
-        point = (x, *ALONE_REF[profile.kernel])
+        point = (x, *ALONE_REF[profile.kernel][:len(profile.axes) - 1])
         pairs = []
         for _ in range(ALONE_PAIRS):
             loaded = _timed(profile.kernel, profile.dtype, point, device, opts, load)
@@ -254,7 +274,8 @@ def with_alone_ratios(profile: KernelProfile, device: torch.device, load: HostLo
 
 def profile_attend(dtype: str, device: torch.device, opts: ProfileOptions = ProfileOptions(),
                    grid: Sequence[Sequence[float]] = ATTEND_GRID, load: HostLoad | None = None) -> KernelProfile:
-    """The ``attend`` kernel's profile in ``dtype`` over ``grid`` (kv_bytes, head_dim, group)."""
+    """The ``attend`` kernel's profile in ``dtype`` over ``grid`` (kv_bytes, head_dim, group, and rows where the
+    grid has a fourth axis)."""
     return profile_kernel("attend", dtype, device, grid, opts, load)
 
 
