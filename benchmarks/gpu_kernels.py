@@ -222,11 +222,11 @@ def _report(out: Path) -> None:
     from simulator.cluster.devices import compute_time
     from simulator.cluster.topology import load_topology
     from simulator.kernel_model import parse_kernel_profiles
-    from simulator.kernels import PROFILE_AXES
+    from simulator.kernels import OPTIONAL_AXES, PROFILE_AXES
     from simulator.workloads.shape import DecodeShape
 
     raw = yaml.safe_load((out / "profiles.yaml").read_text())["kernels"]
-    profiles = parse_kernel_profiles(raw, PROFILE_AXES, ["bf16", "fp32"], lambda sub, err: err)
+    profiles = parse_kernel_profiles(raw, PROFILE_AXES, ["bf16", "fp32"], lambda sub, err: err, OPTIONAL_AXES)
     spec = load_topology("hgx-h200", {"nodes": 1}).specs
     h200 = next(iter(spec.values()))
     print("## Decode attend kernel (merge core, torch) on random shapes off the profiled grid\n")
@@ -236,7 +236,8 @@ def _report(out: Path) -> None:
     for r in _read(out / "decode.csv"):
         shape = DecodeShape(int(r["batch"]), int(r["heads"]), int(r["head_dim"]), int(r["kv_heads"]),
                             int(r["tokens"]), str(r["dtype"]))
-        dims = (shape.kv_bytes(int(r["tokens"])), float(r["head_dim"]), r["heads"] / r["kv_heads"])
+        dims = (shape.kv_bytes(int(r["tokens"])), float(r["head_dim"]), r["heads"] / r["kv_heads"],
+                float(r["batch"] * r["kv_heads"]))  # rows: read by a profile over them, left by one without
         pred, outside = profiles[("attend", str(r["dtype"]))].predict(dims)
         outside_n += bool(outside)
         flops, nbytes = shape.attend_cost(int(r["tokens"]))

@@ -542,10 +542,19 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
             if not cluster.ranks or not cluster.specs[cluster.ranks[0]].kernels:
                 raise InputError("has no kernel profiles (kernels: under its device)", file=args.kernels_from,
                                  field="--kernels-from")
-        for flag, dtypes in (("--kernel-dtypes", args.kernel_dtypes), ("--attend-rows", args.attend_rows)):
+        for flag, dtypes in (("--kernel-dtypes", args.kernel_dtypes), ("--attend-rows", args.attend_rows or "")):
             for dtype in filter(None, dtypes.split(",")):
                 if dtype not in ("fp32", "fp64", "bf16", "fp16"):
                     raise InputError(f"unknown dtype {dtype!r}; valid: fp32, fp64, bf16, fp16", field=flag)
+        if args.attend_rows is not None:
+            if args.kernels_from:
+                raise InputError("profiles nothing with --kernels-from (its profiles are taken as they are)",
+                                 field="--attend-rows")
+            profiled = set(filter(None, args.kernel_dtypes.split(",")))
+            for dtype in filter(None, args.attend_rows.split(",")):
+                if dtype not in profiled:
+                    raise InputError(f"{dtype} is not a profiled dtype (--kernel-dtypes {args.kernel_dtypes})",
+                                     field="--attend-rows")
     try:
         with tempfile.TemporaryDirectory(prefix="treering-calibrate-") as tmp:
             # calibrate's rank 0 creates this file when its kernel profiles are done; the others sleep until then.

@@ -38,7 +38,7 @@ In the topology YAML, under a device spec::
             ratio: [0.97, 0.86, 0.95]
 
 A kernel's axes may end in ones a profile leaves out (``attend``'s ``rows``, the batch x KV heads its bytes split
-into, is profiled where the time depends on it: emulated bf16 on a CPU); such a profile reads a shape's leading
+into, which calibrate profiles where asked: ``--attend-rows``); such a profile reads a shape's leading
 values (:meth:`KernelProfile.own`) and its time does not depend on the rest.
 
 A profile timed ``loaded`` is what the kernel costs while the host's other cores run the same kernel (the ranks of a

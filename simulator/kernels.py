@@ -263,9 +263,9 @@ PROFILE_AXES: dict[str, tuple[str, ...]] = {
     "attn-bwd": ("row_heads", "span", "head_dim", "density"),
 }  # the kernels ``treering calibrate`` profiles over shapes, and their axes
 # trailing axes a profile may leave out (its time then taken as not depending on them): attend's rows, profiled
-# where they matter (emulated bf16 on a CPU: 0.45-3.85x of its 4-row time between 1 and 256 rows of the same
-# bytes; fp32 and fp64 0.6-1.45x, in no consistent direction: docs/validation.md), not where the grid's cost would
-# double
+# where calibrate is asked to (``--attend-rows``; emulated bf16 on a CPU took 0.45-3.85x its 4-row time between 1
+# and 256 rows of the same bytes at 8 and 64 MiB, fp32 and fp64 0.6-1.45x in no consistent direction:
+# docs/validation.md)
 OPTIONAL_AXES: dict[str, int] = {"attend": 1}
 
 

@@ -117,6 +117,7 @@ def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
     # measures (an R^2 below 0 too: -0.16 once, with the other test worker busy)
     assert main(["calibrate", "--procs", "2", "--reps", "3", "-o", str(out), "--heads", "2", "--head-dim", "16",
                  "--timeout", "120", "--kernel-dtypes", "fp32,bf16", "--kernel-grid", "quick", "--max-ci", "100",
+                 "--attend-rows", "bf16",
                  "--min-r2=-1e9"]) == 0
     cluster = load_topology(str(out))
     assert len(cluster.ranks) == 2 and cluster.message_overhead_s > 0
@@ -126,7 +127,7 @@ def test_calibrate_writes_a_loadable_topology(tmp_path, capsys):
                                             "attn-bwd"}
     assert ("attn-fwd", "fp32") in spec.kernels and ("attn-fwd", "bf16") not in spec.kernels  # CPU prefill: fp32/64
     assert {d for _, d in spec.kernels} == {"fp32", "bf16"}
-    attend = spec.kernels[("attend", "bf16")]  # over rows too (--attend-rows: bf16 by default), fp32 at 4 rows
+    attend = spec.kernels[("attend", "bf16")]  # over rows too (--attend-rows bf16), fp32 at 4 rows
     assert attend.axes == ("kv_bytes", "head_dim", "group", "rows") and len(attend.seconds) == 24
     assert attend.grid[3] == (1.0, 4.0)
     assert spec.kernels[("attend", "fp32")].axes == ("kv_bytes", "head_dim", "group")

@@ -86,6 +86,25 @@ def test_the_dominant_kernel_is_the_largest_share_of_rank_zero_compute(tmp_path)
     assert math.isnan(measure_drift(loaded, point, cpu, local_ranks=1))
 
 
+def test_over_rows_the_point_re_timed_has_the_schedule_s_rows(tmp_path) -> None:
+    """A profile over rows: the dominant kernel's nearest point carries the rows nearest the workload's, and the
+    call built to re-time it splits its KV bytes into those rows."""
+    from simulator.distributed.profile_kernels import build_point
+
+    grid = (*GRID, (1.0, 4.0, 16.0))
+    seconds = tuple(1e-3 * (i + 1) for i in range(math.prod(len(g) for g in grid)))
+    p = KernelProfile("attend", "fp32", ("kv_bytes", "head_dim", "group", "rows"), grid, seconds)
+    cluster = load_topology(_topology_with(tmp_path, {"attend": {"fp32": profile_to_yaml(p)}}))
+    shape = DecodeShape(batch=3, heads=24, head_dim=100, kv_heads=4, context=3000, dtype="fp32")  # 12 rows
+    sched = build_schedule("ring", {}, shape, layout_of(cluster))
+    found = dominant_kernel(sched, cluster.specs["g0"])
+    assert found is not None
+    profile, point = found
+    assert point[1:] == (128.0, 4.0, 16.0) and profiled_seconds(profile, point) in seconds
+    state = build_point("attend", "fp32", point, torch.device("cpu"))()
+    assert tuple(state.o.shape) == (1, 16 * 4, 1, 128)  # 16 rows (KV heads of batch 1) x group 4 query heads
+
+
 def test_the_summary_splits_errors_by_the_machine_s_drift() -> None:
     frame = pd.DataFrame({"error_pct": [5.0, -7.0, 40.0, -60.0, 3.0], "drift": [1.02, 0.95, 1.4, 1.5, math.nan]})
     (line,) = drift_lines(frame)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import assume, given, settings
@@ -250,15 +251,30 @@ def test_the_engine_prices_the_same_bytes_by_their_rows(tmp_path) -> None:
 def test_the_rows_grid_times_the_bytes_it_names() -> None:
     """Every point of calibrate's grid over rows builds a shard of exactly its kv_bytes (at least a token a row)."""
     from simulator.cluster.devices import DTYPE_BYTES
-    from simulator.distributed.profile_kernels import attend_rows_grid, attend_shape
+    from simulator.distributed.profile_kernels import QUICK_ATTEND_GRID, attend_shape, tileless_attend_grid
 
-    for dtype, quick in itertools.product(("bf16", "fp32", "fp64"), (False, True)):
-        grid = attend_rows_grid(dtype, quick)
+    for dtype, quick in itertools.product(("bf16", "fp16", "fp32", "fp64"), (False, True)):
+        grid = tileless_attend_grid(dtype, quick)
         assert grid[3] == ((1.0, 4.0) if quick else (1.0, 4.0, 16.0, 64.0))
+        assert tileless_attend_grid(dtype, quick, over_rows=False) == (
+            (QUICK_ATTEND_GRID[0] if quick else (2.0**15, 2.0**18, 2.0**21, 2.0**24, 2.0**26)), *grid[1:3])
         for kv, d, g, r in itertools.product(*grid):
             batch, heads, kv_heads, head_dim, tokens = attend_shape(kv, int(d), int(g), dtype, int(r))
             assert (batch, heads, kv_heads, head_dim) == (1, int(g * r), int(r), int(d))
             assert 2 * kv_heads * tokens * head_dim * DTYPE_BYTES[dtype] == kv
+
+
+def test_calibrate_profiles_attend_over_rows_only_where_asked_and_emulated_bf16_without_tiles() -> None:
+    from simulator.distributed.calibrate import attend_grid_for
+    from simulator.distributed.profile_kernels import ATTEND_GRID, tileless_attend_grid
+
+    assert attend_grid_for("fp32", "cpu", False, False) == ATTEND_GRID  # every group to 8: its tiles
+    assert attend_grid_for("bf16", "cuda", False, False) == ATTEND_GRID  # native on a GPU
+    cpu_bf16 = attend_grid_for("bf16", "cpu", False, False)
+    assert cpu_bf16 == tileless_attend_grid("bf16", over_rows=False) and len(cpu_bf16) == 3
+    assert cpu_bf16[2] == (1.0, 2.0, 4.0, 8.0, 16.0, 32.0) and cpu_bf16[0][-1] == 2.0**26
+    assert attend_grid_for("fp64", "cpu", False, True) == tileless_attend_grid("fp64")  # --attend-rows fp64
+    assert len(attend_grid_for("bf16", "cuda", True, True)) == 4
 
 
 def test_median_ci_narrows_with_n_and_ignores_one_outlier() -> None:
@@ -295,7 +311,31 @@ def test_calibrate_refuses_kernels_from_a_topology_without_profiles(tmp_path, ca
     assert "--kernel-dtypes: unknown dtype 'fp33'" in capsys.readouterr().err
     assert main(["calibrate", "--procs", "2", "-o", str(out), "--attend-rows", "bf16,int8"]) == 2
     assert "--attend-rows: unknown dtype 'int8'" in capsys.readouterr().err
+    assert main(["calibrate", "--procs", "2", "-o", str(out), "--kernel-dtypes", "fp32", "--attend-rows", "bf16"]) == 2
+    assert "--attend-rows: bf16 is not a profiled dtype (--kernel-dtypes fp32)" in capsys.readouterr().err
+    source = tmp_path / "source.yaml"
+    source.write_text(Path(_topology_with(tmp_path, {"merge": {"fp32": profile_to_yaml(
+        KernelProfile("merge", "fp32", ("elems",), ((1.0, 2.0),), (1e-5, 2e-5)))}})).read_text())
+    assert main(["calibrate", "--procs", "2", "-o", str(out), "--kernels-from", str(source), "--attend-rows",
+                 "bf16"]) == 2
+    assert "--attend-rows: profiles nothing with --kernels-from" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_gpu_profiles_committed_still_price_the_shapes_measured() -> None:
+    """benchmarks/gpu_kernels.py report reads the H200 profiles (attend without rows) and prices its shapes."""
+    import contextlib
+    import io
+
+    import benchmarks.gpu_kernels as gpu
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        gpu._report(Path("benchmarks/results/h200-2026-11-30"))
+    committed = Path("benchmarks/results/h200-2026-11-30/gpu-h200-kernels.md").read_text()
+    assert "## Decode attend kernel" in text.getvalue()
+    table = [line for line in text.getvalue().splitlines() if line.startswith("| ") and " bf16 " in line]
+    assert table and all(line in committed for line in table)
 
 
 def test_profiling_under_the_hosts_load_runs_the_same_call_elsewhere_and_says_so(tmp_path) -> None:

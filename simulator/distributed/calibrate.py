@@ -67,10 +67,10 @@ from simulator.distributed.profile_kernels import (
     QUICK_PREFILL_GRID,
     ProfileOptions,
     UnstableMeasurement,
-    attend_rows_grid,
     profile_attend,
     profile_prefill,
     profile_small,
+    tileless_attend_grid,
     with_alone_ratios,
 )
 from simulator.files import write_text_atomic
@@ -309,6 +309,14 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
     return out
 
 
+def attend_grid_for(dtype: str, device_type: str, quick: bool, over_rows: bool) -> tuple[tuple[float, ...], ...]:
+    """The grid ``attend`` is profiled on in ``dtype``: over rows where asked (``--attend-rows``); on CPU ranks, bf16
+    (emulated there: no tile in its group, and slow) on the tile-less grid at 4 rows; else every group to 8."""
+    if over_rows or (device_type == "cpu" and dtype == "bf16"):
+        return tileless_attend_grid(dtype, quick, over_rows)
+    return QUICK_ATTEND_GRID if quick else ATTEND_GRID
+
+
 def _alone_to_time(profiles: list[KernelProfile], copies: int) -> list[KernelProfile]:
     """The profiles whose kernels are timed alone now: the big ones, timed loaded as this host can load them."""
     return [p for p in profiles if p.kernel in ALONE_REF and p.loaded == copies > 1]
@@ -329,11 +337,10 @@ def _measured_profiles(args: argparse.Namespace, device: torch.device, opts: Pro
                        ) -> list[KernelProfile]:
     out = []
     quick = args.kernel_grid == "quick"
-    attend_grid, elems_grid, prefill_grid = (QUICK_ATTEND_GRID, QUICK_ELEMS_GRID, QUICK_PREFILL_GRID) if quick else (
-        ATTEND_GRID, ELEMS_GRID, PREFILL_GRID)
-    over_rows = set(filter(None, args.attend_rows.split(",")))
+    elems_grid, prefill_grid = (QUICK_ELEMS_GRID, QUICK_PREFILL_GRID) if quick else (ELEMS_GRID, PREFILL_GRID)
+    over_rows = set(filter(None, (args.attend_rows or "").split(",")))
     for dtype in filter(None, args.kernel_dtypes.split(",")):
-        grid = attend_rows_grid(dtype, quick) if dtype in over_rows else attend_grid
+        grid = attend_grid_for(dtype, device.type, quick, dtype in over_rows)
         with _phase(f"kernel profiles {dtype}: attend" + (" (over rows)" if dtype in over_rows else "")):
             out.append(profile_attend(dtype, device, opts, grid, load))
         with _phase(f"kernel profiles {dtype}: merge, rescale, finalize, finalize-flat"):
@@ -420,10 +427,11 @@ def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[st
     alone = [] if not timed else [
         "# Kernel times alone (alone:, measured by this calibration at each value of a profile's first axis"
         + (" where it could load the host as the profile was timed; the others' kept from the source" if source
-           else "") + ", the other "
-        "axes at " + ", ".join(f"{k} {', '.join(f'{v:g}' for v in ref)}" for k, ref in ALONE_REF.items())
-        + f": the kernel timed loaded, then alone, {ALONE_PAIRS} times; the median of time alone / time loaded): "
-        + "; ".join(f"{p.kernel} {p.dtype} " + ", ".join(f"{r:.2f}" for r in p.alone) for p in timed) + "."]
+           else "") + ", the other axes at a reference shape: the kernel timed loaded, then alone, "
+        f"{ALONE_PAIRS} times; the median of time alone / time loaded): "
+        + "; ".join(f"{p.kernel} {p.dtype} at " + ", ".join(
+            f"{a} {v:g}" for a, v in zip(p.axes[1:], ALONE_REF[p.kernel], strict=False)) + ": "
+                    + ", ".join(f"{r:.2f}" for r in p.alone) for p in timed) + "."]
     if source:
         return [f"# Kernel profiles (kernels:): taken from {source} (an earlier calibration of this machine; its "
                 "comments say how they were measured).", *alone]

@@ -64,20 +64,22 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-dtypes", dest="kernel_dtypes", default="fp32,fp64,bf16",
                    help="dtypes whose kernels are profiled over shapes (comma-separated; empty: none, the kernels "
                         "stay on the roofline)")
-    p.add_argument("--attend-rows", dest="attend_rows", default="bf16",
+    p.add_argument("--attend-rows", dest="attend_rows", default=None,
                    help="dtypes (of --kernel-dtypes) whose attend kernel is profiled over rows too (batch x KV "
                         "heads: 1, 4, 16, 64; kv_bytes up to 64 MiB, group 1, 2, 4, ..., 32): where the time of the "
                         "same bytes depends on how they split into rows (bf16 emulated on a CPU: up to 4x); the "
                         "others are timed at 4 rows and taken as not depending on them. Its groups are powers of "
                         "two: a dtype whose time steps with the group in tiles (fp32, fp64 on a CPU BLAS) loses the "
-                        "tile pricing that its every-group grid gives (comma-separated; empty: none)")
+                        "tile pricing that its every-group grid gives (comma-separated, of --kernel-dtypes; empty: "
+                        "none, the default)")
     p.add_argument("--kernels-from", dest="kernels_from", default=None, metavar="TOPOLOGY",
                    help="take the kernel profiles of this earlier calibration of the same machine instead of "
                         "measuring them again (timed on one rank, with min(its --procs, CPUs) copies of each kernel "
                         "running at once)")
     p.add_argument("--kernel-grid", dest="kernel_grid", choices=["full", "quick"], default="full",
                    help="full: kv_bytes 32 KiB-256 MiB x head_dim 32-256 x group 1-8, 16, 32 (a few minutes per "
-                        "dtype on two cores; far longer where bf16 is emulated); quick: kv_bytes up to 2 MiB, "
+                        "dtype on two cores), bf16 on CPU ranks (emulated: no tile in its group, slow) kv_bytes up "
+                        "to 64 MiB x head_dim 32-256 x group 1, 2, 4, ..., 32; quick: kv_bytes up to 2 MiB, "
                         "head_dim 32 and 128, group 1 and 4 (a smoke test); the dtypes of --attend-rows add rows to "
                         "theirs (--attend-rows)")
     p.add_argument("--max-ci", dest="max_ci", type=float, default=0.5,

@@ -9,9 +9,11 @@ device and dtype asked for, timed by :func:`~simulator.distributed.measure.robus
 * the prefill blocks ``attn-fwd`` and ``attn-bwd`` over ``row_heads``, ``keys`` and ``head_dim`` (fp32 and fp64:
   the dtypes CPU real runs of prefill use).
 
-The grid is small on purpose (on two CPU cores each dtype takes a few minutes, far more where bf16 is emulated: 21 of
-calibrate's 32 minutes on an AVX2-only CPU); every group up to 8 is profiled because the kernel's time is not
-smooth in it (:mod:`simulator.kernel_model`); workloads between grid points
+The grid is small on purpose (on two CPU cores each dtype takes a few minutes); every group up to 8 is profiled
+because the kernel's time is not smooth in it (:mod:`simulator.kernel_model`), except where it has no tiles:
+emulated bf16 on a CPU, profiled on :func:`tileless_attend_grid` (its 240-point grid took 21 of calibrate's 31
+minutes on an AVX2-only CPU, the tile-less one 2 of 13), which ``--attend-rows`` extends over rows (batch x KV
+heads); workloads between grid points
 are interpolated in log space by :class:`~simulator.kernel_model.KernelProfile`, and beyond them extrapolated, which
 the simulator reports. A profile timed under load (``loaded`` > 1) can also be timed alone along its first axis, the
 other axes at a reference shape (:data:`ALONE_REF`), loaded and alone back to back at each value: the ratios
@@ -36,7 +38,7 @@ import torch
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.distributed.measure import Timing, robust_time
 from simulator.kernel_model import KernelProfile
-from simulator.kernels import PROFILE_AXES
+from simulator.kernels import OPTIONAL_AXES, PROFILE_AXES
 from simulator.merge import (
     PartialState,
     attention_delta,
@@ -53,8 +55,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ALONE_PAIRS", "ALONE_REF", "ATTEND_GRID", "ATTEND_ROWS", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID",
            "QUICK_ATTEND_ROWS", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileOptions",
-           "UnstableMeasurement", "attend_rows_grid", "build_point", "profile_attend", "profile_kernel",
-           "profile_prefill", "profile_small", "time_call", "with_alone_ratios"]
+           "UnstableMeasurement", "build_point", "profile_attend", "profile_kernel", "profile_prefill",
+           "profile_small", "tileless_attend_grid", "time_call", "with_alone_ratios"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
@@ -69,10 +71,10 @@ ELEMS_GRID: tuple[float, ...] = tuple(float(2**k) for k in (8, 12, 16, 20))
 QUICK_ATTEND_GRID: tuple[tuple[float, ...], ...] = ((2.0**15, 2.0**18, 2.0**21), (32.0, 128.0), (1.0, 4.0))
 # attend over rows too (``--attend-rows``, the dtypes whose time depends on them: emulated bf16 on an AVX2 CPU took
 # 668, 329, 260 and 251 ms for 128 MiB of KV at head_dim 128, group 4 in 4, 16, 64 and 256 rows; fp32 and fp64
-# 0.6-1.45x of their 4-row time): rows 1 .. 64, every group that is a power of two (no tile in such a kernel's
-# time, kernel_model), kv_bytes up to 64 MiB (in 4 rows, 256 MiB at group 32 took 18-21 s a call; one row is
-# slower); the smallest kv_bytes is one token of every row at the largest head_dim (fewer would round up to a token
-# and time more bytes)
+# 0.6-1.45x of their 4-row time at 8 and 64 MiB): rows 1 .. 64, every group that is a power of two (no tile in such
+# a kernel's time, kernel_model), kv_bytes up to 64 MiB (in 4 rows, 256 MiB at group 32 took 18-21 s a call in the
+# 240-point grid); the smallest kv_bytes is one token of every row at the largest head_dim (fewer would round up to
+# a token and time more bytes)
 ATTEND_ROWS: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0)
 ATTEND_ROWS_REST: tuple[tuple[float, ...], ...] = ((32.0, 64.0, 128.0, 256.0), (1.0, 2.0, 4.0, 8.0, 16.0, 32.0))
 QUICK_ATTEND_ROWS: tuple[float, ...] = (1.0, 4.0)
@@ -134,13 +136,17 @@ def time_call(fn: Callable[[], object], device: torch.device, opts: ProfileOptio
     return robust_time(fn, clock=time.thread_time, **common)  # type: ignore[arg-type]
 
 
-def attend_rows_grid(dtype: str, quick: bool = False) -> tuple[tuple[float, ...], ...]:
-    """The attend grid over (kv_bytes, head_dim, group, rows) of ``dtype`` (see :data:`ATTEND_ROWS`); quick: a
-    smoke test's (kv_bytes up to 2 MiB, head_dim 32 and 128, group 1 and 4, rows 1 and 4)."""
-    rest, rows = ((32.0, 128.0), (1.0, 4.0)) if quick else ATTEND_ROWS_REST, QUICK_ATTEND_ROWS if quick else ATTEND_ROWS
+def tileless_attend_grid(dtype: str, quick: bool = False, over_rows: bool = True
+                         ) -> tuple[tuple[float, ...], ...]:
+    """The attend grid of a kernel without tiles in its group (see :data:`ATTEND_ROWS`): over (kv_bytes, head_dim,
+    group, rows), or, not ``over_rows``, over the first three at 4 rows (what calibrate times emulated bf16 on); quick:
+    a smoke test's (kv_bytes up to 2 MiB, head_dim 32 and 128, group 1 and 4, rows 1 and 4)."""
+    rest = ((32.0, 128.0), (1.0, 4.0)) if quick else ATTEND_ROWS_REST
+    rows = (QUICK_ATTEND_ROWS if quick else ATTEND_ROWS) if over_rows else (float(KV_HEADS),)
     smallest = 2 * rows[-1] * rest[0][-1] * DTYPE_BYTES[dtype]  # a token of every row at the largest head_dim
     levels = (15, 18, 21) if quick else (15, 18, 21, 24, 26)
-    return (tuple(sorted({max(2.0**k, smallest) for k in levels})), *rest, rows)
+    kv = tuple(sorted({max(2.0**k, smallest) for k in levels}))
+    return (kv, *rest, rows) if over_rows else (kv, *rest)
 
 
 def attend_shape(kv_bytes: float, head_dim: int, group: int, dtype: str, rows: int = KV_HEADS
@@ -224,6 +230,8 @@ def profile_kernel(kernel: str, dtype: str, device: torch.device, grid: Sequence
     """``kernel``'s profile in ``dtype`` over ``grid`` (one list of values per axis of ``PROFILE_AXES[kernel]``),
     each point timed while ``load`` runs the same call on the host's other cores (None: alone)."""
     axes = PROFILE_AXES[kernel][:len(grid)]  # (a profile may leave out the kernel's optional trailing axes)
+    if len(axes) < len(PROFILE_AXES[kernel]) - OPTIONAL_AXES.get(kernel, 0):
+        raise ValueError(f"{kernel}: a grid of {len(grid)} axes; the kernel's are {PROFILE_AXES[kernel]}")
     seconds, spread = [], []
     for point in itertools.product(*grid):
         timing = _timed(kernel, dtype, point, device, opts, load)
