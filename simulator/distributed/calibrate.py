@@ -67,6 +67,7 @@ from simulator.distributed.profile_kernels import (
     QUICK_PREFILL_GRID,
     ProfileOptions,
     UnstableMeasurement,
+    alone_ref,
     profile_attend,
     profile_prefill,
     profile_small,
@@ -430,7 +431,7 @@ def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[st
            else "") + ", the other axes at a reference shape: the kernel timed loaded, then alone, "
         f"{ALONE_PAIRS} times; the median of time alone / time loaded): "
         + "; ".join(f"{p.kernel} {p.dtype} at " + ", ".join(
-            f"{a} {v:g}" for a, v in zip(p.axes[1:], ALONE_REF[p.kernel], strict=False)) + ": "
+            f"{a} {v:g}" for a, v in zip(p.axes[1:], alone_ref(p), strict=True)) + ": "
                     + ", ".join(f"{r:.2f}" for r in p.alone) for p in timed) + "."]
     if source:
         return [f"# Kernel profiles (kernels:): taken from {source} (an earlier calibration of this machine; its "

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ALONE_PAIRS", "ALONE_REF", "ATTEND_GRID", "ATTEND_ROWS", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID",
            "QUICK_ATTEND_ROWS", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileOptions",
-           "UnstableMeasurement", "build_point", "profile_attend", "profile_kernel", "profile_prefill",
+           "UnstableMeasurement", "alone_ref", "build_point", "profile_attend", "profile_kernel", "profile_prefill",
            "profile_small", "tileless_attend_grid", "time_call", "with_alone_ratios"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
@@ -260,6 +260,12 @@ def _timed(kernel: str, dtype: str, point: tuple[float, ...], device: torch.devi
         del fn
 
 
+def alone_ref(profile: KernelProfile) -> tuple[float, ...]:
+    """The values of ``profile``'s axes after the first at which it is timed alone (:data:`ALONE_REF`, cut to the
+    axes the profile has)."""
+    return ALONE_REF[profile.kernel][:len(profile.axes) - 1]
+
+
 def with_alone_ratios(profile: KernelProfile, device: torch.device, load: HostLoad,
                       opts: ProfileOptions = ProfileOptions()) -> KernelProfile:
     """``profile`` (timed under ``load``, ``profile.loaded`` = ``load.copies``) with its ratios alone: at each value
@@ -270,7 +276,7 @@ def with_alone_ratios(profile: KernelProfile, device: torch.device, load: HostLo
                          f"with {load.copies} copies running")
     ratios = []
     for x in profile.grid[0]:
-        point = (x, *ALONE_REF[profile.kernel][:len(profile.axes) - 1])
+        point = (x, *alone_ref(profile))
         pairs = []
         for _ in range(ALONE_PAIRS):
             loaded = _timed(profile.kernel, profile.dtype, point, device, opts, load)
