@@ -9,8 +9,8 @@ memory, the interpreter and libraries included) is its own. Per case it prints: 
 (the schedule), simulate seconds, post-processing seconds (what ``treering run`` does after the simulation: the
 result row's numbers, and for decode the bounded timeline table and its figure), peak RSS, and a raw simpy loop
 that processes as many bare timeout events, measured in the same process: ``ratio`` = simulate / raw. Times are
-medians of ``--repeat`` runs (each in its own process). matplotlib is set up (fonts loaded) once before the cases,
-as it is by a report's first figure.
+medians of ``--repeat`` runs (each in its own process). matplotlib is set up (fonts loaded) and the compiled flow
+network loaded (numba) once before the cases, as a long-running process does once; the load time is printed.
 
 ``flows``: N flows with random endpoints over a fat tree of ``--nodes`` 8-GPU servers (16: 128 GPUs; 128: 1,024).
 
@@ -44,6 +44,7 @@ from simulator.algorithms import build_schedule, resolve
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
+from simulator.engine.network import load_compiled
 from simulator.points import layout_of, result_numbers
 from simulator.prefill_rows import prefill_timing
 from simulator.report.timeline import gantt, timeline_frame
@@ -155,8 +156,14 @@ def _warm_matplotlib() -> None:
     fig.savefig(io.BytesIO(), format="png", dpi=110)
 
 
+def _warm_engine() -> None:
+    """Load the compiled flow network before forking: once per process (numba), no case's simulation."""
+    print(f"compiled flow network loaded in {load_compiled():.2f} s (once per process, before the cases)")
+
+
 def bench_decode(cases: list[str], context: int, repeat: int) -> None:
     _warm_matplotlib()
+    _warm_engine()
     print(f"decode step, context {context:,} tokens; medians of {repeat}; us/op = (build + simulate) / ops")
     print(HEADER)
     for case in cases:
@@ -185,6 +192,7 @@ def _prefill_case(p: int, sequence: int) -> Case:
 
 def bench_prefill(ranks: list[int], sequence: int, repeat: int) -> None:
     _warm_matplotlib()
+    _warm_engine()
     print(f"ring prefill, causal zigzag, forward + backward, {sequence:,} tokens; medians of {repeat}")
     print(HEADER)
     for p in ranks:
@@ -216,6 +224,7 @@ def main() -> None:
     if args.what == "decode":
         bench_decode(args.cases, args.context, args.repeat)
         return
+    _warm_engine()
     cluster = load_topology("cluster", {**TOPO, "nodes": args.nodes})
     print(f"fat tree: {len(cluster.ranks)} GPUs, {cluster.graph.number_of_edges()} directed links; "
           f"target mean concurrency {args.concurrency} flows; medians of {args.repeat}")

@@ -34,6 +34,7 @@ from typing import Any
 
 import pandas as pd
 
+from simulator.engine.network import load_compiled
 from simulator.errors import InputError
 from simulator.files import replace_all, temp_beside
 from simulator.points import simulate_point
@@ -201,6 +202,7 @@ def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, k
         for index, point in todo:
             yield _run_one(index, point, numeric, index == keep)
         return
+    load_compiled()  # the workers inherit it (fork) or read numba's cache (fork server), none compiles it
     ctx, direct = _pool_context()
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx, initializer=_die_with_parent,
                                initargs=(os.getpid(), direct))
@@ -223,6 +225,7 @@ def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int
           ) -> Iterator[_Done]:
     from dask.distributed import Client, LocalCluster, as_completed  # optional dependency: imported when used
 
+    load_compiled()  # numba's cache written once here (on a fresh install), read by the local workers
     cluster = None if scheduler else LocalCluster(n_workers=max(1, jobs), threads_per_worker=1, processes=True,
                                                   dashboard_address=None)
     try:

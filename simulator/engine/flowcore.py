@@ -93,13 +93,35 @@ def _mark(link: int, row: int, count: int, li: np.ndarray, marks: np.ndarray, sc
 
 
 @njit(cache=True)
-def add(slot: int, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray,
-        inc: np.ndarray, marks: np.ndarray, fresh: np.ndarray, sc: np.ndarray) -> None:
-    """Link the flow in ``slot`` (its route, kind, cap, bytes already written) onto its links' lists."""
+def add(slot: int, links: np.ndarray, weights: np.ndarray, private: int, kind: int, key: int, nbytes: float,
+        now: float, cap: float, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray,
+        wts: np.ndarray, inc: np.ndarray, marks: np.ndarray, fresh: np.ndarray, sc: np.ndarray) -> None:
+    """Start the flow ``key`` in ``slot``: over ``links`` (then its private cap link ``private`` of capacity
+    ``cap``, if >= 0), loading them by ``weights`` (kind WEIGHTED), ``nbytes`` to drain from ``now``; linked onto
+    its links' lists, the links whose flows it may slow marked."""
     maxr = route.shape[1]
-    n = si[RLEN, slot]
-    kind = si[KIND, slot]
-    shape_n = n - 1 if kind & CAPPED else n
+    shape_n = len(links)
+    n = shape_n + 1 if private >= 0 else shape_n
+    if kind & WEIGHTED:
+        for i in range(shape_n):
+            wts[slot, i] = weights[i]
+        for i in range(shape_n, maxr):
+            wts[slot, i] = 1.0
+    elif si[KIND, slot] & WEIGHTED:  # the slot's last flow was weighted
+        for i in range(maxr):
+            wts[slot, i] = 1.0
+    for i in range(shape_n):
+        route[slot, i] = links[i]
+    if private >= 0:
+        route[slot, shape_n] = private
+        lf[CAP, private] = cap
+    si[RLEN, slot] = n
+    si[KIND, slot] = kind
+    si[FID, slot] = key
+    sf[BYTES, slot] = nbytes
+    sf[UPD, slot] = now
+    sf[RATE, slot] = 0.0
+    sf[FCAP, slot] = cap
     repeats = False
     for i in range(n):
         link = route[slot, i]
@@ -381,12 +403,16 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
 @njit(cache=True)
 def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray,
              route: np.ndarray, wts: np.ndarray, inc: np.ndarray, marks: np.ndarray, fresh: np.ndarray,
-             ek: np.ndarray, ev: np.ndarray, es: np.ndarray, sc: np.ndarray) -> tuple[np.ndarray, float, np.ndarray]:
+             ek: np.ndarray, ev: np.ndarray, es: np.ndarray, sc: np.ndarray
+             ) -> tuple[bool, np.ndarray, float, np.ndarray, int]:
     """New max-min rates of the flows around the links touched since the last call, one connected component at a
-    time; returns the links whose load may have changed (empty unless ``want_changed``) and :func:`next_finish`'s
-    answer after it."""
+    time. Returns whether any flow came or went since the last call, the links whose load may have changed (empty
+    unless ``want_changed``), :func:`next_finish`'s answer after it, and the finish heap's size."""
     maxr = route.shape[1]
     nlinks = li.shape[1]
+    if sc[NTOUCH] == 0 and sc[NLEFT] == 0 and sc[NFRESH] == 0:  # nothing came or went since the last call
+        best, due = next_finish(si, ek, ev, es, sc)
+        return False, np.empty(0, np.int64), best, due, sc[ETA_SIZE]
     sc[EPOCH] += 1
     epoch = sc[EPOCH]
     ntouch, nleft, nfresh = sc[NTOUCH], sc[NLEFT], sc[NFRESH]
@@ -506,7 +532,7 @@ def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si:
     sc[NLEFT] = 0
     sc[NFRESH] = 0
     best, due = next_finish(si, ek, ev, es, sc)
-    return changed[:nchanged], best, due
+    return True, changed[:nchanged], best, due, sc[ETA_SIZE]
 
 
 @njit(cache=True)

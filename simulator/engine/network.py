@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TypeVar
 
@@ -40,10 +41,11 @@ import numpy as np
 
 from simulator.engine import flowcore as fc
 
-__all__ = ["FlowNetwork", "max_min_rates"]
+__all__ = ["FlowNetwork", "load_compiled", "max_min_rates"]
 
 F = TypeVar("F", bound=Hashable)  # a flow's key
 Weights = tuple[float, ...] | None  # per link of a route (without the cap link): bytes of capacity per byte
+ROUTES_KEPT = 1 << 16  # routes kept as arrays (all forgotten at once when full)
 
 
 def max_min_rates(routes: Mapping[Hashable, Sequence[int]], capacity: Sequence[float]) -> dict[Hashable, float]:
@@ -133,6 +135,11 @@ class FlowNetwork:
         self._cap_link: dict[int, int] = {}  # flow -> its private cap link
         self.allocations = 0
         self._next: tuple[float, list[int]] | None = None  # next_finish's answer, until a flow comes or goes
+        self._dirty = False  # a flow came or went since the last allocation
+        self._eta_size = 0  # entries in the finish heap (as of the last allocation: at least as many as now)
+        self._added = 0  # flows added since the last allocation (each may be listed once as fresh)
+        self._routes: dict[tuple[int, ...], np.ndarray] = {}  # a route as an array, for the compiled code
+        self._unweighted = np.ones(0)
 
     @property
     def capacity(self) -> list[float]:
@@ -193,20 +200,28 @@ class FlowNetwork:
         never goes faster (bytes/s), through a private link of that capacity appended to its route; ``weights``
         (one per link, > 0): bytes of each link's capacity one byte of the flow uses (None: 1 each)."""
         route = links if type(links) is tuple else tuple(links)
+        arr = self._routes.get(route)
+        if arr is None:
+            if len(self._routes) >= ROUTES_KEPT:
+                self._routes.clear()
+            arr = self._routes[route] = np.array(route, dtype=np.int64)
+        kind = 0
+        warr = self._unweighted
         if weights is not None:
             weights = tuple(map(float, weights))
             if len(weights) != len(route) or not all(0.0 < w < math.inf for w in weights):
                 raise ValueError(f"flow {flow}: needs one finite weight > 0 per link of its route {route}, got "
                                  f"{weights}")
+            kind = fc.WEIGHTED
+            warr = np.array(weights)
         if flow in self._slot:
             raise ValueError(f"flow {flow} is already active")
         if not self._free:
             self._grow_slots(2 * self._si.shape[1])
-        n = len(route) + (cap > 0.0)
-        if n > self._maxr:
-            self._grow_route(n)
+        if len(route) + (cap > 0.0) > self._maxr:
+            self._grow_route(len(route) + 1)
         slot = self._free.pop()
-        kind = 0
+        private = -1
         if cap > 0.0:
             if self._spare_caps:
                 private = self._spare_caps.pop()
@@ -215,32 +230,18 @@ class FlowNetwork:
                 if private >= self._li.shape[1]:
                     self._grow_links(2 * self._li.shape[1])
                 self._links += 1
-            self._lf[fc.CAP, private] = cap
             self._cap_link[flow] = private
-            route = (*route, private)
-            kind = fc.CAPPED if weights is not None else fc.CAPPED | fc.CAPPED_PLAIN
-        row = self._route[slot]
-        row[:n] = route
-        wrow = self._wts[slot]
-        if weights is not None:
-            kind |= fc.WEIGHTED
-            wrow[:len(weights)] = weights
-            wrow[len(weights):n] = 1.0
-        elif self._si[fc.KIND, slot] & fc.WEIGHTED:  # the slot's last flow was weighted
-            wrow[:] = 1.0
-        si, sf = self._si, self._sf
-        si[fc.RLEN, slot] = n
-        si[fc.KIND, slot] = kind
-        si[fc.FID, slot] = flow
-        sf[fc.BYTES, slot] = nbytes
-        sf[fc.UPD, slot] = now
-        sf[fc.RATE, slot] = 0.0
-        sf[fc.FCAP, slot] = cap if cap > 0.0 else 0.0
+            kind |= fc.CAPPED if weights is not None else fc.CAPPED | fc.CAPPED_PLAIN
+        else:
+            cap = 0.0
         self._slot[flow] = slot
-        if self._sc[fc.NFRESH] >= len(self._fresh) - 1:  # (a slot may be listed again after a reuse)
+        self._added += 1
+        if self._added >= len(self._fresh):  # (a slot may be listed again after a reuse)
             self._fresh = np.concatenate((self._fresh, np.zeros(len(self._fresh), np.int64)))
-        fc.add(slot, self._li, self._lf, si, sf, self._route, self._inc, self._marks, self._fresh, self._sc)
+        fc.add(slot, arr, warr, private, kind, flow, float(nbytes), float(now), float(cap), self._li, self._lf,
+               self._si, self._sf, self._route, self._wts, self._inc, self._marks, self._fresh, self._sc)
         self._next = None
+        self._dirty = True
 
     def remove(self, flow: int) -> None:
         """Stop ``flow`` (finished); the flows it shared links with get new rates at the next allocation."""
@@ -248,6 +249,7 @@ class FlowNetwork:
         fc.remove(slot, self._li, self._lf, self._si, self._sf, self._route, self._inc, self._marks, self._sc)
         self._free.append(slot)
         self._next = None
+        self._dirty = True
         private = self._cap_link.pop(flow, None)
         if private is not None:
             self._spare_caps.append(private)
@@ -259,15 +261,19 @@ class FlowNetwork:
         Returns the links whose load may have changed (the touched ones and those of the recomputed flows; an
         empty set when ``changed_links`` is false, for a caller that does not read them).
         """
-        sc = self._sc
-        if not (sc[fc.NTOUCH] or sc[fc.NFRESH] or sc[fc.NLEFT]):
+        if not self._dirty:  # no flow came or went since the last call
+            return set()
+        self._dirty = False
+        if self._eta_size + len(self._slot) >= len(self._eta[0]):  # room for a new finish of every flow
+            self._grow_eta(2 * (self._eta_size + len(self._slot)) + 16)
+        did, changed, when, due, self._eta_size = fc.allocate(
+            float(now), bool(changed_links), self._li, self._lf, self._si, self._sf, self._route, self._wts, self._inc,
+            self._marks, self._fresh, *self._eta, self._sc)
+        self._added = 0
+        self._next = (when, due.tolist())
+        if not did:
             return set()
         self.allocations += 1
-        if sc[fc.ETA_SIZE] + len(self._slot) >= len(self._eta[0]):  # room for a new finish of every flow
-            self._grow_eta(2 * (int(sc[fc.ETA_SIZE]) + len(self._slot)) + 16)
-        changed, when, due = fc.allocate(now, changed_links, self._li, self._lf, self._si, self._sf, self._route,
-                                         self._wts, self._inc, self._marks, self._fresh, *self._eta, sc)
-        self._next = (float(when), due.tolist())
         return set(changed.tolist()) if changed_links else set()
 
     def rate(self, flow: int) -> float:
@@ -286,3 +292,18 @@ class FlowNetwork:
             when, due = fc.next_finish(self._si, *self._eta, self._sc)
             self._next = (float(when), due.tolist())
         return self._next
+
+
+def load_compiled() -> float:
+    """Load the compiled flow network into this process (numba's cache; on a fresh install it is compiled and
+    cached first, about half a minute): run before forking a pool, so that its workers inherit it or read the cache
+    rather than each compile it. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    net = FlowNetwork([1.0, 1.0])
+    net.add(0, (0, 1), 1.0, 0.0, cap=0.5)
+    net.add(1, (1,), 1.0, 0.0, weights=(2.0,))
+    net.allocate(0.0)
+    net.load(1)
+    net.remove(0)
+    net.next_finish()
+    return time.perf_counter() - t0
