@@ -225,7 +225,8 @@ def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int
           ) -> Iterator[_Done]:
     from dask.distributed import Client, LocalCluster, as_completed  # optional dependency: imported when used
 
-    load_compiled()  # numba's cache written once here (on a fresh install), read by the local workers
+    if scheduler is None:
+        load_compiled()  # numba's cache written once here (on a fresh install), read by the local workers
     cluster = None if scheduler else LocalCluster(n_workers=max(1, jobs), threads_per_worker=1, processes=True,
                                                   dashboard_address=None)
     try:

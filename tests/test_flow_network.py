@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -136,3 +137,73 @@ def test_a_finished_flows_prediction_does_not_finish_the_flow_that_reuses_its_sl
     net.remove(2)
     net.allocate(5.5)
     assert net.next_finish() == (math.inf, [])
+
+
+def test_a_flow_taking_a_finished_flows_slot_has_no_finish_before_it_is_rated():
+    net = FlowNetwork([10.0])
+    net.add(1, (0,), 10.0, now=0.0)
+    net.allocate(0.0)
+    net.remove(1)
+    net.add(2, (0,), 50.0, now=0.5)  # flow 1's slot; its prediction (1.0) is not flow 2's
+    assert net.next_finish() == (math.inf, [])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_churn_between_allocations_then_rates_finishes_and_loads_match_a_reference(weighted):
+    """Flows (capped ones among them; weighted ones in the second run) coming and going many times between two
+    allocations, past the first block of slots: the allocation then rates every active flow as the reference does
+    (``max_min_rates``; weighted: a fresh network holding only the active flows), the next finish is the earliest
+    of bytes / rate, and each link's load is the sum of its flows' rates (weighted where they are)."""
+    rng = np.random.default_rng(11)
+    capacity = rng.uniform(5.0, 50.0, size=12).tolist()
+    net = FlowNetwork(capacity)
+    active: dict[int, tuple[tuple[int, ...], float, float, tuple[float, ...] | None]] = {}
+    for i in range(400):
+        if len(active) < 3 or rng.random() < 0.6:
+            route = tuple(int(x) for x in rng.integers(0, len(capacity), size=int(rng.integers(1, 11))))
+            cap = float(rng.choice([0.0, 0.0, 4.0]))
+            weights = tuple(float(w) for w in rng.uniform(0.5, 2.0, size=len(route))) if weighted and i % 3 else None
+            nbytes = float(rng.uniform(1.0, 100.0))
+            net.add(i, route, nbytes, now=0.0, cap=cap, weights=weights)
+            active[i] = (route, cap, nbytes, weights)
+        else:
+            gone = sorted(active)[int(rng.integers(len(active)))]
+            net.remove(gone)
+            del active[gone]
+    net.allocate(0.0)
+    assert len(active) > 64
+    rates = {f: net.rate(f) for f in active}
+    if weighted:
+        fresh = FlowNetwork(capacity)
+        for f, (r, c, b, w) in active.items():
+            fresh.add(f, r, b, now=0.0, cap=c, weights=w)
+        fresh.allocate(0.0)
+        for f in active:
+            assert math.isclose(rates[f], fresh.rate(f), rel_tol=1e-12)
+    else:
+        caps = list(capacity)
+        full: dict[int, tuple[int, ...]] = {}
+        for f, (r, c, _, _) in active.items():
+            if c > 0:
+                caps.append(c)
+                r = (*r, len(caps) - 1)
+            full[f] = r
+        assert rates == max_min_rates(full, caps)
+    when, due = net.next_finish()
+    first = min(b / rates[f] for f, (_, _, b, _) in active.items())
+    assert math.isclose(when, first, rel_tol=1e-12)
+    assert due == sorted(f for f, (_, _, b, _) in active.items() if b / rates[f] - first <= 1e-12 * first)
+    for link in range(len(capacity)):
+        used = sum(rates[f] * (1.0 if w is None else w[i]) for f, (r, _, _, w) in active.items()
+                   for i, x in enumerate(r) if x == link)
+        assert math.isclose(net.load(link), used, rel_tol=1e-12, abs_tol=1e-9)
+        assert net.load(link) <= capacity[link] * (1 + 1e-9)
+
+
+def test_a_route_naming_a_link_the_network_does_not_have_is_refused():
+    net = FlowNetwork([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"route \(0, 2\) names a link outside 0..1"):
+        net.add(0, (0, 2), 1.0, now=0.0)
+    with pytest.raises(ValueError, match="outside"):
+        net.add(1, (-1,), 1.0, now=0.0)
+    assert net.load(7) == 0.0

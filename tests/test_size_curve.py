@@ -80,8 +80,8 @@ events_st = st.lists(st.tuples(st.booleans(), st.lists(st.tuples(st.integers(0, 
 @given(events_st)
 def test_incremental_weighted_rates_equal_a_fresh_allocation(events):
     """Flows with and without weights starting and finishing: after every allocation, each active flow's rate is
-    the one a network holding only the active flows gives them at once (the components recomputed, the kept fills
-    looked up, the slack links skipped: none of it changes a weighted rate)."""
+    the one a network holding only the active flows gives them at once (the components recomputed, the slack links
+    skipped: none of it changes a weighted rate)."""
     net = FlowNetwork(CAPACITY)
     active: dict[int, tuple[tuple[int, ...], float, tuple[float, ...] | None]] = {}
     for i, (start, hops, cap, weighted) in enumerate(events):

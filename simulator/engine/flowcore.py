@@ -7,19 +7,19 @@ microseconds of machine code rather than a walk over Python dicts and sets:
 
 * links (``li`` / ``lf``, one column per link, the private cap links included): the head of the list of the flows'
   *incidences* on the link (a flow crossing a link twice has two), their count, the distinct flows and the distinct
-  capped flows on it, and per-allocation marks;
+  capped unweighted flows on it, and per-allocation marks;
 * flows (``si`` / ``sf``, one column per *slot*; the Python side maps a flow's key to a slot and reuses the slots of
   finished flows): route length, rate version, key, kind bits, bytes left at ``updated``, rate, cap;
   ``route[slot, i]`` its links (its cap link last) and ``wts[slot, i]`` the capacity one byte uses on each;
 * incidences: ``inc[NEXT | PREV, slot * maxr + i]``, doubly linked per link (O(1) to add and remove);
 * a heap of predicted finishes ``(when, version, slot)`` in three arrays; a version never repeats on a slot (it
-  keeps counting across the flows that reuse it), so a finished flow's entries cannot be mistaken for its
-  successor's.
+  keeps counting across the flows that reuse it, and a flow's removal bumps it), so a finished flow's entries
+  cannot be mistaken for its successor's.
 
 The filling pops links in (share, version, link) order, the order :func:`simulator.engine.network._fill` uses,
 with the same floating-point operations in the same order, so its rates are the reference's floats exactly (a
 property the tests check); where weights make the result depend on the order in which a link's flows are frozen
-(:func:`_fill_weighted`), the order is the link's incidence list's, and the last bits may differ from a fill over
+(a weighted component), the order is the link's incidence list's, and the last bits may differ from a fill over
 another order (a few ulps).
 """
 
@@ -201,6 +201,7 @@ def remove(slot: int, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.nda
             if kind & CAPPED_PLAIN and i < shape_n:
                 li[NCAP, link] -= 1
     si[ACTIVE, slot] = 0
+    si[VER, slot] += 1  # its finish predictions are stale, whoever takes the slot next
 
 
 # -- a binary heap of (key float, version int, id int) in three arrays, the smallest tuple on top ------------------

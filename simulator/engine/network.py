@@ -88,7 +88,7 @@ def _fill(flows: int, routes: Mapping[F, Sequence[int]], users: Mapping[int, Ite
             rate[f] = share
             for other in routes[f]:
                 left = rem.get(other)
-                if left is None:  # a slack link (FlowNetwork): it binds no one
+                if left is None:  # a link not counted: it binds no one
                     continue
                 left -= share
                 rem[other] = left
@@ -112,6 +112,7 @@ class FlowNetwork:
 
     def __init__(self, capacity: Sequence[float]) -> None:
         n = len(capacity)
+        self._given = n  # the links routes may name
         self._links = n  # links in use: the given ones, then the private cap links handed out so far
         self._li = np.zeros((fc.NLI, 0), np.int64)
         self._lf = np.zeros((fc.NLF, 0))
@@ -172,7 +173,7 @@ class FlowNetwork:
         wts[:old] = self._wts
         inc = np.full((2, size * maxr), -1, np.int64)
         inc[:, :old * maxr] = self._inc
-        fresh = np.zeros(size + 1, np.int64)
+        fresh = np.zeros(max(size + 1, len(self._fresh)), np.int64)
         fresh[:len(self._fresh)] = self._fresh
         self._si, self._sf, self._route, self._wts, self._inc, self._fresh = si, sf, route, wts, inc, fresh
         self._free.extend(range(size - 1, old - 1, -1))  # popped from the end: the lowest slot first
@@ -202,9 +203,12 @@ class FlowNetwork:
         route = links if type(links) is tuple else tuple(links)
         arr = self._routes.get(route)
         if arr is None:
+            arr = np.array(route, dtype=np.int64)
+            if arr.size and (arr.min() < 0 or arr.max() >= self._given):  # (the compiled code does not check)
+                raise ValueError(f"flow {flow}: route {route} names a link outside 0..{self._given - 1}")
             if len(self._routes) >= ROUTES_KEPT:
                 self._routes.clear()
-            arr = self._routes[route] = np.array(route, dtype=np.int64)
+            self._routes[route] = arr
         kind = 0
         warr = self._unweighted
         if weights is not None:
@@ -283,6 +287,8 @@ class FlowNetwork:
     def load(self, link: int) -> float:
         """Bytes/s of ``link``'s capacity in use now (a flow that crosses it twice counts twice; a weighted flow
         its rate times its weight there)."""
+        if not 0 <= link < self._links:
+            return 0.0
         return float(fc.load(link, self._li, self._sf, self._wts, self._inc, self._maxr))
 
     def next_finish(self) -> tuple[float, list[int]]:
@@ -299,9 +305,10 @@ def load_compiled() -> float:
     cached first, about half a minute): run before forking a pool, so that its workers inherit it or read the cache
     rather than each compile it. Returns the seconds it took."""
     t0 = time.perf_counter()
-    net = FlowNetwork([1.0, 1.0])
+    net = FlowNetwork([1.0] * 9)
     net.add(0, (0, 1), 1.0, 0.0, cap=0.5)
     net.add(1, (1,), 1.0, 0.0, weights=(2.0,))
+    net.add(2, tuple(range(9)), 1.0, 0.0)  # a route wider than the first arrays: their re-layout
     net.allocate(0.0)
     net.load(1)
     net.remove(0)
