@@ -92,6 +92,16 @@ def _mark(link: int, row: int, count: int, li: np.ndarray, marks: np.ndarray, sc
         sc[count] += 1
 
 
+@njit(cache=True, inline="always")
+def _first_crossing(route: np.ndarray, slot: int, i: int) -> bool:
+    """Whether position ``i`` of the slot's route is its first crossing of that link."""
+    link = route[slot, i]
+    for j in range(i):  # noqa: SIM110 (a loop: numba compiles no generator into all())
+        if route[slot, j] == link:
+            return False
+    return True
+
+
 @njit(cache=True)
 def add(slot: int, links: np.ndarray, weights: np.ndarray, private: int, kind: int, key: int, nbytes: float,
         now: float, cap: float, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray,
@@ -133,13 +143,9 @@ def add(slot: int, links: np.ndarray, weights: np.ndarray, private: int, kind: i
             inc[PREV, head] = e
         li[HEAD, link] = e
         li[NINC, link] += 1
-        first = True
-        for j in range(i):
-            if route[slot, j] == link:
-                first = False
-                repeats = True
-                break
-        if first:
+        if not _first_crossing(route, slot, i):
+            repeats = True
+        else:
             li[NFL, link] += 1
             if kind & CAPPED_PLAIN and i < shape_n:
                 li[NCAP, link] += 1
@@ -191,12 +197,7 @@ def remove(slot: int, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.nda
         if nxt >= 0:
             inc[PREV, nxt] = prv
         li[NINC, link] -= 1
-        first = True
-        for j in range(i):
-            if route[slot, j] == link:
-                first = False
-                break
-        if first:
+        if _first_crossing(route, slot, i):
             li[NFL, link] -= 1
             if kind & CAPPED_PLAIN and i < shape_n:
                 li[NCAP, link] -= 1
@@ -271,14 +272,9 @@ def _alone_rate(slot: int, lf: np.ndarray, si: np.ndarray, route: np.ndarray, wt
     best = np.inf
     if kind & (WEIGHTED | REPEATS):
         for i in range(n):
-            link = route[slot, i]
-            seen = False
-            for j in range(i):
-                if route[slot, j] == link:
-                    seen = True
-                    break
-            if seen:
+            if not _first_crossing(route, slot, i):
                 continue
+            link = route[slot, i]
             if kind & WEIGHTED:
                 used = 0.0
                 for j in range(i, n):
