@@ -203,9 +203,9 @@ class FlowNetwork:
         route = links if type(links) is tuple else tuple(links)
         arr = self._routes.get(route)
         if arr is None:
-            arr = np.array(route, dtype=np.int64)
-            if arr.size and (arr.min() < 0 or arr.max() >= self._given):  # (the compiled code does not check)
+            if route and (min(route) < 0 or max(route) >= self._given):  # (the compiled code does not check)
                 raise ValueError(f"flow {flow}: route {route} names a link outside 0..{self._given - 1}")
+            arr = np.array(route, dtype=np.int64)
             if len(self._routes) >= ROUTES_KEPT:
                 self._routes.clear()
             self._routes[route] = arr
