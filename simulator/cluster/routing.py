@@ -135,8 +135,9 @@ class Router:
                 self._walk_all(dst, todo[dst], _array_dist(row))
 
     def _walk_all(self, dst: str, sources: list[str], dist: Dist) -> None:
+        on_path: dict[int, list[tuple[int, float]]] = {}  # shared by the sources: see _walk
         for src in sources:
-            self._routes[(src, dst)] = self._walk(src, dst, dist)
+            self._routes[(src, dst)] = self._walk(src, dst, dist, on_path)
 
     def _bounded(self, dst: int, limit: float) -> Dist:
         """Distances to ``dst`` of the nodes within ``limit`` of it (the others: inf), as scipy's ``limit``."""
@@ -245,28 +246,37 @@ class Router:
                 self._block_floats += hit[0].size
         return hit
 
-    def _walk(self, src: str, dst: str, dist: Dist) -> tuple[Edge, ...]:
+    def _walk(self, src: str, dst: str, dist: Dist, on_path: dict[int, list[tuple[int, float]]] | None = None
+              ) -> tuple[Edge, ...]:
+        """The route from ``src`` to ``dst`` over ``dist`` (distances to ``dst``). ``on_path`` keeps, per node, the
+        successors on a shortest path to ``dst`` with their distances: they depend on the node and ``dst`` only, so
+        the sources of one destination share them (only the ECMP pick among them depends on the source)."""
         at, many = dist
         names, succ, succ_np = self._names, self._succ, self._succ_np
         cur, goal = self._index[src], self._index[dst]
         here = at(cur)
         if not np.isfinite(here):
             raise KeyError(f"no route from {src} to {dst}")
+        if on_path is None:
+            on_path = {}
         edges: list[Edge] = []
         while cur != goal:
-            tol = 1e-12 * here
-            vec = succ_np[cur]
-            if vec is None:
-                nxt = []
-                for v, w in succ[cur]:
-                    dv = at(v)
-                    if abs(dv + w - here) <= tol and dv < here:
-                        nxt.append((v, dv))
-            else:
-                idx, ws = vec
-                dvs = many(idx)
-                keep = (np.abs(dvs + ws - here) <= tol) & (dvs < here)
-                nxt = list(zip(idx[keep].tolist(), dvs[keep].tolist(), strict=True))
+            nxt = on_path.get(cur)
+            if nxt is None:
+                tol = 1e-12 * here
+                vec = succ_np[cur]
+                if vec is None:
+                    nxt = []
+                    for v, w in succ[cur]:
+                        dv = at(v)
+                        if abs(dv + w - here) <= tol and dv < here:
+                            nxt.append((v, dv))
+                else:
+                    idx, ws = vec
+                    dvs = many(idx)
+                    keep = (np.abs(dvs + ws - here) <= tol) & (dvs < here)
+                    nxt = list(zip(idx[keep].tolist(), dvs[keep].tolist(), strict=True))
+                on_path[cur] = nxt
             pick = nxt[_stable_hash(f"{src}|{dst}|{names[cur]}") % len(nxt)] if len(nxt) > 1 else nxt[0]
             edges.append((names[cur], names[pick[0]]))
             cur, here = pick
