@@ -419,8 +419,6 @@ def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si:
     solos = np.empty(si.shape[1], np.int64)
     nsolo = 0
     comp_members = np.empty(si.shape[1], np.int64)  # every component's members, one after another
-    comp_at = np.empty(si.shape[1] + 1, np.int64)
-    ncomp = 0
     total = 0
     for k in range(ntouch + nfresh):
         if k < ntouch:
@@ -480,14 +478,11 @@ def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si:
                             weighted = True
                             break
                     _fill(members, nm, links, nl, weighted, li, lf, si, sf, route, wts, inc, epoch, sc)
-                    comp_at[ncomp] = total
                     for q in range(nm):
                         comp_members[total + q] = members[q]
                     total += nm
-                    ncomp += 1
             if single >= 0:
                 break
-    comp_at[ncomp] = total
     for q in range(nsolo):
         f = solos[q]
         _set_rate(f, _alone_rate(f, lf, si, route, wts), now, si, sf, ek, ev, es, sc)

@@ -59,15 +59,6 @@ def max_min_rates(routes: Mapping[Hashable, Sequence[int]], capacity: Sequence[f
     return _fill(len(routes), routes, users, count, capacity)
 
 
-def _shares(count: Mapping[int, int], load: Mapping[int, float], capacity: Sequence[float]
-            ) -> tuple[dict[int, float], dict[int, int], list[tuple[float, int, int]]]:
-    """A filling's start: each link's remaining capacity, version, and the heap of fair shares (capacity / load)."""
-    rem = {link: float(capacity[link]) for link in count}
-    heap = [(rem[link] / load[link], 0, link) for link in count]
-    heapq.heapify(heap)
-    return rem, dict.fromkeys(count, 0), heap
-
-
 def _fill(flows: int, routes: Mapping[F, Sequence[int]], users: Mapping[int, Iterable[F]], count: dict[int, int],
           capacity: Sequence[float]) -> dict[F, float]:
     """Progressive filling of ``flows`` flows over the links of ``count`` (link -> the flows crossing it, counted
@@ -75,7 +66,10 @@ def _fill(flows: int, routes: Mapping[F, Sequence[int]], users: Mapping[int, Ite
 
     Links leave the heap in (share, version, link) order, a total order: the rates do not depend on the order of
     ``count`` or of the flows in ``users[link]`` (the flows frozen by one link all subtract the same share)."""
-    rem, version, heap = _shares(count, count, capacity)
+    rem = {link: float(capacity[link]) for link in count}
+    version = dict.fromkeys(count, 0)
+    heap = [(rem[link] / count[link], 0, link) for link in count]
+    heapq.heapify(heap)
     rate: dict[F, float] = {}
     pop, push = heapq.heappop, heapq.heappush
     while heap:
