@@ -43,8 +43,7 @@ import simpy
 from simulator.algorithms import build_schedule, resolve
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
-from simulator.engine.core import simulate
-from simulator.engine.network import load_compiled
+from simulator.engine.core import load_compiled, simulate
 from simulator.points import layout_of, result_numbers
 from simulator.prefill_rows import prefill_timing
 from simulator.report.timeline import gantt, timeline_frame
@@ -157,8 +156,8 @@ def _warm_matplotlib() -> None:
 
 
 def _warm_engine() -> None:
-    """Load the compiled flow network before forking: once per process (numba), no case's simulation."""
-    print(f"compiled flow network loaded in {load_compiled():.2f} s (once per process, before the cases)")
+    """Load the compiled engine before forking: once per process (numba), no case's simulation."""
+    print(f"compiled engine loaded in {load_compiled():.2f} s (once per process, before the cases)")
 
 
 def bench_decode(cases: list[str], context: int, repeat: int) -> None:

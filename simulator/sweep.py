@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from simulator.engine.network import load_compiled
+from simulator.engine.core import load_compiled
 from simulator.errors import InputError
 from simulator.files import replace_all, temp_beside
 from simulator.points import simulate_point

@@ -24,10 +24,10 @@ from simulator.workloads.shape import DecodeShape
 
 @pytest.mark.slow
 def test_sigint_interrupts_a_simulation_within_a_second():
-    cluster = load_topology("dgx-h100", {"nodes": 16})
+    cluster = load_topology("dgx-h100", {"nodes": 64})
     shape = DecodeShape(batch=1, heads=16, head_dim=128, kv_heads=16, context=1_000_000, dtype="bf16")
     name, params = resolve("ring")
-    sched = build_schedule(name, params, shape, layout_of(cluster))  # 49k ops: seconds to simulate
+    sched = build_schedule(name, params, shape, layout_of(cluster))  # 786k ops: a second or more to simulate
     sent: list[float] = []
 
     def interrupt() -> None:

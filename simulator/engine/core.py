@@ -1,4 +1,4 @@
-"""The event engine (the only simpy code): runs a :class:`Schedule` on a :class:`Cluster`, records a timeline.
+"""The event engine: runs a :class:`Schedule` on a :class:`Cluster`, records a timeline.
 
 * Compute ops: roofline time on the rank's device (:func:`simulator.cluster.devices.compute_time`); one compute stream
   per rank, FIFO in the order ops become ready. Where several ranks share a host's CPU cores (``host_cores`` in the
@@ -26,42 +26,48 @@ Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B /
 bandwidth at B where it was measured by size), where
 ``overhead = message_overhead (+ comm_overhead outside a collective)`` (a ``STREAMED`` one: ``B / min(bandwidth)``).
 
-Everything due at one instant runs from one simpy event (a calendar of callbacks per time), so lockstep
-schedules (P ranks finishing a step together) cost one event per instant rather than one per op. The run keeps
-each op's start and end by op id; the result holds them as arrays, with the ops' (start, rank, op) order, and
-builds the timeline (one :class:`Record` per op) only when a caller asks for it: rows, reports and traces read the
-arrays, so what they cost grows with what they show.
+Everything due at one instant runs together: a calendar of callbacks ordered by (time, order of scheduling), and
+rates recomputed once at the end of the instant's callbacks. The loop is compiled (:mod:`.eventcore`, numba, over
+the flow network of :mod:`.netstate`): this module turns the schedule into columns (an array per op field, a
+kernel's duration computed once per distinct cost, a route once per pair of ranks) and runs them, a budget of
+callbacks per compiled call (an interrupt lands between calls), so that a lockstep schedule costs about a
+microsecond per op. :mod:`.reference` is the same model with one Python callback per event on a simpy calendar;
+the tests hold the compiled loop to its floats exactly. The run keeps each op's start and end by op id; the result
+holds them as arrays, with the ops' (start, rank, op) order, and builds the timeline (one :class:`Record` per op)
+only when a caller asks for it: rows, reports and traces read the arrays, so what they cost grows with what they
+show.
 """
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Callable, Collection, Sequence
+import math
+import time
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, partial
-from itertools import chain, compress
+from functools import cached_property
+from itertools import chain
 from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
-import simpy
 
 from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
+from simulator.engine import eventcore
 from simulator.engine.host import HostResources
-from simulator.engine.network import FlowNetwork
 from simulator.gcpause import gc_paused
 from simulator.schedule import COMPUTE_KINDS, OP_KINDS, Op, Schedule
 
-__all__ = ["Record", "SimResult", "simulate"]
+__all__ = ["Record", "SimResult", "load_compiled", "simulate"]
 
-Callback = Callable[[Any], None]
 _new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
 # Op fields, read by map (C-level passes over the ops)
-_RANK, _KIND, _DEPS, _NBYTES, _PEER = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(6), itemgetter(8)
+_RANK, _KIND, _DEPS, _NBYTES, _MATCH = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(6), itemgetter(9)
+_NOT_BEFORE, _COLL, _FLOOR, _RATE_CAP = itemgetter(10), itemgetter(19), itemgetter(23), itemgetter(24)
 _KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
 _SENDS = frozenset({"send"})
+CALLBACKS_PER_CALL = 200_000  # the compiled loop returns to Python this often (tens of milliseconds)
 _COST = itemgetter(5, 6, 7, 18, 11, 25)  # Op.flops, nbytes, dtype, fused, fn, dims: what a kernel's duration depends on
 
 
@@ -89,7 +95,7 @@ class SimResult:
     way to a row or a report needs.
 
     ``events`` counts the engine's callbacks (op completions and readiness, flow injections and finishes, rate
-    recomputations); ``simpy_events`` the simpy events that carried them.
+    recomputations); ``simpy_events`` the instants they ran at (one simpy event each in the reference engine).
     """
 
     ops: Sequence[Op]
@@ -158,16 +164,15 @@ class SimResult:
 
 
 class _Run:
+    """A schedule's columns for the compiled loop (:mod:`simulator.engine.eventcore`): what each op needs, computed
+    once per distinct value (a kernel's duration per cost, a route per pair of ranks, weights per route and size)."""
+
     def __init__(self, schedule: Schedule, cluster: Cluster, record_links: bool = False) -> None:
-        self.env = simpy.Environment()
-        self.now: float = self.env.now  # the simulated time, kept by _run_due (a plain attribute: read for every op)
         self.record_links = record_links
-        self.link_load: list[tuple[float, str, str, float]] = []
         self.sched = schedule
-        self.ops = schedule.ops
+        self.ops = ops = schedule.ops
         self.cluster = cluster
         self.place = schedule.placement_on(cluster.ranks)
-        ops = schedule.ops
         n = len(ops)
         # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
         # they were appended): built by numpy, 8 bytes per edge instead of a list per op
@@ -175,18 +180,11 @@ class _Run:
         counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
         parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=int(counts.sum()))
         del deps_of
-        kids = np.repeat(np.arange(n, dtype=np.int64), counts)[np.argsort(parents, kind="stable")]
-        self.kids = array("q", kids.tobytes())
-        self.first_kid = array("q", np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).tobytes())
-        del kids, parents
-        self.pending = counts.tolist()
-        self.roots = np.flatnonzero(counts == 0).tolist()
-        # seconds, by op id (None: not yet): lists of float objects, which the ops ending at one instant share and
-        # the timeline's records reuse (an array of doubles would make a float object per record)
-        self.start: list[float | None] = [None] * n
-        self.end: list[float | None] = [None] * n
-        self.ready = bytearray(n)  # 1 once the op is ready (a byte per op, not a list slot)
-        self.stream_free = [0.0] * schedule.ranks
+        self.kids = np.repeat(np.arange(n, dtype=np.int64), counts)[np.argsort(parents, kind="stable")]
+        self.first_kid = np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).astype(np.int64)
+        del parents
+        self.pending = counts
+        self.roots = np.flatnonzero(counts == 0)
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         self.links: dict[tuple[str, str], int] = {}
         capacity: list[float] = []
@@ -198,104 +196,42 @@ class _Run:
             capacity.append(data["bandwidth"])
             self.latency.append(data["latency"])
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
+        self.capacity = np.array(capacity, dtype=float)
         # link id -> (nominal bytes/s, bandwidth by message size): links and host copies measured over sizes
         self.curves: dict[int, tuple[float, SizeCurve]] = dict(self.hosts.copy_curves)
         for i, (_, _, curve) in enumerate(cluster.graph.edges(data="by_size")):
             if curve is not None:
                 self.curves[i] = (capacity[i], curve)
-        self._weights: dict[tuple[tuple[int, ...], float], tuple[float, ...] | None] = {}
-        # ranks on shared host cores are host threads that issue their ops in program order (see _ready)
-        self.program: list[list[int]] = [[] for _ in range(schedule.ranks)]
-        self.in_order = any(self.hosts.shares(r) for r in range(schedule.ranks))  # any rank issues in order
-        if self.in_order:
-            for op in schedule.ops:
-                if self.hosts.shares(op.rank):
-                    self.program[op.rank].append(op.id)
-        self.cursor = [0] * schedule.ranks
-        self.held = bytearray(len(schedule.ops))  # dependencies met, waiting for its turn in program order
-        self.net = FlowNetwork(capacity)
-        self._durations: dict[tuple[Any, ...], float] = {}
         self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
-        self._paths: dict[tuple[int, int], tuple[tuple[int, ...], float]] = {}
         # each op's kind as an index into OP_KINDS (the result keeps it): a C-level pass over the ops
         self.kind_of = np.fromiter(map(_KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n)
-        sends = list(compress(ops, (self.kind_of == _KIND_INDEX["send"]).tolist()))
-        place = self.place
-        cluster.prepare_routes({(place[a], place[b]) for a, b in set(zip(map(_RANK, sends), map(_PEER, sends),
-                                                                          strict=True))})
-        del sends
-        self.msg_s, self.comm_s = cluster.message_overhead_s, cluster.comm_overhead_s
-        # a compute op's duration is cached by (its device, its cost fields): one key per spec object, or none
-        self.spec_key = [id(spec) for spec in self.specs]
-        self.one_spec = len(set(self.spec_key)) <= 1
-        self.flow_op: dict[int, Op] = {}
-        self.dirty = False
-        self.generation = 0
-        self.events = 0
-        self.simpy_events = 0
-        self._calendar: dict[float, list[tuple[Callback, Any]]] = {}
+        self.ranks = np.fromiter(map(_RANK, ops), dtype=np.int64, count=n)
+        # ranks on shared host cores are host threads that issue their ops in program order
+        threads = np.array([self.hosts.shares(r) for r in range(schedule.ranks)], dtype=bool)
+        self.in_order = bool(threads.any())
+        mine = np.flatnonzero(threads[self.ranks]) if self.in_order else np.zeros(0, np.int64)
+        self.prog = mine[np.argsort(self.ranks[mine], kind="stable")]
+        self.prog_start = np.concatenate(([0], np.cumsum(np.bincount(self.ranks[mine], minlength=schedule.ranks))
+                                          )).astype(np.int64)
+        self.dur = np.zeros(n)
+        self._durations(np.flatnonzero(self.kind_of <= _KIND_INDEX["merge"]))
+        launches = np.flatnonzero(self.kind_of == _KIND_INDEX["launch"])
+        start_s = cluster.collective_start_s
+        self.dur[launches] = [max(start_s, ops[i].floor_s) for i in launches.tolist()]
+        self._transfers()
+        self._host_kernels(mine)
 
-    # -- the calendar: every callback due at one time runs from one simpy event ----------------------------------
-    def _at(self, delay: float, callback: Callback, arg: Any) -> None:
-        """Call ``callback(arg)`` in ``delay`` seconds (after what is already due then)."""
-        when = self.now + delay  # the time simpy gives the timeout below: its now + delay
-        due = self._calendar.get(when)
-        if due is None:
-            due = self._calendar[when] = []
-            ev = self.env.timeout(delay)
-            ev.callbacks.append(partial(self._run_due, when))  # type: ignore[union-attr]
-            self.simpy_events += 1
-        due.append((callback, arg))
-
-    def _run_due(self, when: float, _event: object = None) -> None:
-        """Run every callback due now, then, if flows started or finished, recompute rates once: after everything
-        else of this instant (nothing else is queued for it: the calendar has one simpy event per time)."""
-        self.now = when
-        due = self._calendar[when]
-        done = 0
-        while True:
-            while done < len(due):  # callbacks may add more for this same instant: run those too
-                callback, arg = due[done]
-                callback(arg)
-                done += 1
-            if not self.dirty:
-                break
-            self._reallocate()  # may predict a finish at this same instant: due grows, the loop goes on
-        self.events += done
-        del self._calendar[when]
-
-    def run(self) -> SimResult:
-        ops = self.ops
-        for i in self.roots:
-            op = ops[i]
-            self._at(op.not_before_s, self._ready, op)
-        self.env.run()
-        start, end = self.start, self.end
-        if None in start:
-            unfinished = [i for i, t in enumerate(start) if t is None]
-            raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
-        self.kids, self.first_kid, self.pending = array("q"), array("q"), []  # the results need none of these
-        self.ready, self.held = bytearray(), bytearray()
-        starts, ends = np.array(start, dtype=float), np.array(end, dtype=float)  # None -> NaN
-        self.start, self.end = [], []
-        ranks = np.fromiter(map(_RANK, ops), dtype=np.int64, count=len(ops))
-        ids = np.flatnonzero(~np.isnan(ends))  # started but never ended: not on the timeline
-        last = np.full(self.sched.ranks, -np.inf)
-        np.maximum.at(last, ranks[ids], ends[ids])
-        end_time = {r: float(last[r]) for r in np.unique(ranks[ids]).tolist()}
-        # the timeline's (start, rank, op) order: one sort of arrays rather than of millions of key tuples
-        order = ids[np.lexsort((ids, ranks[ids], starts[ids]))]
-        return SimResult(ops, starts, ends, order, ranks, self.kind_of, self.events, self.net.allocations,
-                         self.sched.ranks, end_time, self.simpy_events, self.link_load, self.extrapolated)
-
-    # -- op life cycle -----------------------------------------------------------------------------------------
-    def _duration(self, op: Op) -> float:
-        rank = op.rank
-        key = _COST(op) if self.one_spec else (self.spec_key[rank], _COST(op))  # the cluster holds its specs
-        hit = self._durations.get(key)
-        if hit is None:
-            hit = self._durations[key] = self._new_duration(self.specs[rank], op)
-        return hit
+    def _durations(self, ids: np.ndarray) -> None:
+        """Each kernel's duration on its rank's device (roofline or profile), computed once per distinct cost."""
+        ops, specs = self.ops, self.specs
+        kernels = list(map(ops.__getitem__, ids.tolist()))
+        costs = list(map(_COST, kernels))
+        if len({id(spec) for spec in self.specs}) > 1:  # the cost on each kind of device
+            costs = list(zip(map(id, map(specs.__getitem__, map(_RANK, kernels))), costs, strict=True))
+        first = dict(zip(reversed(costs), reversed(kernels), strict=True))  # a cost -> its first op
+        seconds = {cost: self._new_duration(specs[op.rank], op) for cost, op in sorted(
+            first.items(), key=lambda item: item[1].id)}
+        self.dur[ids] = np.fromiter(map(seconds.__getitem__, costs), dtype=float, count=len(costs))
 
     def _new_duration(self, spec: DeviceSpec | None, op: Op) -> float:
         if spec is None:  # a switch reducing in the network (NVLS), at line rate
@@ -309,230 +245,138 @@ class _Run:
             self.extrapolated[where] = tuple(sorted({*self.extrapolated.get(where, ()), *outside}))
         return hit
 
-    def _ready(self, op: Op) -> None:
-        now = self.now
-        if now < op.not_before_s:
-            self._at(op.not_before_s - now, self._ready, op)
-            return
-        if self.in_order and self.program[op.rank]:
-            self._ready_in_order(op)
-            return
-        kind = op.kind
-        if kind == "compute" or kind == "merge":  # COMPUTE_KINDS
-            rank = op.rank
-            duration = self._duration(op)
-            begin = self.stream_free[rank]  # one FIFO compute stream: max(now, when it is free)
-            if begin < now:
-                begin = now
-            end = begin + duration
-            self.stream_free[rank] = end
-            self.start[op.id] = begin
-            self._at(end - now, self._done, op)
-        elif kind == "launch":
-            self.start[op.id] = now
-            self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
-        else:
-            self.ready[op.id] = 1
-            match = op.match
-            assert match is not None
-            if self.ready[match]:  # both ends ready: the transfer starts
-                if kind == "send":
-                    self._start_transfer(op, self.ops[match])
-                else:
-                    self._start_transfer(self.ops[match], op)
-
-    def _ready_in_order(self, op: Op) -> None:
-        """An op of a host thread (a rank on shared host cores): it waits for its turn in program order."""
-        kind = op.kind
-        rank = op.rank
-        if self.program[rank][self.cursor[rank]] != op.id:
-            self.held[op.id] = 1
-            return
-        if kind == "send" or kind == "recv":  # posted: the thread goes on to its next op
-            self._issued(rank)
-        self.ready[op.id] = 1
-        if kind in COMPUTE_KINDS:  # its turn in program order: the rank's previous kernel has returned
-            self._start_kernel(op)
-        elif kind == "launch":
-            self.start[op.id] = self.now
-            self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
-        else:
-            assert op.match is not None
-            if self.ready[op.match]:
-                send, recv = (op, self.ops[op.match]) if kind == "send" else (self.ops[op.match], op)
-                self._start_transfer(send, recv)
-
-    def _launched(self, op: Op) -> None:
-        self._done(op)
-        if self.program[op.rank]:
-            self._issued(op.rank)
-
-    def _issued(self, rank: int) -> None:
-        """A host thread is done issuing its current op (a kernel or a launch ran, a transfer was posted): its
-        next op in program order may start once its dependencies are met."""
-        self.cursor[rank] += 1
-        program = self.program[rank]
-        if self.cursor[rank] < len(program):
-            nxt = program[self.cursor[rank]]
-            if self.held[nxt]:
-                self.held[nxt] = 0
-                self._at(0.0, self._ready, self.ops[nxt])
-
-    def _start_kernel(self, op: Op) -> None:
-        """Start a kernel of a rank whose host's cores are shared: work drained as a flow."""
-        self.start[op.id] = self.now
-        duration = self._duration(op)
-        if duration <= 0:
-            self._kernel_done(op)
-            return
-        links, work, weights = self.hosts.kernel(op, duration)
-        self.net.add(op.id, links, work, self.now, 0.0, weights)
-        self.flow_op[op.id] = op
-        self._mark_dirty()
-
-    def _kernel_done(self, op: Op) -> None:
-        self._done(op)
-        self._issued(op.rank)
+    def _transfers(self) -> None:
+        """Each send's route (link ids, then the host cores its copies use), latency and weights per link."""
+        ops, n = self.ops, len(self.ops)
+        sends = np.flatnonzero(self.kind_of == _KIND_INDEX["send"])
+        send_ops = list(map(ops.__getitem__, sends.tolist()))
+        matches = [m for m in map(_MATCH, send_ops)]
+        self.match = np.full(n, -1, dtype=np.int64)
+        self.match[sends] = matches
+        self.match[matches] = sends
+        place = self.place
+        pairs = list(zip(map(_RANK, send_ops), self.ranks[matches].tolist(), strict=True))
+        distinct = dict.fromkeys(pairs)
+        self.cluster.prepare_routes({(place[a], place[b]) for a, b in distinct})
+        routes = [self._path(a, b) for a, b in distinct]
+        index = dict(zip(distinct, range(len(routes)), strict=True))
+        width = max([1, *map(len, (links for links, _ in routes))])
+        self.plinks = np.zeros((max(1, len(routes)), width), dtype=np.int64)
+        self.plen = np.zeros(max(1, len(routes)), dtype=np.int64)
+        self.plat = np.zeros(max(1, len(routes)))
+        for i, (links, latency) in enumerate(routes):
+            self.plinks[i, :len(links)] = links
+            self.plen[i] = len(links)
+            self.plat[i] = latency
+        self.path = np.full(n, -1, dtype=np.int64)
+        self.path[sends] = np.fromiter(map(index.__getitem__, pairs), dtype=np.int64, count=len(pairs))
+        self.nbytes = np.zeros(n)
+        self.nbytes[sends] = np.fromiter(map(_NBYTES, send_ops), dtype=float, count=len(sends))
+        self.floor = np.zeros(n)
+        self.floor[sends] = np.fromiter(map(_FLOOR, send_ops), dtype=float, count=len(sends))
+        self.rate_cap = np.zeros(n)
+        self.rate_cap[sends] = np.fromiter(map(_RATE_CAP, send_ops), dtype=float, count=len(sends))
+        self.coll = np.zeros(n, dtype=np.uint8)
+        self.coll[sends] = np.fromiter(map(bool, map(_COLL, send_ops)), dtype=bool, count=len(sends))
+        self.not_before = np.fromiter(map(_NOT_BEFORE, ops), dtype=float, count=n)
+        # weights: a message's weight on each link of its route, where a link (or host copy) was measured by size
+        self.wrow = np.full(n, -1, dtype=np.int64)
+        rows: dict[tuple[int, float], int] = {}
+        table: list[tuple[float, ...]] = []
+        if self.curves:
+            for i, op, pair in zip(sends.tolist(), send_ops, pairs, strict=True):
+                key = (index[pair], op.nbytes)
+                if key not in rows:
+                    weights = self._weights_of(routes[key[0]][0], op.nbytes)
+                    rows[key] = -1 if weights is None else len(table)
+                    if weights is not None:
+                        table.append(weights)
+                self.wrow[i] = rows[key]
+        self.wtab = np.ones((max(1, len(table)), width))
+        for i, weights in enumerate(table):
+            self.wtab[i, :len(weights)] = weights
 
     def _path(self, src: int, dst: int) -> tuple[tuple[int, ...], float]:
         """Link ids a transfer between two ranks crosses (route, then host cores its copies use) and its latency."""
-        hit = self._paths.get((src, dst))
-        if hit is None:
-            a, b = self.place[src], self.place[dst]
-            route = self.cluster.route(a, b) if a != b else ()
-            route_ids = tuple(map(self.links.__getitem__, route))
-            links = (*route_ids, *self.hosts.transfer(src, dst)) if route and self.hosts.copies else route_ids
-            latency = sum(map(self.latency.__getitem__, route_ids))  # Cluster.route_latency, from a list
-            hit = self._paths[(src, dst)] = (links, latency)
-        return hit
-
-    def _start_transfer(self, send: Op, recv: Op) -> None:
-        now = self.now
-        self.start[send.id] = self.start[recv.id] = now
-        hit = self._paths.get((send.rank, recv.rank))
-        link_ids, latency = hit if hit is not None else self._path(send.rank, recv.rank)
-        delay = self.msg_s + latency
-        floor = send.floor_s
-        if delay < floor:
-            delay = floor
-        elif floor < 0.0:  # STREAMED: a later step of a pipeline, its latency hidden behind the steps before it
-            delay = 0.0
-        if not send.coll:
-            delay += self.comm_s
-        if not link_ids or send.nbytes == 0:
-            self._at(delay, self._finish_transfer, send)
-        else:
-            self._at(delay, self._inject, (send, link_ids))
-
-    def _inject(self, flow: tuple[Op, tuple[int, ...]]) -> None:
-        send, link_ids = flow
-        weights = self._weights_of(link_ids, send.nbytes) if self.curves else None
-        self.net.add(send.id, link_ids, send.nbytes, self.now, send.rate_cap, weights)
-        self.flow_op[send.id] = send
-        self.dirty = True  # rates are recomputed once every other callback of this instant has run (_run_due)
+        a, b = self.place[src], self.place[dst]
+        route = self.cluster.route(a, b) if a != b else ()
+        route_ids = tuple(map(self.links.__getitem__, route))
+        links = (*route_ids, *self.hosts.transfer(src, dst)) if route and self.hosts.copies else route_ids
+        latency = sum(map(self.latency.__getitem__, route_ids))  # Cluster.route_latency, from a list
+        return links, latency
 
     def _weights_of(self, link_ids: tuple[int, ...], nbytes: float) -> tuple[float, ...] | None:
         """A message's weight on each link of its route: nominal / bandwidth at its size where the link (or host
         copy) was measured over sizes, else 1; None where no link of the route was."""
-        key = (link_ids, nbytes)
-        if key not in self._weights:
-            curves = [self.curves.get(link) for link in link_ids]
-            self._weights[key] = None if not any(curves) else tuple(
-                1.0 if c is None else c[1].weight(c[0], nbytes) for c in curves)
-        return self._weights[key]
+        curves = [self.curves.get(link) for link in link_ids]
+        if not any(curves):
+            return None
+        weights = tuple(1.0 if c is None else c[1].weight(c[0], nbytes) for c in curves)
+        if not all(0.0 < w < math.inf for w in weights):
+            raise ValueError(f"route {link_ids}: needs one finite weight > 0 per link, got {weights}")
+        return weights
 
-    def _mark_dirty(self) -> None:
-        """Rates are recomputed once every other callback of this instant has run (see _run_due)."""
-        self.dirty = True
+    def _host_kernels(self, mine: np.ndarray) -> None:
+        """Kernels of host threads: the links each crosses (its rank's core, its host's cores, memory...), its size
+        and weights, once per distinct (rank, cost)."""
+        n, ops = len(self.ops), self.ops
+        self.hrow = np.full(n, -1, dtype=np.int64)
+        ids = [i for i in mine.tolist() if self.kind_of[i] <= _KIND_INDEX["merge"] and self.dur[i] > 0.0]
+        rows: dict[tuple[Any, ...], int] = {}
+        kernels: list[tuple[tuple[int, ...], float, tuple[float, ...] | None]] = []
+        for i in ids:
+            op = ops[i]
+            key = (op.rank, _COST(op), float(self.dur[i]))
+            if key not in rows:
+                rows[key] = len(kernels)
+                kernels.append(self.hosts.kernel(op, float(self.dur[i])))
+            self.hrow[i] = rows[key]
+        width = max([1, *(len(links) for links, _, _ in kernels)])
+        m = max(1, len(kernels))
+        self.hlinks = np.zeros((m, width), dtype=np.int64)
+        self.hlen = np.zeros(m, dtype=np.int64)
+        self.hwork = np.zeros(m)
+        self.hwts = np.ones((m, width))
+        self.hweighted = np.zeros(m, dtype=np.uint8)
+        for i, (links, work, weights) in enumerate(kernels):
+            self.hlinks[i, :len(links)] = links
+            self.hlen[i] = len(links)
+            self.hwork[i] = work
+            if weights is not None:
+                self.hwts[i, :len(weights)] = weights
+                self.hweighted[i] = 1
 
-    def _reallocate(self) -> None:
-        self.dirty = False
-        self.events += 1
-        changed = self.net.allocate(self.now, changed_links=self.record_links)
-        if self.record_links:
-            for link in sorted(changed):
-                if link < len(self.edge_names):  # not a virtual core or memory link
-                    u, v = self.edge_names[link]
-                    self.link_load.append((self.now, u, v, self.net.load(link)))
-        self.generation += 1
-        when, due = self.net.next_finish()
-        if due:
-            self._at(when - self.now, self._drained, (self.generation, due))
-
-    def _drained(self, predicted: tuple[int, list[int]]) -> None:
-        gen, due = predicted
-        if gen != self.generation:
-            return  # rates changed since this finish was predicted
-        remove, flow_op, ops, done = self.net.remove, self.flow_op, self.ops, self._done
-        end, now, first = self.end, self.now, self.first_kid
-        for flow in due:
-            remove(flow)
-            op = flow_op.pop(flow)
-            if op.kind == "send":
-                match = op.match
-                assert match is not None
-                # _done of both ends, its end recorded here for one with no dependents (most sends)
-                if first[flow] == first[flow + 1]:
-                    end[flow] = now
-                else:
-                    done(op)
-                if first[match] == first[match + 1]:
-                    end[match] = now
-                else:
-                    done(ops[match])
-            else:  # a kernel on shared host cores
-                self._kernel_done(op)
-        self.dirty = True
-
-    def _finish_transfer(self, send: Op) -> None:
-        assert send.match is not None
-        self._done(send)
-        self._done(self.ops[send.match])
-
-    def _done(self, op: Op) -> None:
-        """The op has ended: its end is recorded (the timeline is built from them once the run is over) and the
-        ops that waited only for it become ready."""
-        oid = op.id
-        now = self.now
-        self.end[oid] = now
-        first = self.first_kid
-        lo, hi = first[oid], first[oid + 1]
-        if lo == hi:
-            return
-        pending, ops = self.pending, self.ops
-        direct = not self.in_order  # no host thread orders its ops: _ready's GPU-rank cases, inlined below
-        for child in self.kids[lo:hi]:
-            left = pending[child] - 1
-            pending[child] = left
-            if left:
-                continue
-            nxt = ops[child]
-            kind = nxt.kind
-            if direct and now >= nxt.not_before_s:
-                if kind == "compute" or kind == "merge":  # _ready's compute case
-                    rank = nxt.rank
-                    hit = self._durations.get(_COST(nxt) if self.one_spec else (self.spec_key[rank], _COST(nxt)))
-                    duration = self._duration(nxt) if hit is None else hit
-                    begin = self.stream_free[rank]
-                    if begin < now:
-                        begin = now
-                    end = begin + duration
-                    self.stream_free[rank] = end
-                    self.start[child] = begin
-                    self._at(end - now, self._done, nxt)
-                    continue
-                if kind == "send" or kind == "recv":  # _ready's transfer case
-                    ready = self.ready
-                    ready[child] = 1
-                    match = nxt.match
-                    assert match is not None
-                    if ready[match]:
-                        if kind == "send":
-                            self._start_transfer(nxt, ops[match])
-                        else:
-                            self._start_transfer(ops[match], nxt)
-                    continue
-            self._ready(nxt)
+    def run(self) -> SimResult:
+        ops = self.ops
+        state = eventcore.new_state(
+            self.kind_of, self.ranks, self.match, self.path, self.wrow, self.hrow, self.coll, self.pending, self.dur,
+            self.not_before, self.floor, self.nbytes, self.rate_cap, self.kids, self.first_kid, self.prog,
+            self.prog_start, self.plinks, self.plen, self.plat, self.wtab, self.hlinks, self.hlen, self.hwork,
+            self.hwts, self.hweighted, self.capacity, self.cluster.message_overhead_s, self.cluster.comm_overhead_s,
+            self.in_order, self.record_links, len(self.edge_names))
+        eventcore.seed(state, self.roots)
+        while not eventcore.run(state, CALLBACKS_PER_CALL):  # back in Python between calls: an interrupt lands
+            pass
+        starts, ends, events, instants, allocations, nrec = eventcore.results(state)
+        link_load: list[tuple[float, str, str, float]] = []
+        if nrec:
+            times, links, loads = eventcore.records(state)
+            names = self.edge_names
+            link_load = [(t, *names[link], v) for t, link, v in zip(times.tolist(), links.tolist(), loads.tolist(),
+                                                                    strict=True)]
+        del state
+        if np.isnan(starts).any():
+            unfinished = np.flatnonzero(np.isnan(starts))[:10].tolist()
+            raise RuntimeError(f"schedule deadlocked: ops {unfinished} never started")
+        ranks = self.ranks
+        ids = np.flatnonzero(~np.isnan(ends))  # started but never ended: not on the timeline
+        last = np.full(self.sched.ranks, -np.inf)
+        np.maximum.at(last, ranks[ids], ends[ids])
+        end_time = {r: float(last[r]) for r in np.unique(ranks[ids]).tolist()}
+        # the timeline's (start, rank, op) order: one sort of arrays rather than of millions of key tuples
+        order = ids[np.lexsort((ids, ranks[ids], starts[ids]))]
+        return SimResult(ops, starts, ends, order, ranks, self.kind_of, int(events), int(allocations),
+                         self.sched.ranks, end_time, int(instants), link_load, self.extrapolated)
 
 
 def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -> SimResult:
@@ -542,3 +386,31 @@ def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -
     """
     with gc_paused():
         return _Run(schedule, cluster, record_links).run()
+
+
+def load_compiled() -> float:
+    """Load the compiled engine and flow network into this process (numba's cache; on a fresh install they are
+    compiled and cached first, about a minute): run before forking a pool, so that its workers inherit them or read
+    the cache rather than each compile them. Returns the seconds it took."""
+    from simulator.cluster.topology import build_cluster
+    from simulator.engine.network import FlowNetwork
+
+    t0 = time.perf_counter()
+    net = FlowNetwork([1.0] * 9)  # its Python face's calls, each compiled on first use
+    net.add(0, (0, 1), 1.0, 0.0, cap=0.5)
+    net.add(1, (1,), 1.0, 0.0, weights=(2.0,))
+    net.add(2, tuple(range(9)), 1.0, 0.0)  # a route wider than the first arrays: their re-layout
+    net.allocate(0.0)
+    net.load(1)
+    net.rate(1)
+    assert net.capacity
+    net.remove(0)
+    net.next_finish()
+    cluster = build_cluster({"devices": {"d": {"peak_flops": {"fp32": "1 TFLOP/s"}, "mem_bw": "1 GB/s", "mem": "1 GB"}},
+                             "nodes": [{"name": f"h{i}", "kind": "gpu", "device": "d"} for i in (0, 1)],
+                             "links": [{"a": "h0", "b": "h1", "bandwidth": "1 GB/s"}]}, "<load_compiled>")
+    sched = Schedule(2)
+    k = sched.add_compute(0, "k", nbytes=1e3)
+    sched.add_transfer(0, 1, 1e3, "x", send_deps=(k,))
+    simulate(sched, cluster, record_links=True)
+    return time.perf_counter() - t0

@@ -1,0 +1,418 @@
+"""The engine's event loop compiled (numba): the calendar, every op's life cycle and the flow network in machine code.
+
+:mod:`simulator.engine.core` describes the model and prepares the schedule as columns (one array per op field:
+kind, rank, its match, its duration, its route's index...); :func:`run` then runs the simulation, a budget of
+callbacks per call.
+What each op does is the model of :mod:`simulator.engine.core`'s docstring; this module is that model over arrays:
+
+* the calendar: a binary heap of callbacks ordered by (time, order of scheduling), so every callback due at one
+  instant runs in the order it was scheduled, and the flows' rates are recomputed once per instant at which flows
+  started or finished, after every other callback of that instant (it may schedule more at the same instant: they
+  run, then rates again if flows came or went);
+* callbacks: an op ready (``READY``: its dependencies met; it waits for ``not_before_s``, and on a host thread for
+  its turn in program order), a kernel or a collective's launch done (``DONE``, ``LAUNCHED``), a transfer's latency
+  paid (``INJECT``: its flow starts; ``FINISH``: an empty or local transfer ends), flows drained (``DRAINED``: the
+  flows due at the predicted finish, unless rates changed since the prediction);
+* an op that ends readies the ops that waited only for it, in op-id order; a kernel of no duration on a host thread
+  ends at once, and its dependents are readied before the rest of the ending op's (a stack of ending ops, as the
+  recursive calls of a Python engine would visit them).
+
+Times are computed with the floating-point operations of the engine's model, in the same order: a callback
+scheduled ``delay`` from now runs at ``now + delay``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numba import njit, types
+from numba.experimental import structref
+
+from simulator.engine import netstate as ns
+
+__all__ = ["EngineState", "new_state", "records", "results", "run", "seed"]
+
+# callbacks
+READY, DONE, LAUNCHED, INJECT, FINISH, DRAINED = range(6)
+# op kinds: indices into simulator.schedule.OP_KINDS
+K_COMPUTE, K_MERGE, K_SEND, K_RECV, K_LAUNCH = range(5)
+# op flags
+F_READY, F_HELD = 1, 2
+
+
+@structref.register
+class EngineStateType(types.StructRef):
+    def preprocess_fields(self, fields: tuple[tuple[str, types.Type], ...]) -> tuple[tuple[str, types.Type], ...]:
+        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+class EngineState(structref.StructRefProxy):
+    """A simulation's state (read and changed only by this module's compiled functions)."""
+
+    if TYPE_CHECKING:  # its fields, as the compiled functions see them
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
+
+_FIELDS = (
+    # per op (ids): kind, rank, match (-1), route index (sends; -1), weights row (sends; -1: none), host kernel row
+    # (kernels on shared host cores; -1), in a collective (1/0), pending dependencies, flags, flow slot
+    "kind", "rank", "match", "path", "wrow", "hrow", "coll", "pending", "flag", "slot",
+    # per op (seconds, bytes): duration (kernels; a launch's fixed time), not_before_s, floor_s, nbytes, rate_cap,
+    # start and end (NaN until then)
+    "dur", "not_before", "floor", "nbytes", "rate_cap", "start", "end",
+    "kids", "first_kid",  # dependents as CSR: op d's are kids[first_kid[d]:first_kid[d + 1]]
+    "prog", "prog_start", "cursor", "stream_free",  # per rank: program order (host threads), compute stream
+    "plinks", "plen", "plat",  # routes (link ids, then host copy links), their lengths and latencies
+    "wtab",  # weights rows: per link of a route
+    "hlinks", "hlen", "hwork", "hwts", "hweighted",  # host kernels: links, size, weights
+    "net",  # the flow network
+    "ct", "cs", "cy", "ca", "csize", "cseq",  # the calendar: time, order, callback, argument; its size and count
+    "frames", "fpos",  # the stack of ending ops (op, issue flag) and each one's next dependent
+    "now", "last", "msg_s", "comm_s", "in_order", "dirty", "generation", "events", "instants",
+    "record", "nedges", "rec_t", "rec_l", "rec_v", "nrec",  # link loads recorded: (time, link, bytes/s)
+)
+structref.define_proxy(EngineState, EngineStateType, list(_FIELDS))
+
+
+@njit(cache=True)
+def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.ndarray, wrow: np.ndarray,
+              hrow: np.ndarray, coll: np.ndarray, pending: np.ndarray, dur: np.ndarray, not_before: np.ndarray,
+              floor: np.ndarray, nbytes: np.ndarray, rate_cap: np.ndarray, kids: np.ndarray, first_kid: np.ndarray,
+              prog: np.ndarray, prog_start: np.ndarray, plinks: np.ndarray, plen: np.ndarray, plat: np.ndarray,
+              wtab: np.ndarray, hlinks: np.ndarray, hlen: np.ndarray, hwork: np.ndarray, hwts: np.ndarray,
+              hweighted: np.ndarray, capacity: np.ndarray, msg_s: float, comm_s: float, in_order: bool,
+              record: bool, nedges: int) -> EngineState:
+    """A simulation ready to :func:`run` (the arrays are the schedule's columns, see the fields above)."""
+    n = len(kind)
+    ranks = len(prog_start) - 1
+    start = np.full(n, np.nan)
+    end = np.full(n, np.nan)
+    return EngineState(kind, rank, match, path, wrow, hrow, coll, pending, np.zeros(n, np.uint8),
+                       np.full(n, -1, np.int64), dur, not_before, floor, nbytes, rate_cap, start, end, kids,
+                       first_kid, prog, prog_start, np.zeros(ranks, np.int64), np.zeros(ranks), plinks, plen, plat,
+                       wtab, hlinks, hlen, hwork, hwts, hweighted, ns.net_new(capacity), np.zeros(1024),
+                       np.zeros(1024, np.int64), np.zeros(1024, np.int64), np.zeros(1024, np.int64), 0, 0,
+                       np.zeros((2, 64), np.int64), np.zeros(64, np.int64), 0.0, np.nan, msg_s, comm_s, in_order,
+                       False, 0, 0, 0, record, nedges, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), 0)
+
+
+# -- the calendar ---------------------------------------------------------------------------------------------------
+@njit(cache=True)
+def _at(s: EngineState, delay: float, callback: int, arg: int) -> None:
+    """Run ``callback(arg)`` ``delay`` seconds from now (after every callback already due then)."""
+    if delay < 0.0:
+        raise ValueError("a callback scheduled in the past")
+    when = s.now + delay
+    n = s.csize
+    if n == len(s.ct):
+        ct, cs, cy, ca = np.zeros(2 * n), np.zeros(2 * n, np.int64), np.zeros(2 * n, np.int64), \
+            np.zeros(2 * n, np.int64)
+        ct[:n] = s.ct
+        cs[:n] = s.cs
+        cy[:n] = s.cy
+        ca[:n] = s.ca
+        s.ct, s.cs, s.cy, s.ca = ct, cs, cy, ca
+    ct, cs, cy, ca = s.ct, s.cs, s.cy, s.ca
+    seq = s.cseq
+    s.cseq = seq + 1
+    i = n
+    while i > 0:  # sift up: (time, seq) with seq larger than every entry's, so a tie on time stays below
+        p = (i - 1) >> 1
+        if ct[p] <= when:
+            break
+        ct[i], cs[i], cy[i], ca[i] = ct[p], cs[p], cy[p], ca[p]
+        i = p
+    ct[i], cs[i], cy[i], ca[i] = when, seq, callback, arg
+    s.csize = n + 1
+
+
+@njit(cache=True)
+def _pop(s: EngineState) -> tuple[float, int, int]:
+    """The earliest callback (time, callback, argument), taken off the calendar."""
+    ct, cs, cy, ca = s.ct, s.cs, s.cy, s.ca
+    when, callback, arg = ct[0], cy[0], ca[0]
+    n = s.csize - 1
+    s.csize = n
+    if n > 0:
+        t, q, y, a = ct[n], cs[n], cy[n], ca[n]
+        i = 0
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and (ct[c + 1] < ct[c] or (ct[c + 1] == ct[c] and cs[c + 1] < cs[c])):
+                c += 1
+            if t < ct[c] or (t == ct[c] and q < cs[c]):
+                break
+            ct[i], cs[i], cy[i], ca[i] = ct[c], cs[c], cy[c], ca[c]
+            i = c
+        ct[i], cs[i], cy[i], ca[i] = t, q, y, a
+    return when, callback, arg
+
+
+# -- op life cycle ----------------------------------------------------------------------------------------------------
+@njit(cache=True)
+def _issued(s: EngineState, rank: int) -> None:
+    """A host thread is done issuing its current op: its next op in program order may start once it is ready."""
+    cur = s.cursor[rank] + 1
+    s.cursor[rank] = cur
+    i = s.prog_start[rank] + cur
+    if i < s.prog_start[rank + 1]:
+        nxt = s.prog[i]
+        if s.flag[nxt] & F_HELD:
+            s.flag[nxt] &= ~F_HELD
+            _at(s, 0.0, READY, nxt)
+
+
+@njit(cache=True)
+def _start_transfer(s: EngineState, send: int, recv: int) -> None:
+    now = s.now
+    s.start[send] = now
+    s.start[recv] = now
+    p = s.path[send]
+    delay = s.msg_s + s.plat[p]
+    floor = s.floor[send]
+    if delay < floor:
+        delay = floor
+    elif floor < 0.0:  # STREAMED: a later step of a pipeline, its latency hidden behind the steps before it
+        delay = 0.0
+    if s.coll[send] == 0:
+        delay += s.comm_s
+    if s.plen[p] == 0 or s.nbytes[send] == 0.0:
+        _at(s, delay, FINISH, send)
+    else:
+        _at(s, delay, INJECT, send)
+
+
+@njit(cache=True)
+def _start_kernel(s: EngineState, op: int) -> int:
+    """A kernel of a host thread starts: work drained over its host's cores. Returns ``op`` if it has no duration
+    (it ends at once: the caller ends it), else -1."""
+    s.start[op] = s.now
+    if s.dur[op] <= 0.0:
+        return op
+    h = s.hrow[op]
+    s.slot[op] = ns.net_add(s.net, op, s.hlinks[h, :s.hlen[h]], s.hwts[h], s.hweighted[h] != 0, s.hwork[h], s.now,
+                            0.0)
+    s.dirty = True
+    return -1
+
+
+@njit(cache=True)
+def _ready_in_order(s: EngineState, op: int) -> int:
+    """An op of a host thread: it waits for its turn in program order. Returns a kernel that ended at once, or -1."""
+    rank = s.rank[op]
+    if s.prog[s.prog_start[rank] + s.cursor[rank]] != op:
+        s.flag[op] |= F_HELD
+        return -1
+    kind = s.kind[op]
+    if kind in (K_SEND, K_RECV):  # posted: the thread goes on to its next op
+        _issued(s, rank)
+    s.flag[op] |= F_READY
+    if kind <= K_MERGE:  # its turn: the rank's previous kernel has returned
+        return _start_kernel(s, op)
+    if kind == K_LAUNCH:
+        s.start[op] = s.now
+        _at(s, s.dur[op], LAUNCHED, op)
+    else:
+        m = s.match[op]
+        if s.flag[m] & F_READY:
+            if kind == K_SEND:
+                _start_transfer(s, op, m)
+            else:
+                _start_transfer(s, m, op)
+    return -1
+
+
+@njit(cache=True)
+def _ready(s: EngineState, op: int) -> int:
+    """``op``'s dependencies are met. Returns a kernel of a host thread that ended at once (no duration), or -1."""
+    now = s.now
+    nb = s.not_before[op]
+    if now < nb:
+        _at(s, nb - now, READY, op)
+        return -1
+    rank = s.rank[op]
+    if s.in_order and s.prog_start[rank + 1] > s.prog_start[rank]:
+        return _ready_in_order(s, op)
+    kind = s.kind[op]
+    if kind <= K_MERGE:  # one FIFO compute stream per rank
+        begin = s.stream_free[rank]
+        if begin < now:
+            begin = now
+        end = begin + s.dur[op]
+        s.stream_free[rank] = end
+        s.start[op] = begin
+        _at(s, end - now, DONE, op)
+    elif kind == K_LAUNCH:
+        s.start[op] = now
+        _at(s, s.dur[op], LAUNCHED, op)
+    else:
+        s.flag[op] |= F_READY
+        m = s.match[op]
+        if s.flag[m] & F_READY:  # both ends ready: the transfer starts
+            if kind == K_SEND:
+                _start_transfer(s, op, m)
+            else:
+                _start_transfer(s, m, op)
+    return -1
+
+
+@njit(cache=True)
+def _push_frame(s: EngineState, top: int, op: int, issue: int) -> None:
+    if top == s.frames.shape[1]:
+        frames = np.zeros((2, 2 * top), np.int64)
+        frames[:, :top] = s.frames
+        fpos = np.zeros(2 * top, np.int64)
+        fpos[:top] = s.fpos
+        s.frames, s.fpos = frames, fpos
+    s.end[op] = s.now
+    s.frames[0, top] = op
+    s.frames[1, top] = issue
+    s.fpos[top] = s.first_kid[op]
+
+
+@njit(cache=True)
+def _done(s: EngineState, op: int, issue: bool) -> None:
+    """``op`` has ended: the ops that waited only for it become ready (in op-id order); ``issue``: then its host
+    thread goes on to its next op (a kernel's return)."""
+    _push_frame(s, 0, op, 1 if issue else 0)
+    top = 1
+    kids, first, pending = s.kids, s.first_kid, s.pending
+    while top > 0:
+        f = top - 1
+        o = s.frames[0, f]
+        pos = s.fpos[f]
+        if pos < first[o + 1]:
+            s.fpos[f] = pos + 1
+            child = kids[pos]
+            left = pending[child] - 1
+            pending[child] = left
+            if left == 0:
+                z = _ready(s, child)
+                if z >= 0:  # a host thread's kernel of no duration: it ends now, its dependents first
+                    _push_frame(s, top, z, 1)
+                    top += 1
+        else:
+            top = f
+            if s.frames[1, f]:
+                _issued(s, s.rank[o])
+
+
+@njit(cache=True)
+def _ended_transfer_end(s: EngineState, op: int) -> None:
+    """One end of a drained transfer ends (its end recorded alone where no op depends on it: most sends)."""
+    if s.first_kid[op] == s.first_kid[op + 1]:
+        s.end[op] = s.now
+    else:
+        _done(s, op, False)
+
+
+@njit(cache=True)
+def _drained(s: EngineState, generation: int) -> None:
+    if generation != s.generation:
+        return  # rates changed since this finish was predicted
+    due = s.net.due
+    for i in range(len(due)):
+        flow = due[i]
+        ns.net_remove(s.net, s.slot[flow])
+        if s.kind[flow] == K_SEND:
+            _ended_transfer_end(s, flow)
+            _ended_transfer_end(s, s.match[flow])
+        else:  # a kernel on shared host cores
+            _done(s, flow, True)
+    s.dirty = True
+
+
+@njit(cache=True)
+def _reallocate(s: EngineState) -> None:
+    s.dirty = False
+    s.events += 1
+    now = s.now
+    did, changed = ns.net_allocate(s.net, now, s.record)
+    if s.record and did and len(changed):
+        links = np.unique(changed)
+        need = s.nrec + len(links)
+        if need > len(s.rec_t):
+            size = max(2 * len(s.rec_t), need, 64)
+            rt, rl, rv = np.zeros(size), np.zeros(size, np.int64), np.zeros(size)
+            rt[:s.nrec] = s.rec_t[:s.nrec]
+            rl[:s.nrec] = s.rec_l[:s.nrec]
+            rv[:s.nrec] = s.rec_v[:s.nrec]
+            s.rec_t, s.rec_l, s.rec_v = rt, rl, rv
+        for link in links:
+            if link < s.nedges:  # not a virtual core or memory link
+                k = s.nrec
+                s.rec_t[k] = now
+                s.rec_l[k] = link
+                s.rec_v[k] = ns.net_load(s.net, link)
+                s.nrec = k + 1
+    s.generation += 1
+    when, due = ns.net_next(s.net)
+    if len(due):
+        _at(s, when - now, DRAINED, s.generation)
+
+
+@njit(cache=True)
+def _callback(s: EngineState, callback: int, arg: int) -> None:
+    if callback == READY:
+        z = _ready(s, arg)
+        if z >= 0:
+            _done(s, z, True)
+    elif callback == DONE:
+        _done(s, arg, False)
+    elif callback == LAUNCHED:
+        _done(s, arg, s.prog_start[s.rank[arg] + 1] > s.prog_start[s.rank[arg]])
+    elif callback == INJECT:
+        p = s.path[arg]
+        w = s.wrow[arg]
+        s.slot[arg] = ns.net_add(s.net, arg, s.plinks[p, :s.plen[p]], s.wtab[max(w, 0)], w >= 0, s.nbytes[arg],
+                                 s.now, s.rate_cap[arg])
+        s.dirty = True  # rates are recomputed once every other callback of this instant has run
+    elif callback == FINISH:
+        _done(s, arg, False)
+        _done(s, s.match[arg], False)
+    else:
+        _drained(s, arg)
+
+
+@njit(cache=True)
+def seed(s: EngineState, roots: np.ndarray) -> None:
+    """Schedule the ops with no dependencies (``roots``, in op-id order): each ready at its ``not_before_s``."""
+    for i in range(len(roots)):
+        _at(s, s.not_before[roots[i]], READY, roots[i])
+
+
+@njit(cache=True)
+def run(s: EngineState, budget: int) -> bool:
+    """Run up to about ``budget`` callbacks (the rest of an instant's rate recomputation included); returns whether
+    the calendar is empty (the simulation is over). Called again, it goes on where it stopped: the caller returns
+    to Python between calls (an interrupt lands there)."""
+    stop = s.events + budget
+    while s.csize > 0 and s.events < stop:
+        when, callback, arg = _pop(s)
+        if when != s.last:
+            s.instants += 1
+            s.last = when
+        s.now = when
+        s.events += 1
+        _callback(s, callback, arg)
+        if s.dirty and (s.csize == 0 or s.ct[0] != when):
+            _reallocate(s)  # may schedule more at this same instant: they run next
+    return s.csize == 0
+
+
+@njit(cache=True)
+def results(s: EngineState) -> tuple[np.ndarray, np.ndarray, int, int, int, int]:
+    """Every op's start and end (NaN: never), the callbacks run (rate recomputations included), the instants they
+    ran at, the allocations that re-rated flows and the link loads recorded."""
+    return s.start, s.end, s.events, s.instants, s.net.allocations, s.nrec
+
+
+@njit(cache=True)
+def records(s: EngineState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The link loads recorded: times, link ids, bytes/s."""
+    return s.rec_t[:s.nrec].copy(), s.rec_l[:s.nrec].copy(), s.rec_v[:s.nrec].copy()

@@ -1,0 +1,252 @@
+"""The flow network as one compiled object (numba ``structref``): :mod:`simulator.engine.flowcore`'s arrays with
+the bookkeeping around them (free slots, private cap links, the arrays' growth, the next finish), so that compiled
+code, the engine's event loop (:mod:`simulator.engine.eventcore`), can start, finish and re-rate flows without
+returning to Python. :class:`simulator.engine.network.FlowNetwork` is its Python face.
+
+A flow lives in a *slot* (its column in the arrays): :func:`net_add` takes the lowest free slot (a finished flow's
+slot is reused first, last freed first) and returns it; :func:`net_remove` frees it. Arrays grow by doubling (slots,
+links, the finish heap, the fresh list) and a route longer than the slots' width re-lays the incidence lists out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numba import njit, types
+from numba.experimental import structref
+
+from simulator.engine import flowcore as fc
+
+__all__ = ["NetState", "net_add", "net_allocate", "net_capacity", "net_load", "net_new", "net_next", "net_rate",
+           "net_remove"]
+
+
+@structref.register
+class NetStateType(types.StructRef):
+    def preprocess_fields(self, fields: tuple[tuple[str, types.Type], ...]) -> tuple[tuple[str, types.Type], ...]:
+        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+class NetState(structref.StructRefProxy):
+    """A compiled flow network's state (read and changed only by the compiled functions of this module)."""
+
+    if TYPE_CHECKING:  # its fields, as the compiled functions see them
+        def __getattr__(self, name: str) -> Any: ...
+
+        def __setattr__(self, name: str, value: Any) -> None: ...
+
+
+_FIELDS = (
+    "li", "lf", "marks", "si", "sf", "route", "wts", "inc", "fresh", "ek", "ev", "es", "sc",  # flowcore's arrays
+    "free", "nfree",  # a stack of free slots (the lowest on top at first)
+    "spare", "nspare",  # a stack of private cap links no flow holds
+    "given", "nlinks", "added", "eta_size", "dirty", "has_next", "active", "allocations",
+    "next_when", "due", "unweighted",
+)
+structref.define_proxy(NetState, NetStateType, list(_FIELDS))
+
+
+@njit(cache=True)
+def _new_links(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    li = np.zeros((fc.NLI, size), np.int64)
+    li[fc.HEAD, :] = -1
+    li[fc.TEPOCH, :] = -1
+    return li, np.zeros((fc.NLF, size)), np.zeros((2, size), np.int64)
+
+
+@njit(cache=True)
+def net_new(capacity: np.ndarray) -> NetState:
+    """A network of ``len(capacity)`` links (bytes/s each) and no flow."""
+    n = len(capacity)
+    li, lf, marks = _new_links(max(64, 2 * n))
+    lf[fc.CAP, :n] = capacity
+    maxr = 8
+    net = NetState(li, lf, marks, np.zeros((fc.NSI, 0), np.int64), np.zeros((fc.NSF, 0)),
+                   np.zeros((0, maxr), np.int64), np.ones((0, maxr)), np.full((2, 0), -1, np.int64),
+                   np.zeros(0, np.int64), np.zeros(256), np.zeros(256, np.int64), np.zeros(256, np.int64),
+                   np.zeros(fc.NSC, np.int64), np.zeros(0, np.int64), 0, np.zeros(16, np.int64), 0,
+                   n, n, 0, 0, False, False, 0, 0, np.inf, np.zeros(0, np.int64), np.ones(0))
+    _grow_slots(net, 64)
+    return net
+
+
+@njit(cache=True)
+def _grow_links(net: NetState, size: int) -> None:
+    old = net.li.shape[1]
+    li, lf, marks = _new_links(size)
+    li[:, :old] = net.li
+    lf[:, :old] = net.lf
+    marks[:, :old] = net.marks
+    net.li, net.lf, net.marks = li, lf, marks
+
+
+@njit(cache=True)
+def _grow_slots(net: NetState, size: int) -> None:
+    old = net.si.shape[1]
+    maxr = net.route.shape[1]
+    si = np.zeros((fc.NSI, size), np.int64)
+    si[:, :old] = net.si
+    sf = np.zeros((fc.NSF, size))
+    sf[:, :old] = net.sf
+    route = np.zeros((size, maxr), np.int64)
+    route[:old] = net.route
+    wts = np.ones((size, maxr))
+    wts[:old] = net.wts
+    inc = np.full((2, size * maxr), -1, np.int64)
+    inc[:, :old * maxr] = net.inc
+    fresh = np.zeros(max(size + 1, len(net.fresh)), np.int64)
+    fresh[:len(net.fresh)] = net.fresh
+    net.si, net.sf, net.route, net.wts, net.inc, net.fresh = si, sf, route, wts, inc, fresh
+    free = np.zeros(net.nfree + size - old, np.int64)
+    free[:net.nfree] = net.free[:net.nfree]
+    for i in range(size - old):  # popped from the top: the lowest new slot first
+        free[net.nfree + i] = size - 1 - i
+    net.free = free
+    net.nfree += size - old
+
+
+@njit(cache=True)
+def _grow_route(net: NetState, length: int) -> None:
+    maxr = net.route.shape[1]
+    new = max(length, 2 * maxr)
+    net.inc = fc.relayout(net.li, net.inc, maxr, new)
+    route = np.zeros((net.route.shape[0], new), np.int64)
+    route[:, :maxr] = net.route
+    wts = np.ones((net.wts.shape[0], new))
+    wts[:, :maxr] = net.wts
+    net.route, net.wts = route, wts
+
+
+@njit(cache=True)
+def _grow_eta(net: NetState, size: int) -> None:
+    old = len(net.ek)
+    ek, ev, es = np.zeros(size), np.zeros(size, np.int64), np.zeros(size, np.int64)
+    ek[:old] = net.ek
+    ev[:old] = net.ev
+    es[:old] = net.es
+    net.ek, net.ev, net.es = ek, ev, es
+
+
+@njit(cache=True)
+def net_add(net: NetState, key: int, links: np.ndarray, weights: np.ndarray, weighted: bool, nbytes: float,
+            now: float, cap: float) -> int:
+    """Start draining flow ``key`` over ``links`` at ``now`` (rate 0 until the next allocation); ``cap`` > 0: at
+    most that many bytes/s (a private link of that capacity ends its route); ``weighted``: ``weights[i]`` bytes of
+    link i's capacity per byte. Returns the flow's slot. (Link ids are not checked: the caller does.)"""
+    kind = fc.WEIGHTED if weighted else 0
+    if net.nfree == 0:
+        _grow_slots(net, 2 * net.si.shape[1])
+    n = len(links) + (1 if cap > 0.0 else 0)
+    if n > net.route.shape[1]:
+        _grow_route(net, n)
+    net.nfree -= 1
+    slot = net.free[net.nfree]
+    private = -1
+    if cap > 0.0:
+        if net.nspare > 0:
+            net.nspare -= 1
+            private = net.spare[net.nspare]
+        else:
+            private = net.nlinks
+            if private >= net.li.shape[1]:
+                _grow_links(net, 2 * net.li.shape[1])
+            net.nlinks += 1
+        kind |= fc.CAPPED if weighted else fc.CAPPED | fc.CAPPED_PLAIN
+    else:
+        cap = 0.0
+    net.added += 1
+    if net.added >= len(net.fresh):  # (a slot may be listed again after a reuse)
+        fresh = np.zeros(2 * len(net.fresh), np.int64)
+        fresh[:len(net.fresh)] = net.fresh
+        net.fresh = fresh
+    fc.add(slot, links, weights, private, kind, key, nbytes, now, cap, net.li, net.lf, net.si, net.sf, net.route,
+           net.wts, net.inc, net.marks, net.fresh, net.sc)
+    net.active += 1
+    net.has_next = False
+    net.dirty = True
+    return slot
+
+
+@njit(cache=True)
+def net_remove(net: NetState, slot: int) -> None:
+    """Stop the flow in ``slot`` (finished); the flows it shared links with get new rates at the next allocation."""
+    route = net.route
+    private = route[slot, net.si[fc.RLEN, slot] - 1] if net.si[fc.KIND, slot] & fc.CAPPED else -1
+    fc.remove(slot, net.li, net.lf, net.si, net.sf, route, net.inc, net.marks, net.sc)
+    if net.nfree >= len(net.free):
+        free = np.zeros(2 * len(net.free) + 16, np.int64)
+        free[:net.nfree] = net.free[:net.nfree]
+        net.free = free
+    net.free[net.nfree] = slot
+    net.nfree += 1
+    net.active -= 1
+    net.has_next = False
+    net.dirty = True
+    if private >= 0:
+        if net.nspare >= len(net.spare):
+            spare = np.zeros(2 * len(net.spare), np.int64)
+            spare[:net.nspare] = net.spare[:net.nspare]
+            net.spare = spare
+        net.spare[net.nspare] = private
+        net.nspare += 1
+
+
+@njit(cache=True)
+def net_allocate(net: NetState, now: float, want_changed: bool) -> tuple[bool, np.ndarray]:
+    """Re-rate the flows around the links touched since the last call (max-min, one connected component at a
+    time). Returns whether flows came or went since then, and the links whose load may have changed (empty unless
+    ``want_changed``)."""
+    if not net.dirty:
+        return False, np.empty(0, np.int64)
+    net.dirty = False
+    if net.eta_size + net.active >= len(net.ek):  # room for a new finish of every flow
+        _grow_eta(net, 2 * (net.eta_size + net.active) + 16)
+    did, changed, when, due, eta_size = fc.allocate(now, want_changed, net.li, net.lf, net.si, net.sf, net.route,
+                                                    net.wts, net.inc, net.marks, net.fresh, net.ek, net.ev, net.es,
+                                                    net.sc)
+    net.eta_size = eta_size
+    net.added = 0
+    net.next_when = when
+    net.due = due
+    net.has_next = True
+    if did:
+        net.allocations += 1
+    return did, changed
+
+
+@njit(cache=True)
+def net_next(net: NetState) -> tuple[float, np.ndarray]:
+    """Earliest predicted finish and the keys of the flows due then, in key order (``(inf, [])`` when idle)."""
+    if not net.has_next:
+        when, due = fc.next_finish(net.si, net.ek, net.ev, net.es, net.sc)
+        net.next_when = when
+        net.due = due
+        net.has_next = True
+    return net.next_when, net.due
+
+
+@njit(cache=True)
+def net_load(net: NetState, link: int) -> float:
+    """Bytes/s of ``link``'s capacity in use (0 for a link not in use)."""
+    if not 0 <= link < net.nlinks:
+        return 0.0
+    return fc.load(link, net.li, net.sf, net.wts, net.inc, net.route.shape[1])
+
+
+@njit(cache=True)
+def net_rate(net: NetState, slot: int) -> float:
+    """Bytes/s the flow in ``slot`` drains at (as of the last allocation)."""
+    return net.sf[fc.RATE, slot]
+
+
+@njit(cache=True)
+def net_capacity(net: NetState) -> np.ndarray:
+    """Bytes/s of every link in use (the private cap links after the given ones)."""
+    return net.lf[fc.CAP, :net.nlinks].copy()
+
+
+@njit(cache=True)
+def net_counts(net: NetState) -> tuple[int, int]:
+    """(links the routes may name, allocations that re-rated flows)."""
+    return net.given, net.allocations

@@ -1,0 +1,419 @@
+"""The engine's reference: the same model as :mod:`simulator.engine.core`, one Python callback per event on a simpy
+calendar (what the engine ran before its loop was compiled). Slow, and kept for the tests: the compiled engine
+must give its floats exactly, on every kind of schedule (``tests/test_engine_reference.py``).
+
+Everything due at one instant runs from one simpy event (a calendar of callbacks per time); rates are recomputed
+once per instant at which flows started or finished, after every other callback of that instant.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from functools import partial
+from itertools import chain, compress
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+import simpy
+
+from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
+from simulator.cluster.size_curve import SizeCurve
+from simulator.cluster.topology import Cluster
+from simulator.engine.core import SimResult
+from simulator.engine.host import HostResources
+from simulator.engine.network import FlowNetwork
+from simulator.gcpause import gc_paused
+from simulator.schedule import COMPUTE_KINDS, OP_KINDS, Op, Schedule
+
+__all__ = ["simulate_reference"]
+
+Callback = Callable[[Any], None]
+_RANK, _KIND, _DEPS, _NBYTES, _PEER = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(6), itemgetter(8)
+_KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
+_COST = itemgetter(5, 6, 7, 18, 11, 25)  # Op.flops, nbytes, dtype, fused, fn, dims: what a kernel's duration depends on
+
+
+class _Run:
+    def __init__(self, schedule: Schedule, cluster: Cluster, record_links: bool = False) -> None:
+        self.env = simpy.Environment()
+        self.now: float = self.env.now  # the simulated time, kept by _run_due (a plain attribute: read for every op)
+        self.record_links = record_links
+        self.link_load: list[tuple[float, str, str, float]] = []
+        self.sched = schedule
+        self.ops = schedule.ops
+        self.cluster = cluster
+        self.place = schedule.placement_on(cluster.ranks)
+        ops = schedule.ops
+        n = len(ops)
+        # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
+        # they were appended): built by numpy, 8 bytes per edge instead of a list per op
+        deps_of = list(map(_DEPS, ops))
+        counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
+        parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=int(counts.sum()))
+        del deps_of
+        kids = np.repeat(np.arange(n, dtype=np.int64), counts)[np.argsort(parents, kind="stable")]
+        self.kids = array("q", kids.tobytes())
+        self.first_kid = array("q", np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).tobytes())
+        del kids, parents
+        self.pending = counts.tolist()
+        self.roots = np.flatnonzero(counts == 0).tolist()
+        # seconds, by op id (None: not yet): lists of float objects, which the ops ending at one instant share and
+        # the timeline's records reuse (an array of doubles would make a float object per record)
+        self.start: list[float | None] = [None] * n
+        self.end: list[float | None] = [None] * n
+        self.ready = bytearray(n)  # 1 once the op is ready (a byte per op, not a list slot)
+        self.stream_free = [0.0] * schedule.ranks
+        self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
+        self.links: dict[tuple[str, str], int] = {}
+        capacity: list[float] = []
+        self.latency: list[float] = []
+        self.edge_names: list[tuple[str, str]] = []
+        for i, (u, v, data) in enumerate(cluster.graph.edges(data=True)):
+            self.links[(u, v)] = i
+            self.edge_names.append((u, v))
+            capacity.append(data["bandwidth"])
+            self.latency.append(data["latency"])
+        self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
+        # link id -> (nominal bytes/s, bandwidth by message size): links and host copies measured over sizes
+        self.curves: dict[int, tuple[float, SizeCurve]] = dict(self.hosts.copy_curves)
+        for i, (_, _, curve) in enumerate(cluster.graph.edges(data="by_size")):
+            if curve is not None:
+                self.curves[i] = (capacity[i], curve)
+        self._weights: dict[tuple[tuple[int, ...], float], tuple[float, ...] | None] = {}
+        # ranks on shared host cores are host threads that issue their ops in program order (see _ready)
+        self.program: list[list[int]] = [[] for _ in range(schedule.ranks)]
+        self.in_order = any(self.hosts.shares(r) for r in range(schedule.ranks))  # any rank issues in order
+        if self.in_order:
+            for op in schedule.ops:
+                if self.hosts.shares(op.rank):
+                    self.program[op.rank].append(op.id)
+        self.cursor = [0] * schedule.ranks
+        self.held = bytearray(len(schedule.ops))  # dependencies met, waiting for its turn in program order
+        self.net = FlowNetwork(capacity)
+        self._durations: dict[tuple[Any, ...], float] = {}
+        self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        self._paths: dict[tuple[int, int], tuple[tuple[int, ...], float]] = {}
+        # each op's kind as an index into OP_KINDS (the result keeps it): a C-level pass over the ops
+        self.kind_of = np.fromiter(map(_KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n)
+        sends = list(compress(ops, (self.kind_of == _KIND_INDEX["send"]).tolist()))
+        place = self.place
+        cluster.prepare_routes({(place[a], place[b]) for a, b in set(zip(map(_RANK, sends), map(_PEER, sends),
+                                                                          strict=True))})
+        del sends
+        self.msg_s, self.comm_s = cluster.message_overhead_s, cluster.comm_overhead_s
+        # a compute op's duration is cached by (its device, its cost fields): one key per spec object, or none
+        self.spec_key = [id(spec) for spec in self.specs]
+        self.one_spec = len(set(self.spec_key)) <= 1
+        self.flow_op: dict[int, Op] = {}
+        self.dirty = False
+        self.generation = 0
+        self.events = 0
+        self.simpy_events = 0
+        self._calendar: dict[float, list[tuple[Callback, Any]]] = {}
+
+    # -- the calendar: every callback due at one time runs from one simpy event ----------------------------------
+    def _at(self, delay: float, callback: Callback, arg: Any) -> None:
+        """Call ``callback(arg)`` in ``delay`` seconds (after what is already due then)."""
+        when = self.now + delay  # the time simpy gives the timeout below: its now + delay
+        due = self._calendar.get(when)
+        if due is None:
+            due = self._calendar[when] = []
+            ev = self.env.timeout(delay)
+            ev.callbacks.append(partial(self._run_due, when))  # type: ignore[union-attr]
+            self.simpy_events += 1
+        due.append((callback, arg))
+
+    def _run_due(self, when: float, _event: object = None) -> None:
+        """Run every callback due now, then, if flows started or finished, recompute rates once: after everything
+        else of this instant (nothing else is queued for it: the calendar has one simpy event per time)."""
+        self.now = when
+        due = self._calendar[when]
+        done = 0
+        while True:
+            while done < len(due):  # callbacks may add more for this same instant: run those too
+                callback, arg = due[done]
+                callback(arg)
+                done += 1
+            if not self.dirty:
+                break
+            self._reallocate()  # may predict a finish at this same instant: due grows, the loop goes on
+        self.events += done
+        del self._calendar[when]
+
+    def run(self) -> SimResult:
+        ops = self.ops
+        for i in self.roots:
+            op = ops[i]
+            self._at(op.not_before_s, self._ready, op)
+        self.env.run()
+        start, end = self.start, self.end
+        if None in start:
+            unfinished = [i for i, t in enumerate(start) if t is None]
+            raise RuntimeError(f"schedule deadlocked: ops {unfinished[:10]} never started")
+        self.kids, self.first_kid, self.pending = array("q"), array("q"), []  # the results need none of these
+        self.ready, self.held = bytearray(), bytearray()
+        starts, ends = np.array(start, dtype=float), np.array(end, dtype=float)  # None -> NaN
+        self.start, self.end = [], []
+        ranks = np.fromiter(map(_RANK, ops), dtype=np.int64, count=len(ops))
+        ids = np.flatnonzero(~np.isnan(ends))  # started but never ended: not on the timeline
+        last = np.full(self.sched.ranks, -np.inf)
+        np.maximum.at(last, ranks[ids], ends[ids])
+        end_time = {r: float(last[r]) for r in np.unique(ranks[ids]).tolist()}
+        # the timeline's (start, rank, op) order: one sort of arrays rather than of millions of key tuples
+        order = ids[np.lexsort((ids, ranks[ids], starts[ids]))]
+        return SimResult(ops, starts, ends, order, ranks, self.kind_of, self.events, self.net.allocations,
+                         self.sched.ranks, end_time, self.simpy_events, self.link_load, self.extrapolated)
+
+    # -- op life cycle -----------------------------------------------------------------------------------------
+    def _duration(self, op: Op) -> float:
+        rank = op.rank
+        key = _COST(op) if self.one_spec else (self.spec_key[rank], _COST(op))  # the cluster holds its specs
+        hit = self._durations.get(key)
+        if hit is None:
+            hit = self._durations[key] = self._new_duration(self.specs[rank], op)
+        return hit
+
+    def _new_duration(self, spec: DeviceSpec | None, op: Op) -> float:
+        if spec is None:  # a switch reducing in the network (NVLS), at line rate
+            return 0.0
+        profiled = None if op.fused else profiled_time(spec, op.fn, op.dtype, op.dims)
+        if profiled is None:
+            return compute_time(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused, fn=op.fn)
+        hit, outside = profiled
+        if outside:
+            where = (spec.name, op.fn, op.dtype)
+            self.extrapolated[where] = tuple(sorted({*self.extrapolated.get(where, ()), *outside}))
+        return hit
+
+    def _ready(self, op: Op) -> None:
+        now = self.now
+        if now < op.not_before_s:
+            self._at(op.not_before_s - now, self._ready, op)
+            return
+        if self.in_order and self.program[op.rank]:
+            self._ready_in_order(op)
+            return
+        kind = op.kind
+        if kind == "compute" or kind == "merge":  # COMPUTE_KINDS
+            rank = op.rank
+            duration = self._duration(op)
+            begin = self.stream_free[rank]  # one FIFO compute stream: max(now, when it is free)
+            if begin < now:
+                begin = now
+            end = begin + duration
+            self.stream_free[rank] = end
+            self.start[op.id] = begin
+            self._at(end - now, self._done, op)
+        elif kind == "launch":
+            self.start[op.id] = now
+            self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
+        else:
+            self.ready[op.id] = 1
+            match = op.match
+            assert match is not None
+            if self.ready[match]:  # both ends ready: the transfer starts
+                if kind == "send":
+                    self._start_transfer(op, self.ops[match])
+                else:
+                    self._start_transfer(self.ops[match], op)
+
+    def _ready_in_order(self, op: Op) -> None:
+        """An op of a host thread (a rank on shared host cores): it waits for its turn in program order."""
+        kind = op.kind
+        rank = op.rank
+        if self.program[rank][self.cursor[rank]] != op.id:
+            self.held[op.id] = 1
+            return
+        if kind == "send" or kind == "recv":  # posted: the thread goes on to its next op
+            self._issued(rank)
+        self.ready[op.id] = 1
+        if kind in COMPUTE_KINDS:  # its turn in program order: the rank's previous kernel has returned
+            self._start_kernel(op)
+        elif kind == "launch":
+            self.start[op.id] = self.now
+            self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
+        else:
+            assert op.match is not None
+            if self.ready[op.match]:
+                send, recv = (op, self.ops[op.match]) if kind == "send" else (self.ops[op.match], op)
+                self._start_transfer(send, recv)
+
+    def _launched(self, op: Op) -> None:
+        self._done(op)
+        if self.program[op.rank]:
+            self._issued(op.rank)
+
+    def _issued(self, rank: int) -> None:
+        """A host thread is done issuing its current op (a kernel or a launch ran, a transfer was posted): its
+        next op in program order may start once its dependencies are met."""
+        self.cursor[rank] += 1
+        program = self.program[rank]
+        if self.cursor[rank] < len(program):
+            nxt = program[self.cursor[rank]]
+            if self.held[nxt]:
+                self.held[nxt] = 0
+                self._at(0.0, self._ready, self.ops[nxt])
+
+    def _start_kernel(self, op: Op) -> None:
+        """Start a kernel of a rank whose host's cores are shared: work drained as a flow."""
+        self.start[op.id] = self.now
+        duration = self._duration(op)
+        if duration <= 0:
+            self._kernel_done(op)
+            return
+        links, work, weights = self.hosts.kernel(op, duration)
+        self.net.add(op.id, links, work, self.now, 0.0, weights)
+        self.flow_op[op.id] = op
+        self._mark_dirty()
+
+    def _kernel_done(self, op: Op) -> None:
+        self._done(op)
+        self._issued(op.rank)
+
+    def _path(self, src: int, dst: int) -> tuple[tuple[int, ...], float]:
+        """Link ids a transfer between two ranks crosses (route, then host cores its copies use) and its latency."""
+        hit = self._paths.get((src, dst))
+        if hit is None:
+            a, b = self.place[src], self.place[dst]
+            route = self.cluster.route(a, b) if a != b else ()
+            route_ids = tuple(map(self.links.__getitem__, route))
+            links = (*route_ids, *self.hosts.transfer(src, dst)) if route and self.hosts.copies else route_ids
+            latency = sum(map(self.latency.__getitem__, route_ids))  # Cluster.route_latency, from a list
+            hit = self._paths[(src, dst)] = (links, latency)
+        return hit
+
+    def _start_transfer(self, send: Op, recv: Op) -> None:
+        now = self.now
+        self.start[send.id] = self.start[recv.id] = now
+        hit = self._paths.get((send.rank, recv.rank))
+        link_ids, latency = hit if hit is not None else self._path(send.rank, recv.rank)
+        delay = self.msg_s + latency
+        floor = send.floor_s
+        if delay < floor:
+            delay = floor
+        elif floor < 0.0:  # STREAMED: a later step of a pipeline, its latency hidden behind the steps before it
+            delay = 0.0
+        if not send.coll:
+            delay += self.comm_s
+        if not link_ids or send.nbytes == 0:
+            self._at(delay, self._finish_transfer, send)
+        else:
+            self._at(delay, self._inject, (send, link_ids))
+
+    def _inject(self, flow: tuple[Op, tuple[int, ...]]) -> None:
+        send, link_ids = flow
+        weights = self._weights_of(link_ids, send.nbytes) if self.curves else None
+        self.net.add(send.id, link_ids, send.nbytes, self.now, send.rate_cap, weights)
+        self.flow_op[send.id] = send
+        self.dirty = True  # rates are recomputed once every other callback of this instant has run (_run_due)
+
+    def _weights_of(self, link_ids: tuple[int, ...], nbytes: float) -> tuple[float, ...] | None:
+        """A message's weight on each link of its route: nominal / bandwidth at its size where the link (or host
+        copy) was measured over sizes, else 1; None where no link of the route was."""
+        key = (link_ids, nbytes)
+        if key not in self._weights:
+            curves = [self.curves.get(link) for link in link_ids]
+            self._weights[key] = None if not any(curves) else tuple(
+                1.0 if c is None else c[1].weight(c[0], nbytes) for c in curves)
+        return self._weights[key]
+
+    def _mark_dirty(self) -> None:
+        """Rates are recomputed once every other callback of this instant has run (see _run_due)."""
+        self.dirty = True
+
+    def _reallocate(self) -> None:
+        self.dirty = False
+        self.events += 1
+        changed = self.net.allocate(self.now, changed_links=self.record_links)
+        if self.record_links:
+            for link in sorted(changed):
+                if link < len(self.edge_names):  # not a virtual core or memory link
+                    u, v = self.edge_names[link]
+                    self.link_load.append((self.now, u, v, self.net.load(link)))
+        self.generation += 1
+        when, due = self.net.next_finish()
+        if due:
+            self._at(when - self.now, self._drained, (self.generation, due))
+
+    def _drained(self, predicted: tuple[int, list[int]]) -> None:
+        gen, due = predicted
+        if gen != self.generation:
+            return  # rates changed since this finish was predicted
+        remove, flow_op, ops, done = self.net.remove, self.flow_op, self.ops, self._done
+        end, now, first = self.end, self.now, self.first_kid
+        for flow in due:
+            remove(flow)
+            op = flow_op.pop(flow)
+            if op.kind == "send":
+                match = op.match
+                assert match is not None
+                # _done of both ends, its end recorded here for one with no dependents (most sends)
+                if first[flow] == first[flow + 1]:
+                    end[flow] = now
+                else:
+                    done(op)
+                if first[match] == first[match + 1]:
+                    end[match] = now
+                else:
+                    done(ops[match])
+            else:  # a kernel on shared host cores
+                self._kernel_done(op)
+        self.dirty = True
+
+    def _finish_transfer(self, send: Op) -> None:
+        assert send.match is not None
+        self._done(send)
+        self._done(self.ops[send.match])
+
+    def _done(self, op: Op) -> None:
+        """The op has ended: its end is recorded (the timeline is built from them once the run is over) and the
+        ops that waited only for it become ready."""
+        oid = op.id
+        now = self.now
+        self.end[oid] = now
+        first = self.first_kid
+        lo, hi = first[oid], first[oid + 1]
+        if lo == hi:
+            return
+        pending, ops = self.pending, self.ops
+        direct = not self.in_order  # no host thread orders its ops: _ready's GPU-rank cases, inlined below
+        for child in self.kids[lo:hi]:
+            left = pending[child] - 1
+            pending[child] = left
+            if left:
+                continue
+            nxt = ops[child]
+            kind = nxt.kind
+            if direct and now >= nxt.not_before_s:
+                if kind == "compute" or kind == "merge":  # _ready's compute case
+                    rank = nxt.rank
+                    hit = self._durations.get(_COST(nxt) if self.one_spec else (self.spec_key[rank], _COST(nxt)))
+                    duration = self._duration(nxt) if hit is None else hit
+                    begin = self.stream_free[rank]
+                    if begin < now:
+                        begin = now
+                    end = begin + duration
+                    self.stream_free[rank] = end
+                    self.start[child] = begin
+                    self._at(end - now, self._done, nxt)
+                    continue
+                if kind == "send" or kind == "recv":  # _ready's transfer case
+                    ready = self.ready
+                    ready[child] = 1
+                    match = nxt.match
+                    assert match is not None
+                    if ready[match]:
+                        if kind == "send":
+                            self._start_transfer(nxt, ops[match])
+                        else:
+                            self._start_transfer(ops[match], nxt)
+                    continue
+            self._ready(nxt)
+
+
+def simulate_reference(schedule: Schedule, cluster: Cluster, record_links: bool = False) -> SimResult:
+    """:func:`simulator.engine.core.simulate`, one Python callback per event (the tests' reference)."""
+    with gc_paused():
+        return _Run(schedule, cluster, record_links).run()
