@@ -45,7 +45,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
+from itertools import chain, count
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -228,10 +228,14 @@ class _Run:
         costs = list(map(_COST, kernels))
         if len({id(spec) for spec in self.specs}) > 1:  # the cost on each kind of device
             costs = list(zip(map(id, map(specs.__getitem__, map(_RANK, kernels))), costs, strict=True))
-        first = dict(zip(reversed(costs), reversed(kernels), strict=True))  # a cost -> its first op
-        seconds = {cost: self._new_duration(specs[op.rank], op) for cost, op in sorted(
-            first.items(), key=lambda item: item[1].id)}
-        self.dur[ids] = np.fromiter(map(seconds.__getitem__, costs), dtype=float, count=len(costs))
+        # each kernel's first kernel of the same cost (one hash per kernel): its duration computed once, in op order
+        first: dict[Any, int] = {}
+        firsts = np.fromiter(map(first.setdefault, costs, count()), dtype=np.int64, count=len(costs))
+        seconds = np.zeros(len(costs))
+        for i in first.values():
+            op = kernels[i]
+            seconds[i] = self._new_duration(specs[op.rank], op)
+        self.dur[ids] = seconds[firsts]
 
     def _new_duration(self, spec: DeviceSpec | None, op: Op) -> float:
         if spec is None:  # a switch reducing in the network (NVLS), at line rate
