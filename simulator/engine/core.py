@@ -180,11 +180,14 @@ class _Run:
         counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
         parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=int(counts.sum()))
         del deps_of
-        self.kids = np.repeat(np.arange(n, dtype=np.int64), counts)[np.argsort(parents, kind="stable")]
+        if n >= 2**31 - 1:
+            raise ValueError(f"a schedule of {n} ops: the engine takes fewer than 2^31")
+        self.kids = np.repeat(np.arange(n, dtype=np.int32), counts)[np.argsort(parents, kind="stable")]
         self.first_kid = np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).astype(np.int64)
         del parents
-        self.pending = counts
-        self.roots = np.flatnonzero(counts == 0)
+        self.pending = counts.astype(np.int32)
+        del counts
+        self.roots = np.flatnonzero(self.pending == 0)
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         self.links: dict[tuple[str, str], int] = {}
         capacity: list[float] = []
@@ -254,16 +257,18 @@ class _Run:
         ops, n = self.ops, len(self.ops)
         sends = np.flatnonzero(self.kind_of == _KIND_INDEX["send"])
         send_ops = list(map(ops.__getitem__, sends.tolist()))
-        matches = [m for m in map(_MATCH, send_ops)]
-        self.match = np.full(n, -1, dtype=np.int64)
+        matches = np.fromiter(map(_MATCH, send_ops), dtype=np.int64, count=len(sends))
+        self.match = np.full(n, -1, dtype=np.int32)
         self.match[sends] = matches
         self.match[matches] = sends
+        # the distinct (sender, receiver) pairs: one route each
+        pair = self.ranks[sends] * self.sched.ranks + self.ranks[matches]
+        codes, route_of = np.unique(pair, return_inverse=True)
+        del pair, matches
+        distinct = [divmod(c, self.sched.ranks) for c in codes.tolist()]
         place = self.place
-        pairs = list(zip(map(_RANK, send_ops), self.ranks[matches].tolist(), strict=True))
-        distinct = dict.fromkeys(pairs)
         self.cluster.prepare_routes({(place[a], place[b]) for a, b in distinct})
         routes = [self._path(a, b) for a, b in distinct]
-        index = dict(zip(distinct, range(len(routes)), strict=True))
         width = max([1, *map(len, (links for links, _ in routes))])
         self.plinks = np.zeros((max(1, len(routes)), width), dtype=np.int64)
         self.plen = np.zeros(max(1, len(routes)), dtype=np.int64)
@@ -272,8 +277,8 @@ class _Run:
             self.plinks[i, :len(links)] = links
             self.plen[i] = len(links)
             self.plat[i] = latency
-        self.path = np.full(n, -1, dtype=np.int64)
-        self.path[sends] = np.fromiter(map(index.__getitem__, pairs), dtype=np.int64, count=len(pairs))
+        self.path = np.full(n, -1, dtype=np.int32)
+        self.path[sends] = route_of.reshape(-1)
         self.nbytes = np.zeros(n)
         self.nbytes[sends] = np.fromiter(map(_NBYTES, send_ops), dtype=float, count=len(sends))
         self.floor = np.zeros(n)
@@ -284,12 +289,12 @@ class _Run:
         self.coll[sends] = np.fromiter(map(bool, map(_COLL, send_ops)), dtype=bool, count=len(sends))
         self.not_before = np.fromiter(map(_NOT_BEFORE, ops), dtype=float, count=n)
         # weights: a message's weight on each link of its route, where a link (or host copy) was measured by size
-        self.wrow = np.full(n, -1, dtype=np.int64)
+        self.wrow = np.full(n, -1, dtype=np.int32)
         rows: dict[tuple[int, float], int] = {}
         table: list[tuple[float, ...]] = []
         if self.curves:
-            for i, op, pair in zip(sends.tolist(), send_ops, pairs, strict=True):
-                key = (index[pair], op.nbytes)
+            for i, op, r in zip(sends.tolist(), send_ops, route_of.reshape(-1).tolist(), strict=True):
+                key = (r, op.nbytes)
                 if key not in rows:
                     weights = self._weights_of(routes[key[0]][0], op.nbytes)
                     rows[key] = -1 if weights is None else len(table)
@@ -324,7 +329,7 @@ class _Run:
         """Kernels of host threads: the links each crosses (its rank's core, its host's cores, memory...), its size
         and weights, once per distinct (rank, cost)."""
         n, ops = len(self.ops), self.ops
-        self.hrow = np.full(n, -1, dtype=np.int64)
+        self.hrow = np.full(n, -1, dtype=np.int32)
         ids = [i for i in mine.tolist() if self.kind_of[i] <= _KIND_INDEX["merge"] and self.dur[i] > 0.0]
         rows: dict[tuple[Any, ...], int] = {}
         kernels: list[tuple[tuple[int, ...], float, tuple[float, ...] | None]] = []
@@ -353,11 +358,11 @@ class _Run:
     def run(self) -> SimResult:
         ops = self.ops
         state = eventcore.new_state(
-            self.kind_of, self.ranks, self.match, self.path, self.wrow, self.hrow, self.coll, self.pending, self.dur,
-            self.not_before, self.floor, self.nbytes, self.rate_cap, self.kids, self.first_kid, self.prog,
-            self.prog_start, self.plinks, self.plen, self.plat, self.wtab, self.hlinks, self.hlen, self.hwork,
-            self.hwts, self.hweighted, self.capacity, self.cluster.message_overhead_s, self.cluster.comm_overhead_s,
-            self.in_order, self.record_links, len(self.edge_names))
+            self.kind_of, self.ranks.astype(np.int32), self.match, self.path, self.wrow, self.hrow, self.coll,
+            self.pending, self.dur, self.not_before, self.floor, self.nbytes, self.rate_cap, self.kids, self.first_kid,
+            self.prog, self.prog_start, self.plinks, self.plen, self.plat, self.wtab, self.hlinks, self.hlen,
+            self.hwork, self.hwts, self.hweighted, self.capacity, self.cluster.message_overhead_s,
+            self.cluster.comm_overhead_s, self.in_order, self.record_links, len(self.edge_names))
         eventcore.seed(state, self.roots)
         while not eventcore.run(state, CALLBACKS_PER_CALL):  # back in Python between calls: an interrupt lands
             pass

@@ -91,7 +91,7 @@ def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.nd
     start = np.full(n, np.nan)
     end = np.full(n, np.nan)
     return EngineState(kind, rank, match, path, wrow, hrow, coll, pending, np.zeros(n, np.uint8),
-                       np.full(n, -1, np.int64), dur, not_before, floor, nbytes, rate_cap, start, end, kids,
+                       np.full(n, -1, np.int32), dur, not_before, floor, nbytes, rate_cap, start, end, kids,
                        first_kid, prog, prog_start, np.zeros(ranks, np.int64), np.zeros(ranks), plinks, plen, plat,
                        wtab, hlinks, hlen, hwork, hwts, hweighted, ns.net_new(capacity), np.zeros(1024),
                        np.zeros(1024, np.int64), np.zeros(1024, np.int64), np.zeros(1024, np.int64), 0, 0,
