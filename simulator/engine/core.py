@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain, count
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -67,6 +67,8 @@ _RANK, _KIND, _DEPS, _NBYTES, _MATCH = itemgetter(1), itemgetter(2), itemgetter(
 _NOT_BEFORE, _COLL, _FLOOR, _RATE_CAP = itemgetter(10), itemgetter(19), itemgetter(23), itemgetter(24)
 _KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
 _SENDS = frozenset({"send"})
+_COLUMNS = ("match", "path", "wrow", "hrow", "coll", "pending", "dur", "not_before", "floor", "nbytes", "rate_cap",
+            "kids", "first_kid", "prog", "roots")  # per-op columns only the compiled loop reads
 CALLBACKS_PER_CALL = 200_000  # the compiled loop returns to Python this often (tens of milliseconds)
 _COST = itemgetter(5, 6, 7, 18, 11, 25)  # Op.flops, nbytes, dtype, fused, fn, dims: what a kernel's duration depends on
 
@@ -239,6 +241,14 @@ class _Run:
             op = kernels[i]
             seconds[i] = self._new_duration(specs[op.rank], op)
         self.dur[ids] = seconds[firsts]
+        bad = np.flatnonzero(np.isnan(seconds[firsts]) | (seconds[firsts] < 0))
+        if len(bad):
+            op = kernels[int(bad[0])]
+            self._bad(op, f"lasts {self.dur[op.id]} s on its device")
+
+    @staticmethod
+    def _bad(op: Op, what: str) -> NoReturn:
+        raise ValueError(f"op {op.id} ({op.kind} {op.name!r} of rank {op.rank}) {what}")
 
     def _new_duration(self, spec: DeviceSpec | None, op: Op) -> float:
         if spec is None:  # a switch reducing in the network (NVLS), at line rate
@@ -257,10 +267,20 @@ class _Run:
         ops, n = self.ops, len(self.ops)
         sends = np.flatnonzero(self.kind_of == _KIND_INDEX["send"])
         send_ops = list(map(ops.__getitem__, sends.tolist()))
-        matches = np.fromiter(map(_MATCH, send_ops), dtype=np.int64, count=len(sends))
+        recvs = np.flatnonzero(self.kind_of == _KIND_INDEX["recv"])
         self.match = np.full(n, -1, dtype=np.int32)
-        self.match[sends] = matches
-        self.match[matches] = sends
+        for ends in (sends, recvs):  # each end names the other (a schedule handed whole to extend is not checked)
+            mates = list(map(_MATCH, map(ops.__getitem__, ends.tolist())))
+            if None in mates:
+                self._bad(ops[int(ends[mates.index(None)])], "names no matching op")
+            ids = np.array(mates, dtype=np.int64)
+            if len(ids) and (ids.min() < 0 or ids.max() >= n):
+                self._bad(ops[int(ends[np.argmax((ids < 0) | (ids >= n))])], "names a match outside the schedule")
+            self.match[ends] = ids
+        matches = self.match[sends].astype(np.int64)
+        wrong = (self.kind_of[matches] != _KIND_INDEX["recv"]) | (self.match[matches] != sends)
+        if wrong.any():
+            self._bad(ops[int(sends[np.argmax(wrong)])], "and its match do not name each other as send and recv")
         # the distinct (sender, receiver) pairs: one route each
         pair = self.ranks[sends] * self.sched.ranks + self.ranks[matches]
         codes, route_of = np.unique(pair, return_inverse=True)
@@ -294,6 +314,8 @@ class _Run:
         table: list[tuple[float, ...]] = []
         if self.curves:
             for i, op, r in zip(sends.tolist(), send_ops, route_of.reshape(-1).tolist(), strict=True):
+                if op.nbytes == 0:  # never injected: it ends after its latency
+                    continue
                 key = (r, op.nbytes)
                 if key not in rows:
                     weights = self._weights_of(routes[key[0]][0], op.nbytes)
@@ -338,7 +360,10 @@ class _Run:
             key = (op.rank, _COST(op), float(self.dur[i]))
             if key not in rows:
                 rows[key] = len(kernels)
-                kernels.append(self.hosts.kernel(op, float(self.dur[i])))
+                links, work, weights = self.hosts.kernel(op, float(self.dur[i]))
+                if weights is not None and not all(0.0 < w < math.inf for w in weights):
+                    self._bad(op, f"loads its host links by {weights} (each must be finite and > 0)")
+                kernels.append((links, work, weights))
             self.hrow[i] = rows[key]
         width = max([1, *(len(links) for links, _, _ in kernels)])
         m = max(1, len(kernels))
@@ -364,6 +389,8 @@ class _Run:
             self.hwork, self.hwts, self.hweighted, self.capacity, self.cluster.message_overhead_s,
             self.cluster.comm_overhead_s, self.in_order, self.record_links, len(self.edge_names))
         eventcore.seed(state, self.roots)
+        for name in _COLUMNS:  # held by the state now: freed with it, before the results' arrays are made
+            delattr(self, name)
         while not eventcore.run(state, CALLBACKS_PER_CALL):  # back in Python between calls: an interrupt lands
             pass
         starts, ends, events, instants, allocations, nrec = eventcore.results(state)

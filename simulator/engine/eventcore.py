@@ -93,9 +93,9 @@ def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.nd
     return EngineState(kind, rank, match, path, wrow, hrow, coll, pending, np.zeros(n, np.uint8),
                        np.full(n, -1, np.int32), dur, not_before, floor, nbytes, rate_cap, start, end, kids,
                        first_kid, prog, prog_start, np.zeros(ranks, np.int64), np.zeros(ranks), plinks, plen, plat,
-                       wtab, hlinks, hlen, hwork, hwts, hweighted, ns.net_new(capacity), np.zeros(1024),
-                       np.zeros(1024, np.int64), np.zeros(1024, np.int64), np.zeros(1024, np.int64), 0, 0,
-                       np.zeros((2, 64), np.int64), np.zeros(64, np.int64), 0.0, np.nan, msg_s, comm_s, in_order,
+                       wtab, hlinks, hlen, hwork, hwts, hweighted, ns.net_new(capacity), np.zeros(16),
+                       np.zeros(16, np.int64), np.zeros(16, np.int64), np.zeros(16, np.int64), 0, 0,
+                       np.zeros((2, 2), np.int64), np.zeros(2, np.int64), 0.0, np.nan, msg_s, comm_s, in_order,
                        False, 0, 0, 0, record, nedges, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), 0)
 
 
@@ -192,7 +192,7 @@ def _start_kernel(s: EngineState, op: int) -> int:
     """A kernel of a host thread starts: work drained over its host's cores. Returns ``op`` if it has no duration
     (it ends at once: the caller ends it), else -1."""
     s.start[op] = s.now
-    if s.dur[op] <= 0.0:
+    if not s.dur[op] > 0.0:  # (core refuses a NaN duration)
         return op
     h = s.hrow[op]
     s.slot[op] = ns.net_add(s.net, op, s.hlinks[h, :s.hlen[h]], s.hwts[h], s.hweighted[h] != 0, s.hwork[h], s.now,
