@@ -188,6 +188,17 @@ def _start_transfer(s: EngineState, send: int, recv: int) -> None:
 
 
 @njit(cache=True)
+def _posted(s: EngineState, op: int, kind: int) -> None:
+    """A send or receive is posted (ready): once both ends are, the transfer starts."""
+    m = s.match[op]
+    if s.flag[m] & F_READY:
+        if kind == K_SEND:
+            _start_transfer(s, op, m)
+        else:
+            _start_transfer(s, m, op)
+
+
+@njit(cache=True)
 def _start_kernel(s: EngineState, op: int) -> int:
     """A kernel of a host thread starts: work drained over its host's cores. Returns ``op`` if it has no duration
     (it ends at once: the caller ends it), else -1."""
@@ -218,12 +229,7 @@ def _ready_in_order(s: EngineState, op: int) -> int:
         s.start[op] = s.now
         _at(s, s.dur[op], LAUNCHED, op)
     else:
-        m = s.match[op]
-        if s.flag[m] & F_READY:
-            if kind == K_SEND:
-                _start_transfer(s, op, m)
-            else:
-                _start_transfer(s, m, op)
+        _posted(s, op, kind)
     return -1
 
 
@@ -252,12 +258,7 @@ def _ready(s: EngineState, op: int) -> int:
         _at(s, s.dur[op], LAUNCHED, op)
     else:
         s.flag[op] |= F_READY
-        m = s.match[op]
-        if s.flag[m] & F_READY:  # both ends ready: the transfer starts
-            if kind == K_SEND:
-                _start_transfer(s, op, m)
-            else:
-                _start_transfer(s, m, op)
+        _posted(s, op, kind)
     return -1
 
 
