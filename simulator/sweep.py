@@ -37,6 +37,7 @@ import pandas as pd
 from simulator.engine.core import load_compiled
 from simulator.errors import InputError
 from simulator.files import replace_all, temp_beside
+from simulator.gcpause import gc_paused
 from simulator.points import simulate_point
 from simulator.report.read import resumable_rows
 from simulator.scenario import Point
@@ -52,7 +53,10 @@ _Done = tuple[list[dict[str, Any]], pd.DataFrame | None]  # a point's rows, and 
 def _run_one(index: int, point: Point, numeric: bool, timeline: bool = False) -> _Done:
     frame = None
     try:
-        outcome = simulate_point(point, numeric, timeline)
+        # the collector paused for the whole point: its millions of ops are freed (by reference counting) before it
+        # runs again, rather than walked once by the collection that would follow the build's and the run's pauses
+        with gc_paused():
+            outcome = simulate_point(point, numeric, timeline)
         rows, frame = outcome.rows, outcome.timeline
     except Exception as err:  # a failing point is a row, and the sweep goes on
         where = traceback.extract_tb(err.__traceback__)[-1]
