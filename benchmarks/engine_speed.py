@@ -5,7 +5,8 @@
                                              [--context 1000000] [--repeat 3]
 
 Every case runs in a fresh process (forked), so that its ``peak RSS`` (the process's high-water mark of resident
-memory, the interpreter and libraries included) is its own. Per case it prints: ops, engine events, build seconds
+memory, the interpreter and libraries included) is its own, with the collector paused as ``treering run`` pauses
+it for a point. Per case it prints: ops, engine events, build seconds
 (the schedule), simulate seconds, post-processing seconds (what ``treering run`` does after the simulation: the
 result row's numbers, and for decode the bounded timeline table and its figure), peak RSS, and a raw simpy loop
 that processes as many bare timeout events, measured in the same process: ``ratio`` = simulate / raw. Times are
@@ -44,6 +45,7 @@ from simulator.algorithms import build_schedule, resolve
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import load_compiled, simulate
+from simulator.gcpause import gc_paused
 from simulator.points import layout_of, result_numbers
 from simulator.prefill_rows import prefill_timing
 from simulator.report.timeline import gantt, timeline_frame
@@ -94,7 +96,8 @@ def _in_child(fn: Callable[..., Case], *args: Any) -> Case:
 
 
 def _measured(fn: Callable[..., Case], *args: Any) -> Case:
-    case = fn(*args)
+    with gc_paused():  # as `treering run` runs a point (simulator.sweep): the collector paused for all of it
+        case = fn(*args)
     case["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
     return case
 
