@@ -5,13 +5,14 @@
                                              [--context 1000000] [--repeat 3]
 
 Every case runs in a fresh process (forked), so that its ``peak RSS`` (the process's high-water mark of resident
-memory, the interpreter and libraries included) is its own, with the collector paused as ``treering run`` pauses
-it for a point. Per case it prints: ops, engine events, build seconds
-(the schedule), simulate seconds, post-processing seconds (what ``treering run`` does after the simulation: the
-result row's numbers, and for decode the bounded timeline table and its figure), peak RSS, and a raw simpy loop
-that processes as many bare timeout events, measured in the same process: ``ratio`` = simulate / raw. Times are
-medians of ``--repeat`` runs (each in its own process). matplotlib is set up (fonts loaded) and the compiled flow
-network loaded (numba) once before the cases, as a long-running process does once; the load time is printed.
+memory, the interpreter and libraries included) is its own, with the collector paused as ``treering run`` pauses it
+for a point (here for the whole case: the raw loop and the figure too, which ``treering run`` draws later). Per case
+it prints: ops, engine events, build seconds (the schedule), simulate seconds, post-processing seconds (what
+``treering run`` does after the simulation: the result row's numbers, and for decode the bounded timeline table and
+its figure), peak RSS, and a raw simpy loop that processes as many bare timeout events, measured in the same
+process: ``ratio`` = simulate / raw. Times are medians of ``--repeat`` runs (each in its own process). matplotlib is
+set up (fonts loaded) and the compiled engine loaded (numba) once before the cases, as a long-running process
+does once; the load time is printed.
 
 ``flows``: N flows with random endpoints over a fat tree of ``--nodes`` 8-GPU servers (16: 128 GPUs; 128: 1,024).
 

@@ -2,8 +2,10 @@
 
 Building and simulating allocate millions of small objects (ops, records, callbacks) that all stay alive until the
 end, and none of which is garbage: every collection the allocations trigger walks them again for nothing (a third
-of a ring build's time at P = 256). Reference counting still frees everything as usual; the collector runs again on
-exit from the block, for the cycles left behind.
+of a ring build's time at P = 256). Reference counting still frees everything as usual; the collector is enabled
+again on exit from the block, and its next collection (once allocations pass its threshold) walks the objects made
+inside it that are still alive, and the cycles left behind. A sweep pauses it for a whole point
+(:mod:`simulator.sweep`): the point's ops are freed before that collection comes.
 """
 
 from __future__ import annotations

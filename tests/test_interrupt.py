@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from unittest import mock
 
 import pandas as pd
 import pytest
@@ -17,6 +18,7 @@ from test_sweep import rows, scenario  # tests/ is on sys.path (no __init__.py)
 from simulator.algorithms import build_schedule, resolve
 from simulator.cli import main
 from simulator.cluster.topology import load_topology
+from simulator.engine import eventcore
 from simulator.engine.core import simulate
 from simulator.points import layout_of
 from simulator.workloads.shape import DecodeShape
@@ -39,11 +41,18 @@ def test_sigint_interrupts_a_simulation_within_a_second():
     # Python drops an exception raised inside a gc callback (the signal would be lost there, not in the engine)
     callbacks = gc.callbacks[:]
     gc.callbacks.clear()
-    timer = threading.Timer(0.3, interrupt)
-    timer.start()
+    timer = threading.Timer(0.1, interrupt)  # started once the compiled loop runs (the columns are ready)
+    original, calls = eventcore.run, []
+
+    def run(state: object, budget: int) -> bool:
+        if not calls:
+            timer.start()
+        calls.append(budget)
+        return original(state, budget)
+
     finished = []
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt), mock.patch.object(eventcore, "run", run):
             simulate(sched, cluster)
             finished.append(True)
             timer.join()  # the simulation ended first: let the signal land here, not in another test
@@ -52,6 +61,7 @@ def test_sigint_interrupts_a_simulation_within_a_second():
         signal.signal(signal.SIGINT, previous)
         gc.callbacks.extend(callbacks)
     assert not finished, "the simulation ended before the signal"
+    assert calls, "the signal landed before the compiled loop ran"
     assert time.monotonic() - sent[0] < 1.0
 
 

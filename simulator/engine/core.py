@@ -246,7 +246,7 @@ class _Run:
             op = kernels[i]
             seconds[i] = self._new_duration(specs[op.rank], op)
         self.dur[ids] = seconds[firsts]
-        bad = np.flatnonzero(np.isnan(seconds[firsts]) | (seconds[firsts] < 0))
+        bad = np.flatnonzero(~np.isfinite(seconds[firsts]) | (seconds[firsts] < 0))
         if len(bad):
             op = kernels[int(bad[0])]
             self._bad(op, f"lasts {self.dur[op.id]} s on its device")
@@ -282,10 +282,12 @@ class _Run:
             if len(ids) and (ids.min() < 0 or ids.max() >= n):
                 self._bad(ops[int(ends[np.argmax((ids < 0) | (ids >= n))])], "names a match outside the schedule")
             self.match[ends] = ids
+        for ends, other in ((sends, "recv"), (recvs, "send")):
+            mate = self.match[ends].astype(np.int64)
+            wrong = (self.kind_of[mate] != _KIND_INDEX[other]) | (self.match[mate] != ends)
+            if wrong.any():
+                self._bad(ops[int(ends[np.argmax(wrong)])], "and its match do not name each other as send and recv")
         matches = self.match[sends].astype(np.int64)
-        wrong = (self.kind_of[matches] != _KIND_INDEX["recv"]) | (self.match[matches] != sends)
-        if wrong.any():
-            self._bad(ops[int(sends[np.argmax(wrong)])], "and its match do not name each other as send and recv")
         # the distinct (sender, receiver) pairs: one route each
         pair = self.ranks[sends] * self.sched.ranks + self.ranks[matches]
         codes, route_of = np.unique(pair, return_inverse=True)
@@ -313,6 +315,10 @@ class _Run:
         self.coll = np.zeros(n, dtype=np.uint8)
         self.coll[sends] = np.fromiter(map(bool, map(_COLL, send_ops)), dtype=bool, count=len(sends))
         self.not_before = np.fromiter(map(_NOT_BEFORE, ops), dtype=float, count=n)
+        wrong = ~np.isfinite(self.not_before) | (self.not_before < 0)
+        if wrong.any():
+            op = ops[int(np.argmax(wrong))]
+            self._bad(op, f"may not start before {op.not_before_s} s (a time >= 0)")
         # weights: a message's weight on each link of its route, where a link (or host copy) was measured by size
         self.wrow = np.full(n, -1, dtype=np.int32)
         rows: dict[tuple[int, float], int] = {}
@@ -324,6 +330,8 @@ class _Run:
                 key = (r, op.nbytes)
                 if key not in rows:
                     weights = self._weights_of(routes[key[0]][0], op.nbytes)
+                    if weights is not None and not all(0.0 < w < math.inf for w in weights):
+                        self._bad(op, f"loads its route by {weights} (each must be finite and > 0)")
                     rows[key] = -1 if weights is None else len(table)
                     if weights is not None:
                         table.append(weights)
@@ -347,10 +355,7 @@ class _Run:
         curves = [self.curves.get(link) for link in link_ids]
         if not any(curves):
             return None
-        weights = tuple(1.0 if c is None else c[1].weight(c[0], nbytes) for c in curves)
-        if not all(0.0 < w < math.inf for w in weights):
-            raise ValueError(f"route {link_ids}: needs one finite weight > 0 per link, got {weights}")
-        return weights
+        return tuple(1.0 if c is None else c[1].weight(c[0], nbytes) for c in curves)
 
     def _host_kernels(self, mine: np.ndarray) -> None:
         """Kernels of host threads: the links each crosses (its rank's core, its host's cores, memory...), its size
