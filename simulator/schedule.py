@@ -1,6 +1,6 @@
 """Schedules as plain data: per-rank ops with explicit dependencies, sizes and buffers.
 
-An algorithm builds a :class:`Schedule`; executors (the simpy engine, the numeric executor, the real
+An algorithm builds a :class:`Schedule`; executors (the engine, the numeric executor, the real
 ``torch.distributed`` runner) run it. No simpy here: a schedule can be printed, tested and exported on its own.
 
 Op kinds:
