@@ -13,15 +13,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-# 8 points of ring on 128 ranks: each a few seconds of simulation, so that signals land mid-sweep
+# 8 points of ring on 512 ranks (786k ops each): a second or two per point, so that signals land mid-sweep (ring on
+# 128 ranks, 49k ops, took seconds before the engine's loop was compiled; now all 8 ended before the first signal)
 SLOW = """\
 name: slow
 topology: dgx-h100
-topology_params: {nodes: 16}
-workload: {kind: decode, model: {heads: 16, head_dim: 128}, batch: 1, context: 65536, dtype: bf16}
+topology_params: {nodes: 64}
+workload: {kind: decode, model: {heads: 16, head_dim: 128}, batch: 1, context: 1000000, dtype: bf16}
 algorithms: [ring]
 sweep:
-  workload.context: [65536, 65537, 65538, 65539, 65540, 65541, 65542, 65543]
+  workload.context: [1000000, 1000001, 1000002, 1000003, 1000004, 1000005, 1000006, 1000007]
 """
 
 
