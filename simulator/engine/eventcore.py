@@ -154,6 +154,12 @@ def _pop(s: EngineState) -> tuple[float, int, int]:
 
 
 # -- op life cycle ----------------------------------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _thread(s: EngineState, rank: int) -> bool:
+    """Whether the rank is a host thread (it has a program order: its host's cores are shared)."""
+    return s.prog_start[rank + 1] > s.prog_start[rank]
+
+
 @njit(cache=True)
 def _issued(s: EngineState, rank: int) -> None:
     """A host thread is done issuing its current op: its next op in program order may start once it is ready."""
@@ -242,7 +248,7 @@ def _ready(s: EngineState, op: int) -> int:
         _at(s, nb - now, READY, op)
         return -1
     rank = s.rank[op]
-    if s.in_order and s.prog_start[rank + 1] > s.prog_start[rank]:
+    if s.in_order and _thread(s, rank):
         return _ready_in_order(s, op)
     kind = s.kind[op]
     if kind <= K_MERGE:  # one FIFO compute stream per rank
@@ -366,7 +372,7 @@ def _callback(s: EngineState, callback: int, arg: int) -> None:
     elif callback == DONE:
         _done(s, arg, False)
     elif callback == LAUNCHED:
-        _done(s, arg, s.prog_start[s.rank[arg] + 1] > s.prog_start[s.rank[arg]])
+        _done(s, arg, _thread(s, s.rank[arg]))
     elif callback == INJECT:
         p = s.path[arg]
         w = s.wrow[arg]

@@ -18,8 +18,8 @@ from numba.experimental import structref
 
 from simulator.engine import flowcore as fc
 
-__all__ = ["NetState", "net_add", "net_allocate", "net_capacity", "net_load", "net_new", "net_next", "net_rate",
-           "net_remove"]
+__all__ = ["NetState", "net_add", "net_allocate", "net_allocations", "net_capacity", "net_load", "net_new", "net_next",
+           "net_rate", "net_remove"]
 
 
 @structref.register
@@ -41,7 +41,7 @@ _FIELDS = (
     "li", "lf", "marks", "si", "sf", "route", "wts", "inc", "fresh", "ek", "ev", "es", "sc",  # flowcore's arrays
     "free", "nfree",  # a stack of free slots (the lowest on top at first)
     "spare", "nspare",  # a stack of private cap links no flow holds
-    "given", "nlinks", "added", "eta_size", "dirty", "has_next", "active", "allocations",
+    "nlinks", "added", "eta_size", "dirty", "has_next", "active", "allocations",
     "next_when", "due", "unweighted",
 )
 structref.define_proxy(NetState, NetStateType, list(_FIELDS))
@@ -66,7 +66,7 @@ def net_new(capacity: np.ndarray) -> NetState:
                    np.zeros((0, maxr), np.int64), np.ones((0, maxr)), np.full((2, 0), -1, np.int64),
                    np.zeros(0, np.int64), np.zeros(256), np.zeros(256, np.int64), np.zeros(256, np.int64),
                    np.zeros(fc.NSC, np.int64), np.zeros(0, np.int64), 0, np.zeros(16, np.int64), 0,
-                   n, n, 0, 0, False, False, 0, 0, np.inf, np.zeros(0, np.int64), np.ones(0))
+                   n, 0, 0, False, False, 0, 0, np.inf, np.zeros(0, np.int64), np.ones(0))
     _grow_slots(net, 64)
     return net
 
@@ -247,6 +247,6 @@ def net_capacity(net: NetState) -> np.ndarray:
 
 
 @njit(cache=True)
-def net_counts(net: NetState) -> tuple[int, int]:
-    """(links the routes may name, allocations that re-rated flows)."""
-    return net.given, net.allocations
+def net_allocations(net: NetState) -> int:
+    """Allocations that re-rated flows."""
+    return net.allocations

@@ -117,7 +117,7 @@ class FlowNetwork:
     @property
     def allocations(self) -> int:
         """Allocations that re-rated flows (flows had come or gone since the previous one)."""
-        return int(ns.net_counts(self._net)[1])
+        return int(ns.net_allocations(self._net))
 
     # -- flows --------------------------------------------------------------------------------------------------
     def add(self, flow: int, links: Iterable[int], nbytes: float, now: float, cap: float = 0.0,
