@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from itertools import compress
-from operator import attrgetter
 from typing import Protocol
 
 import numpy as np
@@ -19,8 +17,6 @@ import numpy as np
 from simulator.schedule import Schedule
 
 __all__ = ["Timed", "holding", "peak_memory", "timeline_peaks"]
-
-_ALLOC, _FREE = attrgetter("alloc"), attrgetter("free")
 
 
 def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None = None,
@@ -63,11 +59,9 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
 
 
 def holding(sched: Schedule) -> list[int]:
-    """Ids of the ops that allocate or free buffers, in op-id order (C-level passes over the ops)."""
-    ops = sched.ops
-    ids = set(compress(range(len(ops)), map(_ALLOC, ops)))
-    ids.update(compress(range(len(ops)), map(_FREE, ops)))
-    return sorted(ids)
+    """Ids of the ops that allocate or free buffers, in op-id order (C-level passes over op tuples; a block of ops
+    by its shared fields)."""
+    return sched.ops.holders()
 
 
 class Timed(Protocol):

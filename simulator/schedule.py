@@ -33,49 +33,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
+
+import numpy as np
+
+from simulator.op import COMPUTE_KINDS, OP_KINDS, STREAMED, Op
+from simulator.oplist import ComputeBlock, Indexed, OpList, TransferBlock, csr, indexed
 
 __all__ = ["COMPUTE_KINDS", "OP_KINDS", "STREAMED", "Op", "Schedule", "compute_op", "fused_reduce_op", "transfer_ops"]
-
-OP_KINDS = ("compute", "merge", "send", "recv", "launch")
-STREAMED = -1.0  # a transfer's floor_s: it continues a stream of steps whose first paid the connection's latency
-COMPUTE_KINDS = frozenset({"compute", "merge"})
-
-
-class Op(NamedTuple):
-    """One operation of one rank. Sizes in FLOPs and bytes; ``not_before_s`` in seconds.
-
-    A named tuple (immutable, and cheap to create: schedules of large rings hold millions of ops).
-    """
-
-    id: int
-    rank: int
-    kind: str
-    name: str
-    deps: tuple[int, ...] = ()
-    flops: float = 0.0
-    nbytes: float = 0.0
-    dtype: str = "fp32"
-    peer: int | None = None
-    match: int | None = None
-    not_before_s: float = 0.0
-    fn: str = ""
-    out: str = ""
-    args: tuple[str, ...] = ()
-    lo: int = 0
-    hi: int = -1
-    alloc: tuple[tuple[str, float], ...] = ()
-    free: tuple[str, ...] = ()
-    fused: bool = False
-    coll: str = ""
-    root: int | None = None
-    redop: str = ""
-    into: bool = False
-    floor_s: float = 0.0  # a launch's or a transfer's fixed latency is at least this (a protocol's, see engine);
-    # STREAMED (negative): a transfer that continues its connection's stream of pipeline steps pays none
-    rate_cap: float = 0.0  # a send's flow never exceeds this many bytes/s (0: no cap; a channel's, see collectives)
-    dims: tuple[float, ...] = ()  # a compute op's shape on its kernel profile's axes (simulator.kernel_model)
-
 
 _ID, _RANK, _DEPS = operator.attrgetter("id"), operator.attrgetter("rank"), operator.attrgetter("deps")
 _new = tuple.__new__  # an Op from all its fields in order: 5 times faster than Op(...) with keywords
@@ -89,6 +54,11 @@ def _earlier(deps: Sequence[tuple[int, ...]], n: int) -> bool:
     """Whether every id in ``deps`` names one of the ``n`` ops already there (min and max in C, for large steps)."""
     named = [d for d in deps if d]
     return not named or (min(map(min, named)) >= 0 and max(map(max, named)) < n)
+
+
+def _earlier_flat(ids: np.ndarray, n: int) -> bool:
+    """Whether every id in ``ids`` names one of the ``n`` ops already there."""
+    return not len(ids) or (int(ids.min()) >= 0 and int(ids.max()) < n)
 
 
 def transfer_ops(sid: int, src: int, dst: int, size: float, name: str, send_deps: tuple[int, ...],
@@ -129,11 +99,19 @@ class Schedule:
     """
 
     ranks: int
-    ops: list[Op] = field(default_factory=list)
+    ops: OpList = field(default_factory=OpList)
     placement: tuple[str, ...] | None = None
     name: str = ""
     initial: dict[int, dict[str, float]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    # kernel tables given to add_kernel_step, by id: (the table, its entries as (str, float, float, tuple)), so that
+    # the steps of a lockstep schedule share one (and the engine looks its costs up once)
+    _tables: dict[int, tuple[Sequence[Any], list[Any]]] = field(default_factory=dict, init=False, repr=False,
+                                                                 compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ops, OpList):  # ops given as tuples
+            self.ops = OpList(self.ops)
 
     def _check(self, rank: int, deps: Iterable[int]) -> tuple[int, ...]:
         if not 0 <= rank < self.ranks:
@@ -203,38 +181,41 @@ class Schedule:
                                      floor_s, float(rate_cap), not_before_s, _tuple(free_src), _tuple(alloc)))
         return sid, sid + 1
 
-    def add_transfers(self, src: Sequence[int], dst: Sequence[int], nbytes: Sequence[float], name: Sequence[str],
-                      send_deps: Sequence[tuple[int, ...]], recv_deps: Sequence[tuple[int, ...]], *,
-                      args: tuple[str, ...] = (), dst_args: tuple[str, ...] | None = None,
-                      alloc: tuple[tuple[str, float], ...] = (), coll: str = "") -> int:
+    def add_transfers(self, src: Sequence[int] | np.ndarray, dst: Sequence[int] | np.ndarray,
+                      nbytes: Sequence[float] | np.ndarray, name: Sequence[str] | Indexed,
+                      send_deps: Sequence[tuple[int, ...]] | np.ndarray,
+                      recv_deps: Sequence[tuple[int, ...]] | np.ndarray, *, args: tuple[str, ...] = (),
+                      dst_args: tuple[str, ...] | None = None, alloc: tuple[tuple[str, float], ...] = (),
+                      coll: str = "") -> int:
         """Many transfers at once (one step of a collective or a ring), the k-th from ``src[k]`` to ``dst[k]``:
         the same ops as :meth:`add_transfer` called for each k in order, with the options shared; returns the
-        first send's id (transfer k's send is ``first + 2k``, its recv ``first + 2k + 1``)."""
+        first send's id (transfer k's send is ``first + 2k``, its recv ``first + 2k + 1``).
+
+        Held as one block of columns (:mod:`simulator.oplist`): ranks and sizes may be arrays, ``name`` an
+        :class:`~simulator.oplist.Indexed` table, each end's deps an (m, k) array padded with -1."""
         m = len(src)
-        if not len(dst) == len(nbytes) == len(name) == len(send_deps) == len(recv_deps) == m:
+        if not len(dst) == len(nbytes) == len(name.which if isinstance(name, Indexed) else name) == len(
+                send_deps) == len(recv_deps) == m:
             raise ValueError("add_transfers needs one dst, size, name and deps of each end per transfer")
         first = len(self.ops)
-        if m and (min(*src, *dst) < 0 or max(*src, *dst) >= self.ranks or min(nbytes) < 0
-                  or any(map(operator.eq, src, dst)) or not _earlier(send_deps, first)
-                  or not _earlier(recv_deps, first)):
-            for k in range(m):  # the first bad one raises add_transfer's error (nothing is added)
-                if nbytes[k] < 0:
-                    raise ValueError(f"nbytes must not be negative, got {nbytes[k]}")
-                if src[k] == dst[k]:
-                    raise ValueError(f"a transfer needs two different ranks, got {src[k]} twice")
-                self._check(src[k], send_deps[k])
-                self._check(dst[k], recv_deps[k])
         dargs = args if dst_args is None else dst_args
         if len(dargs) != len(args):
             raise ValueError("dst_args must name as many buffers as args")
-        ops: list[Op] = []
-        for k in range(m):
-            sid, size = first + 2 * k, float(nbytes[k])
-            ops.append(_new(Op, (sid, src[k], "send", name[k], send_deps[k], 0.0, size, "fp32", dst[k], sid + 1, 0.0,
-                                 "", "", args, 0, -1, (), (), False, coll, None, "", False, 0.0, 0.0, ())))
-            ops.append(_new(Op, (sid + 1, dst[k], "recv", name[k], recv_deps[k], 0.0, size, "fp32", src[k], sid, 0.0,
-                                 "", "", dargs, 0, -1, alloc, (), False, coll, None, "", False, 0.0, 0.0, ())))
-        self.ops.extend(ops)
+        s, d = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        size = np.asarray(nbytes, dtype=float)
+        (ss, sf), (rs, rf) = csr(send_deps), csr(recv_deps)
+        if m and (min(s.min(), d.min()) < 0 or max(s.max(), d.max()) >= self.ranks or size.min() < 0
+                  or (s == d).any() or not _earlier_flat(sf, first) or not _earlier_flat(rf, first)):
+            for k in range(m):  # the first bad one raises add_transfer's error (nothing is added)
+                if size[k] < 0:
+                    raise ValueError(f"nbytes must not be negative, got {nbytes[k]}")
+                if s[k] == d[k]:
+                    raise ValueError(f"a transfer needs two different ranks, got {src[k]} twice")
+                self._check(int(s[k]), sf[ss[k]:ss[k + 1]].tolist())
+                self._check(int(d[k]), rf[rs[k]:rs[k + 1]].tolist())
+        names = indexed(name)
+        self.ops.add_block(TransferBlock(first, s, d, size, names.table, names.which, ss, sf, rs, rf, args, dargs,
+                                         alloc, coll))
         return first
 
     def add_computes(self, rank: Sequence[int], name: Sequence[str], flops: Sequence[float],
@@ -246,13 +227,33 @@ class Schedule:
         m = len(rank)
         if not len(name) == len(flops) == len(nbytes) == len(dims) == len(deps) == m:
             raise ValueError("add_computes needs one name, cost, dims and deps per op")
+        kernels = indexed(list(zip(name, map(float, flops), map(float, nbytes), dims, strict=True)))
+        return self.add_kernel_step(rank, kernels, deps, dtype=dtype, fn=fn, out=out, args=args, alloc=alloc,
+                                    fused=fused)
+
+    def add_kernel_step(self, rank: Sequence[int] | np.ndarray, kernels: Indexed,
+                        deps: Sequence[tuple[int, ...]] | np.ndarray, *, dtype: str = "fp32", fn: str = "",
+                        out: str = "", args: tuple[str, ...] = (), alloc: tuple[tuple[str, float], ...] = (),
+                        fused: bool = False) -> int:
+        """:meth:`add_computes` with each op's kernel given as an index into a table of (name, FLOPs, bytes, dims)
+        (a step of a lockstep schedule: few distinct kernels) and its deps as tuples or an (m, k) array padded with
+        -1; returns the first op's id."""
+        r = np.asarray(rank, dtype=np.int64)
+        m = len(r)
+        if len(kernels.which) != m or len(deps) != m:
+            raise ValueError("add_kernel_step needs one kernel and deps per op")
         first = len(self.ops)
-        if m and (min(rank) < 0 or max(rank) >= self.ranks or not _earlier(deps, first)):
+        starts, flat = csr(deps)
+        if m and (r.min() < 0 or r.max() >= self.ranks or not _earlier_flat(flat, first)):
             for k in range(m):  # find the first bad one: _check raises its error
-                self._check(rank[k], deps[k])
-        self.ops.extend([_new(Op, (first + k, rank[k], "compute", name[k], deps[k], float(flops[k]),
-                                   float(nbytes[k]), dtype, None, None, 0.0, fn, out, args, 0, -1, alloc, (), fused,
-                                   "", None, "", False, 0.0, 0.0, dims[k])) for k in range(m)])
+                self._check(int(r[k]), flat[starts[k]:starts[k + 1]].tolist())
+        known = self._tables.get(id(kernels.table))
+        if known is None or known[0] is not kernels.table:  # a table read once (a builder must not change it)
+            known = self._tables[id(kernels.table)] = (kernels.table, [(str(k[0]), float(k[1]), float(k[2]),
+                                                                        tuple(k[3])) for k in kernels.table])
+        table = known[1]
+        self.ops.add_block(ComputeBlock(first, r, np.asarray(kernels.which, dtype=np.int64), table, starts, flat,
+                                        dtype, fn, out, args, alloc, fused))
         return first
 
     def extend(self, ops: Sequence[Op]) -> None:

@@ -45,7 +45,6 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain, count
 from operator import itemgetter
 from typing import Any, NamedTuple, NoReturn
 
@@ -57,20 +56,19 @@ from simulator.cluster.topology import Cluster
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
 from simulator.gcpause import gc_paused
-from simulator.schedule import COMPUTE_KINDS, OP_KINDS, Op, Schedule
+from simulator.oplist import COST, KIND_INDEX, Columns, OpList
+from simulator.schedule import COMPUTE_KINDS, Op, Schedule
 
 __all__ = ["Record", "SimResult", "load_compiled", "simulate"]
 
 _new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
-# Op fields, read by map (C-level passes over the ops)
-_RANK, _KIND, _DEPS, _NBYTES, _MATCH = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(6), itemgetter(9)
-_NOT_BEFORE, _COLL, _FLOOR, _RATE_CAP = itemgetter(10), itemgetter(19), itemgetter(23), itemgetter(24)
-_KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
+_NBYTES = itemgetter(6)  # Op.nbytes
+_KIND_INDEX = KIND_INDEX
 _SENDS = frozenset({"send"})
 _COLUMNS = ("match", "path", "wrow", "hrow", "coll", "pending", "dur", "not_before", "floor", "nbytes", "rate_cap",
             "kids", "first_kid", "prog", "roots")  # per-op columns only the compiled loop reads
 CALLBACKS_PER_CALL = 200_000  # the compiled loop returns to Python this often (tens of milliseconds)
-_COST = itemgetter(5, 6, 7, 18, 11, 25)  # Op.flops, nbytes, dtype, fused, fn, dims: what a kernel's duration depends on
+_COST = COST
 
 
 class Record(NamedTuple):
@@ -181,19 +179,15 @@ class _Run:
         self.cluster = cluster
         self.place = schedule.placement_on(cluster.ranks)
         n = len(ops)
-        # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
-        # they were appended): built by numpy, 8 bytes per edge instead of a list per op
-        deps_of = list(map(_DEPS, ops))
-        counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
-        parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=int(counts.sum()))
-        del deps_of
         if n >= 2**31 - 1:
             raise ValueError(f"a schedule of {n} ops: the engine takes fewer than 2^31")
+        cols = ops.columns() if isinstance(ops, OpList) else OpList(ops).columns()
+        # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
+        # they were appended): built by numpy, 8 bytes per edge instead of a list per op
+        counts, parents = cols.dep_count, cols.parents
         self.kids = np.repeat(np.arange(n, dtype=np.int32), counts)[np.argsort(parents, kind="stable")]
         self.first_kid = np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).astype(np.int64)
-        del parents
         self.pending = counts.astype(np.int32)
-        del counts
         self.roots = np.flatnonzero(self.pending == 0)
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         self.links: dict[tuple[str, str], int] = {}
@@ -213,9 +207,8 @@ class _Run:
             if curve is not None:
                 self.curves[i] = (capacity[i], curve)
         self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
-        # each op's kind as an index into OP_KINDS (the result keeps it): a C-level pass over the ops
-        self.kind_of = np.fromiter(map(_KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n)
-        self.ranks = np.fromiter(map(_RANK, ops), dtype=np.int64, count=n)
+        self.kind_of = cols.kind  # each op's kind as an index into OP_KINDS (the result keeps it)
+        self.ranks = cols.rank
         # ranks on shared host cores are host threads that issue their ops in program order
         threads = np.array([self.hosts.shares(r) for r in range(schedule.ranks)], dtype=bool)
         self.in_order = bool(threads.any())
@@ -224,31 +217,30 @@ class _Run:
         self.prog_start = np.concatenate(([0], np.cumsum(np.bincount(self.ranks[mine], minlength=schedule.ranks))
                                           )).astype(np.int64)
         self.dur = np.zeros(n)
-        self._durations(np.flatnonzero(self.kind_of <= _KIND_INDEX["merge"]))
+        self._durations(cols)
         launches = np.flatnonzero(self.kind_of == _KIND_INDEX["launch"])
-        start_s = cluster.collective_start_s
-        self.dur[launches] = [max(start_s, ops[i].floor_s) for i in launches.tolist()]
-        self._transfers()
+        self.dur[launches] = np.fmax(cluster.collective_start_s, cols.floor[launches])  # max(), as floats
+        self._transfers(cols)
         self._host_kernels(mine)
 
-    def _durations(self, ids: np.ndarray) -> None:
-        """Each kernel's duration on its rank's device (roofline or profile), computed once per distinct cost."""
-        ops, specs = self.ops, self.specs
-        kernels = list(map(ops.__getitem__, ids.tolist()))
-        costs = list(map(_COST, kernels))
-        if len({id(spec) for spec in self.specs}) > 1:  # the cost on each kind of device
-            costs = list(zip(map(id, map(specs.__getitem__, map(_RANK, kernels))), costs, strict=True))
-        # each kernel's first kernel of the same cost (one hash per kernel): its duration computed once, in op order
-        first: dict[Any, int] = {}
-        firsts = np.fromiter(map(first.setdefault, costs, count()), dtype=np.int64, count=len(costs))
-        seconds = np.zeros(len(costs))
-        for i in first.values():
-            op = kernels[i]
-            seconds[i] = self._new_duration(specs[op.rank], op)
-        self.dur[ids] = seconds[firsts]
-        bad = np.flatnonzero(~np.isfinite(seconds[firsts]) | (seconds[firsts] < 0))
+    def _durations(self, cols: Columns) -> None:
+        """Each kernel's duration on its rank's device (roofline or profile), computed once per distinct cost (and
+        kind of device)."""
+        ids = np.flatnonzero(cols.cost >= 0)
+        code = cols.cost[ids]
+        kinds = {id(spec): i for i, spec in enumerate(self.specs)}
+        if len(kinds) > 1:  # the cost on each kind of device
+            spec_of = np.array([kinds[id(spec)] for spec in self.specs], dtype=np.int64)
+            code = spec_of[self.ranks[ids]] * max(1, len(cols.cost_keys)) + code
+        distinct, rep, inverse = np.unique(code, return_index=True, return_inverse=True)
+        seconds = np.zeros(len(distinct))
+        for j, i in enumerate(ids[rep].tolist()):  # one op of each: its duration
+            op = self.ops[i]
+            seconds[j] = self._new_duration(self.specs[op.rank], op)
+        self.dur[ids] = seconds[inverse.reshape(-1)]
+        bad = np.flatnonzero(~np.isfinite(self.dur[ids]) | (self.dur[ids] < 0))
         if len(bad):
-            op = kernels[int(bad[0])]
+            op = self.ops[int(ids[bad[0]])]
             self._bad(op, f"lasts {self.dur[op.id]} s on its device")
 
     @staticmethod
@@ -267,21 +259,18 @@ class _Run:
             self.extrapolated[where] = tuple(sorted({*self.extrapolated.get(where, ()), *outside}))
         return hit
 
-    def _transfers(self) -> None:
+    def _transfers(self, cols: Columns) -> None:
         """Each send's route (link ids, then the host cores its copies use), latency and weights per link."""
         ops, n = self.ops, len(self.ops)
         sends = np.flatnonzero(self.kind_of == _KIND_INDEX["send"])
-        send_ops = list(map(ops.__getitem__, sends.tolist()))
         recvs = np.flatnonzero(self.kind_of == _KIND_INDEX["recv"])
-        self.match = np.full(n, -1, dtype=np.int32)
-        for ends in (sends, recvs):  # each end names the other (a schedule handed whole to extend is not checked)
-            mates = list(map(_MATCH, map(ops.__getitem__, ends.tolist())))
-            if None in mates:
-                self._bad(ops[int(ends[mates.index(None)])], "names no matching op")
-            ids = np.array(mates, dtype=np.int64)
+        if cols.no_match >= 0:  # each end names the other (a schedule handed whole to extend is not checked)
+            self._bad(ops[cols.no_match], "names no matching op")
+        self.match = cols.match.astype(np.int32)
+        for ends in (sends, recvs):
+            ids = cols.match[ends]
             if len(ids) and (ids.min() < 0 or ids.max() >= n):
                 self._bad(ops[int(ends[np.argmax((ids < 0) | (ids >= n))])], "names a match outside the schedule")
-            self.match[ends] = ids
         for ends, other in ((sends, "recv"), (recvs, "send")):
             mate = self.match[ends].astype(np.int64)
             wrong = (self.kind_of[mate] != _KIND_INDEX[other]) | (self.match[mate] != ends)
@@ -306,15 +295,11 @@ class _Run:
             self.plat[i] = latency
         self.path = np.full(n, -1, dtype=np.int32)
         self.path[sends] = route_of.reshape(-1)
-        self.nbytes = np.zeros(n)
-        self.nbytes[sends] = np.fromiter(map(_NBYTES, send_ops), dtype=float, count=len(sends))
-        self.floor = np.zeros(n)
-        self.floor[sends] = np.fromiter(map(_FLOOR, send_ops), dtype=float, count=len(sends))
-        self.rate_cap = np.zeros(n)
-        self.rate_cap[sends] = np.fromiter(map(_RATE_CAP, send_ops), dtype=float, count=len(sends))
-        self.coll = np.zeros(n, dtype=np.uint8)
-        self.coll[sends] = np.fromiter(map(bool, map(_COLL, send_ops)), dtype=bool, count=len(sends))
-        self.not_before = np.fromiter(map(_NOT_BEFORE, ops), dtype=float, count=n)
+        # a send's fields, 0 on every other op (a launch's floor, read for its duration, is cleared)
+        self.nbytes, self.floor, self.rate_cap = cols.nbytes, cols.floor, cols.rate_cap
+        self.floor[self.kind_of == _KIND_INDEX["launch"]] = 0.0
+        self.coll = cols.coll.view(np.uint8)
+        self.not_before = cols.not_before
         wrong = ~np.isfinite(self.not_before) | (self.not_before < 0)
         if wrong.any():
             op = ops[int(np.argmax(wrong))]
@@ -324,14 +309,15 @@ class _Run:
         rows: dict[tuple[int, float], int] = {}
         table: list[tuple[float, ...]] = []
         if self.curves:
-            for i, op, r in zip(sends.tolist(), send_ops, route_of.reshape(-1).tolist(), strict=True):
-                if op.nbytes == 0:  # never injected: it ends after its latency
+            for i, size, r in zip(sends.tolist(), self.nbytes[sends].tolist(), route_of.reshape(-1).tolist(),
+                                  strict=True):
+                if size == 0:  # never injected: it ends after its latency
                     continue
-                key = (r, op.nbytes)
+                key = (r, size)
                 if key not in rows:
-                    weights = self._weights_of(routes[key[0]][0], op.nbytes)
+                    weights = self._weights_of(routes[key[0]][0], size)
                     if weights is not None and not all(0.0 < w < math.inf for w in weights):
-                        self._bad(op, f"loads its route by {weights} (each must be finite and > 0)")
+                        self._bad(ops[i], f"loads its route by {weights} (each must be finite and > 0)")
                     rows[key] = -1 if weights is None else len(table)
                     if weights is not None:
                         table.append(weights)

@@ -1,0 +1,395 @@
+"""A schedule's ops as segments: op tuples appended one at a time, and blocks of many ops appended at once.
+
+A lockstep step (every rank attends, every rank passes its shard on) is one block: an array per field that varies
+(ranks, sizes, dependencies as CSR), the fields its ops share held once, a kernel or a name as an index into a
+small table. A block costs tens of bytes an op where an :class:`~simulator.op.Op` tuple costs hundreds, and the
+engine reads its columns (:meth:`OpList.columns`) without making a tuple per op. To every other reader the ops are
+a sequence of :class:`~simulator.op.Op` (``ops[i]``, iteration): a block's ops are made on demand, field for field
+what :meth:`~simulator.schedule.Schedule.add_computes` and ``add_transfers`` appended before blocks existed.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain, compress, pairwise
+from operator import eq, itemgetter
+from typing import Any, NamedTuple, overload
+
+import numpy as np
+
+from simulator.op import OP_KINDS, Op
+
+__all__ = ["COST", "KIND_INDEX", "Columns", "ComputeBlock", "Indexed", "OpList", "TransferBlock", "csr", "indexed"]
+
+_new = tuple.__new__
+KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
+COST = itemgetter(5, 6, 7, 18, 11, 25)  # Op.flops, nbytes, dtype, fused, fn, dims: what a kernel's duration depends on
+_RANK, _KIND, _DEPS, _NBYTES, _MATCH = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(6), itemgetter(9)
+_NOT_BEFORE, _COLL, _FLOOR, _RATE_CAP = itemgetter(10), itemgetter(19), itemgetter(23), itemgetter(24)
+_ALLOC, _FREE = itemgetter(16), itemgetter(17)
+_SEND, _RECV, _MERGE = KIND_INDEX["send"], KIND_INDEX["recv"], KIND_INDEX["merge"]
+Kernel = tuple[str, float, float, tuple[float, ...]]  # a compute op's name, FLOPs, bytes and dims
+
+
+class Indexed(NamedTuple):
+    """Values given as a small table and, per op, an index into it (``table[which[k]]`` is op k's)."""
+
+    table: Sequence[Any]
+    which: np.ndarray
+
+
+def indexed(values: Sequence[Any] | Indexed) -> Indexed:
+    """``values`` (one per op) as a table of the distinct ones and an index (C-level passes)."""
+    if isinstance(values, Indexed):
+        return values
+    table = list(dict.fromkeys(values))
+    pos = {v: i for i, v in enumerate(table)}
+    return Indexed(table, np.fromiter(map(pos.__getitem__, values), dtype=np.int64, count=len(values)))
+
+
+def csr(deps: Sequence[tuple[int, ...]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dependencies, one tuple per op or an (ops, k) array padded with -1, as (starts, flat): op k's are
+    ``flat[starts[k]:starts[k + 1]]`` in the order given."""
+    if isinstance(deps, np.ndarray):
+        if deps.ndim != 2:
+            raise ValueError("dependencies as an array must be (ops, k), padded with -1")
+        given = deps >= 0
+        flat = deps[given].astype(np.int64)
+        counts = given.sum(axis=1)
+        if (deps < -1).any():  # a negative id other than the padding names no op: kept, so that the check finds it
+            flat, counts = deps[deps != -1].astype(np.int64), (deps != -1).sum(axis=1)
+    else:
+        counts = np.fromiter(map(len, deps), dtype=np.int64, count=len(deps))
+        flat = np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=int(counts.sum()))
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    return starts, flat
+
+
+def _dep_tuples(starts: np.ndarray, flat: np.ndarray) -> list[tuple[int, ...]]:
+    ids, bounds = flat.tolist(), starts.tolist()
+    return [tuple(ids[a:b]) for a, b in pairwise(bounds)]
+
+
+@dataclass(eq=False)
+class Columns:
+    """Every op's fields the engine reads, an array each by op id (:meth:`OpList.columns`). A send's fields
+    (``nbytes``, ``rate_cap``, ``coll``) are 0 on every other op; ``floor`` is a send's or a launch's."""
+
+    kind: np.ndarray  # uint8, index into OP_KINDS
+    rank: np.ndarray  # int64
+    match: np.ndarray  # int64: a transfer end's other end; -1 elsewhere
+    nbytes: np.ndarray
+    floor: np.ndarray
+    rate_cap: np.ndarray
+    coll: np.ndarray  # bool: the send is part of a collective
+    not_before: np.ndarray
+    dep_count: np.ndarray  # int64
+    parents: np.ndarray  # int64: every op's deps, op after op
+    cost: np.ndarray  # int64: a compute op's cost, an index into cost_keys; -1 elsewhere
+    cost_keys: dict[tuple[Any, ...], int]  # distinct (flops, nbytes, dtype, fused, fn, dims) -> index, by first use
+    no_match: int = -1  # the first send or recv that names no other end (its id), or -1
+    # a kernel table's cost ids, by (the table's id, dtype, fused, fn)
+    tables: dict[tuple[int, str, bool, str], tuple[Sequence[Any], np.ndarray]] = field(default_factory=dict)
+
+    @staticmethod
+    def empty(n: int, edges: int) -> Columns:
+        """Columns of ``n`` ops with ``edges`` dependencies, to be filled (zeros: untouched pages cost nothing)."""
+        return Columns(np.zeros(n, np.uint8), np.zeros(n, np.int64), np.full(n, -1, np.int64), np.zeros(n),
+                       np.zeros(n), np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, np.int64),
+                       np.zeros(edges, np.int64), np.full(n, -1, np.int64), {})
+
+    def costs_of(self, kernels: Sequence[Kernel], dtype: str, fused: bool, fn: str) -> np.ndarray:
+        """The cost id of each kernel of a table (once per table: lockstep steps share theirs)."""
+        memo = (id(kernels), dtype, fused, fn)
+        known = self.tables.get(memo)
+        if known is None or known[0] is not kernels:
+            keys = self.cost_keys
+            ids = np.array([keys.setdefault((k[1], k[2], dtype, fused, fn, k[3]), len(keys)) for k in kernels],
+                           dtype=np.int64)
+            known = self.tables[memo] = (kernels, ids)
+        return known[1]
+
+
+@dataclass(eq=False)
+class ComputeBlock:
+    """Compute ops with consecutive ids from ``first``, the k-th on ``rank[k]`` running ``kernels[which[k]]``
+    (name, FLOPs, bytes, dims) after ``dep_flat[dep_start[k]:dep_start[k + 1]]``, the other fields shared."""
+
+    first: int
+    rank: np.ndarray
+    which: np.ndarray
+    kernels: Sequence[Kernel]
+    dep_start: np.ndarray
+    dep_flat: np.ndarray
+    dtype: str
+    fn: str
+    out: str
+    args: tuple[str, ...]
+    alloc: tuple[tuple[str, float], ...]
+    fused: bool
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def ops(self, lo: int = 0, hi: int | None = None) -> list[Op]:
+        """Ops ``lo:hi`` of the block as tuples."""
+        hi = len(self) if hi is None else hi
+        kernels, dtype, fn, out, args, alloc, fused = (self.kernels, self.dtype, self.fn, self.out, self.args,
+                                                       self.alloc, self.fused)
+        deps = _dep_tuples(self.dep_start[lo:hi + 1] - self.dep_start[lo],
+                           self.dep_flat[self.dep_start[lo]:self.dep_start[hi]])
+        return [_new(Op, (oid, rank, "compute", k[0], d, k[1], k[2], dtype, None, None, 0.0, fn, out, args, 0, -1,
+                          alloc, (), fused, "", None, "", False, 0.0, 0.0, k[3]))
+                for oid, rank, k, d in zip(range(self.first + lo, self.first + hi), self.rank[lo:hi].tolist(),
+                                           map(kernels.__getitem__, self.which[lo:hi].tolist()), deps, strict=True)]
+
+    def edges(self) -> int:
+        return len(self.dep_flat)
+
+    def fill(self, cols: Columns, at: int) -> None:
+        """Write the block's columns into ``cols`` (its deps from ``at`` in ``cols.parents``)."""
+        ids = slice(self.first, self.first + len(self))
+        cols.kind[ids] = KIND_INDEX["compute"]
+        cols.rank[ids] = self.rank
+        cols.dep_count[ids] = np.diff(self.dep_start)
+        cols.parents[at:at + len(self.dep_flat)] = self.dep_flat
+        costs = cols.costs_of(self.kernels, self.dtype, self.fused, self.fn)
+        cols.cost[ids] = costs[self.which]
+
+    def holders(self) -> np.ndarray:
+        return np.arange(self.first, self.first + len(self), dtype=np.int64) if self.alloc else np.zeros(0, np.int64)
+
+
+@dataclass(eq=False)
+class TransferBlock:
+    """Transfers with consecutive ids from ``first``: the k-th's send (id ``first + 2k``) on ``src[k]`` after its
+    ``send`` deps, its recv (``first + 2k + 1``) on ``dst[k]`` after its ``recv`` deps, of ``nbytes[k]`` bytes, named
+    ``names[name[k]]``; the other fields shared (as :meth:`~simulator.schedule.Schedule.add_transfers` gives them)."""
+
+    first: int
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    names: Sequence[str]
+    name: np.ndarray
+    send_start: np.ndarray
+    send_flat: np.ndarray
+    recv_start: np.ndarray
+    recv_flat: np.ndarray
+    args: tuple[str, ...]
+    dst_args: tuple[str, ...]
+    alloc: tuple[tuple[str, float], ...]
+    coll: str
+
+    def __len__(self) -> int:
+        return 2 * len(self.src)
+
+    def ops(self, lo: int = 0, hi: int | None = None) -> list[Op]:
+        """Ops ``lo:hi`` of the block (sends at even offsets, recvs at odd) as tuples."""
+        hi = len(self) if hi is None else hi
+        a, b = lo // 2, (hi + 1) // 2  # the transfers they belong to
+        names, args, dargs, alloc, coll = self.names, self.args, self.dst_args, self.alloc, self.coll
+        sdeps = _dep_tuples(self.send_start[a:b + 1] - self.send_start[a],
+                            self.send_flat[self.send_start[a]:self.send_start[b]])
+        rdeps = _dep_tuples(self.recv_start[a:b + 1] - self.recv_start[a],
+                            self.recv_flat[self.recv_start[a]:self.recv_start[b]])
+        out: list[Op] = []
+        for sid, src, dst, size, name, sd, rd in zip(range(self.first + 2 * a, self.first + 2 * b, 2),
+                                                     self.src[a:b].tolist(), self.dst[a:b].tolist(),
+                                                     self.nbytes[a:b].tolist(),
+                                                     map(names.__getitem__, self.name[a:b].tolist()), sdeps, rdeps,
+                                                     strict=True):
+            out.append(_new(Op, (sid, src, "send", name, sd, 0.0, size, "fp32", dst, sid + 1, 0.0, "", "", args, 0,
+                                 -1, (), (), False, coll, None, "", False, 0.0, 0.0, ())))
+            out.append(_new(Op, (sid + 1, dst, "recv", name, rd, 0.0, size, "fp32", src, sid, 0.0, "", "", dargs, 0,
+                                 -1, alloc, (), False, coll, None, "", False, 0.0, 0.0, ())))
+        return out[lo - 2 * a:hi - 2 * a]
+
+    def edges(self) -> int:
+        return len(self.send_flat) + len(self.recv_flat)
+
+    def fill(self, cols: Columns, at: int) -> None:
+        """Write the block's columns into ``cols`` (its deps from ``at`` in ``cols.parents``)."""
+        first, n = self.first, len(self)
+        sends, recvs = slice(first, first + n, 2), slice(first + 1, first + n, 2)
+        cols.kind[sends], cols.kind[recvs] = _SEND, _RECV
+        cols.rank[sends], cols.rank[recvs] = self.src, self.dst
+        ids = np.arange(first, first + n, 2, dtype=np.int64)
+        cols.match[sends], cols.match[recvs] = ids + 1, ids
+        cols.nbytes[sends] = self.nbytes
+        if self.coll:
+            cols.coll[sends] = True
+        scount, rcount = np.diff(self.send_start), np.diff(self.recv_start)
+        cols.dep_count[sends], cols.dep_count[recvs] = scount, rcount
+        # each op's deps, op after op: transfer k's send's, then its recv's
+        starts = at + np.concatenate(([0], np.cumsum(scount + rcount)[:-1])) if len(scount) else scount
+        for flat, start, own, count in ((self.send_flat, self.send_start, starts, scount),
+                                        (self.recv_flat, self.recv_start, starts + scount, rcount)):
+            if len(flat):
+                owner = np.repeat(np.arange(len(count)), count)
+                cols.parents[own[owner] + np.arange(len(flat)) - start[owner]] = flat
+
+    def holders(self) -> np.ndarray:
+        return (np.arange(self.first + 1, self.first + len(self), 2, dtype=np.int64) if self.alloc
+                else np.zeros(0, np.int64))
+
+
+Block = ComputeBlock | TransferBlock
+
+
+def _list_fill(ops: list[Op], first: int, cols: Columns, at: int, deps_of: list[tuple[int, ...]]) -> None:
+    """A segment of op tuples' columns written into ``cols`` (C-level passes over the tuples)."""
+    n = len(ops)
+    ids = slice(first, first + n)
+    kind = np.fromiter(map(KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n)
+    cols.kind[ids] = kind
+    cols.rank[ids] = np.fromiter(map(_RANK, ops), dtype=np.int64, count=n)
+    ends = np.flatnonzero((kind == _SEND) | (kind == _RECV))
+    mates = list(map(_MATCH, map(ops.__getitem__, ends.tolist())))
+    if None in mates:
+        if cols.no_match < 0:
+            cols.no_match = first + int(ends[mates.index(None)])
+    else:
+        cols.match[first + ends] = np.array(mates, dtype=np.int64)
+    sends = np.flatnonzero(kind == _SEND)
+    send_ops = list(map(ops.__getitem__, sends.tolist()))
+    cols.nbytes[first + sends] = np.fromiter(map(_NBYTES, send_ops), dtype=float, count=len(sends))
+    cols.rate_cap[first + sends] = np.fromiter(map(_RATE_CAP, send_ops), dtype=float, count=len(sends))
+    cols.coll[first + sends] = np.fromiter(map(bool, map(_COLL, send_ops)), dtype=bool, count=len(sends))
+    floored = np.flatnonzero((kind == _SEND) | (kind == KIND_INDEX["launch"]))
+    cols.floor[first + floored] = np.fromiter(map(_FLOOR, map(ops.__getitem__, floored.tolist())), dtype=float,
+                                              count=len(floored))
+    cols.not_before[ids] = np.fromiter(map(_NOT_BEFORE, ops), dtype=float, count=n)
+    comp = np.flatnonzero(kind <= _MERGE)
+    keys = cols.cost_keys
+    cols.cost[first + comp] = np.fromiter(map(keys.setdefault, map(COST, map(ops.__getitem__, comp.tolist())),
+                                              _NextIndex(keys)), dtype=np.int64, count=len(comp))
+    counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
+    cols.dep_count[ids] = counts
+    total = int(counts.sum())
+    cols.parents[at:at + total] = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=total)
+
+
+class _NextIndex:
+    """Yields ``len(keys)`` each time: the index a key not yet in ``keys`` gets (setdefault ignores it otherwise)."""
+
+    def __init__(self, keys: dict[Any, int]) -> None:
+        self.keys = keys
+
+    def __iter__(self) -> _NextIndex:
+        return self
+
+    def __next__(self) -> int:
+        return len(self.keys)
+
+
+class OpList(Sequence[Op]):
+    """The ops of a schedule, by id: segments of op tuples and blocks (a sequence of :class:`Op` to its readers)."""
+
+    def __init__(self, ops: Iterable[Op] = ()) -> None:
+        self._segs: list[list[Op] | Block] = []
+        self._starts: list[int] = []
+        self._n = 0
+        self.extend(list(ops))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _tail(self) -> list[Op]:
+        if not self._segs or not isinstance(self._segs[-1], list):
+            self._segs.append([])
+            self._starts.append(self._n)
+        tail = self._segs[-1]
+        assert isinstance(tail, list)
+        return tail
+
+    def append(self, op: Op) -> None:
+        self._tail().append(op)
+        self._n += 1
+
+    def extend(self, ops: Iterable[Op]) -> None:
+        ops = ops if isinstance(ops, list) else list(ops)
+        if ops:
+            self._tail().extend(ops)
+            self._n += len(ops)
+
+    def add_block(self, block: Block) -> None:
+        """Append a block (its ``first`` must be the next id)."""
+        if block.first != self._n:
+            raise ValueError(f"a block of ops from id {block.first}, where the next id is {self._n}")
+        if len(block):
+            self._segs.append(block)
+            self._starts.append(self._n)
+            self._n += len(block)
+
+    def _find(self, i: int) -> tuple[int, int]:
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("op index out of range")
+        s = bisect_right(self._starts, i) - 1
+        return s, i - self._starts[s]
+
+    @overload
+    def __getitem__(self, i: int) -> Op: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Op]: ...
+
+    def __getitem__(self, i: int | slice) -> Op | list[Op]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        s, j = self._find(i)
+        seg = self._segs[s]
+        return seg[j] if isinstance(seg, list) else seg.ops(j, j + 1)[0]
+
+    def __setitem__(self, i: int, op: Op) -> None:
+        s, j = self._find(i)
+        seg = self._segs[s]
+        if not isinstance(seg, list):  # a block's ops become tuples to change one
+            seg = self._segs[s] = seg.ops()
+        seg[j] = op
+
+    def __iter__(self) -> Iterator[Op]:
+        for seg in self._segs:
+            yield from (seg if isinstance(seg, list) else seg.ops())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(map(eq, self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"OpList({len(self)} ops in {len(self._segs)} segments)"
+
+    def columns(self) -> Columns:
+        """Every op's engine fields as arrays by op id (blocks' read off their arrays, tuples' by C-level passes)."""
+        deps = {s: list(map(_DEPS, seg)) for s, seg in enumerate(self._segs) if isinstance(seg, list)}
+        edges = [sum(map(len, deps[s])) if s in deps else seg.edges()  # type: ignore[union-attr]
+                 for s, seg in enumerate(self._segs)]
+        cols = Columns.empty(self._n, sum(edges))
+        at = 0
+        for s, (seg, start) in enumerate(zip(self._segs, self._starts, strict=True)):
+            if isinstance(seg, list):
+                _list_fill(seg, start, cols, at, deps.pop(s))
+            else:
+                seg.fill(cols, at)
+            at += edges[s]
+        cols.tables.clear()
+        return cols
+
+    def holders(self) -> list[int]:
+        """Ids of the ops that allocate or free buffers, in op-id order."""
+        out: list[int] = []
+        for seg, start in zip(self._segs, self._starts, strict=True):
+            if isinstance(seg, list):
+                ids = set(compress(range(start, start + len(seg)), map(_ALLOC, seg)))
+                ids.update(compress(range(start, start + len(seg)), map(_FREE, seg)))
+                out += sorted(ids)
+            else:
+                out += seg.holders().tolist()
+        return out

@@ -1,0 +1,122 @@
+"""A schedule's ops held as blocks of columns (simulator.oplist): to every reader the same ops as tuples, and to the
+engine the same columns and the same floats as the tuples would give."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.algorithms import build_schedule, resolve
+from simulator.cluster.topology import load_topology
+from simulator.engine.core import simulate
+from simulator.memory import timeline_peaks
+from simulator.oplist import Indexed, OpList
+from simulator.points import layout_of
+from simulator.schedule import Op, Schedule
+from simulator.workloads.shape import DecodeShape
+
+RANKS = 4
+
+
+@st.composite
+def schedules(draw: st.DrawFn) -> Schedule:
+    """Blocks (transfer steps, kernel steps with deps as tuples or as a padded array) mixed with ops added one at a
+    time (launches, transfers with floors, caps and not_before, merges)."""
+    sched = Schedule(RANKS)
+    kernels = [("k0", 1e6, 2e6, (64.0,)), ("k1", 3e6, 1e6, (128.0,)), ("k2", 0.0, 5e5, ())]
+    for _ in range(draw(st.integers(1, 8))):
+        n = len(sched.ops)
+        dep = st.integers(0, n - 1) if n else st.nothing()
+        width = draw(st.integers(1, 5))
+        src = draw(st.lists(st.integers(0, RANKS - 1), min_size=width, max_size=width))
+        deps = [tuple(draw(st.lists(dep, max_size=2))) if n else () for _ in range(width)]
+        what = draw(st.sampled_from(["transfers", "step", "padded", "one", "launch", "merge"]))
+        if what == "transfers":
+            dst = [(s + draw(st.integers(1, RANKS - 1))) % RANKS for s in src]
+            sched.add_transfers(src, dst, [float(draw(st.integers(0, 10**8))) for _ in src],
+                                [f"t{d}" for d in dst], deps, deps[::-1], args=("a",), dst_args=("b",),
+                                alloc=(("b", 8.0),) if draw(st.booleans()) else (),
+                                coll=draw(st.sampled_from(["", "c"])))
+        elif what in ("step", "padded"):
+            which = np.array(draw(st.lists(st.integers(0, 2), min_size=width, max_size=width)))
+            given_deps: list[tuple[int, ...]] | np.ndarray = deps
+            if what == "padded":
+                given_deps = np.full((width, 2), -1)
+                for k, d in enumerate(deps):
+                    given_deps[k, :len(d)] = d
+            sched.add_kernel_step(src, Indexed(kernels, which), given_deps, dtype="bf16", fn="attend", out="acc",
+                                  args=("q",), fused=draw(st.booleans()))
+        elif what == "one":
+            sched.add_transfer(src[0], (src[0] + 1) % RANKS, float(draw(st.integers(0, 10**8))), "x", send_deps=deps[0],
+                               not_before_s=draw(st.sampled_from([0.0, 1e-5])), floor_s=draw(st.sampled_from(
+                                   [0.0, -1.0, 3e-6])), rate_cap=draw(st.sampled_from([0.0, 1e9])), coll="c",
+                               free_src=("a",) if draw(st.booleans()) else ())
+        elif what == "launch":
+            sched.add_launch(src[0], "l", deps=deps[0], floor_s=draw(st.sampled_from([0.0, 2e-5])))
+        else:
+            sched.add_compute(src[0], "m", kind="merge", flops=1e3, nbytes=4e3, deps=deps[0])
+    return sched
+
+
+def _tuples(sched: Schedule) -> Schedule:
+    """The same schedule with its ops held as tuples, one segment."""
+    return Schedule(sched.ranks, ops=OpList(list(sched.ops)), placement=sched.placement, initial=sched.initial)
+
+
+@settings(max_examples=60, deadline=None)
+@given(schedules())
+def test_blocks_give_the_columns_and_holders_of_their_tuples(sched: Schedule) -> None:
+    flat = _tuples(sched)
+    a, b = sched.ops.columns(), flat.ops.columns()
+    for name in ("kind", "rank", "match", "nbytes", "floor", "rate_cap", "coll", "not_before", "dep_count",
+                 "parents"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.no_match == b.no_match == -1
+    # the same kernels share a cost id, whatever its number
+    key_a, key_b = list(a.cost_keys), list(b.cost_keys)
+    assert [key_a[i] if i >= 0 else None for i in a.cost.tolist()] == [key_b[i] if i >= 0 else None
+                                                                      for i in b.cost.tolist()]
+    assert sched.ops.holders() == flat.ops.holders() == [op.id for op in sched.ops if op.alloc or op.free]
+
+
+@settings(max_examples=40, deadline=None)
+@given(schedules())
+def test_an_op_list_reads_as_a_list_of_ops(sched: Schedule) -> None:
+    ops = list(sched.ops)
+    assert len(sched.ops) == len(ops) and [op.id for op in ops] == list(range(len(ops)))
+    assert all(type(op) is Op for op in ops)
+    assert [sched.ops[i] for i in range(len(ops))] == ops
+    assert sched.ops[-1] == ops[-1] and sched.ops[1::3] == ops[1::3]
+    assert sched.ops == ops and sched.ops == _tuples(sched).ops
+    with pytest.raises(IndexError):
+        sched.ops[len(ops)]
+    changed = ops[0]._replace(name="changed")
+    sched.ops[0] = changed  # a block's ops become tuples to change one
+    assert list(sched.ops) == [changed, *ops[1:]]
+
+
+def test_a_block_must_follow_on() -> None:
+    sched = Schedule(2)
+    sched.add_compute(0, "a")
+    with pytest.raises(ValueError, match="add_kernel_step needs one kernel and deps per op"):
+        sched.add_kernel_step([0, 1], Indexed([("k", 1.0, 1.0, ())], np.zeros(1, dtype=np.int64)), [(), ()])
+    with pytest.raises(ValueError, match="dependency 3 does not name an earlier op"):
+        sched.add_kernel_step([0, 1], Indexed([("k", 1.0, 1.0, ())], np.zeros(2, dtype=np.int64)),
+                              np.array([[0, -1], [3, -1]]))
+    assert len(sched.ops) == 1
+
+
+@pytest.mark.parametrize(("algo", "nodes"), [("ring", 2), ({"name": "ring", "overlap": False}, 2), ("tree", 4)])
+def test_the_engine_runs_blocks_as_it_runs_tuples(algo: str | dict[str, object], nodes: int) -> None:
+    shape = DecodeShape(batch=2, heads=8, head_dim=64, kv_heads=4, context=40_000, dtype="bf16")
+    cluster = load_topology("dgx-h100", {"nodes": nodes})
+    name, params = resolve(algo)
+    sched = build_schedule(name, params, shape, layout_of(cluster))
+    assert any(not isinstance(seg, list) for seg in sched.ops._segs)  # held as blocks
+    blocks, tuples = simulate(sched, cluster), simulate(_tuples(sched), cluster)
+    assert np.array_equal(blocks.start, tuples.start) and np.array_equal(blocks.end, tuples.end)
+    assert (blocks.events, blocks.allocations, blocks.bytes_sent()) == (tuples.events, tuples.allocations,
+                                                                         tuples.bytes_sent())
+    assert timeline_peaks(sched, blocks) == timeline_peaks(_tuples(sched), tuples)
