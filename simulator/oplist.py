@@ -13,12 +13,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, compress, pairwise
+from itertools import chain, compress, pairwise, repeat
 from operator import eq, itemgetter
 from typing import Any, NamedTuple, overload
 
 import numpy as np
 
+from simulator.colpass import fill_transfers
 from simulator.op import OP_KINDS, Op
 
 __all__ = ["COST", "KIND_INDEX", "Columns", "ComputeBlock", "Indexed", "OpList", "TransferBlock", "csr", "indexed"]
@@ -79,27 +80,30 @@ class Columns:
     (``nbytes``, ``rate_cap``, ``coll``) are 0 on every other op; ``floor`` is a send's or a launch's."""
 
     kind: np.ndarray  # uint8, index into OP_KINDS
-    rank: np.ndarray  # int64
-    match: np.ndarray  # int64: a transfer end's other end; -1 elsewhere
+    rank: np.ndarray  # int32 (as every id column: a schedule has fewer than 2^31 ops)
+    match: np.ndarray  # a transfer end's other end; -1 elsewhere (and where a tuple's names no op)
     nbytes: np.ndarray
     floor: np.ndarray
     rate_cap: np.ndarray
     coll: np.ndarray  # bool: the send is part of a collective
     not_before: np.ndarray
-    dep_count: np.ndarray  # int64
-    parents: np.ndarray  # int64: every op's deps, op after op
-    cost: np.ndarray  # int64: a compute op's cost, an index into cost_keys; -1 elsewhere
+    dep_count: np.ndarray
+    parents: np.ndarray  # every op's deps, op after op
+    cost: np.ndarray  # a compute op's cost, an index into cost_keys; -1 elsewhere
     cost_keys: dict[tuple[Any, ...], int]  # distinct (flops, nbytes, dtype, fused, fn, dims) -> index, by first use
     no_match: int = -1  # the first send or recv that names no other end (its id), or -1
+    # ids of the sends and recvs given as tuples (a block's ends name each other by construction), to be checked
+    loose: list[np.ndarray] = field(default_factory=list)
     # a kernel table's cost ids, by (the table's id, dtype, fused, fn)
     tables: dict[tuple[int, str, bool, str], tuple[Sequence[Any], np.ndarray]] = field(default_factory=dict)
 
     @staticmethod
     def empty(n: int, edges: int) -> Columns:
-        """Columns of ``n`` ops with ``edges`` dependencies, to be filled (zeros: untouched pages cost nothing)."""
-        return Columns(np.zeros(n, np.uint8), np.zeros(n, np.int64), np.full(n, -1, np.int64), np.zeros(n),
-                       np.zeros(n), np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, np.int64),
-                       np.zeros(edges, np.int64), np.full(n, -1, np.int64), {})
+        """Columns of ``n`` ops with ``edges`` dependencies, to be filled (zeros: untouched pages cost nothing; a
+        segment writes every op's ``match`` and ``cost``)."""
+        return Columns(np.zeros(n, np.uint8), np.zeros(n, np.int32), np.empty(n, np.int32), np.zeros(n),
+                       np.zeros(n), np.zeros(n), np.zeros(n, bool), np.zeros(n), np.zeros(n, np.int32),
+                       np.zeros(edges, np.int32), np.empty(n, np.int32), {})
 
     def costs_of(self, kernels: Sequence[Kernel], dtype: str, fused: bool, fn: str) -> np.ndarray:
         """The cost id of each kernel of a table (once per table: lockstep steps share theirs)."""
@@ -128,23 +132,29 @@ class ComputeBlock:
     fn: str
     out: str
     args: tuple[str, ...]
-    alloc: tuple[tuple[str, float], ...]
+    allocs: Sequence[tuple[tuple[str, float], ...]]  # the block's allocations: one for all, or a table
     fused: bool
+    alloc_which: np.ndarray | None = None  # op k allocates allocs[alloc_which[k]] (None: allocs[0])
 
     def __len__(self) -> int:
         return len(self.rank)
 
+    def _allocs(self, lo: int, hi: int) -> Iterable[tuple[tuple[str, float], ...]]:
+        if self.alloc_which is None:
+            return repeat(self.allocs[0], hi - lo)
+        return map(self.allocs.__getitem__, self.alloc_which[lo:hi].tolist())
+
     def ops(self, lo: int = 0, hi: int | None = None) -> list[Op]:
         """Ops ``lo:hi`` of the block as tuples."""
         hi = len(self) if hi is None else hi
-        kernels, dtype, fn, out, args, alloc, fused = (self.kernels, self.dtype, self.fn, self.out, self.args,
-                                                       self.alloc, self.fused)
+        kernels, dtype, fn, out, args, fused = self.kernels, self.dtype, self.fn, self.out, self.args, self.fused
         deps = _dep_tuples(self.dep_start[lo:hi + 1] - self.dep_start[lo],
                            self.dep_flat[self.dep_start[lo]:self.dep_start[hi]])
         return [_new(Op, (oid, rank, "compute", k[0], d, k[1], k[2], dtype, None, None, 0.0, fn, out, args, 0, -1,
                           alloc, (), fused, "", None, "", False, 0.0, 0.0, k[3]))
-                for oid, rank, k, d in zip(range(self.first + lo, self.first + hi), self.rank[lo:hi].tolist(),
-                                           map(kernels.__getitem__, self.which[lo:hi].tolist()), deps, strict=True)]
+                for oid, rank, k, d, alloc in zip(range(self.first + lo, self.first + hi), self.rank[lo:hi].tolist(),
+                                                  map(kernels.__getitem__, self.which[lo:hi].tolist()), deps,
+                                                  self._allocs(lo, hi), strict=True)]
 
     def edges(self) -> int:
         return len(self.dep_flat)
@@ -154,13 +164,16 @@ class ComputeBlock:
         ids = slice(self.first, self.first + len(self))
         cols.kind[ids] = KIND_INDEX["compute"]
         cols.rank[ids] = self.rank
+        cols.match[ids] = -1
         cols.dep_count[ids] = np.diff(self.dep_start)
         cols.parents[at:at + len(self.dep_flat)] = self.dep_flat
         costs = cols.costs_of(self.kernels, self.dtype, self.fused, self.fn)
         cols.cost[ids] = costs[self.which]
 
     def holders(self) -> np.ndarray:
-        return np.arange(self.first, self.first + len(self), dtype=np.int64) if self.alloc else np.zeros(0, np.int64)
+        held = np.array([bool(a) for a in self.allocs], dtype=bool)
+        which = np.zeros(len(self), dtype=np.int64) if self.alloc_which is None else self.alloc_which
+        return self.first + np.flatnonzero(held[which]) if len(held) else np.zeros(0, np.int64)
 
 
 @dataclass(eq=False)
@@ -213,24 +226,11 @@ class TransferBlock:
 
     def fill(self, cols: Columns, at: int) -> None:
         """Write the block's columns into ``cols`` (its deps from ``at`` in ``cols.parents``)."""
-        first, n = self.first, len(self)
-        sends, recvs = slice(first, first + n, 2), slice(first + 1, first + n, 2)
-        cols.kind[sends], cols.kind[recvs] = _SEND, _RECV
-        cols.rank[sends], cols.rank[recvs] = self.src, self.dst
-        ids = np.arange(first, first + n, 2, dtype=np.int64)
-        cols.match[sends], cols.match[recvs] = ids + 1, ids
-        cols.nbytes[sends] = self.nbytes
+        fill_transfers(self.first, self.src, self.dst, self.nbytes, self.send_start, self.send_flat, self.recv_start,
+                       self.recv_flat, at, cols.kind, cols.rank, cols.match, cols.nbytes, cols.dep_count,
+                       cols.parents, cols.cost, _SEND, _RECV)
         if self.coll:
-            cols.coll[sends] = True
-        scount, rcount = np.diff(self.send_start), np.diff(self.recv_start)
-        cols.dep_count[sends], cols.dep_count[recvs] = scount, rcount
-        # each op's deps, op after op: transfer k's send's, then its recv's
-        starts = at + np.concatenate(([0], np.cumsum(scount + rcount)[:-1])) if len(scount) else scount
-        for flat, start, own, count in ((self.send_flat, self.send_start, starts, scount),
-                                        (self.recv_flat, self.recv_start, starts + scount, rcount)):
-            if len(flat):
-                owner = np.repeat(np.arange(len(count)), count)
-                cols.parents[own[owner] + np.arange(len(flat)) - start[owner]] = flat
+            cols.coll[self.first:self.first + len(self):2] = True
 
     def holders(self) -> np.ndarray:
         return (np.arange(self.first + 1, self.first + len(self), 2, dtype=np.int64) if self.alloc
@@ -246,14 +246,18 @@ def _list_fill(ops: list[Op], first: int, cols: Columns, at: int, deps_of: list[
     ids = slice(first, first + n)
     kind = np.fromiter(map(KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n)
     cols.kind[ids] = kind
+    cols.match[ids], cols.cost[ids] = -1, -1
     cols.rank[ids] = np.fromiter(map(_RANK, ops), dtype=np.int64, count=n)
     ends = np.flatnonzero((kind == _SEND) | (kind == _RECV))
+    cols.loose.append(first + ends)
     mates = list(map(_MATCH, map(ops.__getitem__, ends.tolist())))
     if None in mates:
         if cols.no_match < 0:
             cols.no_match = first + int(ends[mates.index(None)])
     else:
-        cols.match[first + ends] = np.array(mates, dtype=np.int64)
+        mate = np.array(mates, dtype=np.int64)
+        mate[(mate < 0) | (mate >= len(cols.match))] = -1  # names no op: the engine says so
+        cols.match[first + ends] = mate
     sends = np.flatnonzero(kind == _SEND)
     send_ops = list(map(ops.__getitem__, sends.tolist()))
     cols.nbytes[first + sends] = np.fromiter(map(_NBYTES, send_ops), dtype=float, count=len(sends))

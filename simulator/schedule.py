@@ -2,6 +2,10 @@
 
 An algorithm builds a :class:`Schedule`; executors (the engine, the numeric executor, the real
 ``torch.distributed`` runner) run it. No simpy here: a schedule can be printed, tested and exported on its own.
+``Schedule.ops`` reads as a list of :class:`Op`; the many ops of one step appended at once
+(:meth:`Schedule.add_transfers`, :meth:`Schedule.add_computes`, :meth:`Schedule.add_kernel_step`) are held as one
+block of columns (:mod:`simulator.oplist`), their tuples made when read, so that a ring of a thousand ranks costs
+tens of bytes an op and the engine reads its columns directly.
 
 Op kinds:
 
@@ -233,27 +237,33 @@ class Schedule:
 
     def add_kernel_step(self, rank: Sequence[int] | np.ndarray, kernels: Indexed,
                         deps: Sequence[tuple[int, ...]] | np.ndarray, *, dtype: str = "fp32", fn: str = "",
-                        out: str = "", args: tuple[str, ...] = (), alloc: tuple[tuple[str, float], ...] = (),
-                        fused: bool = False) -> int:
+                        out: str = "", args: tuple[str, ...] = (),
+                        alloc: tuple[tuple[str, float], ...] | Indexed = (), fused: bool = False) -> int:
         """:meth:`add_computes` with each op's kernel given as an index into a table of (name, FLOPs, bytes, dims)
-        (a step of a lockstep schedule: few distinct kernels) and its deps as tuples or an (m, k) array padded with
-        -1; returns the first op's id."""
+        (a step of a lockstep schedule: few distinct kernels), its deps as tuples or an (m, k) array padded with -1
+        and its allocations shared or, as an :class:`~simulator.oplist.Indexed`, one of a table; returns the first
+        op's id. A kernel table is read once per schedule and may only grow (appended to) between steps."""
         r = np.asarray(rank, dtype=np.int64)
         m = len(r)
-        if len(kernels.which) != m or len(deps) != m:
-            raise ValueError("add_kernel_step needs one kernel and deps per op")
+        if len(kernels.which) != m or len(deps) != m or (isinstance(alloc, Indexed) and len(alloc.which) != m):
+            raise ValueError("add_kernel_step needs one kernel, deps and allocation per op")
         first = len(self.ops)
         starts, flat = csr(deps)
         if m and (r.min() < 0 or r.max() >= self.ranks or not _earlier_flat(flat, first)):
             for k in range(m):  # find the first bad one: _check raises its error
                 self._check(int(r[k]), flat[starts[k]:starts[k + 1]].tolist())
         known = self._tables.get(id(kernels.table))
-        if known is None or known[0] is not kernels.table:  # a table read once (a builder must not change it)
-            known = self._tables[id(kernels.table)] = (kernels.table, [(str(k[0]), float(k[1]), float(k[2]),
-                                                                        tuple(k[3])) for k in kernels.table])
+        if known is None or known[0] is not kernels.table:  # a table read once, then its new entries
+            known = self._tables[id(kernels.table)] = (kernels.table, [])
         table = known[1]
-        self.ops.add_block(ComputeBlock(first, r, np.asarray(kernels.which, dtype=np.int64), table, starts, flat,
-                                        dtype, fn, out, args, alloc, fused))
+        table += [(str(k[0]), float(k[1]), float(k[2]), tuple(k[3])) for k in kernels.table[len(table):]]
+        which = np.asarray(kernels.which, dtype=np.int64)
+        if m and (which.min() < 0 or which.max() >= len(table)):
+            raise ValueError(f"a kernel index outside the table of {len(table)}")
+        allocs, alloc_which = ((alloc.table, np.asarray(alloc.which, dtype=np.int64)) if isinstance(alloc, Indexed)
+                               else ((alloc,), None))
+        self.ops.add_block(ComputeBlock(first, r, which, table, starts, flat, dtype, fn, out, args, allocs, fused,
+                                        alloc_which))
         return first
 
     def extend(self, ops: Sequence[Op]) -> None:

@@ -10,7 +10,15 @@ from hypothesis import strategies as st
 
 from simulator.cluster.devices import compute_time, parse_device_spec
 from simulator.errors import InputError
-from simulator.workloads.layouts import LAYOUTS, imbalance, layout_runs, pair_count, positions, rank_pairs
+from simulator.workloads.layouts import (
+    LAYOUTS,
+    imbalance,
+    layout_runs,
+    pair_count,
+    pair_matrix,
+    positions,
+    rank_pairs,
+)
 from simulator.workloads.prefill_shape import PrefillShape
 
 
@@ -81,3 +89,11 @@ def test_attention_efficiency_is_a_documented_device_field():
         parse_device_spec("g", {"attention_efficiency": {"fwd": 0.5}}, _locate)
     with pytest.raises(InputError, match=r"in \(0, 1\]"):
         parse_device_spec("g", {"attention_efficiency": {"forward": 1.5}}, _locate)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(LAYOUTS), st.integers(0, 300), st.integers(1, 12), st.booleans())
+def test_pair_matrix_is_pair_count_of_every_pair(layout: str, n: int, p: int, causal: bool) -> None:
+    runs = layout_runs(layout, n, p)
+    matrix = pair_matrix(runs, causal)
+    assert matrix.tolist() == [[pair_count(q, k, causal) for k in runs] for q in runs]

@@ -46,8 +46,13 @@ def schedules(draw: st.DrawFn) -> Schedule:
                 given_deps = np.full((width, 2), -1)
                 for k, d in enumerate(deps):
                     given_deps[k, :len(d)] = d
+            allocs = draw(st.sampled_from(["none", "shared", "each"]))
+            alloc: tuple[tuple[str, float], ...] | Indexed = (("acc", 4.0),) if allocs == "shared" else ()
+            if allocs == "each":  # some ops allocate, some do not, some another size
+                alloc = Indexed([(), (("acc", 4.0),), (("acc", 6.0), ("m", 1.0))], np.array(
+                    draw(st.lists(st.integers(0, 2), min_size=width, max_size=width))))
             sched.add_kernel_step(src, Indexed(kernels, which), given_deps, dtype="bf16", fn="attend", out="acc",
-                                  args=("q",), fused=draw(st.booleans()))
+                                  args=("q",), fused=draw(st.booleans()), alloc=alloc)
         elif what == "one":
             sched.add_transfer(src[0], (src[0] + 1) % RANKS, float(draw(st.integers(0, 10**8))), "x", send_deps=deps[0],
                                not_before_s=draw(st.sampled_from([0.0, 1e-5])), floor_s=draw(st.sampled_from(
@@ -100,7 +105,7 @@ def test_an_op_list_reads_as_a_list_of_ops(sched: Schedule) -> None:
 def test_a_block_must_follow_on() -> None:
     sched = Schedule(2)
     sched.add_compute(0, "a")
-    with pytest.raises(ValueError, match="add_kernel_step needs one kernel and deps per op"):
+    with pytest.raises(ValueError, match="add_kernel_step needs one kernel, deps and allocation per op"):
         sched.add_kernel_step([0, 1], Indexed([("k", 1.0, 1.0, ())], np.zeros(1, dtype=np.int64)), [(), ()])
     with pytest.raises(ValueError, match="dependency 3 does not name an earlier op"):
         sched.add_kernel_step([0, 1], Indexed([("k", 1.0, 1.0, ())], np.zeros(2, dtype=np.int64)),

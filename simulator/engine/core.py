@@ -53,6 +53,7 @@ import numpy as np
 from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
+from simulator.colpass import dependents, distinct_codes
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
 from simulator.gcpause import gc_paused
@@ -185,9 +186,8 @@ class _Run:
         # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
         # they were appended): built by numpy, 8 bytes per edge instead of a list per op
         counts, parents = cols.dep_count, cols.parents
-        self.kids = np.repeat(np.arange(n, dtype=np.int32), counts)[np.argsort(parents, kind="stable")]
-        self.first_kid = np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).astype(np.int64)
-        self.pending = counts.astype(np.int32)
+        self.kids, self.first_kid = dependents(counts, parents)
+        self.pending = counts  # int32, counted down by the loop
         self.roots = np.flatnonzero(self.pending == 0)
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         self.links: dict[tuple[str, str], int] = {}
@@ -228,14 +228,16 @@ class _Run:
         kind of device)."""
         ids = np.flatnonzero(cols.cost >= 0)
         code = cols.cost[ids]
-        kinds = {id(spec): i for i, spec in enumerate(self.specs)}
+        kinds: dict[int, int] = {}
+        for spec in self.specs:
+            kinds.setdefault(id(spec), len(kinds))
         if len(kinds) > 1:  # the cost on each kind of device
             spec_of = np.array([kinds[id(spec)] for spec in self.specs], dtype=np.int64)
             code = spec_of[self.ranks[ids]] * max(1, len(cols.cost_keys)) + code
-        distinct, rep, inverse = np.unique(code, return_index=True, return_inverse=True)
+        distinct, rep, inverse = distinct_codes(code, len(kinds) * max(1, len(cols.cost_keys)))
         seconds = np.zeros(len(distinct))
-        for j, i in enumerate(ids[rep].tolist()):  # one op of each: its duration
-            op = self.ops[i]
+        for j in np.argsort(rep).tolist():  # one op of each, in op order: its duration
+            op = self.ops[int(ids[rep[j]])]
             seconds[j] = self._new_duration(self.specs[op.rank], op)
         self.dur[ids] = seconds[inverse.reshape(-1)]
         bad = np.flatnonzero(~np.isfinite(self.dur[ids]) | (self.dur[ids] < 0))
@@ -263,23 +265,30 @@ class _Run:
         """Each send's route (link ids, then the host cores its copies use), latency and weights per link."""
         ops, n = self.ops, len(self.ops)
         sends = np.flatnonzero(self.kind_of == _KIND_INDEX["send"])
-        recvs = np.flatnonzero(self.kind_of == _KIND_INDEX["recv"])
         if cols.no_match >= 0:  # each end names the other (a schedule handed whole to extend is not checked)
             self._bad(ops[cols.no_match], "names no matching op")
-        self.match = cols.match.astype(np.int32)
-        for ends in (sends, recvs):
+        # the ends given as tuples name ends that name them back (a block's do by construction)
+        loose = np.concatenate([np.zeros(0, np.int64), *cols.loose])
+        loose_kind = self.kind_of[loose]
+        loose_ends = [loose[loose_kind == _KIND_INDEX["send"]], loose[loose_kind == _KIND_INDEX["recv"]]]
+        for ends in loose_ends:
             ids = cols.match[ends]
             if len(ids) and (ids.min() < 0 or ids.max() >= n):
                 self._bad(ops[int(ends[np.argmax((ids < 0) | (ids >= n))])], "names a match outside the schedule")
-        for ends, other in ((sends, "recv"), (recvs, "send")):
+        self.match = cols.match
+        for ends, other in zip(loose_ends, ("recv", "send"), strict=True):
             mate = self.match[ends].astype(np.int64)
             wrong = (self.kind_of[mate] != _KIND_INDEX[other]) | (self.match[mate] != ends)
             if wrong.any():
                 self._bad(ops[int(ends[np.argmax(wrong)])], "and its match do not name each other as send and recv")
         matches = self.match[sends].astype(np.int64)
         # the distinct (sender, receiver) pairs: one route each
-        pair = self.ranks[sends] * self.sched.ranks + self.ranks[matches]
-        codes, route_of = np.unique(pair, return_inverse=True)
+        pair = self.ranks[sends].astype(np.int64) * self.sched.ranks + self.ranks[matches]
+        p = self.sched.ranks
+        if p * p <= max(1 << 22, 4 * len(pair)):  # few enough pairs of ranks to count them all
+            codes, _, route_of = distinct_codes(pair, p * p)
+        else:
+            codes, route_of = np.unique(pair, return_inverse=True)
         del pair, matches
         distinct = [divmod(c, self.sched.ranks) for c in codes.tolist()]
         place = self.place
@@ -379,7 +388,7 @@ class _Run:
     def run(self) -> SimResult:
         ops = self.ops
         state = eventcore.new_state(
-            self.kind_of, self.ranks.astype(np.int32), self.match, self.path, self.wrow, self.hrow, self.coll,
+            self.kind_of, self.ranks, self.match, self.path, self.wrow, self.hrow, self.coll,
             self.pending, self.dur, self.not_before, self.floor, self.nbytes, self.rate_cap, self.kids, self.first_kid,
             self.prog, self.prog_start, self.plinks, self.plen, self.plat, self.wtab, self.hlinks, self.hlen,
             self.hwork, self.hwts, self.hweighted, self.capacity, self.cluster.message_overhead_s,
@@ -445,5 +454,6 @@ def load_compiled() -> float:
     sched = Schedule(2)
     k = sched.add_compute(0, "k", nbytes=1e3)
     sched.add_transfer(0, 1, 1e3, "x", send_deps=(k,))
+    sched.add_transfers([1], [0], [1e3], ["y"], [(k + 1,)], [()])  # a block of transfers (simulator.colpass)
     simulate(sched, cluster, record_links=True)
     return time.perf_counter() - t0

@@ -21,7 +21,8 @@ import numpy as np
 
 from simulator.workloads.shape import shard_bounds
 
-__all__ = ["LAYOUTS", "Run", "imbalance", "layout_runs", "pair_count", "positions", "rank_pairs", "run_tokens"]
+__all__ = ["LAYOUTS", "Run", "imbalance", "layout_runs", "pair_count", "pair_matrix", "positions", "rank_pairs",
+           "run_tokens"]
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 
@@ -82,6 +83,37 @@ def pair_count(q: Sequence[Run], k: Sequence[Run], causal: bool) -> int:
     if not causal:
         return run_tokens(q) * run_tokens(k)
     return sum(_run_pairs(a, c) for a in q for c in k)
+
+
+def pair_matrix(runs: Sequence[Sequence[Run]], causal: bool) -> np.ndarray:
+    """``pair_count(runs[i], runs[j], causal)`` for every pair of ranks (an int64 array, P x P), by arrays: the same
+    closed forms over every pair of runs at once."""
+    p, width = len(runs), max([1, *map(len, runs)])
+    start, step, size = (np.zeros((p, width), dtype=np.int64) for _ in range(3))
+    for r, rr in enumerate(runs):
+        for j, run in enumerate(rr):
+            start[r, j], step[r, j], size[r, j] = run
+    if not causal:
+        tokens = size.sum(axis=1)
+        return np.outer(tokens, tokens)
+    out = np.zeros((p, p), dtype=np.int64)
+    for a in range(width):  # the queries' run a against the keys' run c
+        for c in range(width):
+            qs, qst, qn = start[:, a, None], step[:, a, None], size[:, a, None]
+            ks, kst, kn = start[None, :, c], step[None, :, c], size[None, :, c]
+            if ((kn > 1) & (qn > 1) & (qst != kst)).any():
+                raise ValueError("runs of different strides")
+            stride = np.where(kn > 1, kst, qst)
+            e = (qs - ks) // np.where(stride == 0, 1, stride) + 1  # keys visible to query i: clamp(i + e, 0, kn)
+            lo, hi = e, e + qn - 1
+            pairs = _clamped_prefixes(hi + 1, kn) - _clamped_prefixes(np.maximum(lo, 0), kn)
+            out += np.where((qn == 0) | (kn == 0) | (hi < 0), 0, pairs)
+    return out
+
+
+def _clamped_prefixes(x: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """:func:`_clamped_prefix` over arrays (x >= 0 where it is used)."""
+    return np.where(x <= cap + 1, x * (x - 1) // 2, cap * (cap + 1) // 2 + (x - cap - 1) * cap)
 
 
 def rank_pairs(q: Sequence[Run], n: int, causal: bool) -> int:

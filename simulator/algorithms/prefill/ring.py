@@ -17,119 +17,157 @@ brings them back to their owner: P - 1 K/V transfers and P dK/dV transfers per r
 
 from __future__ import annotations
 
+import numpy as np
+
 from simulator.algorithms.base import Layout
-from simulator.algorithms.prefill.base import (
-    add_backward_block,
-    add_delta,
-    add_final,
-    add_forward_block,
-    new_prefill_schedule,
-    tokens,
-)
+from simulator.algorithms.prefill.base import add_delta, add_final, block_dims, new_prefill_schedule, tokens
+from simulator.oplist import Indexed
 from simulator.schedule import Schedule
-from simulator.workloads.layouts import pair_count
+from simulator.workloads.layouts import pair_matrix
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["build_prefill_ring"]
 
 
-def _ids(*ops: int | None) -> list[int]:
-    return [op for op in ops if op is not None]
-
-
 class _Ring:
-    """Ring geometry: positions, neighbours, and which shard a rank holds at a step."""
+    """Ring geometry: each rank's next rank, and which shard every rank holds at a step (arrays over the ranks)."""
 
     def __init__(self, layout: Layout) -> None:
         self.p = layout.ranks
-        self.order = layout.ring_order()
-        self.pos = {r: i for i, r in enumerate(self.order)}
+        self.order = np.array(layout.ring_order(), dtype=np.int64)
+        self.pos = np.empty(self.p, dtype=np.int64)
+        self.pos[self.order] = np.arange(self.p)
+        self.next = self.order[(self.pos + 1) % self.p]
 
-    def next(self, r: int) -> int:
-        return self.order[(self.pos[r] + 1) % self.p]
-
-    def shard_at(self, r: int, step: int) -> int:
-        return self.order[(self.pos[r] - step) % self.p]
+    def shards_at(self, step: int) -> np.ndarray:
+        return self.order[(self.pos - step) % self.p]
 
 
 def _kv_buf(step: int) -> str:
     return "kv" if step == 0 else f"kvr{step % 2}"
 
 
-def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, backward: bool,
-            start: list[list[int]], pairs: dict[tuple[int, int], int]) -> list[list[int]]:
-    """One pass of the K/V shards around the ring with a block per step; returns each rank's compute ops."""
-    p, runs = ring.p, sched.meta["runs"]
+class _Blocks:
+    """The attention blocks' kernels (one table for a schedule: name, FLOPs, bytes, dims), by (pass, buffer, queries,
+    keys, unmasked pairs), and the allocations they make, by rank."""
+
+    def __init__(self, shape: PrefillShape) -> None:
+        self.shape = shape
+        self.table: list[tuple[str, float, float, tuple[float, ...]]] = []
+        self.index: dict[tuple[bool, str, int, int, int], int] = {}
+
+    def which(self, backward: bool, buf: str, nq: np.ndarray, nk: np.ndarray, pairs: np.ndarray) -> np.ndarray:
+        """Each block's kernel, an index into :attr:`table` (its cost computed once per distinct size)."""
+        # the distinct (queries, keys, pairs): one code per block from each column's distinct values
+        code = np.zeros(len(nq), dtype=np.int64)
+        for column in (nq, nk, pairs):
+            values, inv = np.unique(column, return_inverse=True)
+            code = code * len(values) + inv.reshape(-1)
+        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+        ids = []
+        for q, k, n in zip(nq[first].tolist(), nk[first].tolist(), pairs[first].tolist(), strict=True):
+            key = (backward, buf, q, k, n)
+            if key not in self.index:
+                self.index[key] = len(self.table)
+                cost = self.shape.backward_cost(q, k, n) if backward else self.shape.forward_cost(q, k, n)
+                name = f"attn-bwd[{buf}]" if backward else f"attn-fwd[{buf}]"
+                self.table.append((name, *cost, block_dims(self.shape, q, k, n)))
+            ids.append(self.index[key])
+        return np.array(ids, dtype=np.int64)[inverse.reshape(-1)]
+
+
+def _pad(*columns: np.ndarray) -> np.ndarray:
+    """Deps as an (ops, k) array, -1 for none."""
+    return np.stack(columns, axis=1)
+
+
+def _post(sched: Schedule, ring: _Ring, held: np.ndarray, kv_size: np.ndarray, names: list[str], after: np.ndarray,
+          last: np.ndarray, prev_sent: np.ndarray, step: int, alloc: tuple[tuple[str, float], ...]
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank sends the shard it holds (after ``after``) to the next, which receives it once done with that
+    buffer's previous shard (its last block and its previous send); returns each rank's receive and send."""
+    ranks = np.arange(ring.p, dtype=np.int64)
+    first = sched.add_transfers(ranks, ring.next, kv_size[held], Indexed(names, held), after,
+                                _pad(last[ring.next], prev_sent[ring.next]), args=(_kv_buf(step),),
+                                dst_args=(_kv_buf(step + 1),), alloc=alloc)
+    have = np.empty(ring.p, dtype=np.int64)
+    have[ring.next] = first + 2 * ranks + 1
+    return have, first + 2 * ranks
+
+
+def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, backward: bool, last: np.ndarray,
+            blocks: _Blocks, pairs: np.ndarray) -> np.ndarray:
+    """One pass of the K/V shards around the ring with a block per step (``last[r]``: rank r's last compute op
+    before it, -1 for none); returns each rank's last compute op. Each step's ops of one kind are appended at once
+    (one block of the schedule per kind), in rank order: the ops of one call per rank."""
+    p = ring.p
+    tok = np.array([tokens(sched, r) for r in range(p)], dtype=np.int64)
+    kv_size = np.array([shape.kv_bytes(int(t)) for t in tok], dtype=float)
     max_kv = max(shape.kv_bytes(tokens(sched, r)) for r in range(p))
-    have: list[int | None] = [None] * p  # after which rank r's step buffer holds its shard
-    sent: list[int | None] = [None] * p  # rank r's previous K/V send
-    dkv_have: list[int | None] = [None] * p
-    dkv_sent: list[int | None] = [None] * p
-    blocks: list[list[int]] = [list(s) for s in start]  # each rank's compute ops so far
+    kv_names, dkv_names = [f"kv[{s}]" for s in range(p)], [f"dkv[{s}]" for s in range(p)]
+    ranks = np.arange(p, dtype=np.int64)
+    none = np.full(p, -1, dtype=np.int64)
+    have, sent = none, none  # after which rank r's step buffer holds its shard; rank r's previous K/V send
+    dkv_have, dkv_sent = none, none
+    started = last >= 0  # rank r has a compute op (its first block allocates the running state)
+    last = last.copy()
+    if backward:  # the blocks' allocations at step 0: dQ, and dK, dV of the rank's own shard
+        allocs = Indexed([(("dq", shape.q_bytes(int(t))), ("dkv0", shape.kv_bytes(int(t)))) for t in tok], ranks)
+    else:
+        allocs = Indexed([(), *((("acc", shape.state_bytes(int(t))),) for t in tok)], ranks + 1)
     for step in range(p):
-        new_have: list[int | None] = [None] * p
-        new_sent: list[int | None] = [None] * p
-
-        def post(r: int, after: list[int], s: int, prev_sent: list[int | None]) -> tuple[int, int, int]:
-            dst, shard = ring.next(r), ring.shard_at(r, s)
-            nxt = _kv_buf(s + 1)
-            recv_deps = _ids(*blocks[dst][-1:], prev_sent[dst])  # dst is done with that buffer's previous shard
-            alloc = [(nxt, max_kv)] if s < 2 and not backward else []
-            snd, recv = sched.add_transfer(r, dst, shape.kv_bytes(tokens(sched, shard)), f"kv[{shard}]",
-                                           send_deps=after, recv_deps=recv_deps, args=(_kv_buf(s),),
-                                           dst_args=(nxt,), alloc=alloc)
-            return dst, recv, snd
-
+        held = ring.shards_at(step)
+        buf, nxt = _kv_buf(step), _kv_buf(step + 1)
+        new_have, new_sent = none, none
         if overlap and step < p - 1:
-            for r in range(p):
-                dst, new_have[dst], new_sent[r] = post(r, _ids(have[r]), step, sent)
-        done: list[int | None] = [None] * p
-        for r in range(p):
-            shard = ring.shard_at(r, step)
-            deps = _ids(have[r], *blocks[r][-1:])
-            if (r, shard) not in pairs:
-                pairs[r, shard] = pair_count(runs[r], runs[shard], shape.causal)
+            new_have, new_sent = _post(sched, ring, held, kv_size, kv_names, have[:, None], last, sent, step,
+                                       (((nxt, max_kv),) if step < 2 and not backward else ()))
+        nq, nk, n = tok, tok[held], pairs[ranks, held]
+        live = np.flatnonzero(n > 0)  # a fully masked block is skipped
+        done = none.copy()
+        if len(live):
+            which = blocks.which(backward, buf, nq[live], nk[live], n[live])
             if not backward:
-                done[r] = add_forward_block(sched, shape, r, runs[r], runs[shard], _kv_buf(step), deps,
-                                            first=not blocks[r], pairs=pairs[r, shard])
+                first = sched.add_kernel_step(
+                    live, Indexed(blocks.table, which), _pad(have[live], last[live]), dtype=shape.dtype,
+                    fn="attn-fwd", out="acc", args=("q", buf),
+                    alloc=Indexed(allocs.table, np.where(started[live], 0, allocs.which[live])))
             else:
                 dkv = f"dkv{step % 2}"
-                done[r] = add_backward_block(sched, shape, r, runs[r], runs[shard], _kv_buf(step), dkv,
-                                             [*deps, *_ids(dkv_have[r])], alloc_dq=step == 0,
-                                             alloc_dkv=shape.kv_bytes(tokens(sched, r)) if step == 0 else None,
-                                             pairs=pairs[r, shard])
-            if done[r] is not None:
-                blocks[r].append(done[r])  # type: ignore[arg-type]
+                first = sched.add_kernel_step(
+                    live, Indexed(blocks.table, which), _pad(have[live], last[live], dkv_have[live]),
+                    dtype=shape.dtype, fn="attn-bwd", out="dq", args=("q", buf, "lse", "delta", "dout", dkv),
+                    alloc=Indexed(allocs.table, allocs.which[live]) if step == 0 else ())
+            done[live] = first + np.arange(len(live))
+            last[live], started[live] = done[live], True
         if not overlap and step < p - 1:
-            for r in range(p):
-                dst, new_have[dst], new_sent[r] = post(r, _ids(have[r], done[r]), step, sent)
+            new_have, new_sent = _post(sched, ring, held, kv_size, kv_names, _pad(have, done), last, sent, step,
+                                       (((nxt, max_kv),) if step < 2 and not backward else ()))
         if backward and p > 1:  # dK, dV of the shard go on with it (after this step's block adds to them)
-            new_dkv: list[int | None] = [None] * p
-            new_dkv_sent: list[int | None] = [None] * p
-            for r in range(p):
-                dst, shard = ring.next(r), ring.shard_at(r, step)
-                nxt = f"dkv{(step + 1) % 2}"
-                snd, recv = sched.add_transfer(
-                    r, dst, shape.kv_bytes(tokens(sched, shard)), f"dkv[{shard}]",
-                    send_deps=_ids(done[r], dkv_have[r]), recv_deps=_ids(dkv_sent[dst], *blocks[dst][-1:]),
-                    args=(f"dkv{step % 2}",), dst_args=(nxt,), alloc=[(nxt, max_kv)] if step == 0 else [])
-                new_dkv[dst], new_dkv_sent[r] = recv, snd
-            dkv_have, dkv_sent = new_dkv, new_dkv_sent
+            dnxt = f"dkv{(step + 1) % 2}"
+            first = sched.add_transfers(ranks, ring.next, kv_size[held], Indexed(dkv_names, held), _pad(done, dkv_have),
+                                        _pad(dkv_sent[ring.next], last[ring.next]), args=(f"dkv{step % 2}",),
+                                        dst_args=(dnxt,), alloc=((dnxt, max_kv),) if step == 0 else ())
+            new_dkv = none.copy()
+            new_dkv[ring.next] = first + 2 * ranks + 1
+            dkv_have, dkv_sent = new_dkv, first + 2 * ranks
         have, sent = new_have, new_sent
     if backward:
         sched.meta["grads"] = [(r, "dq", f"dkv{p % 2}" if p > 1 else "dkv0") for r in range(p)]
-    return blocks
+    return last
 
 
 def build_prefill_ring(shape: PrefillShape, layout: Layout, overlap: bool = True) -> Schedule:
     ring = _Ring(layout)
     p = ring.p
     sched = new_prefill_schedule("ring", shape, p)
-    pairs: dict[tuple[int, int], int] = {}  # (rank, shard) -> unmasked pairs, for both passes
-    blocks = _rotate(sched, shape, ring, overlap, False, [[] for _ in range(p)], pairs)
-    finals = [add_final(sched, shape, r, tokens(sched, r), blocks[r][-1:]) for r in range(p)]
+    pairs = pair_matrix(sched.meta["runs"], shape.causal)  # (rank, shard) -> unmasked pairs, for both passes
+    blocks = _Blocks(shape)
+    last = _rotate(sched, shape, ring, overlap, False, np.full(p, -1, dtype=np.int64), blocks, pairs)
+    finals = [add_final(sched, shape, r, tokens(sched, r), [int(last[r])] if last[r] >= 0 else [])
+              for r in range(p)]
     sched.meta["outputs"] = [(r, "out") for r in range(p)]
     if shape.backward:
-        deltas = [[add_delta(sched, shape, r, tokens(sched, r), [finals[r]])] for r in range(p)]
-        _rotate(sched, shape, ring, overlap, True, deltas, pairs)
+        deltas = np.array([add_delta(sched, shape, r, tokens(sched, r), [finals[r]]) for r in range(p)])
+        _rotate(sched, shape, ring, overlap, True, deltas, blocks, pairs)
     return sched
