@@ -29,7 +29,7 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
     clock = [0.0] * sched.ranks
     # without times every op advances its rank's clock; with times only the ops that hold something matter (and
     # ``times`` may leave the others out)
-    ops = sched.ops if times is None else [sched.ops[i] for i in (holding(sched) if holders is None else holders)]
+    ops = sched.ops if times is None else sched.ops.take(holding(sched) if holders is None else holders)
     for op in ops:
         if times is None:
             start, end = clock[op.rank], clock[op.rank] + 1.0

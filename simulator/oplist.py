@@ -69,6 +69,15 @@ def csr(deps: Sequence[tuple[int, ...]] | np.ndarray) -> tuple[np.ndarray, np.nd
     return starts, flat
 
 
+def _gather(starts: np.ndarray, flat: np.ndarray, js: np.ndarray) -> list[tuple[int, ...]]:
+    """The deps of ops ``js`` (CSR ``starts``, ``flat``) as tuples: a gather of just theirs."""
+    lo, counts = starts[js], starts[js + 1] - starts[js]
+    ends = np.cumsum(counts)
+    ids = flat[np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - counts - lo, counts)].tolist()
+    bounds = [0, *ends.tolist()]
+    return [tuple(ids[a:b]) for a, b in pairwise(bounds)]
+
+
 def _dep_tuples(starts: np.ndarray, flat: np.ndarray) -> list[tuple[int, ...]]:
     ids, bounds = flat.tolist(), starts.tolist()
     return [tuple(ids[a:b]) for a, b in pairwise(bounds)]
@@ -156,6 +165,17 @@ class ComputeBlock:
                                                   map(kernels.__getitem__, self.which[lo:hi].tolist()), deps,
                                                   self._allocs(lo, hi), strict=True)]
 
+    def take(self, js: np.ndarray) -> list[Op]:
+        """The block's ops at offsets ``js`` as tuples."""
+        kernels, dtype, fn, out, args, fused = self.kernels, self.dtype, self.fn, self.out, self.args, self.fused
+        allocs = (repeat(self.allocs[0], len(js)) if self.alloc_which is None
+                  else map(self.allocs.__getitem__, self.alloc_which[js].tolist()))
+        return [_new(Op, (self.first + j, rank, "compute", k[0], d, k[1], k[2], dtype, None, None, 0.0, fn, out, args,
+                          0, -1, alloc, (), fused, "", None, "", False, 0.0, 0.0, k[3]))
+                for j, rank, k, d, alloc in zip(js.tolist(), self.rank[js].tolist(),
+                                                map(kernels.__getitem__, self.which[js].tolist()),
+                                                _gather(self.dep_start, self.dep_flat, js), allocs, strict=True)]
+
     def edges(self) -> int:
         return len(self.dep_flat)
 
@@ -220,6 +240,26 @@ class TransferBlock:
             out.append(_new(Op, (sid + 1, dst, "recv", name, rd, 0.0, size, "fp32", src, sid, 0.0, "", "", dargs, 0,
                                  -1, alloc, (), False, coll, None, "", False, 0.0, 0.0, ())))
         return out[lo - 2 * a:hi - 2 * a]
+
+    def take(self, js: np.ndarray) -> list[Op]:
+        """The block's ops at offsets ``js`` (sends even, recvs odd) as tuples."""
+        ks = js >> 1
+        recv = (js & 1).astype(bool)
+        sdeps = iter(_gather(self.send_start, self.send_flat, ks[~recv]))
+        rdeps = iter(_gather(self.recv_start, self.recv_flat, ks[recv]))
+        names, args, dargs, alloc, coll, first = self.names, self.args, self.dst_args, self.alloc, self.coll, self.first
+        out: list[Op] = []
+        for j, src, dst, size, name in zip(js.tolist(), self.src[ks].tolist(), self.dst[ks].tolist(),
+                                           self.nbytes[ks].tolist(), map(names.__getitem__, self.name[ks].tolist()),
+                                           strict=True):
+            oid = first + j
+            if j & 1:
+                out.append(_new(Op, (oid, dst, "recv", name, next(rdeps), 0.0, size, "fp32", src, oid - 1, 0.0, "",
+                                     "", dargs, 0, -1, alloc, (), False, coll, None, "", False, 0.0, 0.0, ())))
+            else:
+                out.append(_new(Op, (oid, src, "send", name, next(sdeps), 0.0, size, "fp32", dst, oid + 1, 0.0, "",
+                                     "", args, 0, -1, (), (), False, coll, None, "", False, 0.0, 0.0, ())))
+        return out
 
     def edges(self) -> int:
         return len(self.send_flat) + len(self.recv_flat)
@@ -347,7 +387,25 @@ class OpList(Sequence[Op]):
             return [self[j] for j in range(*i.indices(self._n))]
         s, j = self._find(i)
         seg = self._segs[s]
-        return seg[j] if isinstance(seg, list) else seg.ops(j, j + 1)[0]
+        return seg[j] if isinstance(seg, list) else seg.take(np.array([j]))[0]
+
+    def take(self, ids: Sequence[int] | np.ndarray) -> list[Op]:
+        """The ops of ``ids``, in that order, as tuples (a block's made together: cheaper than one at a time)."""
+        idx = np.asarray(ids, dtype=np.int64)
+        if len(idx) and (idx.min() < -self._n or idx.max() >= self._n):
+            raise IndexError("op index out of range")
+        idx = np.where(idx < 0, idx + self._n, idx)
+        seg_of = np.searchsorted(np.array(self._starts, dtype=np.int64), idx, side="right") - 1
+        by_seg = np.argsort(seg_of, kind="stable")  # the ids grouped by segment
+        cuts = np.flatnonzero(np.diff(seg_of[by_seg])) + 1
+        out: list[Op | None] = [None] * len(idx)
+        for where in np.split(by_seg, cuts) if len(idx) else ():
+            s = int(seg_of[where[0]])
+            seg, local = self._segs[s], idx[where] - self._starts[s]
+            got = list(map(seg.__getitem__, local.tolist())) if isinstance(seg, list) else seg.take(local)
+            for w, op in zip(where.tolist(), got, strict=True):
+                out[w] = op
+        return out  # type: ignore[return-value]
 
     def __setitem__(self, i: int, op: Op) -> None:
         s, j = self._find(i)

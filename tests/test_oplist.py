@@ -95,8 +95,12 @@ def test_an_op_list_reads_as_a_list_of_ops(sched: Schedule) -> None:
     assert [sched.ops[i] for i in range(len(ops))] == ops
     assert sched.ops[-1] == ops[-1] and sched.ops[1::3] == ops[1::3]
     assert sched.ops == ops and sched.ops == _tuples(sched).ops
+    picks = np.random.default_rng(len(ops)).integers(-len(ops), len(ops), size=2 * len(ops))
+    assert sched.ops.take(picks) == [ops[i] for i in picks.tolist()]  # any order, repeats, from the end
     with pytest.raises(IndexError):
         sched.ops[len(ops)]
+    with pytest.raises(IndexError):
+        sched.ops.take([0, len(ops)])
     changed = ops[0]._replace(name="changed")
     sched.ops[0] = changed  # a block's ops become tuples to change one
     assert list(sched.ops) == [changed, *ops[1:]]

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cached_property
 from operator import itemgetter
@@ -99,7 +99,7 @@ class SimResult:
     recomputations); ``simpy_events`` the instants they ran at (one simpy event each in the reference engine).
     """
 
-    ops: Sequence[Op]
+    ops: OpList
     start: np.ndarray
     end: np.ndarray
     order: np.ndarray
@@ -128,8 +128,8 @@ class SimResult:
         for lo in range(0, len(self.order), 1 << 16):  # op ids as Python ints a slice at a time, not all at once
             ids = self.order[lo:lo + (1 << 16)]
             out += [_new(Record, (op.rank, i, op.kind, op.name, a, b, op.nbytes, op.flops))
-                    for i, a, b in zip(ids.tolist(), start[ids].tolist(), end[ids].tolist(), strict=True)
-                    for op in (ops[i],)]
+                    for i, a, b, op in zip(ids.tolist(), start[ids].tolist(), end[ids].tolist(), ops.take(ids),
+                                           strict=True)]
         return out
 
     def ended(self, kinds: frozenset[str] | None = None, ranks: Collection[int] | None = None) -> np.ndarray:

@@ -78,7 +78,7 @@ def _run_frame(label: str, result: SimResult, limit: int) -> pd.DataFrame:
     critical = result.critical_rank()
     keep = shown_ranks(result.ranks, critical, limit)
     ids = result.ended(ranks=keep)  # the shown ranks' ops, in timeline order
-    ops = [result.ops[i] for i in ids.tolist()]
+    ops = result.ops.take(ids)
     ranks = result.rank_of[ids]
     return pd.DataFrame({
         "algorithm": label, "rank": ranks, "kind": [op.kind for op in ops], "name": [op.name for op in ops],

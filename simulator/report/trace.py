@@ -93,11 +93,11 @@ def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: 
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "transfers"}})
         ids = result.ended(ranks=keep)  # the shown ranks' ops, in timeline order
         cut.ops_of_hidden_ranks += len(result.order) - len(ids)
-        for i, start, end in zip(ids.tolist(), result.start[ids].tolist(), result.end[ids].tolist(), strict=True):
-            if end < lo or start > hi:
-                cut.ops += 1
-                continue
-            op = result.ops[i]
+        inside = ~((result.end[ids] < lo) | (result.start[ids] > hi))
+        cut.ops += int(len(ids) - inside.sum())
+        ids = ids[inside]
+        for i, start, end, op in zip(ids.tolist(), result.start[ids].tolist(), result.end[ids].tolist(),
+                                     result.ops.take(ids), strict=True):
             events.append({
                 "name": op.name, "cat": op.kind, "ph": "X", "pid": rank_pid[op.rank],
                 "tid": 0 if op.kind in COMPUTE_KINDS else 1, "ts": start * 1e6,
