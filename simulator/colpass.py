@@ -32,6 +32,8 @@ def dependents(counts: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.
     """Every op's dependents as CSR (op d's are ``kids[first_kid[d]:first_kid[d + 1]]``, in op-id order), from each
     op's count of dependencies and all of them op after op (a counting sort: no sort of the edges)."""
     n = len(counts)
+    if int(counts.sum()) != len(parents) or (len(counts) and int(counts.min()) < 0):
+        raise ValueError("dependency counts that do not add up to the dependencies")
     if len(parents) and (int(parents.min()) < 0 or int(parents.max()) >= n):
         raise ValueError("a dependency does not name an op of the schedule")
     starts = np.zeros(n + 1, dtype=np.int64)

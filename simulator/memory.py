@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from simulator.oplist import OpList
 from simulator.schedule import Schedule
 
 __all__ = ["Timed", "holding", "peak_memory", "timeline_peaks"]
@@ -29,7 +30,8 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
     clock = [0.0] * sched.ranks
     # without times every op advances its rank's clock; with times only the ops that hold something matter (and
     # ``times`` may leave the others out)
-    ops = sched.ops if times is None else sched.ops.take(holding(sched) if holders is None else holders)
+    listed = sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)
+    ops = listed if times is None else listed.take(holding(sched) if holders is None else holders)
     for op in ops:
         if times is None:
             start, end = clock[op.rank], clock[op.rank] + 1.0
@@ -61,7 +63,7 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
 def holding(sched: Schedule) -> list[int]:
     """Ids of the ops that allocate or free buffers, in op-id order (C-level passes over op tuples; a block of ops
     by its shared fields)."""
-    return sched.ops.holders()
+    return (sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)).holders()
 
 
 class Timed(Protocol):

@@ -3,9 +3,10 @@
 A lockstep step (every rank attends, every rank passes its shard on) is one block: an array per field that varies
 (ranks, sizes, dependencies as CSR), the fields its ops share held once, a kernel or a name as an index into a
 small table. A block costs tens of bytes an op where an :class:`~simulator.op.Op` tuple costs hundreds, and the
-engine reads its columns (:meth:`OpList.columns`) without making a tuple per op. To every other reader the ops are
-a sequence of :class:`~simulator.op.Op` (``ops[i]``, iteration): a block's ops are made on demand, field for field
-what :meth:`~simulator.schedule.Schedule.add_computes` and ``add_transfers`` appended before blocks existed.
+engine reads its columns (:meth:`OpList.columns`) without making a tuple per op (only one per distinct kernel cost,
+and for its error messages). To every other reader the ops are a sequence of :class:`~simulator.op.Op` (``ops[i]``,
+iteration, :meth:`OpList.take`): a block's ops are made on demand, the ops the one-at-a-time calls
+(``add_compute``, ``add_transfer``) append for the same arguments, deps as tuples.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _NOT_BEFORE, _COLL, _FLOOR, _RATE_CAP = itemgetter(10), itemgetter(19), itemgett
 _ALLOC, _FREE = itemgetter(16), itemgetter(17)
 _SEND, _RECV, _MERGE = KIND_INDEX["send"], KIND_INDEX["recv"], KIND_INDEX["merge"]
 Kernel = tuple[str, float, float, tuple[float, ...]]  # a compute op's name, FLOPs, bytes and dims
+_ID_MAX = 2**31 - 1  # ids and ranks are int32 in the columns
 
 
 class Indexed(NamedTuple):
@@ -54,8 +56,8 @@ def csr(deps: Sequence[tuple[int, ...]] | np.ndarray) -> tuple[np.ndarray, np.nd
     """Dependencies, one tuple per op or an (ops, k) array padded with -1, as (starts, flat): op k's are
     ``flat[starts[k]:starts[k + 1]]`` in the order given."""
     if isinstance(deps, np.ndarray):
-        if deps.ndim != 2:
-            raise ValueError("dependencies as an array must be (ops, k), padded with -1")
+        if deps.ndim != 2 or (deps.size and deps.dtype.kind not in "iu"):
+            raise ValueError("dependencies as an array must be integers, (ops, k), padded with -1")
         given = deps >= 0
         flat = deps[given].astype(np.int64)
         counts = given.sum(axis=1)
@@ -67,6 +69,12 @@ def csr(deps: Sequence[tuple[int, ...]] | np.ndarray) -> tuple[np.ndarray, np.nd
     starts = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=starts[1:])
     return starts, flat
+
+
+def _csr_ok(starts: np.ndarray, flat: np.ndarray, m: int) -> bool:
+    """Whether ``starts`` bounds ``m`` ops' entries of ``flat``: m + 1 of them, from 0 to its end, never falling."""
+    return (len(starts) == m + 1 and int(starts[0]) == 0 and int(starts[-1]) == len(flat)
+            and bool((np.diff(starts) >= 0).all()))
 
 
 def _gather(starts: np.ndarray, flat: np.ndarray, js: np.ndarray) -> list[tuple[int, ...]]:
@@ -287,7 +295,10 @@ def _list_fill(ops: list[Op], first: int, cols: Columns, at: int, deps_of: list[
     kind = np.fromiter(map(KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n)
     cols.kind[ids] = kind
     cols.match[ids], cols.cost[ids] = -1, -1
-    cols.rank[ids] = np.fromiter(map(_RANK, ops), dtype=np.int64, count=n)
+    rank = np.fromiter(map(_RANK, ops), dtype=np.int64, count=n)
+    if n and (rank.min() < 0 or rank.max() > _ID_MAX):
+        raise ValueError(f"op {first + int(np.argmax((rank < 0) | (rank > _ID_MAX)))} has a rank out of range")
+    cols.rank[ids] = rank
     ends = np.flatnonzero((kind == _SEND) | (kind == _RECV))
     cols.loose.append(first + ends)
     mates = list(map(_MATCH, map(ops.__getitem__, ends.tolist())))
@@ -314,7 +325,10 @@ def _list_fill(ops: list[Op], first: int, cols: Columns, at: int, deps_of: list[
     counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
     cols.dep_count[ids] = counts
     total = int(counts.sum())
-    cols.parents[at:at + total] = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=total)
+    parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=total)
+    if total and (parents.min() < 0 or parents.max() > _ID_MAX):
+        raise ValueError("a dependency does not name an op of the schedule")
+    cols.parents[at:at + total] = parents
 
 
 class _NextIndex:
@@ -361,9 +375,20 @@ class OpList(Sequence[Op]):
             self._n += len(ops)
 
     def add_block(self, block: Block) -> None:
-        """Append a block (its ``first`` must be the next id)."""
+        """Append a block (its ``first`` must be the next id; its columns are checked for their lengths and CSR
+        bounds, as the engine's compiled passes read them unchecked)."""
         if block.first != self._n:
             raise ValueError(f"a block of ops from id {block.first}, where the next id is {self._n}")
+        if isinstance(block, ComputeBlock):
+            m = len(block.rank)
+            shaped = len(block.which) == m and (block.alloc_which is None or len(block.alloc_which) == m)
+            spans = [(block.dep_start, block.dep_flat)]
+        else:
+            m = len(block.src)
+            shaped = len(block.dst) == len(block.nbytes) == len(block.name) == m
+            spans = [(block.send_start, block.send_flat), (block.recv_start, block.recv_flat)]
+        if not shaped or not all(_csr_ok(starts, flat, m) for starts, flat in spans):
+            raise ValueError("a block's columns are not one entry per op (or its deps not CSR)")
         if len(block):
             self._segs.append(block)
             self._starts.append(self._n)
@@ -384,14 +409,17 @@ class OpList(Sequence[Op]):
 
     def __getitem__(self, i: int | slice) -> Op | list[Op]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._n))]
+            return self.take(np.arange(*i.indices(self._n), dtype=np.int64))
         s, j = self._find(i)
         seg = self._segs[s]
         return seg[j] if isinstance(seg, list) else seg.take(np.array([j]))[0]
 
     def take(self, ids: Sequence[int] | np.ndarray) -> list[Op]:
         """The ops of ``ids``, in that order, as tuples (a block's made together: cheaper than one at a time)."""
-        idx = np.asarray(ids, dtype=np.int64)
+        idx = np.asarray(ids)
+        if len(idx) and idx.dtype.kind not in "iu":
+            raise TypeError(f"op indices must be integers, not {idx.dtype}")
+        idx = idx.astype(np.int64, copy=False)
         if len(idx) and (idx.min() < -self._n or idx.max() >= self._n):
             raise IndexError("op index out of range")
         idx = np.where(idx < 0, idx + self._n, idx)
@@ -408,7 +436,9 @@ class OpList(Sequence[Op]):
         return out  # type: ignore[return-value]
 
     def __setitem__(self, i: int, op: Op) -> None:
-        s, j = self._find(i)
+        if not isinstance(i, int | np.integer):
+            raise TypeError("ops are replaced one at a time (no slice assignment)")
+        s, j = self._find(int(i))
         seg = self._segs[s]
         if not isinstance(seg, list):  # a block's ops become tuples to change one
             seg = self._segs[s] = seg.ops()
@@ -419,7 +449,7 @@ class OpList(Sequence[Op]):
             yield from (seg if isinstance(seg, list) else seg.ops())
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence) or isinstance(other, str):
+        if not isinstance(other, list | OpList):  # as a list: equal to a list (or an OpList) of the same ops
             return NotImplemented
         return len(self) == len(other) and all(map(eq, self, other))
 

@@ -60,6 +60,14 @@ def _earlier(deps: Sequence[tuple[int, ...]], n: int) -> bool:
     return not named or (min(map(min, named)) >= 0 and max(map(max, named)) < n)
 
 
+def _indexes(which: Sequence[int] | np.ndarray, n: int, what: str) -> np.ndarray:
+    """Indexes into a table of ``n`` (integers in 0..n-1), as an array."""
+    idx = np.asarray(which)
+    if len(idx) and (idx.dtype.kind not in "iu" or idx.min() < 0 or idx.max() >= n):
+        raise ValueError(f"{what} index outside the table of {n}")
+    return idx.astype(np.int64, copy=False)
+
+
 def _earlier_flat(ids: np.ndarray, n: int) -> bool:
     """Whether every id in ``ids`` names one of the ``n`` ops already there."""
     return not len(ids) or (int(ids.min()) >= 0 and int(ids.max()) < n)
@@ -218,8 +226,9 @@ class Schedule:
                 self._check(int(s[k]), sf[ss[k]:ss[k + 1]].tolist())
                 self._check(int(d[k]), rf[rs[k]:rs[k + 1]].tolist())
         names = indexed(name)
-        self.ops.add_block(TransferBlock(first, s, d, size, names.table, names.which, ss, sf, rs, rf, args, dargs,
-                                         alloc, coll))
+        picks = _indexes(names.which, len(names.table), "a name")
+        self.ops.add_block(TransferBlock(first, s, d, size, names.table, picks, ss, sf, rs, rf, args, dargs, alloc,
+                                         coll))
         return first
 
     def add_computes(self, rank: Sequence[int], name: Sequence[str], flops: Sequence[float],
@@ -231,9 +240,9 @@ class Schedule:
         m = len(rank)
         if not len(name) == len(flops) == len(nbytes) == len(dims) == len(deps) == m:
             raise ValueError("add_computes needs one name, cost, dims and deps per op")
-        kernels = indexed(list(zip(name, map(float, flops), map(float, nbytes), dims, strict=True)))
-        return self.add_kernel_step(rank, kernels, deps, dtype=dtype, fn=fn, out=out, args=args, alloc=alloc,
-                                    fused=fused)
+        table = list(zip(name, map(float, flops), map(float, nbytes), dims, strict=True))  # each op's, as given
+        return self._compute_block("add_computes", rank, table, np.arange(m), deps, dtype, fn, out, args, alloc,
+                                   fused)
 
     def add_kernel_step(self, rank: Sequence[int] | np.ndarray, kernels: Indexed,
                         deps: Sequence[tuple[int, ...]] | np.ndarray, *, dtype: str = "fp32", fn: str = "",
@@ -242,27 +251,35 @@ class Schedule:
         """:meth:`add_computes` with each op's kernel given as an index into a table of (name, FLOPs, bytes, dims)
         (a step of a lockstep schedule: few distinct kernels), its deps as tuples or an (m, k) array padded with -1
         and its allocations shared or, as an :class:`~simulator.oplist.Indexed`, one of a table; returns the first
-        op's id. A kernel table is read once per schedule and may only grow (appended to) between steps."""
+        op's id. A kernel table is read once per schedule (its entries as str, float, float, tuple) and may only
+        grow, appended to, between steps."""
+        known = self._tables.get(id(kernels.table))
+        if known is None or known[0] is not kernels.table:  # a table read once, then its new entries
+            known = self._tables[id(kernels.table)] = (kernels.table, [])
+        table = known[1]
+        if len(kernels.table) < len(table):
+            raise ValueError("a kernel table given to an earlier step may only grow")
+        table += [(str(k[0]), float(k[1]), float(k[2]), tuple(k[3])) for k in kernels.table[len(table):]]
+        return self._compute_block("add_kernel_step", rank, table, kernels.which, deps, dtype, fn, out, args, alloc,
+                                   fused)
+
+    def _compute_block(self, caller: str, rank: Sequence[int] | np.ndarray, table: list[Any], which: np.ndarray,
+                       deps: Sequence[tuple[int, ...]] | np.ndarray, dtype: str, fn: str, out: str,
+                       args: tuple[str, ...], alloc: tuple[tuple[str, float], ...] | Indexed, fused: bool) -> int:
+        """Append compute ops ``table[which[k]]`` on ``rank[k]`` as one block, once every argument is checked."""
         r = np.asarray(rank, dtype=np.int64)
         m = len(r)
-        if len(kernels.which) != m or len(deps) != m or (isinstance(alloc, Indexed) and len(alloc.which) != m):
-            raise ValueError("add_kernel_step needs one kernel, deps and allocation per op")
+        if len(which) != m or len(deps) != m or (isinstance(alloc, Indexed) and len(alloc.which) != m):
+            raise ValueError(f"{caller} needs one kernel, deps and allocation per op")
         first = len(self.ops)
         starts, flat = csr(deps)
         if m and (r.min() < 0 or r.max() >= self.ranks or not _earlier_flat(flat, first)):
             for k in range(m):  # find the first bad one: _check raises its error
                 self._check(int(r[k]), flat[starts[k]:starts[k + 1]].tolist())
-        known = self._tables.get(id(kernels.table))
-        if known is None or known[0] is not kernels.table:  # a table read once, then its new entries
-            known = self._tables[id(kernels.table)] = (kernels.table, [])
-        table = known[1]
-        table += [(str(k[0]), float(k[1]), float(k[2]), tuple(k[3])) for k in kernels.table[len(table):]]
-        which = np.asarray(kernels.which, dtype=np.int64)
-        if m and (which.min() < 0 or which.max() >= len(table)):
-            raise ValueError(f"a kernel index outside the table of {len(table)}")
-        allocs, alloc_which = ((alloc.table, np.asarray(alloc.which, dtype=np.int64)) if isinstance(alloc, Indexed)
-                               else ((alloc,), None))
-        self.ops.add_block(ComputeBlock(first, r, which, table, starts, flat, dtype, fn, out, args, allocs, fused,
+        picks = _indexes(which, len(table), "a kernel")
+        allocs, alloc_which = ((alloc.table, _indexes(alloc.which, len(alloc.table), "an allocation"))
+                               if isinstance(alloc, Indexed) else ((alloc,), None))
+        self.ops.add_block(ComputeBlock(first, r, picks, table, starts, flat, dtype, fn, out, args, allocs, fused,
                                         alloc_which))
         return first
 

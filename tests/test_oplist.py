@@ -12,7 +12,7 @@ from simulator.algorithms import build_schedule, resolve
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
 from simulator.memory import timeline_peaks
-from simulator.oplist import Indexed, OpList
+from simulator.oplist import Indexed, OpList, TransferBlock
 from simulator.points import layout_of
 from simulator.schedule import Op, Schedule
 from simulator.workloads.shape import DecodeShape
@@ -115,6 +115,44 @@ def test_a_block_must_follow_on() -> None:
         sched.add_kernel_step([0, 1], Indexed([("k", 1.0, 1.0, ())], np.zeros(2, dtype=np.int64)),
                               np.array([[0, -1], [3, -1]]))
     assert len(sched.ops) == 1
+
+
+def test_bulk_computes_keep_each_ops_values_as_given() -> None:
+    """Kernels that compare equal but differ (a dims of int or float, -0.0 and 0.0) stay each op's own."""
+    one, bulk = Schedule(2), Schedule(2)
+    for dims, flops in (((3,), -0.0), ((3.0,), 0.0)):
+        one.add_compute(0, "k", flops=flops, dims=dims)
+    bulk.add_computes([0, 0], ["k", "k"], [-0.0, 0.0], [0.0, 0.0], [(3,), (3.0,)], [(), ()])
+    assert [(repr(op.flops), repr(op.dims)) for op in bulk.ops] == [(repr(op.flops), repr(op.dims)) for op in one.ops]
+    assert [repr(op.dims) for op in bulk.ops] == ["(3,)", "(3.0,)"]
+
+
+def test_indexes_and_blocks_are_checked_before_anything_is_added() -> None:
+    sched = Schedule(2)
+    sched.add_compute(0, "a")
+    table = [("k", 1.0, 1.0, ())]
+    with pytest.raises(ValueError, match="a kernel index outside the table of 1"):
+        sched.add_kernel_step([0, 1], Indexed(table, np.array([0, -1])), [(), ()])
+    with pytest.raises(ValueError, match="an allocation index outside the table of 1"):
+        sched.add_kernel_step([0], Indexed(table, np.array([0])), [()], alloc=Indexed([()], np.array([1])))
+    with pytest.raises(ValueError, match="a name index outside the table of 1"):
+        sched.add_transfers([0], [1], [1.0], Indexed(["x"], np.array([2])), [()], [()])
+    with pytest.raises(ValueError, match="must be integers"):
+        sched.add_kernel_step([0], Indexed(table, np.array([0])), np.array([[np.nan]]))
+    with pytest.raises(ValueError, match="may only grow"):
+        sched.add_kernel_step([0], Indexed(table, np.array([0])), [()])
+        table.pop()
+        sched.add_kernel_step([0], Indexed(table, np.array([0])), [()])
+    n = len(sched.ops)
+    bad = TransferBlock(n, np.array([0]), np.array([1]), np.array([1.0]), ["x"], np.array([0]),
+                        np.array([0, 5]), np.array([0]), np.array([0, 0]), np.zeros(0, np.int64), (), (), (), "")
+    with pytest.raises(ValueError, match="not CSR"):
+        sched.ops.add_block(bad)
+    with pytest.raises(TypeError, match="integers"):
+        sched.ops.take(np.array([0.5]))
+    with pytest.raises(TypeError, match="one at a time"):
+        sched.ops[0:1] = []  # type: ignore[index,assignment]
+    assert len(sched.ops) == n
 
 
 @pytest.mark.parametrize(("algo", "nodes"), [("ring", 2), ({"name": "ring", "overlap": False}, 2), ("tree", 4)])

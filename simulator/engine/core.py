@@ -176,13 +176,14 @@ class _Run:
     def __init__(self, schedule: Schedule, cluster: Cluster, record_links: bool = False) -> None:
         self.record_links = record_links
         self.sched = schedule
-        self.ops = ops = schedule.ops
+        # the ops as an OpList (a schedule whose ops were set to a plain list of tuples is read as one)
+        self.ops = ops = schedule.ops if isinstance(schedule.ops, OpList) else OpList(schedule.ops)
         self.cluster = cluster
         self.place = schedule.placement_on(cluster.ranks)
         n = len(ops)
         if n >= 2**31 - 1:
             raise ValueError(f"a schedule of {n} ops: the engine takes fewer than 2^31")
-        cols = ops.columns() if isinstance(ops, OpList) else OpList(ops).columns()
+        cols = ops.columns()
         # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
         # they were appended): built by numpy, 8 bytes per edge instead of a list per op
         counts, parents = cols.dep_count, cols.parents
@@ -417,7 +418,7 @@ class _Run:
         end_time = {r: float(last[r]) for r in np.unique(ranks[ids]).tolist()}
         # the timeline's (start, rank, op) order: one sort of arrays rather than of millions of key tuples
         order = ids[np.lexsort((ids, ranks[ids], starts[ids]))]
-        return SimResult(ops, starts, ends, order, ranks, self.kind_of, int(events), int(allocations),
+        return SimResult(ops, starts, ends, order, ranks.astype(np.int64), self.kind_of, int(events), int(allocations),
                          self.sched.ranks, end_time, int(instants), link_load, self.extrapolated, send_bytes)
 
 
