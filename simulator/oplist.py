@@ -86,11 +86,6 @@ def _gather(starts: np.ndarray, flat: np.ndarray, js: np.ndarray) -> list[tuple[
     return [tuple(ids[a:b]) for a, b in pairwise(bounds)]
 
 
-def _dep_tuples(starts: np.ndarray, flat: np.ndarray) -> list[tuple[int, ...]]:
-    ids, bounds = flat.tolist(), starts.tolist()
-    return [tuple(ids[a:b]) for a, b in pairwise(bounds)]
-
-
 @dataclass(eq=False)
 class Columns:
     """Every op's fields the engine reads, an array each by op id (:meth:`OpList.columns`). A send's fields
@@ -156,23 +151,6 @@ class ComputeBlock:
     def __len__(self) -> int:
         return len(self.rank)
 
-    def _allocs(self, lo: int, hi: int) -> Iterable[tuple[tuple[str, float], ...]]:
-        if self.alloc_which is None:
-            return repeat(self.allocs[0], hi - lo)
-        return map(self.allocs.__getitem__, self.alloc_which[lo:hi].tolist())
-
-    def ops(self, lo: int = 0, hi: int | None = None) -> list[Op]:
-        """Ops ``lo:hi`` of the block as tuples."""
-        hi = len(self) if hi is None else hi
-        kernels, dtype, fn, out, args, fused = self.kernels, self.dtype, self.fn, self.out, self.args, self.fused
-        deps = _dep_tuples(self.dep_start[lo:hi + 1] - self.dep_start[lo],
-                           self.dep_flat[self.dep_start[lo]:self.dep_start[hi]])
-        return [_new(Op, (oid, rank, "compute", k[0], d, k[1], k[2], dtype, None, None, 0.0, fn, out, args, 0, -1,
-                          alloc, (), fused, "", None, "", False, 0.0, 0.0, k[3]))
-                for oid, rank, k, d, alloc in zip(range(self.first + lo, self.first + hi), self.rank[lo:hi].tolist(),
-                                                  map(kernels.__getitem__, self.which[lo:hi].tolist()), deps,
-                                                  self._allocs(lo, hi), strict=True)]
-
     def take(self, js: np.ndarray) -> list[Op]:
         """The block's ops at offsets ``js`` as tuples."""
         kernels, dtype, fn, out, args, fused = self.kernels, self.dtype, self.fn, self.out, self.args, self.fused
@@ -227,27 +205,6 @@ class TransferBlock:
 
     def __len__(self) -> int:
         return 2 * len(self.src)
-
-    def ops(self, lo: int = 0, hi: int | None = None) -> list[Op]:
-        """Ops ``lo:hi`` of the block (sends at even offsets, recvs at odd) as tuples."""
-        hi = len(self) if hi is None else hi
-        a, b = lo // 2, (hi + 1) // 2  # the transfers they belong to
-        names, args, dargs, alloc, coll = self.names, self.args, self.dst_args, self.alloc, self.coll
-        sdeps = _dep_tuples(self.send_start[a:b + 1] - self.send_start[a],
-                            self.send_flat[self.send_start[a]:self.send_start[b]])
-        rdeps = _dep_tuples(self.recv_start[a:b + 1] - self.recv_start[a],
-                            self.recv_flat[self.recv_start[a]:self.recv_start[b]])
-        out: list[Op] = []
-        for sid, src, dst, size, name, sd, rd in zip(range(self.first + 2 * a, self.first + 2 * b, 2),
-                                                     self.src[a:b].tolist(), self.dst[a:b].tolist(),
-                                                     self.nbytes[a:b].tolist(),
-                                                     map(names.__getitem__, self.name[a:b].tolist()), sdeps, rdeps,
-                                                     strict=True):
-            out.append(_new(Op, (sid, src, "send", name, sd, 0.0, size, "fp32", dst, sid + 1, 0.0, "", "", args, 0,
-                                 -1, (), (), False, coll, None, "", False, 0.0, 0.0, ())))
-            out.append(_new(Op, (sid + 1, dst, "recv", name, rd, 0.0, size, "fp32", src, sid, 0.0, "", "", dargs, 0,
-                                 -1, alloc, (), False, coll, None, "", False, 0.0, 0.0, ())))
-        return out[lo - 2 * a:hi - 2 * a]
 
     def take(self, js: np.ndarray) -> list[Op]:
         """The block's ops at offsets ``js`` (sends even, recvs odd) as tuples."""
@@ -441,12 +398,12 @@ class OpList(Sequence[Op]):
         s, j = self._find(int(i))
         seg = self._segs[s]
         if not isinstance(seg, list):  # a block's ops become tuples to change one
-            seg = self._segs[s] = seg.ops()
+            seg = self._segs[s] = seg.take(np.arange(len(seg)))
         seg[j] = op
 
     def __iter__(self) -> Iterator[Op]:
         for seg in self._segs:
-            yield from (seg if isinstance(seg, list) else seg.ops())
+            yield from (seg if isinstance(seg, list) else seg.take(np.arange(len(seg))))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, list | OpList):  # as a list: equal to a list (or an OpList) of the same ops

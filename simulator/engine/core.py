@@ -57,19 +57,19 @@ from simulator.colpass import dependents, distinct_codes
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
 from simulator.gcpause import gc_paused
-from simulator.oplist import COST, KIND_INDEX, Columns, OpList
+from simulator.oplist import COST as _COST
+from simulator.oplist import KIND_INDEX as _KIND_INDEX
+from simulator.oplist import Columns, OpList
 from simulator.schedule import COMPUTE_KINDS, Op, Schedule
 
 __all__ = ["Record", "SimResult", "load_compiled", "simulate"]
 
 _new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
 _NBYTES = itemgetter(6)  # Op.nbytes
-_KIND_INDEX = KIND_INDEX
 _SENDS = frozenset({"send"})
 _COLUMNS = ("match", "path", "wrow", "hrow", "coll", "pending", "dur", "not_before", "floor", "nbytes", "rate_cap",
             "kids", "first_kid", "prog", "roots")  # per-op columns only the compiled loop reads
 CALLBACKS_PER_CALL = 200_000  # the compiled loop returns to Python this often (tens of milliseconds)
-_COST = COST
 
 
 class Record(NamedTuple):
@@ -185,7 +185,7 @@ class _Run:
             raise ValueError(f"a schedule of {n} ops: the engine takes fewer than 2^31")
         cols = ops.columns()
         # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
-        # they were appended): built by numpy, 8 bytes per edge instead of a list per op
+        # they were appended): a counting sort of the edges (simulator.colpass)
         counts, parents = cols.dep_count, cols.parents
         self.kids, self.first_kid = dependents(counts, parents)
         self.pending = counts  # int32, counted down by the loop
