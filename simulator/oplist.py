@@ -23,7 +23,8 @@ import numpy as np
 from simulator.colpass import fill_transfers
 from simulator.op import OP_KINDS, Op
 
-__all__ = ["COST", "KIND_INDEX", "Columns", "ComputeBlock", "Indexed", "OpList", "TransferBlock", "csr", "indexed"]
+__all__ = ["COST", "KIND_INDEX", "Columns", "ComputeBlock", "Indexed", "OpBlock", "OpList", "TransferBlock", "csr",
+           "indexed"]
 
 _new = tuple.__new__
 KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
@@ -242,7 +243,129 @@ class TransferBlock:
                 else np.zeros(0, np.int64))
 
 
-Block = ComputeBlock | TransferBlock
+_DEFAULTS = {"name": "", **Op._field_defaults}  # a field an OpBlock does not give
+_OWN = frozenset({"id", "rank", "kind", "deps", "peer", "match"})  # OpBlock's own columns; the rest are its fields
+_ENGINE_FIELDS = ("flops", "nbytes", "dtype", "fused", "fn", "dims", "floor_s", "rate_cap", "coll", "not_before_s")
+
+
+def _values(value: Any, js: np.ndarray) -> Iterable[Any]:
+    """A field's values at offsets ``js``: a shared value repeated, an array's entries, an Indexed's table entries."""
+    if isinstance(value, Indexed):
+        return map(value.table.__getitem__, value.which[js].tolist())
+    if isinstance(value, np.ndarray):
+        return value[js].tolist()
+    return repeat(value, len(js))
+
+
+@dataclass(eq=False)
+class OpBlock:
+    """Ops of any kinds with consecutive ids from ``first``, a column per field: the k-th is a ``OP_KINDS[kind[k]]``
+    on ``rank[k]`` after ``dep_flat[dep_start[k]:dep_start[k + 1]]`` (earlier ops, of the block or before it); a send
+    or recv's other end is ``match[k]`` (an op of the block; -1 on other kinds), its peer that end's rank. Every other
+    :class:`~simulator.op.Op` field is in ``fields``: a value all the ops share, an array (one per op) or an
+    :class:`Indexed`; a field not given has its default. For builders whose steps interleave kinds (a tree's
+    pipeline: a send up, its recv, the parent's reduction, rank after rank), so that a block keeps their op order."""
+
+    first: int
+    kind: np.ndarray
+    rank: np.ndarray
+    dep_start: np.ndarray
+    dep_flat: np.ndarray
+    match: np.ndarray
+    fields: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def field(self, name: str, js: np.ndarray) -> list[Any]:
+        """Field ``name`` of the ops at offsets ``js``."""
+        if name == "id":
+            return (self.first + js).tolist()
+        if name == "rank":
+            return self.rank[js].tolist()
+        if name == "kind":
+            return list(map(OP_KINDS.__getitem__, self.kind[js].tolist()))
+        if name == "deps":
+            return _gather(self.dep_start, self.dep_flat, js)
+        if name in ("peer", "match"):
+            mate = self.match[js]
+            vals = (self.rank[np.maximum(mate - self.first, 0)] if name == "peer" else mate).tolist()
+            return [v if m >= 0 else None for v, m in zip(vals, mate.tolist(), strict=True)]
+        return list(_values(self.fields.get(name, _DEFAULTS[name]), js))
+
+    def take(self, js: np.ndarray) -> list[Op]:
+        """The block's ops at offsets ``js`` as tuples."""
+        return [_new(Op, t) for t in zip(*(self.field(name, js) for name in Op._fields), strict=True)]
+
+    def edges(self) -> int:
+        return len(self.dep_flat)
+
+    def fill(self, cols: Columns, at: int) -> None:
+        """Write the block's columns into ``cols`` (its deps from ``at`` in ``cols.parents``)."""
+        m = len(self)
+        ids = slice(self.first, self.first + m)
+        cols.kind[ids] = self.kind
+        cols.rank[ids] = self.rank
+        cols.match[ids] = self.match
+        cols.dep_count[ids] = np.diff(self.dep_start)
+        cols.parents[at:at + len(self.dep_flat)] = self.dep_flat
+        cols.not_before[ids] = np.fromiter(self.field("not_before_s", np.arange(m)), dtype=float, count=m)
+        sends = np.flatnonzero(self.kind == _SEND)
+        cols.nbytes[self.first + sends] = np.fromiter(self.field("nbytes", sends), dtype=float, count=len(sends))
+        cols.rate_cap[self.first + sends] = np.fromiter(self.field("rate_cap", sends), dtype=float, count=len(sends))
+        cols.coll[self.first + sends] = np.fromiter(map(bool, self.field("coll", sends)), dtype=bool,
+                                                    count=len(sends))
+        floored = np.flatnonzero((self.kind == _SEND) | (self.kind == KIND_INDEX["launch"]))
+        cols.floor[self.first + floored] = np.fromiter(self.field("floor_s", floored), dtype=float,
+                                                       count=len(floored))
+        comp = np.flatnonzero(self.kind <= _MERGE)
+        keys = cols.cost_keys
+        cost = np.full(m, -1, dtype=np.int64)
+        cost[comp] = np.fromiter(map(keys.setdefault, zip(*(self.field(f, comp) for f in _ENGINE_FIELDS[:6]),
+                                                          strict=True), _NextIndex(keys)),
+                                 dtype=np.int64, count=len(comp))
+        cols.cost[ids] = cost
+
+    def holders(self) -> np.ndarray:
+        js = np.arange(len(self))
+        held = [bool(a) or bool(f) for a, f in zip(self.field("alloc", js), self.field("free", js), strict=True)]
+        return self.first + np.flatnonzero(np.array(held, dtype=bool)) if held else np.zeros(0, np.int64)
+
+    def check(self) -> None:
+        """Refuse a block whose columns are not one entry per op, whose deps name a later op (or none), or whose
+        transfer ends do not name each other (its ranks are the schedule's to check)."""
+        m = len(self)
+        if not (len(self.kind) == len(self.match) == m and _csr_ok(self.dep_start, self.dep_flat, m)):
+            raise ValueError("a block's columns are not one entry per op (or its deps not CSR)")
+        for name, value in self.fields.items():
+            if name in _OWN or name not in _DEFAULTS:
+                raise ValueError(f"a block's field {name!r} is not one of Op's (or is a column of its own)")
+            per_op = value.which if isinstance(value, Indexed) else value if isinstance(value, np.ndarray) else None
+            if per_op is not None and len(per_op) != m:
+                raise ValueError(f"a block's field {name!r} does not have one entry per op")
+            if isinstance(value, Indexed) and m and (value.which.min() < 0 or value.which.max() >= len(value.table)):
+                raise ValueError(f"a block's field {name!r} indexes outside its table")
+        if not m:
+            return
+        if self.kind.max() >= len(OP_KINDS):
+            raise ValueError("a block's op of an unknown kind")
+        own = np.repeat(np.arange(self.first, self.first + m), np.diff(self.dep_start))
+        if len(self.dep_flat) and (self.dep_flat.min() < 0 or (self.dep_flat >= own).any()):
+            raise ValueError("a dependency does not name an earlier op")
+        ends = (self.kind == _SEND) | (self.kind == _RECV)
+        mate = self.match - self.first
+        if (self.match[~ends] != -1).any() or ((mate[ends] < 0) | (mate[ends] >= m)).any():
+            raise ValueError("a block's send or recv does not name its other end in the block")
+        k = np.flatnonzero(ends)
+        if (mate[mate[k]] != k).any() or (self.kind[mate[k]] == self.kind[k]).any() or (
+                self.rank[mate[k]] == self.rank[k]).any():
+            raise ValueError("a block's transfer ends do not name each other (a send and a recv on two ranks)")
+        sends = np.flatnonzero(self.kind == _SEND)
+        if len(sends) and min(self.field("nbytes", sends)) < 0:
+            raise ValueError("a block's transfer of negative size")
+
+
+Block = ComputeBlock | TransferBlock | OpBlock
 
 
 def _list_fill(ops: list[Op], first: int, cols: Columns, at: int, deps_of: list[tuple[int, ...]]) -> None:
@@ -336,7 +459,10 @@ class OpList(Sequence[Op]):
         bounds, as the engine's compiled passes read them unchecked)."""
         if block.first != self._n:
             raise ValueError(f"a block of ops from id {block.first}, where the next id is {self._n}")
-        if isinstance(block, ComputeBlock):
+        if isinstance(block, OpBlock):
+            block.check()  # its columns, deps and ends (Schedule.add_ops checks its ranks)
+            m, shaped, spans = len(block), True, []
+        elif isinstance(block, ComputeBlock):
             m = len(block.rank)
             shaped = len(block.which) == m and (block.alloc_which is None or len(block.alloc_which) == m)
             spans = [(block.dep_start, block.dep_flat)]

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from simulator.op import COMPUTE_KINDS, OP_KINDS, STREAMED, Op
-from simulator.oplist import ComputeBlock, Indexed, OpList, TransferBlock, csr, indexed
+from simulator.oplist import ComputeBlock, Indexed, OpBlock, OpList, TransferBlock, csr, indexed
 
 __all__ = ["COMPUTE_KINDS", "OP_KINDS", "STREAMED", "Op", "Schedule", "compute_op", "fused_reduce_op", "transfer_ops"]
 
@@ -282,6 +282,27 @@ class Schedule:
         self.ops.add_block(ComputeBlock(first, r, picks, table, starts, flat, dtype, fn, out, args, allocs, fused,
                                         alloc_which))
         return first
+
+    def add_ops(self, kind: np.ndarray, rank: np.ndarray,
+                deps: tuple[np.ndarray, np.ndarray] | Sequence[tuple[int, ...]] | np.ndarray, match: np.ndarray,
+                **fields: Any) -> int:
+        """Many ops of any kinds at once, in the order given (a step whose kinds interleave: a tree's send up, its
+        receive, the parent's reduction, rank after rank); returns the first op's id (the k-th is ``first + k``).
+
+        ``kind``: indexes into :data:`OP_KINDS`; ``deps``: CSR ``(starts, flat)``, tuples, or an (m, k) array padded
+        with -1, each naming earlier ops (of this call too); ``match``: a send's or recv's other end (an op of this
+        call), -1 on the other kinds. Every other :class:`Op` field by keyword: one value for all, an array (one
+        per op) or an :class:`~simulator.oplist.Indexed` (one of a table per op); the rest keep their defaults. Held
+        as one block of columns (:class:`~simulator.oplist.OpBlock`), checked before it is appended."""
+        starts, flat = deps if isinstance(deps, tuple) else csr(deps)
+        block = OpBlock(len(self.ops), np.asarray(kind, dtype=np.uint8), np.asarray(rank, dtype=np.int64),
+                        np.asarray(starts, dtype=np.int64), np.asarray(flat, dtype=np.int64),
+                        np.asarray(match, dtype=np.int64), fields)
+        r = block.rank
+        if len(r) and (r.min() < 0 or r.max() >= self.ranks):
+            raise ValueError(f"rank {int(r[(r < 0) | (r >= self.ranks)][0])} out of range 0..{self.ranks - 1}")
+        self.ops.add_block(block)  # checks the rest (OpBlock.check)
+        return block.first
 
     def extend(self, ops: Sequence[Op]) -> None:
         """Append ops built whole (:func:`transfer_ops`, :func:`fused_reduce_op`): their ids must follow on, their

@@ -32,8 +32,10 @@ def schedules(draw: st.DrawFn) -> Schedule:
         width = draw(st.integers(1, 5))
         src = draw(st.lists(st.integers(0, RANKS - 1), min_size=width, max_size=width))
         deps = [tuple(draw(st.lists(dep, max_size=2))) if n else () for _ in range(width)]
-        what = draw(st.sampled_from(["transfers", "step", "padded", "one", "launch", "merge"]))
-        if what == "transfers":
+        what = draw(st.sampled_from(["transfers", "step", "padded", "one", "launch", "merge", "mixed"]))
+        if what == "mixed":
+            _mixed(draw, sched, src, deps)
+        elif what == "transfers":
             dst = [(s + draw(st.integers(1, RANKS - 1))) % RANKS for s in src]
             sched.add_transfers(src, dst, [float(draw(st.integers(0, 10**8))) for _ in src],
                                 [f"t{d}" for d in dst], deps, deps[::-1], args=("a",), dst_args=("b",),
@@ -63,6 +65,47 @@ def schedules(draw: st.DrawFn) -> Schedule:
         else:
             sched.add_compute(src[0], "m", kind="merge", flops=1e3, nbytes=4e3, deps=deps[0])
     return sched
+
+
+def _mixed(draw: st.DrawFn, sched: Schedule, src: list[int], deps: list[tuple[int, ...]]) -> None:
+    """An OpBlock (``add_ops``): per entry a transfer (send, recv) or a compute op, interleaved, each op after
+    earlier ops of the schedule or of the block; every other field shared, an array or an Indexed."""
+    first = len(sched.ops)
+    kind, rank, match, op_deps = [], [], [], []
+    for s, d in zip(src, deps, strict=True):
+        inside = st.integers(first, first + len(kind) - 1) if kind else st.nothing()
+        own = tuple(draw(st.lists(inside, max_size=2))) if kind else ()
+        if draw(st.booleans()):
+            k = len(kind)
+            kind += [2, 3]
+            rank += [s, (s + draw(st.integers(1, RANKS - 1))) % RANKS]
+            match += [first + k + 1, first + k]
+            op_deps += [d + own, own]
+        else:
+            kind.append(draw(st.sampled_from([0, 1])))
+            rank.append(s)
+            match.append(-1)
+            op_deps.append(own + d)
+    m = len(kind)
+    ints = st.lists(st.integers(0, 2), min_size=m, max_size=m)
+
+    def field(shared: object, table: list[object], per_op: list[float] | None = None) -> object:
+        how = draw(st.sampled_from(["shared", "indexed", "array"] if per_op is not None else ["shared", "indexed"]))
+        if how == "shared":
+            return shared
+        if how == "array":
+            return np.array(per_op)
+        return Indexed(table, np.array(draw(ints)))
+
+    sizes = [float(draw(st.integers(0, 10**8))) for _ in range(m)]
+    sched.add_ops(np.array(kind), np.array(rank), op_deps, np.array(match), name=field("x", ["x", "y", "z"]),
+                  nbytes=field(1e6, [0.0, 1e3, 2e6], sizes), flops=field(0.0, [0.0, 1e6, 3e6], sizes),
+                  dtype=field("bf16", ["fp32", "bf16", "fp64"]), floor_s=field(-1.0, [0.0, -1.0, 3e-6], sizes),
+                  rate_cap=field(0.0, [0.0, 1e9, 2e9]), coll=field("c", ["", "c", "d"]),
+                  args=field(("a",), [(), ("a",), ("b", "c")]), alloc=field((), [(), (("t", 8.0),), ()]),
+                  free=field((), [(), ("t",), ()]), fused=field(True, [False, True, False]),
+                  into=np.array(draw(st.lists(st.booleans(), min_size=m, max_size=m))), lo=3, hi=field(9, [9, -1, 4]),
+                  dims=field((), [(), (64.0,), (128.0, 2.0)]), not_before_s=field(0.0, [0.0, 1e-5, 0.0]))
 
 
 def _tuples(sched: Schedule) -> Schedule:
@@ -153,6 +196,39 @@ def test_indexes_and_blocks_are_checked_before_anything_is_added() -> None:
     with pytest.raises(TypeError, match="one at a time"):
         sched.ops[0:1] = []  # type: ignore[index,assignment]
     assert len(sched.ops) == n
+
+
+def test_a_block_of_any_kinds_is_checked_before_anything_is_added() -> None:
+    sched = Schedule(3)
+    sched.add_compute(0, "a")
+    send, recv, comp = (np.uint8(k) for k in (2, 3, 0))
+    ok = {"kind": np.array([send, recv, comp]), "rank": np.array([0, 1, 1]), "deps": [(0,), (), (2,)],
+          "match": np.array([2, 1, -1])}
+    cases = [({"deps": [(0,), (), (3,)]}, "does not name an earlier op"),
+             ({"deps": [(0,), (), (-1,)]}, "does not name an earlier op"),
+             ({"rank": np.array([0, 3, 1])}, "rank 3 out of range 0..2"),
+             ({"rank": np.array([1, 1, 1])}, "do not name each other"),
+             ({"match": np.array([1, 1, -1])}, "do not name each other"),
+             ({"match": np.array([2, 1, 1])}, "does not name its other end in the block"),
+             ({"match": np.array([2, 5, -1])}, "does not name its other end in the block"),
+             ({"kind": np.array([send, send, comp])}, "do not name each other"),
+             ({"kind": np.array([send, recv, 9])}, "unknown kind"),
+             ({"match": np.array([2, 1])}, "one entry per op")]
+    for change, message in cases:
+        args = {**ok, **change}
+        with pytest.raises(ValueError, match=message):
+            sched.add_ops(args["kind"], args["rank"], args["deps"], args["match"])
+    for fields, message in [({"peer": 3}, "'peer' is not one of Op's"), ({"colour": 1}, "'colour' is not one of"),
+                            ({"nbytes": np.ones(2)}, "'nbytes' does not have one entry per op"),
+                            ({"name": Indexed(["x"], np.array([0, 1, 0]))}, "'name' indexes outside its table"),
+                            ({"nbytes": np.array([-1.0, -1.0, 0.0])}, "negative size")]:
+        with pytest.raises(ValueError, match=message):
+            sched.add_ops(ok["kind"], ok["rank"], ok["deps"], ok["match"], **fields)
+    assert len(sched.ops) == 1
+    first = sched.add_ops(ok["kind"], ok["rank"], ok["deps"], ok["match"], name="t", nbytes=8.0)
+    assert first == 1
+    assert [(op.kind, op.rank, op.peer, op.match, op.deps) for op in sched.ops[1:]] == [
+        ("send", 0, 1, 2, (0,)), ("recv", 1, 0, 1, ()), ("compute", 1, None, None, (2,))]
 
 
 @pytest.mark.parametrize(("algo", "nodes"), [("ring", 2), ({"name": "ring", "overlap": False}, 2), ("tree", 4)])

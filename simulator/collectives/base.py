@@ -13,6 +13,8 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from simulator.schedule import Schedule
 
 __all__ = ["REDUCE_OPS", "CollBuilder", "chunk_bounds", "rotated_to"]
@@ -60,6 +62,10 @@ class CollBuilder:
     slice_bytes: float = 512 * 1024  # NCCL's step of payload (the protocol's, collectives.protocols.step_payload)
     grain: float | None = None  # payload bytes a rank passes on at a time inside a server (protocols.forward_grain)
     crosses: Callable[[int, int], bool] | None = None  # whether a connection from rank a to b leaves the server
+    # over arrays of ranks a and b, whether each connection leaves the server (what hop_s and crosses read), and
+    # hop_s's two values (inside a server, across): for builders that take a whole tree's connections at once
+    net_of: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+    hop_pair: tuple[float, float] = (0.0, 0.0)
 
     def view(self, lo: int, hi: int) -> CollBuilder:
         """A builder over elements ``lo:hi`` of this one's range that shares its frontier (one channel, one chunk)."""

@@ -25,8 +25,10 @@ Algorithms per operation (NCCL's, ``src/graph/tuning.cc``):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.caps import fabric_cap
@@ -80,6 +82,7 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
     hop = {hw: hop_latency(family, choice.protocol, hw, table) for hw in (fabric.intra, "net")}
     hosts = fabric.hosts
     b.hop_s = lambda a, c: hop[fabric.hw(a, c) if max(a, c) < len(hosts) else fabric.intra]
+    b.net_of, b.hop_pair = _net_of(hosts), (hop[fabric.intra], hop["net"])
     if choice.algo == "nvls":
         if switch_rank is None or not (fabric.nvls and fabric.nodes == 1):
             raise InputError("nvls needs one NVSwitch server with NVLink SHARP (H100, H200), the switch as a rank")
@@ -109,6 +112,19 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
     b.front.clear()
     b.front.update({r: ends[r] or start[r] for r in ranks})
     return b.front
+
+
+def _net_of(hosts: Sequence[int]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """Over arrays of ranks, whether each connection a -> b leaves the server (``fabric.hw`` is ``net``; a rank
+    beyond the GPUs, a switch, is inside): ``hop_s`` and ``crosses`` for many connections at once."""
+    host = np.asarray(hosts, dtype=np.int64)
+    last = len(host) - 1
+
+    def net(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        inside = np.maximum(a, b) <= last
+        return inside & (host[np.minimum(a, last)] != host[np.minimum(b, last)])
+
+    return net
 
 
 def _channel(b: CollBuilder, operation: str, algo: str, ring: list[int], fabric: Fabric, c: int,

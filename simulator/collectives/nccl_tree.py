@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, TypeVar
 
 import numpy as np
@@ -49,11 +50,13 @@ from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.protocols import step_payload
 from simulator.collectives.steps import chunk_steps, first_steps, grain_steps, parts
-from simulator.schedule import STREAMED, Op, compute_op, transfer_ops
+from simulator.oplist import KIND_INDEX, Indexed
+from simulator.schedule import STREAMED, Schedule
 
 __all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
            "pipeline_time_arrays", "pipeline_time_lists", "tree_allreduce", "tree_chunks", "tree_step"]
 
+_SEND, _RECV, _COMPUTE = KIND_INDEX["send"], KIND_INDEX["recv"], KIND_INDEX["compute"]
 TREE_CHUNKS = 16  # a channel's chunks at most (its trees share them): op groups, not NCCL's steps (see .steps)
 
 
@@ -186,116 +189,281 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
     previous send up, its parent's reduction after the receive, sends down once the rank holds the part. A first
     part also waits for its connection's previous chunk; a middle part waits only for its own first part (each
     op of it after the same op of the first part); a last part also waits for the same op of the middle (or first)
-    part, and carries the chunk's data (buffers, reductions). Built whole and appended at once
-    (:meth:`Schedule.extend`)."""
+    part, and carries the chunk's data (buffers, reductions).
+
+    Op order, part after part: up, rank after rank from the bottom (the tree's order reversed), a rank's send to its
+    parent, its receive and (not in a middle part) the parent's reduction of it; in a middle part then each rank's
+    reductions of all its children's steps, as one op; then down, child after child in the tree's order, the
+    parent's send and the child's receive. Built over arrays of the tree's positions (:class:`_Positions`), a part
+    at a time, and appended as one block (:meth:`Schedule.add_ops`)."""
     sched, size = b.sched, b.elem_bytes * b.wire
     cap = float(b.cap * b.wire / (2 * trees))  # a direction: half of a tree's threads; the trees share the channel's
-    up_last: dict[int, int] = {}  # rank -> its last send up (the previous chunk's)
-    down_last: dict[int, int] = {}  # child -> its parent's last send to it
-    got: dict[int, int] = {}  # rank -> its receive of the final chunk
-    red_end: dict[int, tuple[int, ...]] = {}  # rank -> the end of its reductions of the previous part
-    bottom_up = tree.order[::-1]
-    parent, children, hop_s, tag, args = tree.parent, tree.children, b.hop_s, b.tag, (b.buf,)
-    crosses = b.crosses if head > 1 else None  # a network connection's first op holds ``head`` steps
-    red_name, red_fn, dtype, buf, elem = f"{b.tag}.reduce", f"reduce-{b.op}", b.dtype, b.buf, b.elem_bytes
-    ops: list[Op] = []
-    add = ops.append
+    t = _Positions.of(tree, start, b, head > 1)
+    n = t.n
+    up_last, down_last, got, red_end = (np.full(n, -1, np.int64) for _ in range(4))
+    out = _Columns(b.tag, f"{b.tag}.reduce", b.dtype, f"reduce-{b.op}", b.buf, (b.buf,))
     nid = len(sched.ops)
     for k, (a, z, g) in enumerate(chunk_steps(hi - lo, steps, chunks)):
         if z == a:
             continue
         clo, chi = b.offset + lo + a, b.offset + lo + z
-        before: dict[tuple[str, int], int] = {}  # the previous part's op per stage: (what, rank) -> op id
         held = parts(g, head)  # a network connection's parts, where it holds back a step
+        mine: tuple[np.ndarray, ...] = ()  # the previous part's ops by position: send up, its recv, send down, recv
         for i, part in enumerate(parts(g)):
             share = part.steps / g
             nbytes = float((chi - clo) * size * share)
             net_bytes = float((chi - clo) * size * (held[i].steps / g))
-            flops, red_bytes = float((chi - clo) * share), float(3.0 * (chi - clo) * elem * share)
-            data, middle = part.last, part.middle
-            sargs: tuple[str, ...] = args if data else ()
-            rfn, rout = (red_fn, buf) if data else ("", "")
-            mine: dict[tuple[str, int], int] = {}
-            acc: dict[int, tuple[int, ...]] = {}  # rank -> ops after which it holds its subtree's sum of the part
-            sent: dict[int, int] = {}
-            part_got: dict[int, int] = {}
-            for r in bottom_up:
-                q = parent.get(r)
-                if q is None:
-                    continue
-                if middle:
-                    send_deps: tuple[int, ...] = (before["up", r],)
-                    recv_deps: tuple[int, ...] = (before["upr", r],)
-                    floor = STREAMED
-                else:
-                    prev = (before["up", r],) if part.last and before else ((up_last[r],) if r in up_last else ())
-                    send_deps, recv_deps = (*acc.get(r, start[r]), *prev), start[q]
-                    if part.last and before:
-                        recv_deps = (*recv_deps, before["upr", r])
-                    floor = (hop_s(r, q) if hop_s is not None else 0.0) if k == 0 and part.first else STREAMED
-                tmp = (f"{tag}.tmp{clo}.{r}",) if data else ()
-                size_rq = net_bytes if crosses is not None and crosses(r, q) else nbytes
-                send, recv = transfer_ops(nid, r, q, size_rq, tag, send_deps, recv_deps, sargs, tmp, clo, chi, tag,
-                                          False, floor, cap)
-                add(send)
-                add(recv)
-                mine["up", r], mine["upr", r] = nid, nid + 1
-                sent[r] = nid
-                nid += 2
-                if not middle:  # q's reductions of the part, one child after the other, after its previous part's
-                    deps = acc.get(q) or (*start[q], *red_end.get(q, ()))
-                    add(compute_op(nid, q, red_name, flops, red_bytes, dtype, (nid - 1, *deps), rfn, rout, tmp, clo,
-                                   chi, tag, fused=True))
-                    acc[q] = (nid,)
-                    nid += 1
-            if middle:  # a rank's reductions of the middle steps, all its children's, as one op after its first's
-                for q in bottom_up:
-                    kids = len(children[q])
-                    if kids:
-                        add(compute_op(nid, q, red_name, flops * kids, red_bytes * kids, dtype, red_end[q], "", "", (),
-                                       clo, chi, tag, fused=True))
-                        red_end[q] = (nid,)
-                        nid += 1
+            flops, red_bytes = float((chi - clo) * share), float(3.0 * (chi - clo) * b.elem_bytes * share)
+            up_size = np.where(t.cross_up, net_bytes, nbytes) if t.cross_up is not None else nbytes
+            down_size = np.where(t.cross_down, net_bytes, nbytes) if t.cross_down is not None else nbytes
+            first_hop = k == 0 and part.first
+            after = mine if part.last and mine else ()  # a last part after its chunk's earlier one
+            if part.middle:
+                mine = _middle(t, out, nid, mine, red_end, up_size, down_size, flops, red_bytes, cap, clo, chi)
             else:
-                red_end.update(acc)
-            for r in tree.order:
-                have = () if middle else acc[tree.root] if r == tree.root else (part_got[r],)
-                for ch in children[r]:
-                    if middle:
-                        send_deps, recv_deps = (before["down", ch],), (before["downr", ch],)
-                        floor = STREAMED
-                    else:
-                        if part.last and before:
-                            send_deps = (*have, before["down", ch])
-                            recv_deps = (sent[ch], before["downr", ch])
-                        else:
-                            send_deps = (*have, down_last[ch]) if ch in down_last else have
-                            recv_deps = (sent[ch],)
-                        floor = (hop_s(r, ch) if hop_s is not None else 0.0) if k == 0 and part.first else STREAMED
-                    size_rc = net_bytes if crosses is not None and crosses(r, ch) else nbytes
-                    send, recv = transfer_ops(nid, r, ch, size_rc, tag, send_deps, recv_deps, sargs, sargs, clo, chi,
-                                              tag, True, floor, cap)
-                    add(send)
-                    add(recv)
-                    mine["down", ch], mine["downr", ch] = nid, nid + 1
-                    part_got[ch] = nid + 1
-                    nid += 2
-            before = mine
-        for key, oid in before.items():  # the chunk's last part
-            if key[0] == "up":
-                up_last[key[1]] = oid
-            elif key[0] == "down":
-                down_last[key[1]] = oid
-            elif key[0] == "downr":
-                got[key[1]] = oid
-    sched.extend(ops)
+                mine = _edge(t, out, nid, after, up_last, down_last, red_end, up_size, down_size, flops, red_bytes,
+                             cap, clo, chi, first_hop, part.last)
+            nid = out.end
+        up_last, down_last, got = mine[0], mine[2], mine[3]
+    if out.parts:
+        out.append_to(sched)
     last: dict[int, list[int]] = {r: [] for r in tree.order}
-    for r, snd in up_last.items():
-        last[r].append(snd)
-    for ch, snd in down_last.items():
-        last[tree.parent[ch]].append(snd)
-        last[ch].append(got[ch])
+    ids = up_last.tolist(), down_last.tolist(), got.tolist()
+    for p in range(1, n):  # as the pipeline's ends were listed: every send up, then down the tree, send and recv
+        if ids[0][p] >= 0:
+            last[tree.order[p]].append(ids[0][p])
+    for p in range(1, n):
+        if ids[1][p] >= 0:
+            last[tree.order[int(t.par[p])]].append(ids[1][p])
+            last[tree.order[p]].append(ids[2][p])
     return last
+
+
+@dataclass(frozen=True)
+class _Positions:
+    """A tree's ranks by position (its order: top-down, every rank's children next to each other, in its order)."""
+
+    n: int
+    rank: np.ndarray  # the rank at each position
+    par: np.ndarray  # the parent's position (-1 at the root, position 0)
+    kids: np.ndarray  # children at each position
+    first_child: np.ndarray  # the first child's position (-1: none)
+    start: np.ndarray  # (n, w): each rank's ops to start after, padded with -1
+    cross_up: np.ndarray | None  # position p's connection to its parent leaves the server (None: no head held)
+    cross_down: np.ndarray | None  # ... from its parent
+    hop_up: np.ndarray  # the protocol's per-hop latency to the parent (position 0's: 0)
+    hop_down: np.ndarray  # ... from the parent
+
+    @classmethod
+    def of(cls, tree: Tree, start: Mapping[int, tuple[int, ...]], b: CollBuilder, held: bool) -> _Positions:
+        """``tree``'s positions; ``start``: each rank's ops to start after; ``b``'s ``hop_s`` gives the hops'
+        latencies and, where a connection holds back steps (``held``), ``crosses`` which leave the server (over
+        arrays by ``b.net_of`` where the builder has it)."""
+        order = tree.order
+        n = len(order)
+        pos = {r: i for i, r in enumerate(order)}
+        par = np.array([-1, *(pos[tree.parent[r]] for r in order[1:])], dtype=np.int64)
+        if n > 2 and (np.diff(par[1:]) < 0).any():
+            raise ValueError("a tree's order must list every rank's children together, parents first")
+        kids = np.bincount(par[1:], minlength=n)
+        first_child = np.where(kids > 0, np.searchsorted(par[1:], np.arange(n), side="left") + 1, -1)
+        lens = np.fromiter(map(len, map(start.__getitem__, order)), dtype=np.int64, count=n)
+        pad = np.full((n, max(1, int(lens.max()))), -1, dtype=np.int64)
+        flat = np.fromiter(chain.from_iterable(map(start.__getitem__, order)), dtype=np.int64, count=int(lens.sum()))
+        offsets = np.cumsum(lens) - lens
+        pad[np.repeat(np.arange(n), lens), np.arange(len(flat)) - np.repeat(offsets, lens)] = flat
+        rank = np.array(order, dtype=np.int64)
+        kid, parent = rank[1:], rank[par[1:]]
+        if b.net_of is not None and b.hop_s is not None:
+            net_up, net_down = b.net_of(kid, parent), b.net_of(parent, kid)
+            hop_up, hop_down = (np.where(net, b.hop_pair[1], b.hop_pair[0]) for net in (net_up, net_down))
+        else:
+            edges = list(zip(kid.tolist(), parent.tolist(), strict=True))
+            net_up = np.array([bool(b.crosses and b.crosses(r, q)) for r, q in edges], dtype=bool)
+            net_down = np.array([bool(b.crosses and b.crosses(q, r)) for r, q in edges], dtype=bool)
+            hop_up = np.array([b.hop_s(r, q) if b.hop_s is not None else 0.0 for r, q in edges])
+            hop_down = np.array([b.hop_s(q, r) if b.hop_s is not None else 0.0 for r, q in edges])
+        crosses = held and b.crosses is not None
+        return cls(n, rank, par, kids, first_child, pad, np.concatenate([[False], net_up]) if crosses else None,
+                   np.concatenate([[False], net_down]) if crosses else None, np.concatenate([[0.0], hop_up]),
+                   np.concatenate([[0.0], hop_down]))
+
+
+class _Columns:
+    """A tree pipeline's ops as columns, a part at a time; :meth:`append_to` adds them as one block."""
+
+    def __init__(self, tag: str, red_name: str, dtype: str, red_fn: str, buf: str, data_args: tuple[str, ...]) -> None:
+        self.tag, self.red_name, self.dtype, self.red_fn, self.buf = tag, red_name, dtype, red_fn, buf
+        self.args_table: list[tuple[str, ...]] = [(), data_args]  # per op an index: 0 none, 1 the buffer, 2.. tmps
+        self.parts: list[dict[str, np.ndarray]] = []
+        self.deps: list[tuple[np.ndarray, np.ndarray]] = []  # per part: (counts, flat)
+        self.end = 0
+
+    def tmps(self, ranks: np.ndarray, clo: int) -> int:
+        """Transport buffers of a chunk's data part, one per rank (``tag.tmp<lo>.<rank>``): their first index."""
+        first = len(self.args_table)
+        self.args_table += [(f"{self.tag}.tmp{clo}.{r}",) for r in ranks.tolist()]
+        return first
+
+    def add(self, first: int, deps: np.ndarray, **cols: np.ndarray) -> None:
+        """One part's ops from id ``first``: its deps an (m, k) array padded with -1, the columns as ``add_ops``'s
+        (``comp``: compute ops, ``data``: ones that carry the chunk's reduction)."""
+        given = deps >= 0
+        self.deps.append((given.sum(axis=1), deps[given]))
+        self.parts.append(cols)
+        self.end = first + len(cols["kind"])
+
+    def append_to(self, sched: Schedule) -> None:
+        col = {name: np.concatenate([p[name] for p in self.parts]) for name in self.parts[0]}
+        counts = np.concatenate([c for c, _ in self.deps])
+        starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        comp = col.pop("comp").astype(np.int64)
+        data = col.pop("data").astype(np.int64)
+        sched.add_ops(col.pop("kind"), col.pop("rank"), (starts, np.concatenate([f for _, f in self.deps])),
+                      col.pop("match"), name=Indexed([self.tag, self.red_name], comp),
+                      dtype=Indexed(["fp32", self.dtype], comp), fn=Indexed(["", self.red_fn], data),
+                      out=Indexed(["", self.buf], data), args=Indexed(self.args_table, col.pop("args")),
+                      fused=comp.astype(bool), coll=self.tag, **col)
+
+
+def _padded(*cols: np.ndarray) -> np.ndarray:
+    """Columns of ids (each (m,) or (m, k)) side by side."""
+    return np.hstack([c[:, None] if c.ndim == 1 else c for c in cols])
+
+
+def _interleave(*mats: np.ndarray) -> np.ndarray:
+    """Rows of the (m, k_i) matrices interleaved (row 0 of each, then row 1 of each, ...), padded with -1."""
+    width = max(m.shape[1] for m in mats)
+    full = [np.pad(m, ((0, 0), (0, width - m.shape[1])), constant_values=-1) for m in mats]
+    return np.stack(full, axis=1).reshape(-1, width)
+
+
+def _edge(t: _Positions, out: _Columns, base: int, after: tuple[np.ndarray, ...], up_last: np.ndarray,
+          down_last: np.ndarray, red_end: np.ndarray, up_size: Any, down_size: Any, flops: float, red_bytes: float,
+          cap: float, clo: int, chi: int, first_hop: bool, data: bool) -> tuple[np.ndarray, ...]:
+    """A chunk's first or last part (``data``: its last, which carries the chunk's data; ``after``: the chunk's
+    previous part's ops, empty for a first part): up, a send, its recv and the parent's reduction per rank; down, a
+    send and a recv per child. Returns the part's ops by position (send up, its recv, send down, its recv)."""
+    n, par, kids, m = t.n, t.par, t.kids, t.n - 1
+    pos = np.arange(n - 1, 0, -1)  # the up phase's ranks (bottom-up)
+    q = par[pos]
+    send = base + 3 * np.arange(m)
+    red_of = base + 3 * (n - 1 - t.first_child) + 2  # a rank's last reduction: its first child's (the last up)
+    acc = t.start[pos].copy()
+    mid = kids[pos] > 0
+    acc[mid] = -1
+    acc[mid, 0] = red_of[pos[mid]]
+    none = np.full(m, -1, np.int64)
+    prev = after[0][pos] if after else up_last[pos]
+    send_deps = _padded(acc, prev)
+    recv_deps = _padded(t.start[q], after[1][pos] if after else none)
+    sib = np.zeros(m, dtype=bool)  # the previous rank up is a sibling: the reduction follows its
+    sib[1:] = par[pos[1:] + 1] == q[1:]
+    red_deps = _padded(t.start[q], red_end[q])
+    red_deps[sib] = -1
+    red_deps[sib, 0] = send[:-1][sib[1:]] + 2
+    red_deps = _padded(send + 1, red_deps)
+    tmp = np.zeros(m, np.int64) if not data else out.tmps(t.rank[pos], clo) + np.arange(m)
+    floor = t.hop_up[pos] if first_hop else np.full(m, STREAMED)
+    size = up_size[pos] if isinstance(up_size, np.ndarray) else np.full(m, up_size)
+    zeros = np.zeros(m)
+    up = {"kind": _cycle((_SEND, _RECV, _COMPUTE), m, np.uint8), "rank": _stack(t.rank[pos], t.rank[q], t.rank[q]),
+          "match": _stack(send + 1, send, none), "nbytes": _stack(size, size, np.full(m, red_bytes)),
+          "flops": _stack(zeros, zeros, np.full(m, flops)), "floor_s": _stack(floor, zeros, zeros),
+          "rate_cap": _stack(np.full(m, cap), zeros, zeros), "args": _stack(np.full(m, int(data)), tmp, tmp),
+          "into": np.zeros(3 * m, dtype=bool), "comp": _cycle((False, False, True), m, bool),
+          "data": _cycle((False, False, data), m, bool), "lo": np.full(3 * m, clo), "hi": np.full(3 * m, chi)}
+    out.add(base, _interleave(send_deps, recv_deps, red_deps), **up)
+    last_red = np.where(kids > 0, red_of, -1)
+    red_end[kids > 0] = last_red[kids > 0]
+    sent = np.full(n, -1, np.int64)
+    sent[pos] = send
+    up_ops = (sent, _by_pos(n, pos, send + 1))
+    return (*up_ops, *_down(t, out, base + 3 * m, up_ops, after, down_last, down_size, cap, clo, chi, first_hop,
+                            data, int(last_red[0])))
+
+
+def _middle(t: _Positions, out: _Columns, base: int, before: tuple[np.ndarray, ...], red_end: np.ndarray,
+            up_size: Any, down_size: Any, flops: float, red_bytes: float, cap: float, clo: int,
+            chi: int) -> tuple[np.ndarray, ...]:
+    """A chunk's middle part: up, a send and its recv per rank (bottom-up), each after the same op of the first
+    part; every rank's reductions of all its children's steps as one op (bottom-up), after its first part's; down,
+    a send and a recv per child (``STREAMED``: no fixed seconds). Returns the part's ops by position."""
+    n, m = t.n, t.n - 1
+    pos = np.arange(n - 1, 0, -1)
+    send = base + 2 * np.arange(m)
+    size = up_size[pos] if isinstance(up_size, np.ndarray) else np.full(m, up_size)
+    out.add(base, _interleave(before[0][pos][:, None], before[1][pos][:, None]), **_transfers(
+        t.rank[pos], t.rank[t.par[pos]], send, size, np.full(m, STREAMED), cap, 0, False, clo, chi))
+    qs = np.flatnonzero(t.kids > 0)[::-1]  # bottom-up
+    reds = out.end + np.arange(len(qs))
+    kq, r = t.kids[qs], len(qs)
+    out.add(out.end, red_end[qs][:, None], kind=np.full(r, _COMPUTE, np.uint8), rank=t.rank[qs],
+            match=np.full(r, -1, np.int64), nbytes=red_bytes * kq, flops=flops * kq, floor_s=np.zeros(r),
+            rate_cap=np.zeros(r), args=np.zeros(r, np.int64), into=np.zeros(r, dtype=bool),
+            comp=np.ones(r, dtype=bool), data=np.zeros(r, dtype=bool), lo=np.full(r, clo), hi=np.full(r, chi))
+    red_end[qs] = reds
+    up_ops = (_by_pos(n, pos, send), _by_pos(n, pos, send + 1))
+    return (*up_ops, *_down(t, out, out.end, up_ops, before, None, down_size, cap, clo, chi, False, False, None))
+
+
+def _down(t: _Positions, out: _Columns, base: int, up_ops: tuple[np.ndarray, ...], after: tuple[np.ndarray, ...],
+          down_last: np.ndarray | None, down_size: Any, cap: float, clo: int, chi: int, first_hop: bool, data: bool,
+          have_root: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """A part's down phase, child after child in the tree's order: the parent's send once it holds the part (the
+    root: its last reduction ``have_root``; another rank: its receive of this part) and the child's receive after
+    its own send up. ``have_root`` None: a middle part, each op after the same op of ``after`` (the first part's).
+    Returns the part's sends and receives down by position (the child's)."""
+    n, m = t.n, t.n - 1
+    ch = np.arange(1, n)
+    par = t.par[ch]
+    send = base + 2 * np.arange(m)
+    if have_root is None:
+        send_deps, recv_deps = after[2][ch][:, None], after[3][ch][:, None]
+        floor = np.full(m, STREAMED)
+    else:
+        have = np.where(par == 0, have_root, base + 2 * (par - 1) + 1)
+        if after:
+            send_deps, recv_deps = _padded(have, after[2][ch]), _padded(up_ops[0][ch], after[3][ch])
+        else:
+            assert down_last is not None
+            send_deps, recv_deps = _padded(have, down_last[ch]), up_ops[0][ch][:, None]
+        floor = t.hop_down[ch] if first_hop else np.full(m, STREAMED)
+    size = down_size[ch] if isinstance(down_size, np.ndarray) else np.full(m, down_size)
+    out.add(base, _interleave(send_deps, recv_deps), **_transfers(t.rank[par], t.rank[ch], send, size, floor, cap,
+                                                                   int(data), True, clo, chi))
+    return _by_pos(n, ch, send), _by_pos(n, ch, send + 1)
+
+
+def _transfers(src: np.ndarray, dst: np.ndarray, send: np.ndarray, size: np.ndarray, floor: np.ndarray, cap: float,
+               args: int, into: bool, clo: int, chi: int) -> dict[str, np.ndarray]:
+    """Columns of transfers (send, then recv, each), sends from id ``send[k]``, both ends reading / writing the
+    buffers of ``args`` (an index into the args table), the recv ``into`` them or not."""
+    m = len(src)
+    zeros = np.zeros(m)
+    return {"kind": _cycle((_SEND, _RECV), m, np.uint8), "rank": _stack(src, dst), "match": _stack(send + 1, send),
+            "nbytes": _stack(size, size), "flops": np.zeros(2 * m), "floor_s": _stack(floor, zeros),
+            "rate_cap": _stack(np.full(m, cap), zeros), "args": np.full(2 * m, args, np.int64),
+            "into": _cycle((False, into), m, bool), "comp": np.zeros(2 * m, dtype=bool),
+            "data": np.zeros(2 * m, dtype=bool), "lo": np.full(2 * m, clo), "hi": np.full(2 * m, chi)}
+
+
+def _cycle(values: tuple[Any, ...], m: int, dtype: Any) -> np.ndarray:
+    """``values`` repeated ``m`` times, one after the other."""
+    return np.tile(np.array(values, dtype=dtype), m)
+
+
+def _stack(*cols: np.ndarray) -> np.ndarray:
+    """1-D columns interleaved (entry 0 of each, then entry 1 of each, ...)."""
+    return np.stack(cols, axis=1).reshape(-1)
+
+
+def _by_pos(n: int, pos: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Ids by tree position (-1 where none)."""
+    out = np.full(n, -1, np.int64)
+    out[pos] = ids
+    return out
 
 
 _T = TypeVar("_T", float, np.ndarray)
