@@ -293,6 +293,17 @@ class OpBlock:
             return [v if m >= 0 else None for v, m in zip(vals, mate.tolist(), strict=True)]
         return list(_values(self.fields.get(name, _DEFAULTS[name]), js))
 
+    def numbers(self, name: str, js: np.ndarray, dtype: type) -> np.ndarray:
+        """Field ``name`` of the ops at offsets ``js`` as an array of ``dtype`` (``bool``: whether each is set)."""
+        value = self.fields.get(name, _DEFAULTS[name])
+        if isinstance(value, np.ndarray):
+            if dtype is bool and value.dtype.kind not in "biuf":  # strings: whether each is set
+                return np.fromiter(map(bool, value[js].tolist()), dtype=bool, count=len(js))
+            return value[js].astype(dtype)
+        if isinstance(value, Indexed):
+            return np.array([dtype(v) for v in value.table], dtype=dtype)[value.which[js]]
+        return np.full(len(js), dtype(value), dtype=dtype)
+
     def take(self, js: np.ndarray) -> list[Op]:
         """The block's ops at offsets ``js`` as tuples."""
         return [_new(Op, t) for t in zip(*(self.field(name, js) for name in Op._fields), strict=True)]
@@ -309,15 +320,13 @@ class OpBlock:
         cols.match[ids] = self.match
         cols.dep_count[ids] = np.diff(self.dep_start)
         cols.parents[at:at + len(self.dep_flat)] = self.dep_flat
-        cols.not_before[ids] = np.fromiter(self.field("not_before_s", np.arange(m)), dtype=float, count=m)
+        cols.not_before[ids] = self.numbers("not_before_s", np.arange(m), float)
         sends = np.flatnonzero(self.kind == _SEND)
-        cols.nbytes[self.first + sends] = np.fromiter(self.field("nbytes", sends), dtype=float, count=len(sends))
-        cols.rate_cap[self.first + sends] = np.fromiter(self.field("rate_cap", sends), dtype=float, count=len(sends))
-        cols.coll[self.first + sends] = np.fromiter(map(bool, self.field("coll", sends)), dtype=bool,
-                                                    count=len(sends))
+        cols.nbytes[self.first + sends] = self.numbers("nbytes", sends, float)
+        cols.rate_cap[self.first + sends] = self.numbers("rate_cap", sends, float)
+        cols.coll[self.first + sends] = self.numbers("coll", sends, bool)
         floored = np.flatnonzero((self.kind == _SEND) | (self.kind == KIND_INDEX["launch"]))
-        cols.floor[self.first + floored] = np.fromiter(self.field("floor_s", floored), dtype=float,
-                                                       count=len(floored))
+        cols.floor[self.first + floored] = self.numbers("floor_s", floored, float)
         comp = np.flatnonzero(self.kind <= _MERGE)
         keys = cols.cost_keys
         cost = np.full(m, -1, dtype=np.int64)

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 from simulator.cluster.memo import cluster_memo
 from simulator.collectives.fabric import Fabric
+from simulator.collectives.hops import hop_table
 
 __all__ = ["ARCHS", "arch_of", "channel_cap", "fabric_cap", "nccl_speed", "nccl_width"]
 
@@ -137,10 +138,9 @@ def fabric_cap(fabric: Fabric, operation: str, family: str, proto: str, ranks: S
     hit = memo.get(key)
     if hit is None:
         ring = fabric.rings(ranks, 1)[0]
-        nodes = cluster.ranks
-        cluster.prepare_routes((nodes[a], nodes[b]) for a, b in zip(ring, [*ring[1:], ring[0]], strict=True))
-        links = [e for a, b in zip(ring, [*ring[1:], ring[0]], strict=True) for e in cluster.route(nodes[a], nodes[b])]
-        hit = memo[key] = min((cluster.graph.edges[e]["bandwidth"] for e in links), default=math.inf)
+        table = hop_table(cluster)
+        rows = table.rows(ring, [*ring[1:], ring[0]])  # first: it may add rows
+        hit = memo[key] = float(table.free[rows].min())
     if not math.isfinite(hit):  # no link between the ranks: nothing to cap
         return math.inf
     servers = len(fabric.groups(ranks))

@@ -26,6 +26,7 @@ from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 from simulator.collectives.base import chunk_bounds
 from simulator.collectives.fabric import Fabric
+from simulator.collectives.hops import HopTable, hop_table
 from simulator.collectives.nccl_tree import Tree, channel_trees, pipeline_time_arrays, pipeline_time_lists, tree_chunks
 from simulator.collectives.steps import step_counts
 
@@ -62,9 +63,9 @@ class TreeShape:
     reductions: int
 
 
-def tree_arrays(tree: Tree, net: Callable[[int, int], bool], wire: Callable[[int, int], float],
-                free: Callable[[int, int], float], links: Callable[[int, int], list[int]]) -> TreeArrays:
-    """``tree`` as arrays; ``net``, ``wire``, ``free`` and ``links`` give a connection's (from rank a to rank b)."""
+def tree_arrays(tree: Tree, table: HopTable, hosts: np.ndarray) -> TreeArrays:
+    """``tree`` as arrays, its connections' routes read off ``table`` (the cluster's); ``hosts``: each rank's
+    server (a connection between two crosses servers)."""
     order = list(tree.order)
     pos = {r: i for i, r in enumerate(order)}
     parent = [-1] + [pos[tree.parent[r]] for r in order[1:]]
@@ -73,26 +74,26 @@ def tree_arrays(tree: Tree, net: Callable[[int, int], bool], wire: Callable[[int
         depth[i] = depth[parent[i]] + 1
     depths = np.array(depth, dtype=np.int64)
     levels = tuple(np.flatnonzero(depths == d) for d in range(max(depth) + 1))
-    ups = [(r, tree.parent[r]) for r in order[1:]]
-    ids = [i for r, q in tree.parent.items() for i in (*links(r, q), *links(q, r))]
+    ranks, parents = np.array(order, dtype=np.int64), np.array(parent, dtype=np.int64)
+    kid, par = ranks[1:], ranks[parents[1:]]
+    up, down = table.rows(kid, par), table.rows(par, kid)
+    given = np.array(list(tree.parent.items()), dtype=np.int64).reshape(-1, 2)  # Tree.parent's order: its links
+    both = np.stack([table.rows(given[:, 0], given[:, 1]), table.rows(given[:, 1], given[:, 0])], axis=1)
+    wire, free = table.wire, table.free  # read after the rows: rows() may add some
     arrays = TreeArrays(
-        order=np.array(order, dtype=np.int64), parent=np.array(parent, dtype=np.int64), levels=levels,
-        kids=np.array([len(tree.children[r]) for r in order], dtype=np.int64),
-        net=np.array([False] + [net(r, q) for r, q in ups]),
-        wire_up=np.array([0.0] + [wire(r, q) for r, q in ups]),
-        wire_down=np.array([0.0] + [wire(q, r) for r, q in ups]),
-        free_up=np.array([math.inf] + [free(r, q) for r, q in ups]),
-        free_down=np.array([math.inf] + [free(q, r) for r, q in ups]),
-        links=np.array(ids, dtype=np.int64))
+        order=ranks, parent=parents, levels=levels, kids=np.bincount(parents[1:], minlength=len(order)),
+        net=np.concatenate([[False], hosts[ranks[1:]] != hosts[ranks[parents[1:]]]]),
+        wire_up=np.concatenate([[0.0], wire[up]]), wire_down=np.concatenate([[0.0], wire[down]]),
+        free_up=np.concatenate([[math.inf], free[up]]), free_down=np.concatenate([[math.inf], free[down]]),
+        links=table.links(both.reshape(-1)))
     return dataclasses.replace(arrays, lists=(
         arrays.parent.tolist(), arrays.kids.tolist(), arrays.net.tolist(), arrays.wire_up.tolist(),
         arrays.wire_down.tolist(), arrays.free_up.tolist(), arrays.free_down.tolist()))
 
 
-def tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int,
-               wire: Callable[[int, int], float]) -> TreeShape:
-    """The trees of ``channels`` channels over ``ranks`` on ``cluster`` (kept per cluster, ranks and channels);
-    ``wire(a, b)``: a message's fixed seconds from rank a to rank b."""
+def tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int) -> TreeShape:
+    """The trees of ``channels`` channels over ``ranks`` on ``cluster`` (kept per cluster, ranks and channels),
+    their connections' routes from the cluster's :class:`~.hops.HopTable`."""
     memo = cluster_memo(cluster, "tree shapes")
     key = (tuple(ranks), channels)
     hit = memo.get(key)
@@ -100,23 +101,15 @@ def tree_shape(cluster: Cluster, fabric: Fabric, ranks: list[int], channels: int
         return hit
     rings = fabric.rings(ranks, channels)
     trees = [channel_trees(fabric, rings[k], k) for k in range(channels)]
-    hops = list(dict.fromkeys((a, b) for ts in trees for t in ts for r, q in t.parent.items()
-                              for a, b in ((r, q), (q, r))))
-    nodes = cluster.ranks
-    cluster.prepare_routes((nodes[a], nodes[b]) for a, b in hops)
-    ids: dict[tuple[str, str], int] = {}
-    links = {(a, b): [ids.setdefault(e, len(ids)) for e in cluster.route(nodes[a], nodes[b])] for a, b in hops}
-    capacity = [float(cluster.graph.edges[e]["bandwidth"]) for e in ids]
-    free = {hop: min((capacity[i] for i in ids_), default=math.inf) for hop, ids_ in links.items()}
-    reductions: dict[int, int] = {}
-    for ts in trees:
-        for t in ts:
-            for q in t.parent.values():
-                reductions[q] = reductions.get(q, 0) + 1
-    hosts = fabric.hosts
-    arrays = [[tree_arrays(t, lambda a, b: hosts[a] != hosts[b], wire, lambda a, b: free[(a, b)],
-                           lambda a, b: links[(a, b)]) for t in ts] for ts in trees]
-    shape = TreeShape(arrays, np.array(capacity, dtype=np.float64), max(reductions.values(), default=0))
+    table = hop_table(cluster)
+    kids = np.concatenate([np.fromiter(t.parent, dtype=np.int64, count=len(t.parent)) for ts in trees for t in ts])
+    pars = np.concatenate([np.fromiter(t.parent.values(), dtype=np.int64, count=len(t.parent))
+                           for ts in trees for t in ts])
+    table.rows(np.concatenate([kids, pars]), np.concatenate([pars, kids]))  # routed at once: a batch shares searches
+    hosts = np.asarray(fabric.hosts, dtype=np.int64)
+    arrays = [[tree_arrays(t, table, hosts) for t in ts] for ts in trees]
+    reductions = np.bincount(np.concatenate([t.order[t.parent[1:]] for ts in arrays for t in ts]))
+    shape = TreeShape(arrays, table.capacity, int(reductions.max()) if len(reductions) else 0)
     memo[key] = shape
     return shape
 

@@ -17,12 +17,15 @@ import itertools
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from simulator.cluster.devices import compute_time
 from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 from simulator.collectives.caps import fabric_cap
 from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
 from simulator.collectives.fabric import Fabric
+from simulator.collectives.hops import hop_table
 from simulator.collectives.nccl_tree import pipeline_time_lists, tree_step
 from simulator.collectives.protocols import (
     PROTOCOLS,
@@ -129,15 +132,9 @@ class _Predictor:
 
     def shared_bw(self, paths: Sequence[Sequence[tuple[int, int]]]) -> float:
         """Bottleneck bandwidth one path (a list of rank hops) gets when all ``paths`` run at once."""
-        cl = self.cluster
-        uses: dict[tuple[str, str], int] = {}
-        cl.prepare_routes((cl.ranks[a], cl.ranks[b]) for path in paths for a, b in path)
-        routes = [[cl.route(cl.ranks[a], cl.ranks[b]) for a, b in path] for path in paths]
-        for path in routes:
-            for edge in {e for route in path for e in route}:
-                uses[edge] = uses.get(edge, 0) + 1
-        return min((cl.graph.edges[e]["bandwidth"] / uses[e] for path in routes for route in path for e in route),
-                   default=float("inf"))
+        table = hop_table(self.cluster)
+        table.rows_of([hop for path in paths for hop in path])  # routed at once: a batch shares searches
+        return table.shared([table.rows_of(path) for path in paths])
 
     def tree(self, n: int, elem_bytes: int, dtype: str) -> float:
         """NCCL's tree (:mod:`.nccl_tree`) on every channel: the slowest of two forms per tree pipeline.
@@ -154,7 +151,7 @@ class _Predictor:
         Priced over arrays (:mod:`.tree_cost`), the trees' structure kept per cluster, ranks and channel count.
         """
         cl = self.cluster
-        shape = tree_shape(cl, self.fabric, self.ranks, self.choice.channels, self.wire)
+        shape = tree_shape(cl, self.fabric, self.ranks, self.choice.channels)
         spec = cl.specs[cl.ranks[self.ranks[0]]]
         hop = tuple(hop_latency(self.family, self.choice.protocol, hw, cl.nccl_latency)
                     for hw in (self.fabric.intra, "net"))
@@ -177,11 +174,15 @@ class _Predictor:
         key = (tuple(self.ranks), c)
         hit = memo.get(key)
         if hit is None:
-            rings = self.fabric.rings(self.ranks, c)
-            hops = [list(zip(ring, [*ring[1:], ring[0]], strict=True)) for ring in rings]
-            shared = self.shared_bw(hops)  # first: it prepares the hops' routes at once
-            wire = max(self.wire(a, b) for h in hops for a, b in h)
-            classes = sorted({self.fabric.hw(a, b) for h in hops for a, b in h})
+            table = hop_table(self.cluster)
+            rings = [np.array(ring, dtype=np.int64) for ring in self.fabric.rings(self.ranks, c)]
+            table.rows(np.concatenate(rings), np.concatenate([np.roll(ring, -1) for ring in rings]))  # at once
+            hops = [table.rows(ring, np.roll(ring, -1)) for ring in rings]
+            shared = table.shared(hops)
+            wire = float(table.wire[np.concatenate(hops)].max())
+            hosts = np.asarray(self.fabric.hosts, dtype=np.int64)
+            net = np.concatenate([hosts[ring] != hosts[np.roll(ring, -1)] for ring in rings])
+            classes = sorted({self.fabric.intra if c == 0 else "net" for c in np.unique(net.astype(np.int64)).tolist()})
             hit = memo[key] = (shared, wire, classes)
         return hit
 

@@ -51,6 +51,7 @@ from typing import Any, NamedTuple, NoReturn
 import numpy as np
 
 from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
+from simulator.cluster.memo import cluster_memo
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
 from simulator.colpass import dependents, distinct_codes
@@ -169,6 +170,34 @@ class SimResult:
         return sum(map(_NBYTES, map(self.ops.__getitem__, ids.tolist())))  # in timeline order
 
 
+@dataclass(frozen=True)
+class _Edges:
+    """A cluster's links by id (the graph's edge order): names, bytes/s, latencies, curves by message size."""
+
+    links: dict[tuple[str, str], int]
+    names: list[tuple[str, str]]
+    capacity: list[float]
+    latency: list[float]
+    curves: dict[int, tuple[float, SizeCurve]]
+
+
+def _edges(cluster: Cluster) -> _Edges:
+    """The cluster's :class:`_Edges`, read off its graph once (kept as long as the cluster: its routes are)."""
+    memo = cluster_memo(cluster, "engine edges")
+    hit = memo.get(None)
+    if hit is None:
+        links, names, capacity, latency, curves = {}, [], [], [], {}
+        for i, (u, v, data) in enumerate(cluster.graph.edges(data=True)):
+            links[(u, v)] = i
+            names.append((u, v))
+            capacity.append(data["bandwidth"])
+            latency.append(data["latency"])
+            if data.get("by_size") is not None:
+                curves[i] = (data["bandwidth"], data["by_size"])
+        hit = memo[None] = _Edges(links, names, capacity, latency, curves)
+    return hit
+
+
 class _Run:
     """A schedule's columns for the compiled loop (:mod:`simulator.engine.eventcore`): what each op needs, computed
     once per distinct value (a kernel's duration per cost, a route per pair of ranks, weights per route and size)."""
@@ -191,22 +220,14 @@ class _Run:
         self.pending = counts  # int32, counted down by the loop
         self.roots = np.flatnonzero(self.pending == 0)
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
-        self.links: dict[tuple[str, str], int] = {}
-        capacity: list[float] = []
-        self.latency: list[float] = []
-        self.edge_names: list[tuple[str, str]] = []
-        for i, (u, v, data) in enumerate(cluster.graph.edges(data=True)):
-            self.links[(u, v)] = i
-            self.edge_names.append((u, v))
-            capacity.append(data["bandwidth"])
-            self.latency.append(data["latency"])
+        edges = _edges(cluster)
+        self.links, self.edge_names, self.latency = edges.links, edges.names, edges.latency
+        capacity = list(edges.capacity)  # the host resources add their own links
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
         self.capacity = np.array(capacity, dtype=float)
         # link id -> (nominal bytes/s, bandwidth by message size): links and host copies measured over sizes
         self.curves: dict[int, tuple[float, SizeCurve]] = dict(self.hosts.copy_curves)
-        for i, (_, _, curve) in enumerate(cluster.graph.edges(data="by_size")):
-            if curve is not None:
-                self.curves[i] = (capacity[i], curve)
+        self.curves.update(edges.curves)
         self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self.kind_of = cols.kind  # each op's kind as an index into OP_KINDS (the result keeps it)
         self.ranks = cols.rank
