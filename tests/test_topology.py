@@ -120,6 +120,29 @@ def test_routes_match_on_random_grouped_graphs(seed):
     assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_routes_match_when_a_destination_comes_back_in_later_batches(seed):
+    """The same random grouped graphs, their pairs prepared in three batches that each hold every destination
+    with other sources (a destination's bounded search and its walks' successors are kept from one batch to the
+    next, and searched again where a later batch needs a larger bound): the whole-graph search's routes."""
+    rng = np.random.default_rng(50 + seed)
+    g = nx.DiGraph()
+    names = [f"h{i}.x{j}" for i in range(6) for j in range(int(rng.integers(1, 5)))] + [f"sw{k}" for k in range(3)]
+    for _ in range(4 * len(names)):
+        u, v = rng.choice(len(names), size=2, replace=False)
+        lat = float(rng.choice([1e-7, 2e-7, 3e-7]))
+        g.add_edge(names[u], names[v], latency=lat)
+        g.add_edge(names[v], names[u], latency=lat)
+    router = Router(g)
+    reach = dict(nx.all_pairs_shortest_path_length(g))
+    pairs = [(a, b) for a in g for b in g if a != b and b in reach[a]]
+    order = rng.permutation(len(pairs))
+    for k in range(3):
+        router.prepare([pairs[i] for i in order[k::3]])
+    assert router._near  # the kept searches were used
+    assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
+
+
 _SIZES = {"dgx-h100": [2, 9, 40], "mi300x": [2, 17], "gb200-nvl72": [1, 3],
           "cluster": [4, 12, 24]}  # cluster: 2 GPUs per node, 2 nodes per leaf, 3 spines
 

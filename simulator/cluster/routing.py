@@ -39,6 +39,7 @@ _BATCH = 128  # destinations per compiled Dijkstra call (memory: batch x nodes f
 _VECTOR_DEGREE = 32  # scan successors with numpy above this out-degree
 _GROUP_MAX = 512  # a group larger than this is searched as a whole graph
 _ENTRY_SOURCES_MAX = 64  # a group entered from more distinct nodes than this is searched as a whole graph
+_NEAR_MAX = 1 << 20  # nodes of bounded searches kept for later batches (see Router._near_dist)
 _ROW_FLOATS_MAX = 1 << 23  # distances to entry nodes kept per router (64 MiB), and as much again in blocks
 
 Dist = tuple[Callable[[int], float], Callable[[np.ndarray], np.ndarray]]  # distance of one node, of many
@@ -92,6 +93,8 @@ class Router:
         self._via_floats = 0
         self._cols: dict[tuple[int, ...], dict[int, list[float]]] = {}  # see _composed
         self._routes: dict[tuple[str, str], tuple[Edge, ...]] = {}
+        self._near: dict[int, tuple[float, Dist, dict[int, list[tuple[int, float]]]]] = {}  # see _near_dist
+        self._near_nodes = 0
 
     def _two_hop_bound(self, s: int, d: int) -> float:
         """Latency of the best path of at most two links from s to d (inf if none): a bound on the distance."""
@@ -115,7 +118,7 @@ class Router:
         entries = {}
         for dst in todo:
             if np.isfinite(limit[dst]):
-                self._walk_all(dst, todo[dst], self._bounded(self._index[dst], limit[dst]))
+                self._walk_all(dst, todo[dst], *self._near_dist(self._index[dst], limit[dst]))
             else:
                 found = self._entries(self._index[dst])
                 if found is None:
@@ -134,13 +137,30 @@ class Router:
             for row, dst in zip(dist, batch, strict=True):
                 self._walk_all(dst, todo[dst], _array_dist(row))
 
-    def _walk_all(self, dst: str, sources: list[str], dist: Dist) -> None:
-        on_path: dict[int, list[tuple[int, float]]] = {}  # shared by the sources: see _walk
+    def _near_dist(self, dst: int, limit: float) -> tuple[Dist, dict[int, list[tuple[int, float]]]]:
+        """Distances to ``dst`` of the nodes within ``limit`` (:meth:`_bounded`) and the walks' shared successors
+        (:meth:`_walk`), kept per destination while they fit in ``_NEAR_MAX`` nodes: a later batch of sources for
+        the same destination, within the same or a smaller limit, walks the same distances (a node on a shortest
+        path from a source within the limit is itself within it, whatever farther nodes a larger search settled)."""
+        hit = self._near.get(dst)
+        if hit is not None and hit[0] >= limit:
+            return hit[1], hit[2]
+        dist, settled = self._bounded(dst, limit)
+        on_path: dict[int, list[tuple[int, float]]] = {}
+        if self._near_nodes + settled <= _NEAR_MAX:
+            self._near[dst] = (limit, dist, on_path)
+            self._near_nodes += settled
+        return dist, on_path
+
+    def _walk_all(self, dst: str, sources: list[str], dist: Dist,
+                  on_path: dict[int, list[tuple[int, float]]] | None = None) -> None:
+        on_path = {} if on_path is None else on_path  # shared by the sources: see _walk
         for src in sources:
             self._routes[(src, dst)] = self._walk(src, dst, dist, on_path)
 
-    def _bounded(self, dst: int, limit: float) -> Dist:
-        """Distances to ``dst`` of the nodes within ``limit`` of it (the others: inf), as scipy's ``limit``."""
+    def _bounded(self, dst: int, limit: float) -> tuple[Dist, int]:
+        """Distances to ``dst`` of the nodes within ``limit`` of it (the others: inf), as scipy's ``limit``, and
+        how many nodes that is."""
         settled: dict[int, float] = {}
         heap = [(0.0, dst)]
         pred, pop, push = self._pred, heapq.heappop, heapq.heappush
@@ -155,7 +175,7 @@ class Router:
                     push(heap, (du, u))
         inf = float("inf")
         return ((lambda v: settled.get(v, inf)),
-                (lambda idx: np.array([settled.get(v, inf) for v in idx.tolist()])))
+                (lambda idx: np.array([settled.get(v, inf) for v in idx.tolist()]))), len(settled)
 
     def _entries(self, dst: int) -> tuple[dict[int, float], dict[int, float]] | None:
         """Distances to ``dst`` inside its group, and the constant ``w(x, y) + d_group(y, dst)`` of each entry

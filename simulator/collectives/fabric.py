@@ -25,6 +25,7 @@ import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from simulator.cluster.topology import Cluster
 
@@ -58,6 +59,8 @@ class Fabric:
     cluster: Cluster | None = field(default=None, compare=False, repr=False)
     _groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = field(default_factory=dict, init=False,
                                                                         compare=False, repr=False)
+    # what the collectives work out once per fabric (a channel's trees: collectives.nccl_tree.channel_trees)
+    memo: dict[Any, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def nodes(self) -> int:

@@ -116,7 +116,16 @@ def dtree_parents(n: int, which: int) -> list[int]:
 
 
 def channel_trees(fabric: Fabric, ring: Sequence[int], c: int) -> list[Tree]:
-    """The trees channel ``c`` (whose ring is ``ring``) runs: one on one server, NCCL's two across servers."""
+    """The trees channel ``c`` (whose ring is ``ring``) runs: one on one server, NCCL's two across servers (kept
+    per fabric: the tuner and the build ask for the same ones)."""
+    key = ("channel trees", tuple(ring), c)
+    hit = fabric.memo.get(key)
+    if hit is None:
+        hit = fabric.memo[key] = _channel_trees(fabric, ring, c)
+    return list(hit)
+
+
+def _channel_trees(fabric: Fabric, ring: Sequence[int], c: int) -> tuple[Tree, ...]:
     groups = fabric.groups(ring)
     if len(groups) == 1:
         s = c % len(ring)
@@ -125,7 +134,7 @@ def channel_trees(fabric: Fabric, ring: Sequence[int], c: int) -> list[Tree]:
         chains = [[g[(s + j) % len(g)] for j in range(len(g))] for g in groups for s in [fabric.entry(c, len(g))]]
     inside = {chain[j + 1]: chain[j] for chain in chains for j in range(len(chain) - 1)}
     if len(chains) == 1:
-        return [Tree.of(chains[0][0], inside)]
+        return (Tree.of(chains[0][0], inside),)
     trees = []
     for which in (0, 1):
         parent = dict(inside)
@@ -136,7 +145,7 @@ def channel_trees(fabric: Fabric, ring: Sequence[int], c: int) -> list[Tree]:
             else:
                 parent[chains[i][0]] = chains[p][0]
         trees.append(Tree.of(root, parent))
-    return trees
+    return tuple(trees)
 
 
 def tree_step(nbytes: float, channels: int, protocol: str, nodes: int, ranks: int) -> float:

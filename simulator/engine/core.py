@@ -186,14 +186,20 @@ def _edges(cluster: Cluster) -> _Edges:
     memo = cluster_memo(cluster, "engine edges")
     hit = memo.get(None)
     if hit is None:
-        links, names, capacity, latency, curves = {}, [], [], [], {}
-        for i, (u, v, data) in enumerate(cluster.graph.edges(data=True)):
-            links[(u, v)] = i
-            names.append((u, v))
-            capacity.append(data["bandwidth"])
-            latency.append(data["latency"])
-            if data.get("by_size") is not None:
-                curves[i] = (data["bandwidth"], data["by_size"])
+        links: dict[tuple[str, str], int] = {}
+        names: list[tuple[str, str]] = []
+        capacity: list[float] = []
+        latency: list[float] = []
+        curves: dict[int, tuple[float, SizeCurve]] = {}
+        for u, out in cluster.graph.adjacency():  # graph.edges' order, without its view's per-edge cost
+            for v, data in out.items():
+                i = len(names)
+                links[(u, v)] = i
+                names.append((u, v))
+                capacity.append(data["bandwidth"])
+                latency.append(data["latency"])
+                if data.get("by_size") is not None:
+                    curves[i] = (data["bandwidth"], data["by_size"])
         hit = memo[None] = _Edges(links, names, capacity, latency, curves)
     return hit
 
