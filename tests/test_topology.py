@@ -123,8 +123,9 @@ def test_routes_match_on_random_grouped_graphs(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_routes_match_when_a_destination_comes_back_in_later_batches(seed):
     """The same random grouped graphs, their pairs prepared in three batches that each hold every destination
-    with other sources (a destination's bounded search and its walks' successors are kept from one batch to the
-    next, and searched again where a later batch needs a larger bound): the whole-graph search's routes."""
+    with other sources (a destination's bounded search or composed distances, and its walks' successors, are kept
+    from one batch to the next; searched again where a later batch needs a larger bound): the whole-graph search's
+    routes."""
     rng = np.random.default_rng(50 + seed)
     g = nx.DiGraph()
     names = [f"h{i}.x{j}" for i in range(6) for j in range(int(rng.integers(1, 5)))] + [f"sw{k}" for k in range(3)]
@@ -139,7 +140,7 @@ def test_routes_match_when_a_destination_comes_back_in_later_batches(seed):
     order = rng.permutation(len(pairs))
     for k in range(3):
         router.prepare([pairs[i] for i in order[k::3]])
-    assert router._near  # the kept searches were used
+    assert router._near and router._far  # searches and composed distances were kept
     assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
 
 

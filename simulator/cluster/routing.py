@@ -94,6 +94,7 @@ class Router:
         self._cols: dict[tuple[int, ...], dict[int, list[float]]] = {}  # see _composed
         self._routes: dict[tuple[str, str], tuple[Edge, ...]] = {}
         self._near: dict[int, tuple[float, Dist, dict[int, list[tuple[int, float]]]]] = {}  # see _near_dist
+        self._far: dict[int, tuple[Dist, dict[int, list[tuple[int, float]]]]] = {}  # composed (prepare)
         self._near_nodes = 0
 
     def _two_hop_bound(self, s: int, d: int) -> float:
@@ -119,6 +120,8 @@ class Router:
         for dst in todo:
             if np.isfinite(limit[dst]):
                 self._walk_all(dst, todo[dst], *self._near_dist(self._index[dst], limit[dst]))
+            elif self._index[dst] in self._far:  # its distances composed in an earlier batch
+                self._walk_all(dst, todo[dst], *self._far[self._index[dst]])
             else:
                 found = self._entries(self._index[dst])
                 if found is None:
@@ -128,7 +131,13 @@ class Router:
         self._add_rows({x for inside, consts in entries.values() for x in consts})
         for dst, (inside, consts) in entries.items():
             if all(x in self._row_of for x in consts):
-                self._walk_all(dst, todo[dst], self._composed(self._group[self._index[dst]], inside, consts))
+                d = self._index[dst]
+                composed: tuple[Dist, dict[int, list[tuple[int, float]]]] = (
+                    self._composed(self._group[d], inside, consts), {})
+                if self._near_nodes + len(inside) + len(consts) <= _NEAR_MAX:  # kept, as _near_dist keeps its
+                    self._far[d] = composed
+                    self._near_nodes += len(inside) + len(consts)
+                self._walk_all(dst, todo[dst], *composed)
             else:
                 rest.append(dst)
         for start in range(0, len(rest), _BATCH):
