@@ -2,7 +2,7 @@
 
     python benchmarks/engine_speed.py flows [--sizes 1000 10000 100000] [--concurrency 64] [--nodes 16] [--repeat 3]
     python benchmarks/engine_speed.py decode [--cases ring:8 ring:64 ring:512 ring:1024 tree:8 ... tree:4096]
-                                             [--context 1000000] [--repeat 3]
+                                             [--context 1000000] [--batch 1] [--heads 16] [--kv-heads 16] [--repeat 3]
 
 Every case runs in a fresh process (forked), so that its ``peak RSS`` (the process's high-water mark of resident
 memory, the interpreter and libraries included) is its own, with the collector paused as ``treering run`` pauses it
@@ -20,7 +20,9 @@ Flows start at uniformly random times over a window sized so that about ``--conc
 once on average (every start and finish is a max-min reallocation over all active flows, so the cost per event
 grows with concurrency).
 
-``decode``: one decode step (16 heads x 128, bf16, b = 1, 1M-token context) of ring or tree on dgx-h100 with P GPUs.
+``decode``: one decode step (16 heads x 128, bf16, b = 1, 1M-token context; ``--batch``, ``--heads``, ``--kv-heads``
+change the shape: a larger state makes the tree's allreduces run on more channels) of ring or tree on dgx-h100 with P
+GPUs.
 
     python benchmarks/engine_speed.py prefill [--cases 8 64 256 1024] [--sequence 1048576] [--repeat 3]
 
@@ -103,8 +105,8 @@ def _measured(fn: Callable[..., Case], *args: Any) -> Case:
     return case
 
 
-def _decode_case(algo: str, p: int, context: int) -> Case:
-    shape = DecodeShape(batch=1, heads=16, head_dim=128, kv_heads=16, context=context, dtype="bf16")
+def _decode_case(algo: str, p: int, context: int, batch: int = 1, heads: int = 16, kv_heads: int = 16) -> Case:
+    shape = DecodeShape(batch=batch, heads=heads, head_dim=128, kv_heads=kv_heads, context=context, dtype="bf16")
     cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
     name, params = resolve(algo)
     t0 = time.perf_counter()
@@ -164,14 +166,16 @@ def _warm_engine() -> None:
     print(f"compiled engine loaded in {load_compiled():.2f} s (once per process, before the cases)")
 
 
-def bench_decode(cases: list[str], context: int, repeat: int) -> None:
+def bench_decode(cases: list[str], context: int, repeat: int, batch: int = 1, heads: int = 16,
+                 kv_heads: int = 16) -> None:
     _warm_matplotlib()
     _warm_engine()
-    print(f"decode step, context {context:,} tokens; medians of {repeat}; us/op = (build + simulate) / ops")
+    print(f"decode step, context {context:,} tokens, batch {batch}, {heads} heads ({kv_heads} KV) x 128; medians of "
+          f"{repeat}; us/op = (build + simulate) / ops")
     print(HEADER)
     for case in cases:
         algo, p = case.split(":")
-        runs = [_in_child(_decode_case, algo, int(p), context) for _ in range(repeat)]
+        runs = [_in_child(_decode_case, algo, int(p), context, batch, heads, kv_heads) for _ in range(repeat)]
         print(_line(case, _median(runs), "ms"), flush=True)
 
 
@@ -215,6 +219,9 @@ def main() -> None:
     decode.add_argument("--cases", nargs="+", default=["ring:8", "ring:64", "ring:512", "ring:1024", "tree:8",
                                                        "tree:64", "tree:512", "tree:1024", "tree:4096"])
     decode.add_argument("--context", type=int, default=1_000_000)
+    decode.add_argument("--batch", type=int, default=1)
+    decode.add_argument("--heads", type=int, default=16)
+    decode.add_argument("--kv-heads", type=int, default=16)
     decode.add_argument("--repeat", type=int, default=3)
     prefill = sub.add_parser("prefill")
     prefill.add_argument("--cases", type=int, nargs="+", default=[8, 64, 256, 1024])
@@ -225,7 +232,7 @@ def main() -> None:
         bench_prefill(args.cases, args.sequence, args.repeat)
         return
     if args.what == "decode":
-        bench_decode(args.cases, args.context, args.repeat)
+        bench_decode(args.cases, args.context, args.repeat, args.batch, args.heads, args.kv_heads)
         return
     _warm_engine()
     cluster = load_topology("cluster", {**TOPO, "nodes": args.nodes})
