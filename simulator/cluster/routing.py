@@ -17,6 +17,10 @@ same routes: ``tests/test_topology.py`` compares routes of the shipped topologie
   the entry nodes ``x`` (the fabric switches, a handful shared by every server) are computed once per router, and
   a destination costs a Dijkstra inside its group;
 * otherwise scipy's compiled Dijkstra from the destination over the whole reversed graph, batched.
+
+The first two are kept per destination (within a budget of nodes), with the successors the walks found on shortest
+paths to it: a tuner that routes a ring's hops, then its trees', then the engine its transfers, asks for the same
+destinations from other sources, batch after batch.
 """
 
 from __future__ import annotations
