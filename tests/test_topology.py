@@ -101,11 +101,9 @@ def test_routes_match_the_whole_graph_search(preset, params):
     assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_routes_match_on_random_grouped_graphs(seed):
-    """Random graphs of ``h.x`` groups joined to each other and to ``sw`` switches, with latencies from a small
-    set (many equal-cost paths): the router's routes are the whole-graph search's."""
-    rng = np.random.default_rng(seed)
+def _random_grouped_graph(rng: np.random.Generator) -> tuple[nx.DiGraph, list[tuple[str, str]]]:
+    """Groups ``h.x`` joined to each other and to ``sw`` switches, latencies from a small set (many equal-cost
+    paths), and every pair of nodes with a path."""
     g = nx.DiGraph()
     names = [f"h{i}.x{j}" for i in range(6) for j in range(int(rng.integers(1, 5)))] + [f"sw{k}" for k in range(3)]
     for _ in range(4 * len(names)):
@@ -113,9 +111,16 @@ def test_routes_match_on_random_grouped_graphs(seed):
         lat = float(rng.choice([1e-7, 2e-7, 3e-7]))
         g.add_edge(names[u], names[v], latency=lat)
         g.add_edge(names[v], names[u], latency=lat)
-    router = Router(g)
     reach = dict(nx.all_pairs_shortest_path_length(g))
-    pairs = [(a, b) for a in g for b in g if a != b and b in reach[a]]
+    return g, [(a, b) for a in g for b in g if a != b and b in reach[a]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_routes_match_on_random_grouped_graphs(seed):
+    """Random graphs of ``h.x`` groups joined to each other and to ``sw`` switches, with latencies from a small
+    set (many equal-cost paths): the router's routes are the whole-graph search's."""
+    g, pairs = _random_grouped_graph(np.random.default_rng(seed))
+    router = Router(g)
     router.prepare(pairs)
     assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
 
@@ -127,16 +132,8 @@ def test_routes_match_when_a_destination_comes_back_in_later_batches(seed):
     from one batch to the next; searched again where a later batch needs a larger bound): the whole-graph search's
     routes."""
     rng = np.random.default_rng(50 + seed)
-    g = nx.DiGraph()
-    names = [f"h{i}.x{j}" for i in range(6) for j in range(int(rng.integers(1, 5)))] + [f"sw{k}" for k in range(3)]
-    for _ in range(4 * len(names)):
-        u, v = rng.choice(len(names), size=2, replace=False)
-        lat = float(rng.choice([1e-7, 2e-7, 3e-7]))
-        g.add_edge(names[u], names[v], latency=lat)
-        g.add_edge(names[v], names[u], latency=lat)
+    g, pairs = _random_grouped_graph(rng)
     router = Router(g)
-    reach = dict(nx.all_pairs_shortest_path_length(g))
-    pairs = [(a, b) for a in g for b in g if a != b and b in reach[a]]
     order = rng.permutation(len(pairs))
     for k in range(3):
         router.prepare([pairs[i] for i in order[k::3]])
