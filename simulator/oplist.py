@@ -349,11 +349,15 @@ class OpBlock:
         for name, value in self.fields.items():
             if name in _OWN or name not in _DEFAULTS:
                 raise ValueError(f"a block's field {name!r} is not one of Op's (or is a column of its own)")
+            if isinstance(value, list):
+                raise ValueError(f"a block's field {name!r} is a list: give one value for all (a tuple for tuple "
+                                 f"fields), an array (one per op) or an Indexed")
             per_op = value.which if isinstance(value, Indexed) else value if isinstance(value, np.ndarray) else None
-            if per_op is not None and len(per_op) != m:
+            if per_op is not None and (per_op.ndim != 1 or len(per_op) != m):
                 raise ValueError(f"a block's field {name!r} does not have one entry per op")
-            if isinstance(value, Indexed) and m and (value.which.min() < 0 or value.which.max() >= len(value.table)):
-                raise ValueError(f"a block's field {name!r} indexes outside its table")
+            if isinstance(value, Indexed) and m and (value.which.dtype.kind not in "iu" or value.which.min() < 0
+                                                     or value.which.max() >= len(value.table)):
+                raise ValueError(f"a block's field {name!r} indexes outside its table (or not by integers)")
         if not m:
             return
         if self.kind.max() >= len(OP_KINDS):

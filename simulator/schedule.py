@@ -37,7 +37,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -289,15 +289,26 @@ class Schedule:
         """Many ops of any kinds at once, in the order given (a step whose kinds interleave: a tree's send up, its
         receive, the parent's reduction, rank after rank); returns the first op's id (the k-th is ``first + k``).
 
-        ``kind``: indexes into :data:`OP_KINDS`; ``deps``: CSR ``(starts, flat)``, tuples, or an (m, k) array padded
-        with -1, each naming earlier ops (of this call too); ``match``: a send's or recv's other end (an op of this
-        call), -1 on the other kinds. Every other :class:`Op` field by keyword: one value for all, an array (one
-        per op) or an :class:`~simulator.oplist.Indexed` (one of a table per op); the rest keep their defaults. Held
-        as one block of columns (:class:`~simulator.oplist.OpBlock`), checked before it is appended."""
-        starts, flat = deps if isinstance(deps, tuple) else csr(deps)
-        block = OpBlock(len(self.ops), np.asarray(kind, dtype=np.uint8), np.asarray(rank, dtype=np.int64),
-                        np.asarray(starts, dtype=np.int64), np.asarray(flat, dtype=np.int64),
-                        np.asarray(match, dtype=np.int64), fields)
+        ``kind``: indexes into :data:`OP_KINDS`; ``deps``: CSR ``(starts, flat)`` (two arrays), one tuple per op, or
+        an (m, k) array padded with -1, each naming earlier ops (of this call too); ``match``: a send's or recv's
+        other end (an op of this call), -1 on the other kinds. Every other :class:`Op` field by keyword: one value
+        for all (a tuple for a tuple field), an array (one per op) or an :class:`~simulator.oplist.Indexed` (one of
+        a table per op); the rest keep their defaults. Held as one block of columns
+        (:class:`~simulator.oplist.OpBlock`), checked before it is appended."""
+        if isinstance(deps, tuple) and len(deps) == 2 and all(isinstance(x, np.ndarray) for x in deps):
+            starts, flat = deps[0], deps[1]  # CSR
+        else:  # one tuple per op (a tuple of tuples is that, not CSR) or a padded array
+            starts, flat = csr(cast("Sequence[tuple[int, ...]] | np.ndarray", deps))
+        columns = {"kind": np.asarray(kind), "rank": np.asarray(rank), "deps": np.asarray(flat),
+                   "deps' starts": np.asarray(starts), "match": np.asarray(match)}
+        for what, col in columns.items():
+            if len(col) and col.dtype.kind not in "iu":
+                raise ValueError(f"add_ops: {what} must be integers, not {col.dtype}")
+        if len(columns["kind"]) and (columns["kind"].min() < 0 or columns["kind"].max() >= len(OP_KINDS)):
+            raise ValueError(f"add_ops: a kind outside 0..{len(OP_KINDS) - 1} (indexes into {OP_KINDS})")
+        block = OpBlock(len(self.ops), columns["kind"].astype(np.uint8), columns["rank"].astype(np.int64),
+                        columns["deps' starts"].astype(np.int64), columns["deps"].astype(np.int64),
+                        columns["match"].astype(np.int64), fields)
         r = block.rank
         if len(r) and (r.min() < 0 or r.max() >= self.ranks):
             raise ValueError(f"rank {int(r[(r < 0) | (r >= self.ranks)][0])} out of range 0..{self.ranks - 1}")

@@ -212,7 +212,9 @@ def test_a_block_of_any_kinds_is_checked_before_anything_is_added() -> None:
              ({"match": np.array([2, 1, 1])}, "does not name its other end in the block"),
              ({"match": np.array([2, 5, -1])}, "does not name its other end in the block"),
              ({"kind": np.array([send, send, comp])}, "do not name each other"),
-             ({"kind": np.array([send, recv, 9])}, "unknown kind"),
+             ({"kind": np.array([2, 3, 9])}, "a kind outside 0..4"),
+             ({"kind": np.array([258, 3, 0])}, "a kind outside 0..4"),  # not wrapped to a send
+             ({"rank": np.array([0.0, 1.0, 1.0])}, "rank must be integers"),
              ({"match": np.array([2, 1])}, "one entry per op")]
     for change, message in cases:
         args = {**ok, **change}
@@ -221,12 +223,14 @@ def test_a_block_of_any_kinds_is_checked_before_anything_is_added() -> None:
     for fields, message in [({"peer": 3}, "'peer' is not one of Op's"), ({"colour": 1}, "'colour' is not one of"),
                             ({"nbytes": np.ones(2)}, "'nbytes' does not have one entry per op"),
                             ({"name": Indexed(["x"], np.array([0, 1, 0]))}, "'name' indexes outside its table"),
+                            ({"nbytes": Indexed([5.0, 7.0], np.array([False, True, True]))}, "not by integers"),
+                            ({"floor_s": [0.0, 1.0, 2.0]}, "'floor_s' is a list"),
                             ({"nbytes": np.array([-1.0, -1.0, 0.0])}, "negative size")]:
         with pytest.raises(ValueError, match=message):
             sched.add_ops(ok["kind"], ok["rank"], ok["deps"], ok["match"], **fields)
     assert len(sched.ops) == 1
-    first = sched.add_ops(ok["kind"], ok["rank"], ok["deps"], ok["match"], name="t", nbytes=8.0)
-    assert first == 1
+    first = sched.add_ops(ok["kind"], ok["rank"], tuple(ok["deps"]), ok["match"], name="t", nbytes=8.0)
+    assert first == 1  # deps as a tuple of tuples: one per op (not read as CSR)
     assert [(op.kind, op.rank, op.peer, op.match, op.deps) for op in sched.ops[1:]] == [
         ("send", 0, 1, 2, (0,)), ("recv", 1, 0, 1, ()), ("compute", 1, None, None, (2,))]
 

@@ -100,6 +100,7 @@ class Router:
         self._near: dict[int, tuple[float, Dist, dict[int, list[tuple[int, float]]]]] = {}  # see _near_dist
         self._far: dict[int, tuple[Dist, dict[int, list[tuple[int, float]]]]] = {}  # composed (prepare)
         self._near_nodes = 0
+        self._near_size: dict[int, int] = {}  # nodes each kept bounded search holds
 
     def _two_hop_bound(self, s: int, d: int) -> float:
         """Latency of the best path of at most two links from s to d (inf if none): a bound on the distance."""
@@ -160,8 +161,12 @@ class Router:
             return hit[1], hit[2]
         dist, settled = self._bounded(dst, limit)
         on_path: dict[int, list[tuple[int, float]]] = {}
+        if hit is not None:  # a wider search replaces the kept one
+            self._near_nodes -= self._near_size.pop(dst)
+            del self._near[dst]
         if self._near_nodes + settled <= _NEAR_MAX:
             self._near[dst] = (limit, dist, on_path)
+            self._near_size[dst] = settled
             self._near_nodes += settled
         return dist, on_path
 
@@ -233,7 +238,6 @@ class Router:
         xs = sorted(consts)
         rix = np.array([self._row_of[x] for x in xs], dtype=np.int64)
         c = np.array([consts[x] for x in xs])
-        rows = self._rows
         inf = float("inf")
 
         cols = self._cols.setdefault(tuple(xs), {})  # node -> its distances to the entry nodes xs, as floats
@@ -241,8 +245,8 @@ class Router:
 
         def one(v: int) -> float:
             col = cols.get(v)
-            if col is None:
-                col = cols[v] = rows[rix, v].tolist()
+            if col is None:  # the rows as they are now (read at the call: kept distances hold no old copy)
+                col = cols[v] = self._rows[rix, v].tolist()
             via = min(map(operator.add, col, cl)) if cl else inf  # the same IEEE sums and minimum as numpy's
             return min(inside.get(v, inf), via)
 
