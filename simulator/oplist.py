@@ -28,7 +28,8 @@ __all__ = ["COST", "KIND_INDEX", "Columns", "ComputeBlock", "Indexed", "OpBlock"
 
 _new = tuple.__new__
 KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
-COST = itemgetter(5, 6, 7, 18, 11, 25)  # Op.flops, nbytes, dtype, fused, fn, dims: what a kernel's duration depends on
+_COST_FIELDS = ("flops", "nbytes", "dtype", "fused", "fn", "dims")  # what a kernel's duration depends on
+COST = itemgetter(*map(Op._fields.index, _COST_FIELDS))
 _RANK, _KIND, _DEPS, _NBYTES, _MATCH = itemgetter(1), itemgetter(2), itemgetter(4), itemgetter(6), itemgetter(9)
 _NOT_BEFORE, _COLL, _FLOOR, _RATE_CAP = itemgetter(10), itemgetter(19), itemgetter(23), itemgetter(24)
 _ALLOC, _FREE = itemgetter(16), itemgetter(17)
@@ -245,7 +246,6 @@ class TransferBlock:
 
 _DEFAULTS = {"name": "", **Op._field_defaults}  # a field an OpBlock does not give
 _OWN = frozenset({"id", "rank", "kind", "deps", "peer", "match"})  # OpBlock's own columns; the rest are its fields
-_ENGINE_FIELDS = ("flops", "nbytes", "dtype", "fused", "fn", "dims", "floor_s", "rate_cap", "coll", "not_before_s")
 
 
 def _values(value: Any, js: np.ndarray) -> Iterable[Any]:
@@ -330,7 +330,7 @@ class OpBlock:
         comp = np.flatnonzero(self.kind <= _MERGE)
         keys = cols.cost_keys
         cost = np.full(m, -1, dtype=np.int64)
-        cost[comp] = np.fromiter(map(keys.setdefault, zip(*(self.field(f, comp) for f in _ENGINE_FIELDS[:6]),
+        cost[comp] = np.fromiter(map(keys.setdefault, zip(*(self.field(f, comp) for f in _COST_FIELDS),
                                                           strict=True), _NextIndex(keys)),
                                  dtype=np.int64, count=len(comp))
         cols.cost[ids] = cost

@@ -265,9 +265,11 @@ class _Positions:
 
     @classmethod
     def of(cls, tree: Tree, start: Mapping[int, tuple[int, ...]], b: CollBuilder, held: bool) -> _Positions:
-        """``tree``'s positions; ``start``: each rank's ops to start after; ``b``'s ``hop_s`` gives the hops'
-        latencies and, where a connection holds back steps (``held``), ``crosses`` which leave the server (over
-        arrays by ``b.net_of`` where the builder has it)."""
+        """``tree``'s positions; ``start``: each rank's ops to start after; ``b.net_of`` says which connections
+        leave the server (``b.hop_pair``: their latencies inside and across), and where a connection holds back
+        steps (``held``) which carry a step's head."""
+        if b.net_of is None:
+            raise ValueError("a tree pipeline needs its builder's net_of and hop_pair (channels.build sets them)")
         order = tree.order
         n = len(order)
         pos = {r: i for i, r in enumerate(order)}
@@ -283,19 +285,12 @@ class _Positions:
         pad[np.repeat(np.arange(n), lens), np.arange(len(flat)) - np.repeat(offsets, lens)] = flat
         rank = np.array(order, dtype=np.int64)
         kid, parent = rank[1:], rank[par[1:]]
-        if b.net_of is not None and b.hop_s is not None:
-            net_up, net_down = b.net_of(kid, parent), b.net_of(parent, kid)
-            hop_up, hop_down = (np.where(net, b.hop_pair[1], b.hop_pair[0]) for net in (net_up, net_down))
-        else:
-            edges = list(zip(kid.tolist(), parent.tolist(), strict=True))
-            net_up = np.array([bool(b.crosses and b.crosses(r, q)) for r, q in edges], dtype=bool)
-            net_down = np.array([bool(b.crosses and b.crosses(q, r)) for r, q in edges], dtype=bool)
-            hop_up = np.array([b.hop_s(r, q) if b.hop_s is not None else 0.0 for r, q in edges])
-            hop_down = np.array([b.hop_s(q, r) if b.hop_s is not None else 0.0 for r, q in edges])
-        crosses = held and b.crosses is not None
-        return cls(n, rank, par, kids, first_child, pad, np.concatenate([[False], net_up]) if crosses else None,
-                   np.concatenate([[False], net_down]) if crosses else None, np.concatenate([[0.0], hop_up]),
-                   np.concatenate([[0.0], hop_down]))
+        net_up = np.concatenate([[False], b.net_of(kid, parent)])
+        net_down = np.concatenate([[False], b.net_of(parent, kid)])
+        hop_up, hop_down = (np.where(net, b.hop_pair[1], b.hop_pair[0]) for net in (net_up, net_down))
+        hop_up[0] = hop_down[0] = 0.0
+        return cls(n, rank, par, kids, first_child, pad, net_up if held else None, net_down if held else None,
+                   hop_up, hop_down)
 
 
 class _Columns:

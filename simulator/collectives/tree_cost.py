@@ -9,7 +9,8 @@ the stages' seconds for all connections at once, :func:`.nccl_tree.pipeline_time
 
 Every number is the same IEEE operation as in the per-rank form (:func:`.nccl_tree.pipeline_time` with
 dictionaries, ``tests/test_tree_cost.py`` compares them bit for bit): elementwise sums, products, quotients and
-maxima of the same operands, and each link's load summed in the same order (``numpy.add.at`` adds in index order).
+maxima of the same operands, and each link's load summed tree after tree (``numpy.add.at``: a tree adds the same
+amount for each of its connections, so their order within it does not change the sum).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class TreeArrays:
     wire_down: np.ndarray
     free_up: np.ndarray  # bytes/s of the connection up alone (its route's narrowest link), down
     free_down: np.ndarray
-    links: np.ndarray  # link ids of every connection, in ``Tree.parent``'s order: its route up, then down
+    links: np.ndarray  # link ids of every connection, top-down: its route up, then down (a tree's connections all
+    # add the same load, so their order does not change a link's sum)
     lists: tuple[list[Any], ...] = ()  # the arrays from parent to free_down as lists (to price it per rank)
 
 
@@ -77,15 +79,13 @@ def tree_arrays(tree: Tree, table: HopTable, hosts: np.ndarray) -> TreeArrays:
     ranks, parents = np.array(order, dtype=np.int64), np.array(parent, dtype=np.int64)
     kid, par = ranks[1:], ranks[parents[1:]]
     up, down = table.rows(kid, par), table.rows(par, kid)
-    given = np.array(list(tree.parent.items()), dtype=np.int64).reshape(-1, 2)  # Tree.parent's order: its links
-    both = np.stack([table.rows(given[:, 0], given[:, 1]), table.rows(given[:, 1], given[:, 0])], axis=1)
     wire, free = table.wire, table.free  # read after the rows: rows() may add some
     arrays = TreeArrays(
         order=ranks, parent=parents, levels=levels, kids=np.bincount(parents[1:], minlength=len(order)),
-        net=np.concatenate([[False], hosts[ranks[1:]] != hosts[ranks[parents[1:]]]]),
+        net=np.concatenate([[False], hosts[kid] != hosts[par]]),
         wire_up=np.concatenate([[0.0], wire[up]]), wire_down=np.concatenate([[0.0], wire[down]]),
         free_up=np.concatenate([[math.inf], free[up]]), free_down=np.concatenate([[math.inf], free[down]]),
-        links=table.links(both.reshape(-1)))
+        links=table.links(np.stack([up, down], axis=1).reshape(-1)))
     return dataclasses.replace(arrays, lists=(
         arrays.parent.tolist(), arrays.kids.tolist(), arrays.net.tolist(), arrays.wire_up.tolist(),
         arrays.wire_down.tolist(), arrays.free_up.tolist(), arrays.free_down.tolist()))

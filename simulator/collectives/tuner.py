@@ -182,7 +182,7 @@ class _Predictor:
             wire = float(table.wire[np.concatenate(hops)].max())
             hosts = np.asarray(self.fabric.hosts, dtype=np.int64)
             net = np.concatenate([hosts[ring] != hosts[np.roll(ring, -1)] for ring in rings])
-            classes = sorted({self.fabric.intra if c == 0 else "net" for c in np.unique(net.astype(np.int64)).tolist()})
+            classes = sorted({*(("net",) if net.any() else ()), *((self.fabric.intra,) if not net.all() else ())})
             hit = memo[key] = (shared, wire, classes)
         return hit
 
