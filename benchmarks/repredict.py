@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import pandas as pd
@@ -22,6 +24,7 @@ import pandas as pd
 from simulator.algorithms import Layout, build_schedule, resolve
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.engine.core import simulate
+from simulator.errors import InputError
 from simulator.workloads.shape import DecodeShape
 
 NEEDS = ["algorithm", "ranks", "context", "measured_s", "predicted_s", "drift", "random.batch", "random.heads",
@@ -36,11 +39,20 @@ def scaled(cluster: Cluster, factor: float) -> Cluster:
     return dataclasses.replace(cluster, specs=specs)
 
 
+def _refuse(message: str) -> NoReturn:
+    print(f"repredict: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def repredict(topology: Cluster, round_dir: Path) -> pd.DataFrame:
-    frame = pd.read_csv(round_dir / "validation.csv")
+    path = round_dir / "validation.csv"
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as exc:  # missing, unreadable, not a CSV
+        _refuse(f"{path}: cannot read it ({exc.__class__.__name__}: {exc})")
     missing = [c for c in NEEDS if c not in frame]
     if missing:
-        raise SystemExit(f"{round_dir / 'validation.csv'}: not a decode round of validate --random (no {missing[0]})")
+        _refuse(f"{path}: column {missing[0]!r} missing: not a decode round of validate --random")
     out = []
     for _, r in frame.iterrows():
         shape = DecodeShape(batch=int(r["random.batch"]), heads=int(r["random.heads"]),
@@ -65,7 +77,10 @@ def main() -> None:
     ap.add_argument("rounds", nargs="+", type=Path)
     ap.add_argument("--rows", action="store_true", help="print every row")
     args = ap.parse_args()
-    topology = load_topology(args.topology)
+    try:
+        topology = load_topology(args.topology)
+    except InputError as exc:
+        _refuse(str(exc))
     rows = pd.concat([repredict(topology, d) for d in args.rounds], ignore_index=True)
     if args.rows:
         print(rows.round(3).to_string(index=False))
