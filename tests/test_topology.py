@@ -137,7 +137,6 @@ def test_routes_match_when_a_destination_comes_back_in_later_batches(seed):
     order = rng.permutation(len(pairs))
     for k in range(3):
         router.prepare([pairs[i] for i in order[k::3]])
-    assert router._near and router._far  # searches and composed distances were kept
     assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
 
 

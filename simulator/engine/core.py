@@ -462,6 +462,9 @@ def load_compiled() -> float:
     """Load the compiled engine and flow network into this process (numba's cache; on a fresh install they are
     compiled and cached first, about a minute): run before forking a pool, so that its workers inherit them or read
     the cache rather than each compile them. Returns the seconds it took."""
+    import networkx as nx
+
+    from simulator.cluster.routing import Router
     from simulator.cluster.topology import build_cluster
     from simulator.engine.network import FlowNetwork
 
@@ -484,4 +487,9 @@ def load_compiled() -> float:
     sched.add_transfer(0, 1, 1e3, "x", send_deps=(k,))
     sched.add_transfers([1], [0], [1e3], ["y"], [(k + 1,)], [()])  # a block of transfers (simulator.colpass)
     simulate(sched, cluster, record_links=True)
+    graph = nx.DiGraph()  # the router's compiled searches and walks (simulator.cluster.routecore), each kind
+    for u, v in [("a.x", "a.y"), ("a.x", "s"), ("s", "b.x"), ("s", "t0"), ("t0", "t")]:
+        graph.add_edge(u, v, latency=1e-6)
+        graph.add_edge(v, u, latency=1e-6)
+    Router(graph).prepare([("a.x", "a.y"), ("a.y", "b.x"), ("a.y", "t")])  # near, composed, whole-graph
     return time.perf_counter() - t0

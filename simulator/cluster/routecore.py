@@ -1,0 +1,390 @@
+"""The router's searches and walks, compiled (numba): :class:`simulator.cluster.routing.Router`'s definitions over
+arrays, for batches of (source, destination) pairs.
+
+The graph comes as CSR arrays (:class:`Graph`): successors in name order (the order the ECMP pick counts in),
+predecessors (the reversed graph the searches run on), successors by index (for weight lookups), each node's group
+and its name as UTF-8 bytes (the ECMP hash is BLAKE2b of ``src|dst|hop``, computed here as :mod:`hashlib` does).
+A walk's distances to its destination are ``min(base[v], min_j rows_t[v, rix[j]] + cs[j])``: a bounded or
+group-local search written into ``base`` (the entry terms empty for a bounded search), or a whole-graph search's
+row. Each function returns every pair's path as node indices (CSR) and a status: 0 a route, 2 no route.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+__all__ = ["Graph", "blake2b_8", "entry_constants", "graph_arrays", "two_hop_bounds", "walk_bounded",
+           "walk_composed", "walk_rows"]
+
+NO_ROUTE = 2
+_INF = np.inf
+
+
+class Graph(NamedTuple):
+    """A directed graph as the compiled walks read it."""
+
+    s_ptr: np.ndarray  # successors (name order) of node v: s_idx[s_ptr[v]:s_ptr[v + 1]], weights s_w
+    s_idx: np.ndarray
+    s_w: np.ndarray
+    p_ptr: np.ndarray  # predecessors: the reversed graph
+    p_idx: np.ndarray
+    p_w: np.ndarray
+    k_idx: np.ndarray  # successors sorted by index (CSR on s_ptr), weights k_w: weight lookups by bisection
+    k_w: np.ndarray
+    group: np.ndarray  # group of each node, -1 for none
+    n_ptr: np.ndarray  # name of node v: n_bytes[n_ptr[v]:n_ptr[v + 1]] (UTF-8)
+    n_bytes: np.ndarray
+
+
+def graph_arrays(names: list[str], succ: list[list[tuple[int, float]]], pred: list[list[tuple[int, float]]],
+                 group: list[int]) -> Graph:
+    """The CSR arrays of a graph given as adjacency lists (``succ`` in name order)."""
+
+    def csr(adj: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ptr = np.zeros(len(adj) + 1, dtype=np.int64)
+        np.cumsum([len(a) for a in adj], out=ptr[1:])
+        idx = np.fromiter((v for a in adj for v, _ in a), dtype=np.int64, count=int(ptr[-1]))
+        w = np.fromiter((w for a in adj for _, w in a), dtype=np.float64, count=int(ptr[-1]))
+        return ptr, idx, w
+
+    s_ptr, s_idx, s_w = csr(succ)
+    p_ptr, p_idx, p_w = csr(pred)
+    row = np.repeat(np.arange(len(succ)), np.diff(s_ptr))
+    order = np.lexsort((s_idx, row))  # within each node's successors, by index
+    encoded = [n.encode() for n in names]
+    n_ptr = np.zeros(len(names) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=n_ptr[1:])
+    n_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
+    return Graph(s_ptr, s_idx, s_w, p_ptr, p_idx, p_w, s_idx[order], s_w[order], np.array(group, dtype=np.int64),
+                 n_ptr, n_bytes)
+
+
+# BLAKE2b (RFC 7693), an 8-byte digest, no key: hashlib.blake2b(data, digest_size=8)
+_IV = np.array([0x6A09E667F3BCC908, 0xBB67AE8584CAA73B, 0x3C6EF372FE94F82B, 0xA54FF53A5F1D36F1,
+                0x510E527FADE682D1, 0x9B05688C2B3E6C1F, 0x1F83D9ABFB41BD6B, 0x5BE0CD19137E2179], dtype=np.uint64)
+_SIGMA = np.array([
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+    [14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3],
+    [11, 8, 12, 0, 5, 2, 15, 13, 10, 14, 3, 6, 7, 1, 9, 4],
+    [7, 9, 3, 1, 13, 12, 11, 14, 2, 6, 5, 10, 4, 0, 15, 8],
+    [9, 0, 5, 7, 2, 4, 10, 15, 14, 1, 11, 12, 6, 8, 3, 13],
+    [2, 12, 6, 10, 0, 11, 8, 3, 4, 13, 7, 5, 15, 14, 1, 9],
+    [12, 5, 1, 15, 14, 13, 4, 10, 0, 7, 6, 3, 9, 2, 8, 11],
+    [13, 11, 7, 14, 12, 1, 3, 9, 5, 0, 15, 4, 8, 6, 2, 10],
+    [6, 15, 14, 9, 11, 3, 0, 8, 12, 2, 13, 7, 1, 4, 10, 5],
+    [10, 2, 8, 4, 7, 6, 1, 5, 15, 11, 9, 14, 3, 12, 13, 0],
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+    [14, 10, 4, 8, 9, 15, 13, 6, 1, 12, 0, 2, 11, 7, 5, 3]], dtype=np.int64)
+_ROT = np.array([32, 24, 16, 63], dtype=np.uint64)
+_U64 = np.uint64(64)
+_U8 = np.uint64(8)
+_PARAMS = np.uint64(0x01010008)  # fanout 1, depth 1, no key, 8-byte digest
+
+
+@njit(cache=True, inline="always")
+def _rotr(x: np.uint64, n: np.uint64) -> np.uint64:  # pragma: no cover
+    return (x >> n) | (x << (_U64 - n))
+
+
+@njit(cache=True)
+def _compress(h: np.ndarray, m: np.ndarray, t: int, last: bool) -> None:  # pragma: no cover
+    v = np.empty(16, dtype=np.uint64)
+    v[:8] = h
+    v[8:] = _IV
+    v[12] ^= np.uint64(t)
+    if last:
+        v[14] = ~v[14]
+    for r in range(12):
+        s = _SIGMA[r]
+        for i in range(8):
+            if i < 4:
+                a, b, c, d = i, 4 + i, 8 + i, 12 + i
+            else:
+                a, b, c, d = i - 4, 4 + (i - 3) % 4, 8 + (i - 2) % 4, 12 + (i - 1) % 4
+            va, vb, vc, vd = v[a], v[b], v[c], v[d]
+            va = va + vb + m[s[2 * i]]
+            vd = _rotr(vd ^ va, _ROT[0])
+            vc = vc + vd
+            vb = _rotr(vb ^ vc, _ROT[1])
+            va = va + vb + m[s[2 * i + 1]]
+            vd = _rotr(vd ^ va, _ROT[2])
+            vc = vc + vd
+            vb = _rotr(vb ^ vc, _ROT[3])
+            v[a], v[b], v[c], v[d] = va, vb, vc, vd
+    for i in range(8):
+        h[i] ^= v[i] ^ v[i + 8]
+
+
+@njit(cache=True)
+def blake2b_8(data: np.ndarray, length: int) -> np.uint64:  # pragma: no cover
+    """``int.from_bytes(hashlib.blake2b(bytes(data[:length]), digest_size=8).digest(), "little")``."""
+    h = _IV.copy()
+    h[0] ^= _PARAMS
+    m = np.zeros(16, dtype=np.uint64)
+    blocks = max(1, (length + 127) // 128)
+    for blk in range(blocks):
+        m[:] = 0
+        lo = blk * 128
+        hi = min(lo + 128, length)
+        for k in range(lo, hi):
+            m[(k - lo) // 8] |= np.uint64(data[k]) << (_U8 * np.uint64((k - lo) % 8))
+        _compress(h, m, hi, blk == blocks - 1)
+    return h[0]
+
+
+@njit(cache=True)
+def _pick(g: Graph, src: int, dst: int, cur: int, buf: np.ndarray, k: int) -> int:  # pragma: no cover
+    """The ECMP pick among ``k`` successors: BLAKE2b of ``src|dst|cur`` (names), modulo k."""
+    n = 0
+    for part in range(3):
+        v = src if part == 0 else dst if part == 1 else cur
+        if part:
+            buf[n] = 124  # "|"
+            n += 1
+        for i in range(g.n_ptr[v], g.n_ptr[v + 1]):
+            buf[n] = g.n_bytes[i]
+            n += 1
+    return np.int64(blake2b_8(buf, n) % np.uint64(k))
+
+
+@njit(cache=True, inline="always")
+def _weight(g: Graph, u: int, v: int) -> float:  # pragma: no cover
+    """Weight of the link u -> v, inf if none."""
+    lo, hi = g.s_ptr[u], g.s_ptr[u + 1]
+    at = lo + np.searchsorted(g.k_idx[lo:hi], v)
+    return g.k_w[at] if at < hi and g.k_idx[at] == v else _INF
+
+
+@njit(cache=True)
+def two_hop_bounds(g: Graph, srcs: np.ndarray, dsts: np.ndarray) -> np.ndarray:  # pragma: no cover
+    """Latency of the best path of at most two links from each source to its destination (inf if none)."""
+    out = np.empty(len(srcs))
+    for k in range(len(srcs)):
+        s, d = srcs[k], dsts[k]
+        best = _weight(g, s, d)
+        for e in range(g.s_ptr[s], g.s_ptr[s + 1]):
+            w2 = _weight(g, g.s_idx[e], d)
+            if w2 < _INF and g.s_w[e] + w2 < best:
+                best = g.s_w[e] + w2
+        out[k] = best
+    return out
+
+
+@njit(cache=True)
+def _search(g: Graph, dst: int, limit: float, only: int, base: np.ndarray,
+            touched: np.ndarray) -> int:  # pragma: no cover
+    """Dijkstra from ``dst`` over the reversed graph: the distances of the nodes within ``limit`` (and, where
+    ``only`` >= 0, inside group ``only``) written into ``base`` (inf elsewhere), their nodes into ``touched``;
+    returns how many."""
+    nt = 0
+    heap = [(0.0, dst)]
+    while heap:
+        d, v = heapq.heappop(heap)
+        if base[v] < _INF:
+            continue
+        base[v] = d
+        touched[nt] = v
+        nt += 1
+        for e in range(g.p_ptr[v], g.p_ptr[v + 1]):
+            u = g.p_idx[e]
+            if only >= 0 and g.group[u] != only:
+                continue
+            du = d + g.p_w[e]
+            if du <= limit and base[u] == _INF:
+                heapq.heappush(heap, (du, u))
+    return nt
+
+
+@njit(cache=True, inline="always")
+def _dist(v: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray) -> float:  # pragma: no cover
+    d = base[v]
+    for j in range(len(rix)):
+        x = rows_t[v, rix[j]] + cs[j]
+        if x < d:
+            d = x
+    return d
+
+
+@njit(cache=True)
+def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray,
+          buf: np.ndarray, cand: np.ndarray, cand_d: np.ndarray, out: np.ndarray, n_out: int
+          ) -> tuple[int, np.ndarray, int]:  # pragma: no cover
+    """The route from src to dst (Router._walk's definition), appended to ``out`` (grown as needed) as nodes."""
+    here = _dist(src, base, rows_t, rix, cs)
+    if not here < _INF:
+        return NO_ROUTE, out, n_out
+    cur = src
+    while True:
+        if n_out >= len(out):
+            grown = np.empty(2 * len(out) + 16, dtype=out.dtype)
+            grown[:n_out] = out[:n_out]
+            out = grown
+        out[n_out] = cur
+        n_out += 1
+        if cur == dst:
+            return 0, out, n_out
+        tol = 1e-12 * here
+        k = 0
+        for e in range(g.s_ptr[cur], g.s_ptr[cur + 1]):
+            v = g.s_idx[e]
+            dv = _dist(v, base, rows_t, rix, cs)
+            if abs(dv + g.s_w[e] - here) <= tol and dv < here:
+                cand[k] = v
+                cand_d[k] = dv
+                k += 1
+        if k == 0:  # cannot happen on true distances: a node on a shortest path has a successor on one
+            raise AssertionError("a route walk found no successor on a shortest path")
+        pick = 0 if k == 1 else _pick(g, src, dst, cur, buf, k)
+        cur, here = cand[pick], cand_d[pick]
+
+
+@njit(cache=True)
+def _walk_sources(g: Graph, dst: int, first: int, src_ptr: np.ndarray, srcs: np.ndarray, base: np.ndarray,
+                  rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray, buf: np.ndarray, cand: np.ndarray,
+                  cand_d: np.ndarray, status: np.ndarray, starts: np.ndarray, out: np.ndarray, n_out: int
+                  ) -> tuple[np.ndarray, int]:  # pragma: no cover
+    """The routes to ``dst`` of sources ``srcs[src_ptr[first]:src_ptr[first + 1]]``."""
+    for k in range(src_ptr[first], src_ptr[first + 1]):
+        st, out, n_out = _walk(g, srcs[k], dst, base, rows_t, rix, cs, buf, cand, cand_d, out, n_out)
+        status[k] = st
+        starts[k + 1] = n_out
+    return out, n_out
+
+
+@njit(cache=True)
+def _candidates(g: Graph) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    """Room for one node's successors on shortest paths (its out-degree at most)."""
+    most = 1
+    for v in range(len(g.s_ptr) - 1):
+        most = max(most, g.s_ptr[v + 1] - g.s_ptr[v])
+    return np.empty(most, dtype=np.int64), np.empty(most)
+
+
+@njit(cache=True)
+def _reset(base: np.ndarray, touched: np.ndarray, nt: int) -> None:  # pragma: no cover
+    for t in range(nt):
+        base[touched[t]] = _INF
+
+
+@njit(cache=True)
+def walk_bounded(g: Graph, dsts: np.ndarray, limits: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
+                 buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """Routes to each destination ``dsts[i]`` from ``srcs[src_ptr[i]:src_ptr[i + 1]]`` over a search bounded by
+    ``limits[i]``: (status, starts, nodes) per pair, in ``srcs``' order."""
+    n = len(g.s_ptr) - 1
+    base = np.full(n, _INF)
+    touched = np.empty(n, dtype=np.int64)
+    status = np.zeros(len(srcs), dtype=np.int64)
+    starts = np.zeros(len(srcs) + 1, dtype=np.int64)
+    out = np.empty(4 * len(srcs) + 16, dtype=np.int64)
+    n_out = 0
+    cand, cand_d = _candidates(g)
+    no_rows, no_rix, no_cs = np.empty((n, 0)), np.empty(0, dtype=np.int64), np.empty(0)
+    for i in range(len(dsts)):
+        nt = _search(g, dsts[i], limits[i], -1, base, touched)
+        out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, base, no_rows, no_rix, no_cs, buf, cand,
+                                   cand_d, status, starts, out, n_out)
+        _reset(base, touched, nt)
+    return status, starts, out[:n_out]
+
+
+@njit(cache=True)
+def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """Per destination in a group of at most ``group_max`` nodes: each entry node x (outside the group, with a
+    link into it) and ``w(x, y) + d_group(y, dst)``, the best over its links into the group (a path into the group
+    enters it for the last time over such a link). (ok, x_ptr, xs, cs): not ok where the destination has no group,
+    its group is larger or entered from more than ``entries_max`` nodes."""
+    n = len(g.s_ptr) - 1
+    size = np.zeros(n + 1, dtype=np.int64)
+    for v in range(n):
+        if g.group[v] >= 0:
+            size[g.group[v]] += 1
+    base = np.full(n, _INF)
+    touched = np.empty(n, dtype=np.int64)
+    best = np.full(n, _INF)
+    seen = np.empty(n, dtype=np.int64)
+    ok = np.zeros(len(dsts), dtype=np.bool_)
+    x_ptr = np.zeros(len(dsts) + 1, dtype=np.int64)
+    xs = np.empty(0, dtype=np.int64)
+    cs = np.empty(0)
+    n_x = 0
+    for i in range(len(dsts)):
+        grp = g.group[dsts[i]]
+        ns = 0
+        if grp >= 0 and size[grp] <= group_max:
+            nt = _search(g, dsts[i], _INF, grp, base, touched)
+            ok[i] = True
+            for t in range(nt):
+                y = touched[t]
+                for e in range(g.p_ptr[y], g.p_ptr[y + 1]):
+                    x = g.p_idx[e]
+                    if g.group[x] != grp:
+                        c = g.p_w[e] + base[y]
+                        if c < best[x]:
+                            if best[x] == _INF:
+                                seen[ns] = x
+                                ns += 1
+                            best[x] = c
+                if ns > entries_max:
+                    ok[i] = False
+                    break
+            _reset(base, touched, nt)
+            if ok[i]:
+                if n_x + ns > len(xs):
+                    grown_x = np.empty(2 * (n_x + ns), dtype=np.int64)
+                    grown_c = np.empty(2 * (n_x + ns))
+                    grown_x[:n_x] = xs[:n_x]
+                    grown_c[:n_x] = cs[:n_x]
+                    xs, cs = grown_x, grown_c
+                for t in range(ns):
+                    xs[n_x + t] = seen[t]
+                    cs[n_x + t] = best[seen[t]]
+                n_x += ns
+            _reset(best, seen, ns)
+        x_ptr[i + 1] = n_x
+    return ok, x_ptr, xs[:n_x], cs[:n_x]
+
+
+@njit(cache=True)
+def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray, cs: np.ndarray,
+                  rows_t: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray, buf: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """Routes over distances composed from the destination's group (a search inside it) and its entry nodes'
+    rows: ``d(v) = min(d_group(v), min_x rows_t[v, x] + cs[x])``. As :func:`walk_bounded`."""
+    n = len(g.s_ptr) - 1
+    base = np.full(n, _INF)
+    touched = np.empty(n, dtype=np.int64)
+    status = np.zeros(len(srcs), dtype=np.int64)
+    starts = np.zeros(len(srcs) + 1, dtype=np.int64)
+    out = np.empty(6 * len(srcs) + 16, dtype=np.int64)
+    n_out = 0
+    cand, cand_d = _candidates(g)
+    for i in range(len(dsts)):
+        nt = _search(g, dsts[i], _INF, g.group[dsts[i]], base, touched)
+        lo, hi = x_ptr[i], x_ptr[i + 1]
+        out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, base, rows_t, rix[lo:hi], cs[lo:hi], buf,
+                                   cand, cand_d, status, starts, out, n_out)
+        _reset(base, touched, nt)
+    return status, starts, out[:n_out]
+
+
+@njit(cache=True)
+def walk_rows(g: Graph, dsts: np.ndarray, rows: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
+              buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """Routes over whole-graph distances: ``rows[i]`` to ``dsts[i]``. As :func:`walk_bounded`."""
+    n = len(g.s_ptr) - 1
+    status = np.zeros(len(srcs), dtype=np.int64)
+    starts = np.zeros(len(srcs) + 1, dtype=np.int64)
+    out = np.empty(6 * len(srcs) + 16, dtype=np.int64)
+    n_out = 0
+    cand, cand_d = _candidates(g)
+    no_rows, no_rix, no_cs = np.empty((n, 0)), np.empty(0, dtype=np.int64), np.empty(0)
+    for i in range(len(dsts)):
+        out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, rows[i], no_rows, no_rix, no_cs, buf, cand,
+                                   cand_d, status, starts, out, n_out)
+    return status, starts, out[:n_out]
