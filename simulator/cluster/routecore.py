@@ -6,7 +6,8 @@ predecessors (the reversed graph the searches run on), successors by index (for 
 and its name as UTF-8 bytes (the ECMP hash is BLAKE2b of ``src|dst|hop``, computed here as :mod:`hashlib` does).
 A walk's distances to its destination are ``min(base[v], min_j rows_t[v, rix[j]] + cs[j])``: a bounded or
 group-local search written into ``base`` (the entry terms empty for a bounded search), or a whole-graph search's
-row. Each function returns every pair's path as node indices (CSR) and a status: 0 a route, 2 no route.
+row. Each function returns every pair's route as edge ids (the graph's edge order; CSR), its latency (the links'
+latencies added in route order, as ``sum`` adds them) and a status: 0 a route, 2 no route.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Graph(NamedTuple):
     s_ptr: np.ndarray  # successors (name order) of node v: s_idx[s_ptr[v]:s_ptr[v + 1]], weights s_w
     s_idx: np.ndarray
     s_w: np.ndarray
+    s_eid: np.ndarray  # ... the link's id (the graph's edge order) and latency
+    s_lat: np.ndarray
     p_ptr: np.ndarray  # predecessors: the reversed graph
     p_idx: np.ndarray
     p_w: np.ndarray
@@ -41,8 +44,9 @@ class Graph(NamedTuple):
 
 
 def graph_arrays(names: list[str], succ: list[list[tuple[int, float]]], pred: list[list[tuple[int, float]]],
-                 group: list[int]) -> Graph:
-    """The CSR arrays of a graph given as adjacency lists (``succ`` in name order)."""
+                 group: list[int], succ_edge: list[list[tuple[int, float]]]) -> Graph:
+    """The CSR arrays of a graph given as adjacency lists (``succ`` in name order; ``succ_edge``: each successor's
+    link id and latency)."""
 
     def csr(adj: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ptr = np.zeros(len(adj) + 1, dtype=np.int64)
@@ -52,6 +56,7 @@ def graph_arrays(names: list[str], succ: list[list[tuple[int, float]]], pred: li
         return ptr, idx, w
 
     s_ptr, s_idx, s_w = csr(succ)
+    _, s_eid, s_lat = csr(succ_edge)
     p_ptr, p_idx, p_w = csr(pred)
     row = np.repeat(np.arange(len(succ)), np.diff(s_ptr))
     order = np.lexsort((s_idx, row))  # within each node's successors, by index
@@ -59,8 +64,8 @@ def graph_arrays(names: list[str], succ: list[list[tuple[int, float]]], pred: li
     n_ptr = np.zeros(len(names) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=n_ptr[1:])
     n_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
-    return Graph(s_ptr, s_idx, s_w, p_ptr, p_idx, p_w, s_idx[order], s_w[order], np.array(group, dtype=np.int64),
-                 n_ptr, n_bytes)
+    return Graph(s_ptr, s_idx, s_w, s_eid.astype(np.int64), s_lat, p_ptr, p_idx, p_w, s_idx[order], s_w[order],
+                 np.array(group, dtype=np.int64), n_ptr, n_bytes)
 
 
 # BLAKE2b (RFC 7693), an 8-byte digest, no key: hashlib.blake2b(data, digest_size=8)
@@ -137,7 +142,7 @@ def blake2b_8(data: np.ndarray, length: int) -> np.uint64:  # pragma: no cover
 
 
 @njit(cache=True)
-def _pick(g: Graph, src: int, dst: int, cur: int, buf: np.ndarray, k: int) -> int:  # pragma: no cover
+def _pick(g: Graph, src: int, dst: int, cur: int, buf: np.ndarray, k: int) -> np.int64:  # pragma: no cover
     """The ECMP pick among ``k`` successors: BLAKE2b of ``src|dst|cur`` (names), modulo k."""
     n = 0
     for part in range(3):
@@ -212,44 +217,46 @@ def _dist(v: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.
 @njit(cache=True)
 def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray,
           buf: np.ndarray, cand: np.ndarray, cand_d: np.ndarray, out: np.ndarray, n_out: int
-          ) -> tuple[int, np.ndarray, int]:  # pragma: no cover
-    """The route from src to dst (Router._walk's definition), appended to ``out`` (grown as needed) as nodes."""
+          ) -> tuple[int, float, np.ndarray, int]:  # pragma: no cover
+    """The route from src to dst (Router._walk's definition) appended to ``out`` (grown as needed) as link ids;
+    (status, latency, out, its length)."""
     here = _dist(src, base, rows_t, rix, cs)
     if not here < _INF:
-        return NO_ROUTE, out, n_out
+        return NO_ROUTE, 0.0, out, n_out
     cur = src
-    while True:
-        if n_out >= len(out):
-            grown = np.empty(2 * len(out) + 16, dtype=out.dtype)
-            grown[:n_out] = out[:n_out]
-            out = grown
-        out[n_out] = cur
-        n_out += 1
-        if cur == dst:
-            return 0, out, n_out
+    latency = 0.0
+    while cur != dst:
         tol = 1e-12 * here
         k = 0
         for e in range(g.s_ptr[cur], g.s_ptr[cur + 1]):
-            v = g.s_idx[e]
-            dv = _dist(v, base, rows_t, rix, cs)
+            dv = _dist(g.s_idx[e], base, rows_t, rix, cs)
             if abs(dv + g.s_w[e] - here) <= tol and dv < here:
-                cand[k] = v
+                cand[k] = e
                 cand_d[k] = dv
                 k += 1
         if k == 0:  # cannot happen on true distances: a node on a shortest path has a successor on one
             raise AssertionError("a route walk found no successor on a shortest path")
         pick = 0 if k == 1 else _pick(g, src, dst, cur, buf, k)
-        cur, here = cand[pick], cand_d[pick]
+        e = cand[pick]
+        if n_out >= len(out):
+            grown = np.empty(2 * len(out) + 16, dtype=out.dtype)
+            grown[:n_out] = out[:n_out]
+            out = grown
+        out[n_out] = g.s_eid[e]
+        n_out += 1
+        latency += g.s_lat[e]
+        cur, here = g.s_idx[e], cand_d[pick]
+    return 0, latency, out, n_out
 
 
 @njit(cache=True)
 def _walk_sources(g: Graph, dst: int, first: int, src_ptr: np.ndarray, srcs: np.ndarray, base: np.ndarray,
                   rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray, buf: np.ndarray, cand: np.ndarray,
-                  cand_d: np.ndarray, status: np.ndarray, starts: np.ndarray, out: np.ndarray, n_out: int
-                  ) -> tuple[np.ndarray, int]:  # pragma: no cover
+                  cand_d: np.ndarray, status: np.ndarray, latency: np.ndarray, starts: np.ndarray, out: np.ndarray,
+                  n_out: int) -> tuple[np.ndarray, int]:  # pragma: no cover
     """The routes to ``dst`` of sources ``srcs[src_ptr[first]:src_ptr[first + 1]]``."""
     for k in range(src_ptr[first], src_ptr[first + 1]):
-        st, out, n_out = _walk(g, srcs[k], dst, base, rows_t, rix, cs, buf, cand, cand_d, out, n_out)
+        st, latency[k], out, n_out = _walk(g, srcs[k], dst, base, rows_t, rix, cs, buf, cand, cand_d, out, n_out)
         status[k] = st
         starts[k + 1] = n_out
     return out, n_out
@@ -272,13 +279,14 @@ def _reset(base: np.ndarray, touched: np.ndarray, nt: int) -> None:  # pragma: n
 
 @njit(cache=True)
 def walk_bounded(g: Graph, dsts: np.ndarray, limits: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
-                 buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+                 buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Routes to each destination ``dsts[i]`` from ``srcs[src_ptr[i]:src_ptr[i + 1]]`` over a search bounded by
-    ``limits[i]``: (status, starts, nodes) per pair, in ``srcs``' order."""
+    ``limits[i]``: (status, latency, starts, link ids) per pair, in ``srcs``' order."""
     n = len(g.s_ptr) - 1
     base = np.full(n, _INF)
     touched = np.empty(n, dtype=np.int64)
     status = np.zeros(len(srcs), dtype=np.int64)
+    latency = np.zeros(len(srcs))
     starts = np.zeros(len(srcs) + 1, dtype=np.int64)
     out = np.empty(4 * len(srcs) + 16, dtype=np.int64)
     n_out = 0
@@ -287,9 +295,9 @@ def walk_bounded(g: Graph, dsts: np.ndarray, limits: np.ndarray, src_ptr: np.nda
     for i in range(len(dsts)):
         nt = _search(g, dsts[i], limits[i], -1, base, touched)
         out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, base, no_rows, no_rix, no_cs, buf, cand,
-                                   cand_d, status, starts, out, n_out)
+                                   cand_d, status, latency, starts, out, n_out)
         _reset(base, touched, nt)
-    return status, starts, out[:n_out]
+    return status, latency, starts, out[:n_out]
 
 
 @njit(cache=True)
@@ -353,13 +361,14 @@ def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int
 @njit(cache=True)
 def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray, cs: np.ndarray,
                   rows_t: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray, buf: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Routes over distances composed from the destination's group (a search inside it) and its entry nodes'
     rows: ``d(v) = min(d_group(v), min_x rows_t[v, x] + cs[x])``. As :func:`walk_bounded`."""
     n = len(g.s_ptr) - 1
     base = np.full(n, _INF)
     touched = np.empty(n, dtype=np.int64)
     status = np.zeros(len(srcs), dtype=np.int64)
+    latency = np.zeros(len(srcs))
     starts = np.zeros(len(srcs) + 1, dtype=np.int64)
     out = np.empty(6 * len(srcs) + 16, dtype=np.int64)
     n_out = 0
@@ -368,17 +377,18 @@ def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray
         nt = _search(g, dsts[i], _INF, g.group[dsts[i]], base, touched)
         lo, hi = x_ptr[i], x_ptr[i + 1]
         out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, base, rows_t, rix[lo:hi], cs[lo:hi], buf,
-                                   cand, cand_d, status, starts, out, n_out)
+                                   cand, cand_d, status, latency, starts, out, n_out)
         _reset(base, touched, nt)
-    return status, starts, out[:n_out]
+    return status, latency, starts, out[:n_out]
 
 
 @njit(cache=True)
 def walk_rows(g: Graph, dsts: np.ndarray, rows: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
-              buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+              buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Routes over whole-graph distances: ``rows[i]`` to ``dsts[i]``. As :func:`walk_bounded`."""
     n = len(g.s_ptr) - 1
     status = np.zeros(len(srcs), dtype=np.int64)
+    latency = np.zeros(len(srcs))
     starts = np.zeros(len(srcs) + 1, dtype=np.int64)
     out = np.empty(6 * len(srcs) + 16, dtype=np.int64)
     n_out = 0
@@ -386,5 +396,5 @@ def walk_rows(g: Graph, dsts: np.ndarray, rows: np.ndarray, src_ptr: np.ndarray,
     no_rows, no_rix, no_cs = np.empty((n, 0)), np.empty(0, dtype=np.int64), np.empty(0)
     for i in range(len(dsts)):
         out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, rows[i], no_rows, no_rix, no_cs, buf, cand,
-                                   cand_d, status, starts, out, n_out)
-    return status, starts, out[:n_out]
+                                   cand_d, status, latency, starts, out, n_out)
+    return status, latency, starts, out[:n_out]

@@ -26,7 +26,7 @@ is the walk's definition in Python, kept for :meth:`Router.plain_route`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import networkx as nx
 import numpy as np
@@ -52,7 +52,7 @@ _GROUP_MAX = 512  # a group larger than this is searched as a whole graph
 _ENTRY_SOURCES_MAX = 64  # a group entered from more distinct nodes than this is searched as a whole graph
 _ROW_FLOATS_MAX = 1 << 23  # distances to entry nodes kept per router (64 MiB)
 
-Walked = tuple[np.ndarray, np.ndarray, np.ndarray]  # a compiled walk's status per pair, starts, nodes
+Walked = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # a compiled walk's status, latency, starts, ids
 
 
 def _stable_hash(key: str) -> int:
@@ -68,33 +68,44 @@ class Router:
         self._index = {n: i for i, n in enumerate(self._names)}
         n = len(self._names)
         self._succ: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        succ_edge: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # (link id, latency) of each successor
         pred: list[list[tuple[int, float]]] = [[] for _ in range(n)]
         rows, cols, weights = [], [], []
-        for u, v, lat in graph.edges(data="latency"):
+        for e, (u, v, lat) in enumerate(graph.edges(data="latency")):  # link ids: the graph's edge order
             iu, iv = self._index[u], self._index[v]
             self._succ[iu].append((iv, lat + HOP_EPSILON))
+            succ_edge[iu].append((e, lat))
             pred[iv].append((iu, lat + HOP_EPSILON))
             rows.append(iv)  # reversed graph: distances *to* a destination
             cols.append(iu)
             weights.append(lat + HOP_EPSILON)
         self._reversed = csr_matrix((weights, (rows, cols)), shape=(n, n))
-        for succ in self._succ:
-            succ.sort(key=lambda e: self._names[e[0]])
+        self._ends = (np.array(cols, dtype=np.int64), np.array(rows, dtype=np.int64))  # each link's (u, v)
+        for i, succ in enumerate(self._succ):
+            order = sorted(range(len(succ)), key=[self._names[v] for v, _ in succ].__getitem__)
+            self._succ[i] = [succ[k] for k in order]
+            succ_edge[i] = [succ_edge[i][k] for k in order]
         self._succ_np = [(np.array([v for v, _ in s], dtype=np.int64), np.array([w for _, w in s]))
                          if len(s) > _VECTOR_DEGREE else None for s in self._succ]
         group_of: dict[str, int] = {}
         group = [group_of.setdefault(name.split(".", 1)[0], len(group_of)) if "." in name else -1
                  for name in self._names]
-        self._graph = graph_arrays(self._names, self._succ, pred, group)
+        self._graph = graph_arrays(self._names, self._succ, pred, group, succ_edge)
         self._buf = np.zeros(3 * int(np.diff(self._graph.n_ptr).max(initial=0)) + 2, dtype=np.uint8)
         self._row_of = np.full(n, -1, dtype=np.int64)  # entry node -> its column in self._rows_t, -1: none
         self._rows_t = np.zeros((n, 0))  # distances to each entry node from every node (a column per entry node)
-        self._routes: dict[tuple[str, str], tuple[Edge, ...]] = {}
+        self._row: dict[tuple[str, str], int] = {}  # a routed pair's row in the link-id CSR below
+        self._starts = np.zeros(1, dtype=np.int64)  # rows' link ids: self._ids[starts[r]:starts[r + 1]]
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._latency = np.zeros(0)  # each row's route latency
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # batches not yet in the arrays
+        self._pending_rows = 0
+        self._routes: dict[tuple[str, str], tuple[Edge, ...]] = {}  # routes as edges of names, made when asked
 
     def prepare(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Compute the routes of many (src, dst) pairs at once (grouped by destination)."""
-        index, routes = self._index, self._routes
-        new = list(dict.fromkeys((s, d) for s, d in pairs if s != d and (s, d) not in routes))
+        index, known = self._index, self._row
+        new = list(dict.fromkeys((s, d) for s, d in pairs if s != d and (s, d) not in known))
         if not new:
             return
         src = np.fromiter((index[s] for s, _ in new), dtype=np.int64, count=len(new))
@@ -130,7 +141,7 @@ class Router:
                *args: object) -> None:
         """Walk the pairs of the destinations ``which`` (a mask over the distinct destinations ``dsts``, sorted;
         ``src``, ``dst``: the pairs sorted by destination, ``counts`` of each) with the compiled ``walk`` and keep
-        their routes as edges of names."""
+        their routes' link ids and latencies as rows."""
         if not which.any():
             return
         src, dst, dsts, counts = by_dst
@@ -138,14 +149,47 @@ class Router:
         sub_src, sub_dst = src[pick], dst[pick]
         src_ptr = np.zeros(int(which.sum()) + 1, dtype=np.int64)
         np.cumsum(counts[which], out=src_ptr[1:])
-        status, starts, nodes = walk(self._graph, dsts[which], *args, src_ptr, sub_src, self._buf)
-        names, routes = self._names, self._routes
-        path = [names[v] for v in nodes.tolist()]
-        for k, (s, d, lo, hi) in enumerate(zip(sub_src.tolist(), sub_dst.tolist(), starts[:-1].tolist(),
-                                               starts[1:].tolist(), strict=True)):
-            if status[k]:
-                raise KeyError(f"no route from {names[s]} to {names[d]}")
-            routes[(names[s], names[d])] = tuple(zip(path[lo:hi - 1], path[lo + 1:hi], strict=True))
+        status, latency, starts, ids = walk(self._graph, dsts[which], *args, src_ptr, sub_src, self._buf)
+        names = self._names
+        if status.any():
+            k = int(np.argmax(status != 0))
+            raise KeyError(f"no route from {names[int(sub_src[k])]} to {names[int(sub_dst[k])]}")
+        first = len(self._latency) + self._pending_rows
+        keys = zip(map(names.__getitem__, sub_src.tolist()), map(names.__getitem__, sub_dst.tolist()), strict=True)
+        self._row.update(zip(keys, range(first, first + len(sub_src)), strict=True))
+        self._pending.append((starts, ids, latency))
+        self._pending_rows += len(sub_src)
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every routed pair's link ids (CSR: starts, ids) and latency, by row."""
+        if self._pending:
+            ends = self._starts[-1] + np.cumsum([0] + [len(ids) for _, ids, _ in self._pending])
+            self._starts = np.concatenate([self._starts, *(end + starts[1:] for end, (starts, _, _) in
+                                                           zip(ends, self._pending, strict=False))])
+            self._ids = np.concatenate([self._ids, *(ids for _, ids, _ in self._pending)])
+            self._latency = np.concatenate([self._latency, *(lat for _, _, lat in self._pending)])
+            self._pending, self._pending_rows = [], 0
+        return self._starts, self._ids, self._latency
+
+    def paths(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The routes of ``pairs`` as arrays, routing the new ones in one batch: (starts, link ids, latency) with
+        pair k's link ids ``ids[starts[k]:starts[k + 1]]`` (the graph's edge order, route order) and its route's
+        latency (its links' latencies added in route order). A node to itself: no link, latency 0."""
+        self.prepare(pairs)
+        row = self._row
+        rows = np.fromiter((row.get(p, -1) for p in pairs), dtype=np.int64, count=len(pairs))
+        starts, ids, latency = self._arrays()
+        routed = rows >= 0
+        lo = np.zeros(len(pairs), dtype=np.int64)
+        counts = np.zeros(len(pairs), dtype=np.int64)
+        lat = np.zeros(len(pairs))
+        lo[routed] = starts[rows[routed]]
+        counts[routed] = starts[rows[routed] + 1] - lo[routed]
+        lat[routed] = latency[rows[routed]]
+        out = np.zeros(len(pairs) + 1, dtype=np.int64)
+        np.cumsum(counts, out=out[1:])
+        take = np.arange(int(out[-1])) - np.repeat(out[:-1] - lo, counts)
+        return out, ids[take], lat
 
     def _add_rows(self, nodes: np.ndarray) -> None:
         """Distances to each of ``nodes`` from every node (kept while they fit in ``_ROW_FLOATS_MAX``)."""
@@ -192,8 +236,16 @@ class Router:
             return ()
         hit = self._routes.get((src, dst))
         if hit is None:
-            self.prepare([(src, dst)])
-            hit = self._routes[(src, dst)]
+            row = self._row.get((src, dst))
+            if row is None:
+                self.prepare([(src, dst)])
+                row = self._row[(src, dst)]
+            starts, ids, _ = self._arrays()
+            us, vs = self._ends
+            names = self._names
+            link = ids[starts[row]:starts[row + 1]]
+            hit = self._routes[(src, dst)] = tuple(zip(map(names.__getitem__, us[link].tolist()),
+                                                       map(names.__getitem__, vs[link].tolist()), strict=True))
         return hit
 
     def plain_route(self, src: str, dst: str) -> tuple[Edge, ...]:

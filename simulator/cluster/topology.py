@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
+import numpy as np
 
 from simulator.cluster.builders import expand_preset
 from simulator.cluster.devices import DeviceSpec, parse_device_spec
@@ -74,6 +75,13 @@ class Cluster:
     def prepare_routes(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Compute the routes of many (src, dst) pairs in one batch (faster than one by one)."""
         self._router.prepare(pairs)
+
+    def paths(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The routes of many (src, dst) pairs as arrays (the new ones routed in one batch): ``(starts, ids,
+        latency)``, pair k's link ids ``ids[starts[k]:starts[k + 1]]`` in route order (a link's id: its position
+        in the graph's edge order, :func:`simulator.cluster.links.link_table`'s), and its route's latency
+        (:meth:`route_latency` of its route, the same float)."""
+        return self._router.paths(pairs)
 
     def route_latency(self, route: tuple[Edge, ...]) -> float:
         """Sum of link latencies along ``route`` in seconds."""

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from simulator.cluster.links import link_table
 from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 
@@ -32,11 +33,9 @@ class HopTable:
         self._n = len(cluster.ranks)
         self._keys = np.zeros(0, dtype=np.int64)  # a * ranks + b of every row, sorted
         self._key_rows = np.zeros(0, dtype=np.int64)  # ... and their rows
-        self._link: dict[tuple[str, str], int] = {}  # directed link -> id, by first use
-        self._capacity: list[float] = []  # bytes/s by link id
         self.wire = np.zeros(0)  # a message's fixed seconds per row: message overhead plus its route's latency
         self.free = np.zeros(0)  # bytes/s per row alone: its route's narrowest link (inf: none)
-        self.capacity = np.zeros(0)  # bytes/s per link id (the ids links() gives)
+        self.capacity = np.zeros(0)  # bytes/s per link id (the ids links() gives: the cluster's link ids)
         self._starts = np.zeros(1, dtype=np.int64)  # rows' link ids as CSR
         self._flat = np.zeros(0, dtype=np.int64)
 
@@ -66,27 +65,19 @@ class HopTable:
         nodes = cl.ranks
         pairs = [(nodes[a], nodes[b]) for a, b in zip((keys // self._n).tolist(), (keys % self._n).tolist(),
                                                       strict=True)]
-        cl.prepare_routes(pairs)
-        link, capacity, edges = self._link, self._capacity, cl.graph.edges
-        wire, free, links, counts = [], [], [], []
-        for src, dst in pairs:
-            route = cl.route(src, dst)
-            ids = []
-            for e in route:
-                i = link.get(e)
-                if i is None:
-                    i = link[e] = len(capacity)
-                    capacity.append(float(edges[e]["bandwidth"]))
-                ids.append(i)
-            wire.append(cl.message_overhead_s + cl.route_latency(route))
-            free.append(min((capacity[i] for i in ids), default=math.inf))
-            links += ids
-            counts.append(len(ids))
+        starts, ids, latency = cl.paths(pairs)
+        if not len(self.capacity):
+            self.capacity = link_table(cl).capacity_array
+        counts = np.diff(starts)
+        free = np.full(len(pairs), math.inf)  # a route's narrowest link (none: inf)
+        some = counts > 0
+        if some.any():
+            free[some] = np.minimum.reduceat(self.capacity[ids], starts[:-1][some])
         first = len(self.wire)
-        self.wire, self.free = np.concatenate([self.wire, wire]), np.concatenate([self.free, free])
-        self._starts = np.concatenate([self._starts, self._starts[-1] + np.cumsum(counts)])
-        self._flat = np.concatenate([self._flat, np.array(links, dtype=np.int64)])
-        self.capacity = np.array(capacity)
+        self.wire = np.concatenate([self.wire, cl.message_overhead_s + latency])
+        self.free = np.concatenate([self.free, free])
+        self._starts = np.concatenate([self._starts, self._starts[-1] + starts[1:]])
+        self._flat = np.concatenate([self._flat, ids])
         keys = np.concatenate([self._keys, keys])
         rows = np.concatenate([self._key_rows, first + np.arange(len(pairs))])
         order = np.argsort(keys, kind="stable")

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple, NoReturn
 import numpy as np
 
 from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
-from simulator.cluster.memo import cluster_memo
+from simulator.cluster.links import link_table
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
 from simulator.colpass import dependents, distinct_codes
@@ -170,40 +170,6 @@ class SimResult:
         return sum(map(_NBYTES, map(self.ops.__getitem__, ids.tolist())))  # in timeline order
 
 
-@dataclass(frozen=True)
-class _Edges:
-    """A cluster's links by id (the graph's edge order): names, bytes/s, latencies, curves by message size."""
-
-    links: dict[tuple[str, str], int]
-    names: list[tuple[str, str]]
-    capacity: list[float]
-    latency: list[float]
-    curves: dict[int, tuple[float, SizeCurve]]
-
-
-def _edges(cluster: Cluster) -> _Edges:
-    """The cluster's :class:`_Edges`, read off its graph once (kept as long as the cluster: its routes are)."""
-    memo = cluster_memo(cluster, "engine edges")
-    hit = memo.get(None)
-    if hit is None:
-        links: dict[tuple[str, str], int] = {}
-        names: list[tuple[str, str]] = []
-        capacity: list[float] = []
-        latency: list[float] = []
-        curves: dict[int, tuple[float, SizeCurve]] = {}
-        for u, out in cluster.graph.adjacency():  # graph.edges' order, without its view's per-edge cost
-            for v, data in out.items():
-                i = len(names)
-                links[(u, v)] = i
-                names.append((u, v))
-                capacity.append(data["bandwidth"])
-                latency.append(data["latency"])
-                if data.get("by_size") is not None:
-                    curves[i] = (data["bandwidth"], data["by_size"])
-        hit = memo[None] = _Edges(links, names, capacity, latency, curves)
-    return hit
-
-
 class _Run:
     """A schedule's columns for the compiled loop (:mod:`simulator.engine.eventcore`): what each op needs, computed
     once per distinct value (a kernel's duration per cost, a route per pair of ranks, weights per route and size)."""
@@ -226,8 +192,8 @@ class _Run:
         self.pending = counts  # int32, counted down by the loop
         self.roots = np.flatnonzero(self.pending == 0)
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
-        edges = _edges(cluster)
-        self.links, self.edge_names, self.latency = edges.links, edges.names, edges.latency
+        edges = link_table(cluster)
+        self.edge_names = edges.names
         capacity = list(edges.capacity)  # the host resources add their own links
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
         self.capacity = np.array(capacity, dtype=float)
@@ -320,16 +286,22 @@ class _Run:
         del pair, matches
         distinct = [divmod(c, self.sched.ranks) for c in codes.tolist()]
         place = self.place
-        self.cluster.prepare_routes({(place[a], place[b]) for a, b in distinct})
-        routes = [self._path(a, b) for a, b in distinct]
-        width = max([1, *map(len, (links for links, _ in routes))])
-        self.plinks = np.zeros((max(1, len(routes)), width), dtype=np.int64)
-        self.plen = np.zeros(max(1, len(routes)), dtype=np.int64)
-        self.plat = np.zeros(max(1, len(routes)))
-        for i, (links, latency) in enumerate(routes):
-            self.plinks[i, :len(links)] = links
-            self.plen[i] = len(links)
-            self.plat[i] = latency
+        starts, ids, latency = self.cluster.paths([(place[a], place[b]) for a, b in distinct])
+        counts = np.diff(starts)
+        if self.hosts.copies:  # a transfer's copies cross its hosts' cores after its route
+            extra = [self.hosts.transfer(a, b) if k else () for (a, b), k in zip(distinct, counts.tolist(),
+                                                                                  strict=True)]
+            flat = [list(ids[lo:hi]) + list(more) for lo, hi, more in zip(starts[:-1].tolist(), starts[1:].tolist(),
+                                                                            extra, strict=True)]
+            counts = np.array([len(f) for f in flat], dtype=np.int64)
+            ids = np.array([i for f in flat for i in f], dtype=np.int64)
+        self.plinks = np.zeros((max(1, len(distinct)), max(1, int(counts.max(initial=0)))), dtype=np.int64)
+        self.plinks[np.repeat(np.arange(len(distinct)), counts), np.arange(len(ids)) - np.repeat(
+            np.cumsum(counts) - counts, counts)] = ids
+        self.plen = np.zeros(max(1, len(distinct)), dtype=np.int64)
+        self.plen[:len(distinct)] = counts
+        self.plat = np.zeros(max(1, len(distinct)))
+        self.plat[:len(distinct)] = latency
         self.path = np.full(n, -1, dtype=np.int32)
         self.path[sends] = route_of.reshape(-1)
         # a send's fields, 0 on every other op (a launch's floor, read for its duration, is cleared)
@@ -352,25 +324,16 @@ class _Run:
                     continue
                 key = (r, size)
                 if key not in rows:
-                    weights = self._weights_of(routes[key[0]][0], size)
+                    weights = self._weights_of(tuple(self.plinks[r, :self.plen[r]].tolist()), size)
                     if weights is not None and not all(0.0 < w < math.inf for w in weights):
                         self._bad(ops[i], f"loads its route by {weights} (each must be finite and > 0)")
                     rows[key] = -1 if weights is None else len(table)
                     if weights is not None:
                         table.append(weights)
                 self.wrow[i] = rows[key]
-        self.wtab = np.ones((max(1, len(table)), width))
+        self.wtab = np.ones((max(1, len(table)), self.plinks.shape[1]))
         for i, weights in enumerate(table):
             self.wtab[i, :len(weights)] = weights
-
-    def _path(self, src: int, dst: int) -> tuple[tuple[int, ...], float]:
-        """Link ids a transfer between two ranks crosses (route, then host cores its copies use) and its latency."""
-        a, b = self.place[src], self.place[dst]
-        route = self.cluster.route(a, b) if a != b else ()
-        route_ids = tuple(map(self.links.__getitem__, route))
-        links = (*route_ids, *self.hosts.transfer(src, dst)) if route and self.hosts.copies else route_ids
-        latency = sum(map(self.latency.__getitem__, route_ids))  # Cluster.route_latency, from a list
-        return links, latency
 
     def _weights_of(self, link_ids: tuple[int, ...], nbytes: float) -> tuple[float, ...] | None:
         """A message's weight on each link of its route: nominal / bandwidth at its size where the link (or host
