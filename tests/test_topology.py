@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 
 import networkx as nx
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simulator.cluster.routecore import blake2b_8
 from simulator.cluster.routing import Router
 from simulator.cluster.summary import bisection_bandwidth, summarize
 from simulator.cluster.topology import list_presets, load_topology
@@ -198,3 +200,12 @@ def test_routes_match_behind_wide_switches(seed):
     for k in range(3):
         router.prepare(pairs[k::3])
     assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=400))
+def test_the_compiled_ecmp_hash_is_hashlibs_blake2b(data):
+    """The compiled walks pick among equal-cost successors by BLAKE2b of ``src|dst|hop`` computed in numba: the
+    same 8-byte digest as hashlib's, over one block and many (names of any length)."""
+    buf = np.frombuffer(data + b"\0", dtype=np.uint8)
+    assert int(blake2b_8(buf, len(data))) == int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")

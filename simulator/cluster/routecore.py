@@ -13,16 +13,19 @@ latencies added in route order, as ``sum`` adds them) and a status: 0 a route, 2
 from __future__ import annotations
 
 import heapq
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.typed import Dict, List
 
 __all__ = ["Graph", "blake2b_8", "entry_constants", "graph_arrays", "two_hop_bounds", "walk_bounded",
            "walk_composed", "walk_rows"]
 
 NO_ROUTE = 2
 _INF = np.inf
+_KEEP_DEGREE = 32  # a node with more successors than this keeps them per class in composed walks (see _Kept)
+_PAIR = types.UniTuple(types.int64, 2)
 
 
 class Graph(NamedTuple):
@@ -36,8 +39,8 @@ class Graph(NamedTuple):
     p_ptr: np.ndarray  # predecessors: the reversed graph
     p_idx: np.ndarray
     p_w: np.ndarray
-    k_idx: np.ndarray  # successors sorted by index (CSR on s_ptr), weights k_w: weight lookups by bisection
-    k_w: np.ndarray
+    k_idx: np.ndarray  # successors sorted by index (CSR on s_ptr), and each one's position in s_idx: lookups by
+    k_pos: np.ndarray  # bisection
     group: np.ndarray  # group of each node, -1 for none
     n_ptr: np.ndarray  # name of node v: n_bytes[n_ptr[v]:n_ptr[v + 1]] (UTF-8)
     n_bytes: np.ndarray
@@ -64,8 +67,8 @@ def graph_arrays(names: list[str], succ: list[list[tuple[int, float]]], pred: li
     n_ptr = np.zeros(len(names) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=n_ptr[1:])
     n_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
-    return Graph(s_ptr, s_idx, s_w, s_eid.astype(np.int64), s_lat, p_ptr, p_idx, p_w, s_idx[order], s_w[order],
-                 np.array(group, dtype=np.int64), n_ptr, n_bytes)
+    return Graph(s_ptr, s_idx, s_w, s_eid.astype(np.int64), s_lat, p_ptr, p_idx, p_w, s_idx[order],
+                 order.astype(np.int64), np.array(group, dtype=np.int64), n_ptr, n_bytes)
 
 
 # BLAKE2b (RFC 7693), an 8-byte digest, no key: hashlib.blake2b(data, digest_size=8)
@@ -157,11 +160,18 @@ def _pick(g: Graph, src: int, dst: int, cur: int, buf: np.ndarray, k: int) -> np
 
 
 @njit(cache=True, inline="always")
-def _weight(g: Graph, u: int, v: int) -> float:  # pragma: no cover
-    """Weight of the link u -> v, inf if none."""
+def _position(g: Graph, u: int, v: int) -> int:  # pragma: no cover
+    """Position of the link u -> v among u's successors (in s_idx), -1 if none."""
     lo, hi = g.s_ptr[u], g.s_ptr[u + 1]
     at = lo + np.searchsorted(g.k_idx[lo:hi], v)
-    return g.k_w[at] if at < hi and g.k_idx[at] == v else _INF
+    return g.k_pos[at] if at < hi and g.k_idx[at] == v else -1
+
+
+@njit(cache=True, inline="always")
+def _weight(g: Graph, u: int, v: int) -> float:  # pragma: no cover
+    """Weight of the link u -> v, inf if none."""
+    e = _position(g, u, v)
+    return g.s_w[e] if e >= 0 else _INF
 
 
 @njit(cache=True)
@@ -205,8 +215,9 @@ def _search(g: Graph, dst: int, limit: float, only: int, base: np.ndarray,
 
 
 @njit(cache=True, inline="always")
-def _dist(v: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray) -> float:  # pragma: no cover
-    d = base[v]
+def _via(v: int, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray) -> float:  # pragma: no cover
+    """The best of v's paths through an entry node: ``min_j rows_t[v, rix[j]] + cs[j]`` (inf: none)."""
+    d = _INF
     for j in range(len(rix)):
         x = rows_t[v, rix[j]] + cs[j]
         if x < d:
@@ -214,10 +225,89 @@ def _dist(v: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.
     return d
 
 
+@njit(cache=True, inline="always")
+def _dist(v: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray) -> float:  # pragma: no cover
+    return min(base[v], _via(v, rows_t, rix, cs))
+
+
+class _Kept(NamedTuple):
+    """Successors on shortest paths found by walks over composed distances, kept per (class, node): a node outside
+    the destination's group (where base is inf) has the same distance and the same such successors for every
+    destination of one class (the same entry nodes and constants), but for the group's own nodes."""
+
+    where: Any  # numba typed Dict: (class, node) -> (first, count) in the lists below
+    pos: Any  # typed List of successor positions (in s_idx)
+    dist: Any  # typed List of their distances
+
+
+@njit(cache=True)
+def _new_kept() -> _Kept:  # pragma: no cover
+    return _Kept(Dict.empty(key_type=_PAIR, value_type=_PAIR), List.empty_list(types.int64),
+                 List.empty_list(types.float64))
+
+
+@njit(cache=True, inline="always")
+def _on_path(dv: float, w: float, here: float, tol: float) -> bool:  # pragma: no cover
+    return abs(dv + w - here) <= tol and dv < here
+
+
+@njit(cache=True)
+def _scan(g: Graph, cur: int, here: float, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray,
+          cand: np.ndarray, cand_d: np.ndarray, kept: _Kept, cls: int, grp: int, touched: np.ndarray, nt: int
+          ) -> int:  # pragma: no cover
+    """The successors of ``cur`` on shortest paths (positions into ``cand`` in name order, distances into
+    ``cand_d``); how many. With ``cls`` >= 0, a wide node outside group ``grp`` reads them from ``kept``: those of
+    its class, less the group's nodes (``touched``: their distances are not the class's), plus the group's nodes
+    that are."""
+    tol = 1e-12 * here
+    lo, hi = g.s_ptr[cur], g.s_ptr[cur + 1]
+    if cls < 0 or hi - lo <= _KEEP_DEGREE or g.group[cur] == grp:
+        k = 0
+        for e in range(lo, hi):
+            dv = _dist(g.s_idx[e], base, rows_t, rix, cs)
+            if _on_path(dv, g.s_w[e], here, tol):
+                cand[k] = e
+                cand_d[k] = dv
+                k += 1
+        return k
+    key = (cls, cur)
+    if key not in kept.where:
+        first = len(kept.pos)
+        for e in range(lo, hi):
+            dv = _via(g.s_idx[e], rows_t, rix, cs)
+            if _on_path(dv, g.s_w[e], here, tol):
+                kept.pos.append(e)
+                kept.dist.append(dv)
+        kept.where[key] = (first, len(kept.pos) - first)
+    first, count = kept.where[key]
+    k = 0
+    for j in range(first, first + count):
+        e = kept.pos[j]
+        if base[g.s_idx[e]] == _INF:  # not a node of the group
+            cand[k] = e
+            cand_d[k] = kept.dist[j]
+            k += 1
+    for t in range(nt):  # the group's nodes among cur's successors, each in its place
+        e = _position(g, cur, touched[t])
+        if e < 0:
+            continue
+        dv = _dist(touched[t], base, rows_t, rix, cs)
+        if _on_path(dv, g.s_w[e], here, tol):
+            at = k
+            while at > 0 and cand[at - 1] > e:
+                cand[at] = cand[at - 1]
+                cand_d[at] = cand_d[at - 1]
+                at -= 1
+            cand[at] = e
+            cand_d[at] = dv
+            k += 1
+    return k
+
+
 @njit(cache=True)
 def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray,
-          buf: np.ndarray, cand: np.ndarray, cand_d: np.ndarray, out: np.ndarray, n_out: int
-          ) -> tuple[int, float, np.ndarray, int]:  # pragma: no cover
+          buf: np.ndarray, cand: np.ndarray, cand_d: np.ndarray, kept: _Kept, cls: int, touched: np.ndarray, nt: int,
+          out: np.ndarray, n_out: int) -> tuple[int, float, np.ndarray, int]:  # pragma: no cover
     """The route from src to dst (Router._walk's definition) appended to ``out`` (grown as needed) as link ids;
     (status, latency, out, its length)."""
     here = _dist(src, base, rows_t, rix, cs)
@@ -225,15 +315,9 @@ def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, ri
         return NO_ROUTE, 0.0, out, n_out
     cur = src
     latency = 0.0
+    grp = g.group[dst]
     while cur != dst:
-        tol = 1e-12 * here
-        k = 0
-        for e in range(g.s_ptr[cur], g.s_ptr[cur + 1]):
-            dv = _dist(g.s_idx[e], base, rows_t, rix, cs)
-            if abs(dv + g.s_w[e] - here) <= tol and dv < here:
-                cand[k] = e
-                cand_d[k] = dv
-                k += 1
+        k = _scan(g, cur, here, base, rows_t, rix, cs, cand, cand_d, kept, cls, grp, touched, nt)
         if k == 0:  # cannot happen on true distances: a node on a shortest path has a successor on one
             raise AssertionError("a route walk found no successor on a shortest path")
         pick = 0 if k == 1 else _pick(g, src, dst, cur, buf, k)
@@ -252,11 +336,13 @@ def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, ri
 @njit(cache=True)
 def _walk_sources(g: Graph, dst: int, first: int, src_ptr: np.ndarray, srcs: np.ndarray, base: np.ndarray,
                   rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray, buf: np.ndarray, cand: np.ndarray,
-                  cand_d: np.ndarray, status: np.ndarray, latency: np.ndarray, starts: np.ndarray, out: np.ndarray,
-                  n_out: int) -> tuple[np.ndarray, int]:  # pragma: no cover
+                  cand_d: np.ndarray, kept: _Kept, cls: int, touched: np.ndarray, nt: int, status: np.ndarray,
+                  latency: np.ndarray, starts: np.ndarray, out: np.ndarray, n_out: int
+                  ) -> tuple[np.ndarray, int]:  # pragma: no cover
     """The routes to ``dst`` of sources ``srcs[src_ptr[first]:src_ptr[first + 1]]``."""
     for k in range(src_ptr[first], src_ptr[first + 1]):
-        st, latency[k], out, n_out = _walk(g, srcs[k], dst, base, rows_t, rix, cs, buf, cand, cand_d, out, n_out)
+        st, latency[k], out, n_out = _walk(g, srcs[k], dst, base, rows_t, rix, cs, buf, cand, cand_d, kept, cls,
+                                           touched, nt, out, n_out)
         status[k] = st
         starts[k + 1] = n_out
     return out, n_out
@@ -291,11 +377,12 @@ def walk_bounded(g: Graph, dsts: np.ndarray, limits: np.ndarray, src_ptr: np.nda
     out = np.empty(4 * len(srcs) + 16, dtype=np.int64)
     n_out = 0
     cand, cand_d = _candidates(g)
+    kept = _new_kept()
     no_rows, no_rix, no_cs = np.empty((n, 0)), np.empty(0, dtype=np.int64), np.empty(0)
     for i in range(len(dsts)):
         nt = _search(g, dsts[i], limits[i], -1, base, touched)
         out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, base, no_rows, no_rix, no_cs, buf, cand,
-                                   cand_d, status, latency, starts, out, n_out)
+                                   cand_d, kept, -1, touched, nt, status, latency, starts, out, n_out)
         _reset(base, touched, nt)
     return status, latency, starts, out[:n_out]
 
@@ -359,6 +446,30 @@ def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int
 
 
 @njit(cache=True)
+def _class_of(rix: np.ndarray, cs: np.ndarray, classes: Any, class_rix: Any, class_cs: Any) -> int:  # pragma: no cover
+    """An id shared by the destinations whose entry nodes and constants are these (in any order); -1 where its
+    hash names another class (nothing kept for it then)."""
+    order = np.argsort(rix, kind="mergesort")
+    r, c = rix[order], cs[order]
+    h = np.uint64(14695981039346656037)
+    for j in range(len(r)):
+        for word in (np.uint64(r[j]), c[j:j + 1].view(np.uint64)[0]):
+            h = (h ^ word) * np.uint64(1099511628211)
+    key = np.int64(h >> np.uint64(1))
+    if key not in classes:
+        classes[key] = len(class_rix)
+        class_rix.append(r)
+        class_cs.append(c)
+    cls = classes[key]
+    same = len(class_rix[cls]) == len(r)
+    if same:
+        for j in range(len(r)):
+            if class_rix[cls][j] != r[j] or class_cs[cls][j] != c[j]:
+                same = False
+    return cls if same else -1
+
+
+@njit(cache=True)
 def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray, cs: np.ndarray,
                   rows_t: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray, buf: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
@@ -373,11 +484,16 @@ def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray
     out = np.empty(6 * len(srcs) + 16, dtype=np.int64)
     n_out = 0
     cand, cand_d = _candidates(g)
+    kept = _new_kept()
+    classes = Dict.empty(key_type=types.int64, value_type=types.int64)
+    class_rix = List.empty_list(types.int64[:])
+    class_cs = List.empty_list(types.float64[:])
     for i in range(len(dsts)):
         nt = _search(g, dsts[i], _INF, g.group[dsts[i]], base, touched)
         lo, hi = x_ptr[i], x_ptr[i + 1]
+        cls = _class_of(rix[lo:hi], cs[lo:hi], classes, class_rix, class_cs)
         out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, base, rows_t, rix[lo:hi], cs[lo:hi], buf,
-                                   cand, cand_d, status, latency, starts, out, n_out)
+                                   cand, cand_d, kept, cls, touched, nt, status, latency, starts, out, n_out)
         _reset(base, touched, nt)
     return status, latency, starts, out[:n_out]
 
@@ -393,8 +509,10 @@ def walk_rows(g: Graph, dsts: np.ndarray, rows: np.ndarray, src_ptr: np.ndarray,
     out = np.empty(6 * len(srcs) + 16, dtype=np.int64)
     n_out = 0
     cand, cand_d = _candidates(g)
+    kept = _new_kept()
     no_rows, no_rix, no_cs = np.empty((n, 0)), np.empty(0, dtype=np.int64), np.empty(0)
+    no_touched = np.empty(0, dtype=np.int64)
     for i in range(len(dsts)):
         out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, rows[i], no_rows, no_rix, no_cs, buf, cand,
-                                   cand_d, status, latency, starts, out, n_out)
+                                   cand_d, kept, -1, no_touched, 0, status, latency, starts, out, n_out)
     return status, latency, starts, out[:n_out]
