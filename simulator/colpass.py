@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["dependents", "distinct_codes", "fill_transfers"]
+__all__ = ["dependents", "distinct_codes", "fill_transfers", "group_max"]
 
 
 @njit(cache=True)
@@ -86,3 +86,23 @@ def fill_transfers(first: int, src: np.ndarray, dst: np.ndarray, size: np.ndarra
         for j in range(recv_start[k], recv_start[k + 1]):
             parents[e] = recv_flat[j]
             e += 1
+
+
+@njit(cache=True)
+def _group_max(code: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    out = np.full(k, -np.inf)
+    seen = np.zeros(k, dtype=np.bool_)
+    for i in range(len(code)):
+        c = code[i]
+        seen[c] = True
+        if values[i] > out[c]:
+            out[c] = values[i]
+    return out, seen
+
+
+def group_max(code: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The largest of ``values`` per code in ``0..k-1`` (``np.maximum.at`` on ``-inf``, in one compiled pass) and
+    which codes occur."""
+    if len(code) and (int(code.min()) < 0 or int(code.max()) >= k):
+        raise ValueError(f"codes outside 0..{k - 1}")
+    return _group_max(code, values, k)

@@ -54,7 +54,7 @@ from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.links import link_table
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
-from simulator.colpass import dependents, distinct_codes
+from simulator.colpass import dependents, distinct_codes, group_max
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
 from simulator.gcpause import gc_paused
@@ -403,9 +403,8 @@ class _Run:
             raise RuntimeError(f"schedule deadlocked: ops {unfinished} never started")
         ranks = self.ranks
         ids = np.flatnonzero(~np.isnan(ends))  # started but never ended: not on the timeline
-        last = np.full(self.sched.ranks, -np.inf)
-        np.maximum.at(last, ranks[ids], ends[ids])
-        end_time = {r: float(last[r]) for r in np.unique(ranks[ids]).tolist()}
+        last, seen = group_max(ranks[ids], ends[ids], self.sched.ranks)
+        end_time = {r: float(last[r]) for r in np.flatnonzero(seen).tolist()}
         # the timeline's (start, rank, op) order: one sort of arrays rather than of millions of key tuples
         order = ids[np.lexsort((ids, ranks[ids], starts[ids]))]
         return SimResult(ops, starts, ends, order, ranks.astype(np.int64), self.kind_of, int(events), int(allocations),
