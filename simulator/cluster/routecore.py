@@ -349,12 +349,28 @@ def _walk_sources(g: Graph, dst: int, first: int, src_ptr: np.ndarray, srcs: np.
 
 
 @njit(cache=True)
-def _candidates(g: Graph) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
-    """Room for one node's successors on shortest paths (its out-degree at most)."""
+def _scratch(g: Graph) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+    """A search's distances (inf but where written) and the nodes it wrote."""
+    n = len(g.s_ptr) - 1
+    return np.full(n, _INF), np.empty(n, dtype=np.int64)
+
+
+@njit(cache=True)
+def _outputs(g: Graph, pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                            _Kept]:  # pragma: no cover
+    """A batch's status, latency, starts and link ids (grown as needed); room for one node's successors on shortest
+    paths (its out-degree at most); successors kept per class."""
     most = 1
     for v in range(len(g.s_ptr) - 1):
         most = max(most, g.s_ptr[v + 1] - g.s_ptr[v])
-    return np.empty(most, dtype=np.int64), np.empty(most)
+    return (np.zeros(pairs, dtype=np.int64), np.zeros(pairs), np.zeros(pairs + 1, dtype=np.int64),
+            np.empty(4 * pairs + 16, dtype=np.int64), np.empty(most, dtype=np.int64), np.empty(most), _new_kept())
+
+
+@njit(cache=True)
+def _no_entries(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """The entry terms of a walk over one array of distances: none."""
+    return np.empty((len(g.s_ptr) - 1, 0)), np.empty(0, dtype=np.int64), np.empty(0)
 
 
 @njit(cache=True)
@@ -368,17 +384,10 @@ def walk_bounded(g: Graph, dsts: np.ndarray, limits: np.ndarray, src_ptr: np.nda
                  buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Routes to each destination ``dsts[i]`` from ``srcs[src_ptr[i]:src_ptr[i + 1]]`` over a search bounded by
     ``limits[i]``: (status, latency, starts, link ids) per pair, in ``srcs``' order."""
-    n = len(g.s_ptr) - 1
-    base = np.full(n, _INF)
-    touched = np.empty(n, dtype=np.int64)
-    status = np.zeros(len(srcs), dtype=np.int64)
-    latency = np.zeros(len(srcs))
-    starts = np.zeros(len(srcs) + 1, dtype=np.int64)
-    out = np.empty(4 * len(srcs) + 16, dtype=np.int64)
+    base, touched = _scratch(g)
+    status, latency, starts, out, cand, cand_d, kept = _outputs(g, len(srcs))
     n_out = 0
-    cand, cand_d = _candidates(g)
-    kept = _new_kept()
-    no_rows, no_rix, no_cs = np.empty((n, 0)), np.empty(0, dtype=np.int64), np.empty(0)
+    no_rows, no_rix, no_cs = _no_entries(g)
     for i in range(len(dsts)):
         nt = _search(g, dsts[i], limits[i], -1, base, touched)
         out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, base, no_rows, no_rix, no_cs, buf, cand,
@@ -475,16 +484,9 @@ def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Routes over distances composed from the destination's group (a search inside it) and its entry nodes'
     rows: ``d(v) = min(d_group(v), min_x rows_t[v, x] + cs[x])``. As :func:`walk_bounded`."""
-    n = len(g.s_ptr) - 1
-    base = np.full(n, _INF)
-    touched = np.empty(n, dtype=np.int64)
-    status = np.zeros(len(srcs), dtype=np.int64)
-    latency = np.zeros(len(srcs))
-    starts = np.zeros(len(srcs) + 1, dtype=np.int64)
-    out = np.empty(6 * len(srcs) + 16, dtype=np.int64)
+    base, touched = _scratch(g)
+    status, latency, starts, out, cand, cand_d, kept = _outputs(g, len(srcs))
     n_out = 0
-    cand, cand_d = _candidates(g)
-    kept = _new_kept()
     classes = Dict.empty(key_type=types.int64, value_type=types.int64)
     class_rix = List.empty_list(types.int64[:])
     class_cs = List.empty_list(types.float64[:])
@@ -502,15 +504,9 @@ def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray
 def walk_rows(g: Graph, dsts: np.ndarray, rows: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
               buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Routes over whole-graph distances: ``rows[i]`` to ``dsts[i]``. As :func:`walk_bounded`."""
-    n = len(g.s_ptr) - 1
-    status = np.zeros(len(srcs), dtype=np.int64)
-    latency = np.zeros(len(srcs))
-    starts = np.zeros(len(srcs) + 1, dtype=np.int64)
-    out = np.empty(6 * len(srcs) + 16, dtype=np.int64)
+    status, latency, starts, out, cand, cand_d, kept = _outputs(g, len(srcs))
     n_out = 0
-    cand, cand_d = _candidates(g)
-    kept = _new_kept()
-    no_rows, no_rix, no_cs = np.empty((n, 0)), np.empty(0, dtype=np.int64), np.empty(0)
+    no_rows, no_rix, no_cs = _no_entries(g)
     no_touched = np.empty(0, dtype=np.int64)
     for i in range(len(dsts)):
         out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, rows[i], no_rows, no_rix, no_cs, buf, cand,
