@@ -421,9 +421,9 @@ def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -
 
 
 def load_compiled() -> float:
-    """Load the compiled engine and flow network into this process (numba's cache; on a fresh install they are
-    compiled and cached first, about a minute): run before forking a pool, so that its workers inherit them or read
-    the cache rather than each compile them. Returns the seconds it took."""
+    """Load the compiled engine, flow network and router into this process (numba's cache; on a fresh install they
+    are compiled and cached first, a minute or two): run before forking a pool, so that its workers inherit them or
+    read the cache rather than each compile them. Returns the seconds it took."""
     import networkx as nx
 
     from simulator.cluster.routing import Router
