@@ -49,7 +49,9 @@ def find_overlap(shape: PrefillShape, cluster: Cluster, layout: Layout, max_toke
     """Smallest per-rank shard (tokens) at which ring's transfers hide, on the first ``layout.ranks`` GPUs."""
     ranks = cluster.ranks[: layout.ranks]
     order = layout.ring_order()
-    hops = [cluster.route(ranks[order[i]], ranks[order[(i + 1) % len(order)]]) for i in range(len(order))]
+    pairs = [(ranks[order[i]], ranks[order[(i + 1) % len(order)]]) for i in range(len(order))]
+    cluster.prepare_routes(pairs)  # one batch
+    hops = [cluster.route(a, b) for a, b in pairs]
     bandwidth = min(cluster.route_bandwidth(h) for h in hops)
     spec = cluster.specs[ranks[0]]
     flops = spec.flops_for(shape.dtype) * flops_efficiency(spec, "attn-fwd")

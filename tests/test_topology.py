@@ -209,3 +209,26 @@ def test_the_compiled_ecmp_hash_is_hashlibs_blake2b(data):
     same 8-byte digest as hashlib's, over one block and many (names of any length)."""
     buf = np.frombuffer(data + b"\0", dtype=np.uint8)
     assert int(blake2b_8(buf, len(data))) == int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_routes_asked_one_at_a_time_between_batches(seed):
+    """Pairs routed one at a time (``route``) between batches (``prepare``) and read back as arrays (``paths``,
+    same-node pairs and repeats among them): each is the whole-graph search's route, its link ids those of its
+    edges in the graph's order, its latency ``route_latency``'s float."""
+    rng = np.random.default_rng(200 + seed)
+    g, pairs = _random_grouped_graph(rng)
+    router = Router(g)
+    order = rng.permutation(len(pairs))
+    for k, i in enumerate(order.tolist()):
+        if k % 7 == 0:
+            router.prepare([pairs[j] for j in order[k:k + 5].tolist()])
+        assert router.route(*pairs[i]) == router.plain_route(*pairs[i])
+    asked = [pairs[i] for i in order[:40].tolist()] + [(pairs[0][0], pairs[0][0])] + [pairs[order[0]]]
+    starts, ids, latency = router.paths(asked)
+    edges = list(g.edges)
+    lat = dict(((u, v), w) for u, v, w in g.edges(data="latency"))
+    for k, (a, b) in enumerate(asked):
+        route = router.plain_route(a, b)
+        assert [edges[e] for e in ids[starts[k]:starts[k + 1]].tolist()] == list(route)
+        assert latency[k] == sum(map(lat.__getitem__, route))

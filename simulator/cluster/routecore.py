@@ -42,6 +42,8 @@ class Graph(NamedTuple):
     k_idx: np.ndarray  # successors sorted by index (CSR on s_ptr), and each one's position in s_idx: lookups by
     k_pos: np.ndarray  # bisection
     group: np.ndarray  # group of each node, -1 for none
+    g_size: np.ndarray  # nodes of each group
+    most: int  # the largest out-degree
     n_ptr: np.ndarray  # name of node v: n_bytes[n_ptr[v]:n_ptr[v + 1]] (UTF-8)
     n_bytes: np.ndarray
 
@@ -67,8 +69,17 @@ def graph_arrays(names: list[str], succ: list[list[tuple[int, float]]], pred: li
     n_ptr = np.zeros(len(names) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=n_ptr[1:])
     n_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
+    groups = np.array(group, dtype=np.int64)
     return Graph(s_ptr, s_idx, s_w, s_eid.astype(np.int64), s_lat, p_ptr, p_idx, p_w, s_idx[order],
-                 order.astype(np.int64), np.array(group, dtype=np.int64), n_ptr, n_bytes)
+                 order.astype(np.int64), groups, np.bincount(groups[groups >= 0], minlength=max(group, default=-1) + 1),
+                 int(max(1, np.diff(s_ptr).max(initial=0))), n_ptr, n_bytes)
+
+
+def scratch(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Node-sized arrays the searches write and reset (a batch's functions take them: no allocation per call):
+    distances (inf but where written), the nodes written, and the same two for entry constants."""
+    n = len(g.s_ptr) - 1
+    return np.full(n, _INF), np.empty(n, dtype=np.int64), np.full(n, _INF), np.empty(n, dtype=np.int64)
 
 
 # BLAKE2b (RFC 7693), an 8-byte digest, no key: hashlib.blake2b(data, digest_size=8)
@@ -349,22 +360,12 @@ def _walk_sources(g: Graph, dst: int, first: int, src_ptr: np.ndarray, srcs: np.
 
 
 @njit(cache=True)
-def _scratch(g: Graph) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
-    """A search's distances (inf but where written) and the nodes it wrote."""
-    n = len(g.s_ptr) - 1
-    return np.full(n, _INF), np.empty(n, dtype=np.int64)
-
-
-@njit(cache=True)
 def _outputs(g: Graph, pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                             _Kept]:  # pragma: no cover
     """A batch's status, latency, starts and link ids (grown as needed); room for one node's successors on shortest
     paths (its out-degree at most); successors kept per class."""
-    most = 1
-    for v in range(len(g.s_ptr) - 1):
-        most = max(most, g.s_ptr[v + 1] - g.s_ptr[v])
     return (np.zeros(pairs, dtype=np.int64), np.zeros(pairs), np.zeros(pairs + 1, dtype=np.int64),
-            np.empty(4 * pairs + 16, dtype=np.int64), np.empty(most, dtype=np.int64), np.empty(most), _new_kept())
+            np.empty(4 * pairs + 16, dtype=np.int64), np.empty(g.most, dtype=np.int64), np.empty(g.most), _new_kept())
 
 
 @njit(cache=True)
@@ -381,10 +382,11 @@ def _reset(base: np.ndarray, touched: np.ndarray, nt: int) -> None:  # pragma: n
 
 @njit(cache=True)
 def walk_bounded(g: Graph, dsts: np.ndarray, limits: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
-                 buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+                 buf: np.ndarray, base: np.ndarray, touched: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Routes to each destination ``dsts[i]`` from ``srcs[src_ptr[i]:src_ptr[i + 1]]`` over a search bounded by
-    ``limits[i]``: (status, latency, starts, link ids) per pair, in ``srcs``' order."""
-    base, touched = _scratch(g)
+    ``limits[i]``: (status, latency, starts, link ids) per pair, in ``srcs``' order (``base``, ``touched``:
+    :func:`scratch`'s, left as they came)."""
     status, latency, starts, out, cand, cand_d, kept = _outputs(g, len(srcs))
     n_out = 0
     no_rows, no_rix, no_cs = _no_entries(g)
@@ -397,21 +399,13 @@ def walk_bounded(g: Graph, dsts: np.ndarray, limits: np.ndarray, src_ptr: np.nda
 
 
 @njit(cache=True)
-def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int
+def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int, base: np.ndarray,
+                    touched: np.ndarray, best: np.ndarray, seen: np.ndarray
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Per destination in a group of at most ``group_max`` nodes: each entry node x (outside the group, with a
     link into it) and ``w(x, y) + d_group(y, dst)``, the best over its links into the group (a path into the group
     enters it for the last time over such a link). (ok, x_ptr, xs, cs): not ok where the destination has no group,
     its group is larger or entered from more than ``entries_max`` nodes."""
-    n = len(g.s_ptr) - 1
-    size = np.zeros(n + 1, dtype=np.int64)
-    for v in range(n):
-        if g.group[v] >= 0:
-            size[g.group[v]] += 1
-    base = np.full(n, _INF)
-    touched = np.empty(n, dtype=np.int64)
-    best = np.full(n, _INF)
-    seen = np.empty(n, dtype=np.int64)
     ok = np.zeros(len(dsts), dtype=np.bool_)
     x_ptr = np.zeros(len(dsts) + 1, dtype=np.int64)
     xs = np.empty(0, dtype=np.int64)
@@ -420,7 +414,7 @@ def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int
     for i in range(len(dsts)):
         grp = g.group[dsts[i]]
         ns = 0
-        if grp >= 0 and size[grp] <= group_max:
+        if grp >= 0 and g.g_size[grp] <= group_max:
             nt = _search(g, dsts[i], _INF, grp, base, touched)
             ok[i] = True
             for t in range(nt):
@@ -480,11 +474,10 @@ def _class_of(rix: np.ndarray, cs: np.ndarray, classes: Any, class_rix: Any, cla
 
 @njit(cache=True)
 def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray, cs: np.ndarray,
-                  rows_t: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray, buf: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+                  rows_t: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray, buf: np.ndarray, base: np.ndarray,
+                  touched: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Routes over distances composed from the destination's group (a search inside it) and its entry nodes'
     rows: ``d(v) = min(d_group(v), min_x rows_t[v, x] + cs[x])``. As :func:`walk_bounded`."""
-    base, touched = _scratch(g)
     status, latency, starts, out, cand, cand_d, kept = _outputs(g, len(srcs))
     n_out = 0
     classes = Dict.empty(key_type=types.int64, value_type=types.int64)
@@ -502,8 +495,10 @@ def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray
 
 @njit(cache=True)
 def walk_rows(g: Graph, dsts: np.ndarray, rows: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
-              buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """Routes over whole-graph distances: ``rows[i]`` to ``dsts[i]``. As :func:`walk_bounded`."""
+              buf: np.ndarray, base: np.ndarray, touched: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """Routes over whole-graph distances: ``rows[i]`` to ``dsts[i]``. As :func:`walk_bounded` (the scratch
+    unused)."""
     status, latency, starts, out, cand, cand_d, kept = _outputs(g, len(srcs))
     n_out = 0
     no_rows, no_rix, no_cs = _no_entries(g)

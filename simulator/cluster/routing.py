@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -36,6 +37,7 @@ from scipy.sparse.csgraph import dijkstra
 from simulator.cluster.routecore import (
     entry_constants,
     graph_arrays,
+    scratch,
     two_hop_bounds,
     walk_bounded,
     walk_composed,
@@ -94,12 +96,13 @@ class Router:
         self._buf = np.zeros(3 * int(np.diff(self._graph.n_ptr).max(initial=0)) + 2, dtype=np.uint8)
         self._row_of = np.full(n, -1, dtype=np.int64)  # entry node -> its column in self._rows_t, -1: none
         self._rows_t = np.zeros((n, 0))  # distances to each entry node from every node (a column per entry node)
+        self._scratch = scratch(self._graph)  # node-sized arrays the compiled searches write and reset
         self._row: dict[tuple[str, str], int] = {}  # a routed pair's row in the link-id CSR below
-        self._starts = np.zeros(1, dtype=np.int64)  # rows' link ids: self._ids[starts[r]:starts[r + 1]]
-        self._ids = np.zeros(0, dtype=np.int64)
+        self._starts = np.zeros(1, dtype=np.int64)  # rows' link ids: ids[starts[r]:starts[r + 1]] (buffers grown
+        self._ids = np.zeros(0, dtype=np.int64)  # by doubling: rows and ids used so far below)
         self._latency = np.zeros(0)  # each row's route latency
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # batches not yet in the arrays
-        self._pending_rows = 0
+        self._rows_used = 0
+        self._ids_used = 0
         self._routes: dict[tuple[str, str], tuple[Edge, ...]] = {}  # routes as edges of names, made when asked
 
     def prepare(self, pairs: Iterable[tuple[str, str]]) -> None:
@@ -119,16 +122,20 @@ class Router:
         near = np.isfinite(limit)
         self._store(by_dst, near, walk_bounded, limit[near])
         rest = ~near
-        ok, x_ptr, xs, cs = entry_constants(self._graph, dsts[rest], _GROUP_MAX, _ENTRY_SOURCES_MAX)
+        if not rest.any():
+            return
+        ok, x_ptr, xs, cs = self._compiled(entry_constants, self._graph, dsts[rest], _GROUP_MAX, _ENTRY_SOURCES_MAX,
+                                           *self._scratch)
         self._add_rows(np.unique(xs))
         rix = self._row_of[xs]
         composed = np.zeros(len(dsts), dtype=bool)
         missing = np.bincount(np.repeat(np.arange(len(ok)), np.diff(x_ptr))[rix < 0], minlength=len(ok))
         composed[rest] = ok & (missing == 0)  # every entry node's distances at hand
         keep = np.flatnonzero(composed[rest])
-        sel = np.concatenate([np.arange(x_ptr[i], x_ptr[i + 1]) for i in keep]) if len(keep) else np.zeros(0, int)
+        lengths = np.diff(x_ptr)[keep]
         sub_ptr = np.zeros(len(keep) + 1, dtype=np.int64)
-        np.cumsum(np.diff(x_ptr)[keep], out=sub_ptr[1:])
+        np.cumsum(lengths, out=sub_ptr[1:])
+        sel = np.arange(int(sub_ptr[-1])) - np.repeat(sub_ptr[:-1] - x_ptr[keep], lengths)  # the kept ones' entries
         self._store(by_dst, composed, walk_composed, sub_ptr, rix[sel], cs[sel], self._rows_t)
         whole = np.flatnonzero(rest & ~composed)
         for start in range(0, len(whole), _BATCH):
@@ -149,27 +156,39 @@ class Router:
         sub_src, sub_dst = src[pick], dst[pick]
         src_ptr = np.zeros(int(which.sum()) + 1, dtype=np.int64)
         np.cumsum(counts[which], out=src_ptr[1:])
-        status, latency, starts, ids = walk(self._graph, dsts[which], *args, src_ptr, sub_src, self._buf)
+        status, latency, starts, ids = self._compiled(walk, self._graph, dsts[which], *args, src_ptr, sub_src,
+                                                      self._buf, *self._scratch[:2])
         names = self._names
         if status.any():
             k = int(np.argmax(status != 0))
             raise KeyError(f"no route from {names[int(sub_src[k])]} to {names[int(sub_dst[k])]}")
-        first = len(self._latency) + self._pending_rows
+        first, n_ids = self._rows_used, self._ids_used
         keys = zip(map(names.__getitem__, sub_src.tolist()), map(names.__getitem__, sub_dst.tolist()), strict=True)
         self._row.update(zip(keys, range(first, first + len(sub_src)), strict=True))
-        self._pending.append((starts, ids, latency))
-        self._pending_rows += len(sub_src)
+        rows, more = first + len(sub_src), n_ids + len(ids)
+        if rows + 1 > len(self._starts):
+            self._starts = np.resize(self._starts, max(2 * len(self._starts), rows + 1))
+            self._latency = np.resize(self._latency, len(self._starts) - 1)
+        if more > len(self._ids):
+            self._ids = np.resize(self._ids, max(2 * len(self._ids), more))
+        self._starts[first + 1:rows + 1] = n_ids + starts[1:]
+        self._latency[first:rows] = latency
+        self._ids[n_ids:more] = ids
+        self._rows_used, self._ids_used = rows, more
+
+    def _compiled(self, fn: Callable[..., Any], *args: object) -> Any:
+        """``fn(*args)``, a compiled search or walk; where it raises, the scratch arrays it may have left written
+        are made anew."""
+        try:
+            return fn(*args)
+        except BaseException:
+            self._scratch = scratch(self._graph)
+            raise
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every routed pair's link ids (CSR: starts, ids) and latency, by row."""
-        if self._pending:
-            ends = self._starts[-1] + np.cumsum([0] + [len(ids) for _, ids, _ in self._pending])
-            self._starts = np.concatenate([self._starts, *(end + starts[1:] for end, (starts, _, _) in
-                                                           zip(ends, self._pending, strict=False))])
-            self._ids = np.concatenate([self._ids, *(ids for _, ids, _ in self._pending)])
-            self._latency = np.concatenate([self._latency, *(lat for _, _, lat in self._pending)])
-            self._pending, self._pending_rows = [], 0
-        return self._starts, self._ids, self._latency
+        rows = self._rows_used
+        return self._starts[:rows + 1], self._ids[:self._ids_used], self._latency[:rows]
 
     def paths(self, pairs: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The routes of ``pairs`` as arrays, routing the new ones in one batch: (starts, link ids, latency) with

@@ -4,7 +4,7 @@ The tuner prices a collective from its connections' routes: a message's fixed se
 route's latency), the narrowest link of a route, and which links the connections of every channel share. Per
 cluster, a :class:`HopTable` keeps each connection it was asked for as a row: its route's link ids (CSR), its wire
 seconds and its narrowest link's bytes/s, computed once (the routes of a batch in one
-:meth:`~simulator.cluster.topology.Cluster.prepare_routes`) and then read as arrays: a tree of 16,384 ranks or the
+:meth:`~simulator.cluster.topology.Cluster.paths`, as link ids) and then read as arrays: a tree of 16,384 ranks or the
 rings of 8 channels are a few array operations, not a Python call per connection. Every number is the same IEEE
 operation as the per-connection form it replaces (the same sums, minima and quotients of the same operands).
 """

@@ -126,6 +126,16 @@ class _Predictor:
             wire = self.wires[(a, b)] = self.cluster.message_overhead_s + self.cluster.route_latency(route)
         return wire
 
+    def prepare_wires(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """:meth:`wire` of many (rank, rank) pairs at once: their routes in one batch, off the cluster's
+        :class:`~.hops.HopTable` (the same floats: message overhead plus route latency)."""
+        todo = [pair for pair in dict.fromkeys(pairs) if pair not in self.wires]
+        if todo:
+            table = hop_table(self.cluster)
+            both = np.array(todo, dtype=np.int64).reshape(-1, 2)
+            rows = table.rows(both[:, 0], both[:, 1])
+            self.wires.update(zip(todo, table.wire[rows].tolist(), strict=True))
+
     def hop(self, a: int, b: int) -> float:
         return max(self.wire(a, b), hop_latency(self.family, self.choice.protocol, self.fabric.hw(a, b),
                                                 self.cluster.nccl_latency))
@@ -237,6 +247,7 @@ class _Predictor:
         algo = self.choice.algo
         if algo == "pairwise":
             pairs = [[(self.ranks[i], self.ranks[(i + k) % p])] for k in range(1, p) for i in range(p)]
+            self.prepare_wires([pair for pair, in pairs])
             hop = max(self.hop(a, b) for (a, b), in pairs)
             return self.launch + (p - 1) * (hop + nbytes / p / self.shared_bw(pairs[:p]))
         if algo == "nvls":  # a pipeline of slices (of the payload), each up to the switch and down again
