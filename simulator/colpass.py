@@ -8,14 +8,25 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["dependents", "distinct_codes", "fill_transfers", "group_max"]
+__all__ = ["dependents", "distinct_codes", "fill_transfers", "group_max", "timeline_order"]
 
 
 @njit(cache=True)
-def _dependents(starts: np.ndarray, parents: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+def _dependents(counts: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
+    n = len(counts)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        if counts[i] < 0:
+            return np.zeros(0, dtype=np.int32), starts, 1
+        starts[i + 1] = starts[i] + counts[i]
+    if starts[n] != len(parents):
+        return np.zeros(0, dtype=np.int32), starts, 1
     first_kid = np.zeros(n + 1, dtype=np.int64)
     for e in range(len(parents)):
-        first_kid[parents[e] + 1] += 1
+        d = parents[e]
+        if d < 0 or d >= n:
+            return np.zeros(0, dtype=np.int32), starts, 2
+        first_kid[d + 1] += 1
     for d in range(n):
         first_kid[d + 1] += first_kid[d]
     fill = first_kid[:n].copy()
@@ -25,20 +36,19 @@ def _dependents(starts: np.ndarray, parents: np.ndarray, n: int) -> tuple[np.nda
             d = parents[e]
             kids[fill[d]] = i
             fill[d] += 1
-    return kids, first_kid
+    return kids, first_kid, 0
 
 
 def dependents(counts: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every op's dependents as CSR (op d's are ``kids[first_kid[d]:first_kid[d + 1]]``, in op-id order), from each
-    op's count of dependencies and all of them op after op (a counting sort: no sort of the edges)."""
-    n = len(counts)
-    if int(counts.sum()) != len(parents) or (len(counts) and int(counts.min()) < 0):
+    op's count of dependencies and all of them op after op (a counting sort: no sort of the edges; the counts and
+    the dependencies checked in the same compiled passes)."""
+    kids, first_kid, wrong = _dependents(counts, parents)
+    if wrong == 1:
         raise ValueError("dependency counts that do not add up to the dependencies")
-    if len(parents) and (int(parents.min()) < 0 or int(parents.max()) >= n):
+    if wrong == 2:
         raise ValueError("a dependency does not name an op of the schedule")
-    starts = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
-    return _dependents(starts, parents, n)
+    return kids, first_kid
 
 
 @njit(cache=True)
@@ -86,6 +96,40 @@ def fill_transfers(first: int, src: np.ndarray, dst: np.ndarray, size: np.ndarra
         for j in range(recv_start[k], recv_start[k + 1]):
             parents[e] = recv_flat[j]
             e += 1
+
+
+@njit(cache=True)
+def _ties_by_rank(order: np.ndarray, keys: np.ndarray, ranks: np.ndarray, p: int) -> None:  # pragma: no cover
+    count = np.zeros(p + 1, dtype=np.int64)
+    i, n = 0, len(order)
+    while i < n:
+        j = i + 1
+        while j < n and keys[order[j]] == keys[order[i]]:
+            j += 1
+        if j - i > 1:  # a run of equal keys, in index order: stably by rank
+            run = order[i:j].copy()
+            if (j - i) * 8 >= p:  # a counting sort: O(run + ranks)
+                count[:] = 0
+                for o in run:
+                    count[ranks[o] + 1] += 1
+                for r in range(p):
+                    count[r + 1] += count[r]
+                for o in run:
+                    order[i + count[ranks[o]]] = o
+                    count[ranks[o]] += 1
+            else:
+                order[i:j] = run[np.argsort(ranks[run], kind="mergesort")]
+        i = j
+
+
+def timeline_order(starts: np.ndarray, ranks: np.ndarray, ids: np.ndarray, p: int) -> np.ndarray:
+    """``ids[np.lexsort((ids, ranks[ids], starts[ids]))]`` for ``ids`` increasing with no NaN start and ranks in
+    ``0..p-1``: by start, then rank, then id; one stable sort of the starts, then each run of equal starts (the ops
+    of one instant: hundreds in a lockstep schedule) stably by rank, by counting where the run is long."""
+    keys = starts[ids]
+    order = np.argsort(keys, kind="stable")
+    _ties_by_rank(order, keys, ranks[ids], p)
+    return ids[order]
 
 
 @njit(cache=True)

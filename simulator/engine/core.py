@@ -54,7 +54,7 @@ from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.links import link_table
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
-from simulator.colpass import dependents, distinct_codes, group_max
+from simulator.colpass import dependents, distinct_codes, group_max, timeline_order
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
 from simulator.gcpause import gc_paused
@@ -405,8 +405,7 @@ class _Run:
         ids = np.flatnonzero(~np.isnan(ends))  # started but never ended: not on the timeline
         last, seen = group_max(ranks[ids], ends[ids], self.sched.ranks)
         end_time = {r: float(last[r]) for r in np.flatnonzero(seen).tolist()}
-        # the timeline's (start, rank, op) order: one sort of arrays rather than of millions of key tuples
-        order = ids[np.lexsort((ids, ranks[ids], starts[ids]))]
+        order = timeline_order(starts, ranks, ids, self.sched.ranks)  # the timeline's (start, rank, op) order
         return SimResult(ops, starts, ends, order, ranks.astype(np.int64), self.kind_of, int(events), int(allocations),
                          self.sched.ranks, end_time, int(instants), link_load, self.extrapolated, send_bytes)
 

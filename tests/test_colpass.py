@@ -1,0 +1,60 @@
+"""The engine's compiled passes over columns (simulator.colpass) against the numpy forms they replace: the timeline
+order (a lexsort by start, rank, op), each rank's last end (``np.maximum.at``), dependents as CSR, and their
+refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.colpass import dependents, group_max, timeline_order
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 300), st.integers(1, 6), st.integers(0, 2**32 - 1))
+def test_timeline_order_is_the_lexsort(p, n, instants, seed):
+    """Few distinct start times (the ops of one instant: runs long and short against the rank count, 0.0 and
+    -0.0 among them), ranks in any order, some ops never ended: the order is the lexsort's, op for op."""
+    rng = np.random.default_rng(seed)
+    starts = rng.choice(np.array([0.0, -0.0, 1e-9, 2.5, 7.0, 1e300])[:instants + 1], size=n)
+    ranks = rng.integers(0, p, size=n).astype(np.int32)
+    ids = np.flatnonzero(rng.random(n) < 0.9)
+    want = ids[np.lexsort((ids, ranks[ids], starts[ids]))]
+    assert timeline_order(starts, ranks, ids, p).tolist() == want.tolist()
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 30), st.lists(st.floats(0, 1e6), max_size=200), st.integers(0, 2**32 - 1))
+def test_group_max_is_maximum_at(k, values, seed):
+    codes = np.random.default_rng(seed).integers(0, k, size=len(values))
+    vals = np.array(values, dtype=float)
+    want = np.full(k, -np.inf)
+    np.maximum.at(want, codes, vals)
+    got, seen = group_max(codes, vals, k)
+    assert got.tolist() == want.tolist()
+    assert seen.tolist() == np.isin(np.arange(k), codes).tolist()
+    with pytest.raises(ValueError, match="codes outside"):
+        group_max(np.array([k]), np.array([1.0]), k)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 1000), max_size=4), max_size=60))
+def test_dependents_are_each_ops_children_in_id_order(deps):
+    """Op i depends on earlier ops (the drawn numbers modulo i): every op's children, in op-id order."""
+    deps = [[d % i for d in ds] if i else [] for i, ds in enumerate(deps)]
+    counts = np.array([len(ds) for ds in deps], dtype=np.int32)
+    parents = np.array([d for ds in deps for d in ds], dtype=np.int64)
+    kids, first = dependents(counts, parents)
+    for d in range(len(deps)):
+        assert kids[first[d]:first[d + 1]].tolist() == [i for i, ds in enumerate(deps) for x in ds if x == d]
+
+
+def test_dependents_refuse_counts_and_ops_that_do_not_add_up():
+    with pytest.raises(ValueError, match="do not add up"):
+        dependents(np.array([1, 1], dtype=np.int32), np.array([0], dtype=np.int64))
+    with pytest.raises(ValueError, match="do not add up"):
+        dependents(np.array([2, -1], dtype=np.int32), np.array([0], dtype=np.int64))
+    with pytest.raises(ValueError, match="does not name an op"):
+        dependents(np.array([0, 1], dtype=np.int32), np.array([5], dtype=np.int64))
