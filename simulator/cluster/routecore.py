@@ -48,30 +48,29 @@ class Graph(NamedTuple):
     n_bytes: np.ndarray
 
 
-def graph_arrays(names: list[str], succ: list[list[tuple[int, float]]], pred: list[list[tuple[int, float]]],
-                 group: list[int], succ_edge: list[list[tuple[int, float]]]) -> Graph:
-    """The CSR arrays of a graph given as adjacency lists (``succ`` in name order; ``succ_edge``: each successor's
-    link id and latency)."""
-
-    def csr(adj: list[list[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        ptr = np.zeros(len(adj) + 1, dtype=np.int64)
-        np.cumsum([len(a) for a in adj], out=ptr[1:])
-        idx = np.fromiter((v for a in adj for v, _ in a), dtype=np.int64, count=int(ptr[-1]))
-        w = np.fromiter((w for a in adj for _, w in a), dtype=np.float64, count=int(ptr[-1]))
-        return ptr, idx, w
-
-    s_ptr, s_idx, s_w = csr(succ)
-    _, s_eid, s_lat = csr(succ_edge)
-    p_ptr, p_idx, p_w = csr(pred)
-    row = np.repeat(np.arange(len(succ)), np.diff(s_ptr))
-    order = np.lexsort((s_idx, row))  # within each node's successors, by index
-    encoded = [n.encode() for n in names]
-    n_ptr = np.zeros(len(names) + 1, dtype=np.int64)
+def graph_arrays(names: list[str], eu: np.ndarray, ev: np.ndarray, lat: np.ndarray, weight: np.ndarray,
+                 group: list[int]) -> Graph:
+    """The CSR arrays of a graph given as its links ``eu[e] -> ev[e]`` (link id ``e``: the graph's edge order),
+    their latencies and their weights in the searches."""
+    n = len(names)
+    rank = np.empty(n, dtype=np.int64)  # each node's place in name order
+    rank[sorted(range(n), key=names.__getitem__)] = np.arange(n)
+    s_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(eu, minlength=n), out=s_ptr[1:])
+    s_order = np.lexsort((rank[ev], eu))  # by node, its successors in name order
+    s_idx = ev[s_order]
+    p_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ev, minlength=n), out=p_ptr[1:])
+    p_order = np.argsort(ev, kind="stable")  # by node, its predecessors in link order
+    order = np.lexsort((s_idx, eu[s_order]))  # within each node's successors, by index
+    encoded = [name.encode() for name in names]
+    n_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum([len(b) for b in encoded], out=n_ptr[1:])
     n_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
     groups = np.array(group, dtype=np.int64)
-    return Graph(s_ptr, s_idx, s_w, s_eid.astype(np.int64), s_lat, p_ptr, p_idx, p_w, s_idx[order],
-                 order.astype(np.int64), groups, np.bincount(groups[groups >= 0], minlength=max(group, default=-1) + 1),
+    return Graph(s_ptr, s_idx, weight[s_order], s_order.astype(np.int64), lat[s_order], p_ptr, eu[p_order],
+                 weight[p_order], s_idx[order], order.astype(np.int64), groups,
+                 np.bincount(groups[groups >= 0], minlength=max(group, default=-1) + 1),
                  int(max(1, np.diff(s_ptr).max(initial=0))), n_ptr, n_bytes)
 
 

@@ -67,32 +67,19 @@ class Router:
 
     def __init__(self, graph: nx.DiGraph) -> None:
         self._names = list(graph.nodes)
-        self._index = {n: i for i, n in enumerate(self._names)}
+        self._index = index = {n: i for i, n in enumerate(self._names)}
         n = len(self._names)
-        self._succ: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-        succ_edge: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # (link id, latency) of each successor
-        pred: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-        rows, cols, weights = [], [], []
-        for e, (u, v, lat) in enumerate(graph.edges(data="latency")):  # link ids: the graph's edge order
-            iu, iv = self._index[u], self._index[v]
-            self._succ[iu].append((iv, lat + HOP_EPSILON))
-            succ_edge[iu].append((e, lat))
-            pred[iv].append((iu, lat + HOP_EPSILON))
-            rows.append(iv)  # reversed graph: distances *to* a destination
-            cols.append(iu)
-            weights.append(lat + HOP_EPSILON)
-        self._reversed = csr_matrix((weights, (rows, cols)), shape=(n, n))
-        self._ends = (np.array(cols, dtype=np.int64), np.array(rows, dtype=np.int64))  # each link's (u, v)
-        for i, succ in enumerate(self._succ):
-            order = sorted(range(len(succ)), key=[self._names[v] for v, _ in succ].__getitem__)
-            self._succ[i] = [succ[k] for k in order]
-            succ_edge[i] = [succ_edge[i][k] for k in order]
-        self._succ_np = [(np.array([v for v, _ in s], dtype=np.int64), np.array([w for _, w in s]))
-                         if len(s) > _VECTOR_DEGREE else None for s in self._succ]
+        edges = list(graph.edges(data="latency"))  # link ids: the graph's edge order
+        eu = np.fromiter((index[u] for u, _, _ in edges), dtype=np.int64, count=len(edges))
+        ev = np.fromiter((index[v] for _, v, _ in edges), dtype=np.int64, count=len(edges))
+        lat = np.fromiter((w for _, _, w in edges), dtype=np.float64, count=len(edges))
+        weight = lat + HOP_EPSILON
+        self._reversed = csr_matrix((weight, (ev, eu)), shape=(n, n))  # distances *to* a destination
+        self._ends = (eu, ev)  # each link's (u, v)
         group_of: dict[str, int] = {}
         group = [group_of.setdefault(name.split(".", 1)[0], len(group_of)) if "." in name else -1
                  for name in self._names]
-        self._graph = graph_arrays(self._names, self._succ, pred, group, succ_edge)
+        self._graph = graph_arrays(self._names, eu, ev, lat, weight, group)
         self._buf = np.zeros(3 * int(np.diff(self._graph.n_ptr).max(initial=0)) + 2, dtype=np.uint8)
         self._row_of = np.full(n, -1, dtype=np.int64)  # entry node -> its column in self._rows_t, -1: none
         self._rows_t = np.zeros((n, 0))  # distances to each entry node from every node (a column per entry node)
@@ -224,7 +211,7 @@ class Router:
     def _walk(self, src: str, dst: str, dist: np.ndarray) -> tuple[Edge, ...]:
         """The route from ``src`` to ``dst`` over ``dist`` (distances to ``dst`` from every node), in Python: the
         definition the compiled walks (:mod:`simulator.cluster.routecore`) follow, kept for :meth:`plain_route`."""
-        names, succ, succ_np = self._names, self._succ, self._succ_np
+        names, g = self._names, self._graph
         cur, goal = self._index[src], self._index[dst]
         here = float(dist[cur])
         if not np.isfinite(here):
@@ -232,15 +219,14 @@ class Router:
         edges: list[Edge] = []
         while cur != goal:
             tol = 1e-12 * here
-            vec = succ_np[cur]
-            if vec is None:
+            idx, ws = g.s_idx[g.s_ptr[cur]:g.s_ptr[cur + 1]], g.s_w[g.s_ptr[cur]:g.s_ptr[cur + 1]]  # name order
+            if len(idx) <= _VECTOR_DEGREE:
                 nxt = []
-                for v, w in succ[cur]:
+                for v, w in zip(idx.tolist(), ws.tolist(), strict=True):
                     dv = float(dist[v])
                     if abs(dv + w - here) <= tol and dv < here:
                         nxt.append((v, dv))
             else:
-                idx, ws = vec
                 dvs = dist[idx]
                 keep = (np.abs(dvs + ws - here) <= tol) & (dvs < here)
                 nxt = list(zip(idx[keep].tolist(), dvs[keep].tolist(), strict=True))
