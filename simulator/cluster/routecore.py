@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit, types
 from numba.typed import Dict, List
 
-__all__ = ["Graph", "blake2b_8", "entry_constants", "graph_arrays", "two_hop_bounds", "walk_bounded",
+__all__ = ["Graph", "blake2b_8", "entry_constants", "graph_arrays", "scratch", "two_hop_bounds", "walk_bounded",
            "walk_composed", "walk_rows"]
 
 NO_ROUTE = 2
