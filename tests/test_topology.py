@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simulator.cluster import routing
 from simulator.cluster.routecore import blake2b_8
 from simulator.cluster.routing import Router
 from simulator.cluster.summary import bisection_bandwidth, summarize
@@ -232,3 +233,14 @@ def test_routes_asked_one_at_a_time_between_batches(seed):
         route = router.plain_route(a, b)
         assert [edges[e] for e in ids[starts[k]:starts[k + 1]].tolist()] == list(route)
         assert latency[k] == sum(map(lat.__getitem__, route))
+
+
+def test_a_large_batch_is_routed_in_parts_cut_between_destinations(monkeypatch):
+    """A batch is routed a part at a time (back in Python between parts, where an interrupt lands), each part
+    holding every source of its destinations: with parts of a few pairs, the same routes as the whole-graph
+    search's."""
+    monkeypatch.setattr(routing, "_PART", 7)
+    g, pairs = _random_grouped_graph(np.random.default_rng(300))
+    router = Router(g)
+    router.prepare(pairs)
+    assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]

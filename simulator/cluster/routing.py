@@ -26,6 +26,7 @@ is the walk's definition in Python, kept for :meth:`Router.plain_route`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ _VECTOR_DEGREE = 32  # scan successors with numpy above this out-degree
 _GROUP_MAX = 512  # a group larger than this is searched as a whole graph
 _ENTRY_SOURCES_MAX = 64  # a group entered from more distinct nodes than this is searched as a whole graph
 _ROW_FLOATS_MAX = 1 << 23  # distances to entry nodes kept per router (64 MiB)
+_PART = 1 << 17  # pairs routed per compiled call, about (back in Python between parts: interrupts land)
 
 Walked = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # a compiled walk's status, latency, starts, ids
 
@@ -102,6 +104,13 @@ class Router:
         dst = np.fromiter((index[d] for _, d in new), dtype=np.int64, count=len(new))
         order = np.argsort(dst, kind="stable")  # grouped by destination
         src, dst = src[order], dst[order]
+        # a part at a time, cut between destinations: back in Python between parts (an interrupt lands)
+        cuts = np.searchsorted(dst, dst[np.arange(_PART, len(dst), _PART)])
+        for lo, hi in itertools.pairwise([0, *np.unique(cuts[cuts > 0]).tolist(), len(dst)]):
+            self._route_sorted(src[lo:hi], dst[lo:hi])
+
+    def _route_sorted(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Route new pairs ``src[k] -> dst[k]``, sorted by destination, every source of a destination among them."""
         dsts, first, counts = np.unique(dst, return_index=True, return_counts=True)
         by_dst = (src, dst, dsts, counts)
         bound = two_hop_bounds(self._graph, src, dst) * (1 + 1e-9)
