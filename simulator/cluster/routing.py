@@ -54,7 +54,7 @@ _VECTOR_DEGREE = 32  # scan successors with numpy above this out-degree
 _GROUP_MAX = 512  # a group larger than this is searched as a whole graph
 _ENTRY_SOURCES_MAX = 64  # a group entered from more distinct nodes than this is searched as a whole graph
 _ROW_FLOATS_MAX = 1 << 23  # distances to entry nodes kept per router (64 MiB)
-_PART = 1 << 17  # pairs routed per compiled call, about (back in Python between parts: interrupts land)
+_PART = 1 << 16  # pairs routed per compiled call, about (back in Python between parts: interrupts land)
 
 Walked = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # a compiled walk's status, latency, starts, ids
 
