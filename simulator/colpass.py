@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["dependents", "distinct_codes", "fill_transfers", "group_max", "timeline_order"]
+__all__ = ["dependents", "distinct_codes", "fill_transfers", "group_max", "spans", "timeline_order"]
 
 
 @njit(cache=True)
@@ -49,6 +49,13 @@ def dependents(counts: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.
     if wrong == 2:
         raise ValueError("a dependency does not name an op of the schedule")
     return kids, first_kid
+
+
+def spans(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The indices ``lo[k], ..., lo[k] + counts[k] - 1`` of every k, one span after another (a gather of CSR
+    segments: ``flat[spans(starts[rows], starts[rows + 1] - starts[rows])]``)."""
+    ends = np.cumsum(counts)
+    return np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - counts - lo, counts)
 
 
 @njit(cache=True)

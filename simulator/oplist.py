@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, overload
 
 import numpy as np
 
-from simulator.colpass import fill_transfers
+from simulator.colpass import fill_transfers, spans
 from simulator.op import OP_KINDS, Op
 
 __all__ = ["COST", "KIND_INDEX", "Columns", "ComputeBlock", "Indexed", "OpBlock", "OpList", "TransferBlock", "csr",
@@ -81,10 +81,9 @@ def _csr_ok(starts: np.ndarray, flat: np.ndarray, m: int) -> bool:
 
 def _gather(starts: np.ndarray, flat: np.ndarray, js: np.ndarray) -> list[tuple[int, ...]]:
     """The deps of ops ``js`` (CSR ``starts``, ``flat``) as tuples: a gather of just theirs."""
-    lo, counts = starts[js], starts[js + 1] - starts[js]
-    ends = np.cumsum(counts)
-    ids = flat[np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - counts - lo, counts)].tolist()
-    bounds = [0, *ends.tolist()]
+    counts = starts[js + 1] - starts[js]
+    ids = flat[spans(starts[js], counts)].tolist()
+    bounds = [0, *np.cumsum(counts).tolist()]
     return [tuple(ids[a:b]) for a, b in pairwise(bounds)]
 
 

@@ -315,6 +315,16 @@ def _scan(g: Graph, cur: int, here: float, base: np.ndarray, rows_t: np.ndarray,
 
 
 @njit(cache=True)
+def _room(a: np.ndarray, used: int, need: int) -> np.ndarray:  # pragma: no cover
+    """``a``, or a copy of its first ``used`` entries in an array twice as long where ``need`` do not fit."""
+    if need <= len(a):
+        return a
+    grown = np.empty(2 * need + 16, dtype=a.dtype)
+    grown[:used] = a[:used]
+    return grown
+
+
+@njit(cache=True)
 def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray,
           buf: np.ndarray, cand: np.ndarray, cand_d: np.ndarray, kept: _Kept, cls: int, touched: np.ndarray, nt: int,
           out: np.ndarray, n_out: int) -> tuple[int, float, np.ndarray, int]:  # pragma: no cover
@@ -332,10 +342,7 @@ def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, ri
             raise AssertionError("a route walk found no successor on a shortest path")
         pick = 0 if k == 1 else _pick(g, src, dst, cur, buf, k)
         e = cand[pick]
-        if n_out >= len(out):
-            grown = np.empty(2 * len(out) + 16, dtype=out.dtype)
-            grown[:n_out] = out[:n_out]
-            out = grown
+        out = _room(out, n_out, n_out + 1)
         out[n_out] = g.s_eid[e]
         n_out += 1
         latency += g.s_lat[e]
@@ -432,12 +439,7 @@ def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int
                     break
             _reset(base, touched, nt)
             if ok[i]:
-                if n_x + ns > len(xs):
-                    grown_x = np.empty(2 * (n_x + ns), dtype=np.int64)
-                    grown_c = np.empty(2 * (n_x + ns))
-                    grown_x[:n_x] = xs[:n_x]
-                    grown_c[:n_x] = cs[:n_x]
-                    xs, cs = grown_x, grown_c
+                xs, cs = _room(xs, n_x, n_x + ns), _room(cs, n_x, n_x + ns)
                 for t in range(ns):
                     xs[n_x + t] = seen[t]
                     cs[n_x + t] = best[seen[t]]

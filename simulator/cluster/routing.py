@@ -44,6 +44,7 @@ from simulator.cluster.routecore import (
     walk_composed,
     walk_rows,
 )
+from simulator.colpass import spans
 
 __all__ = ["HOP_EPSILON", "Router"]
 
@@ -114,7 +115,7 @@ class Router:
         dsts, first, counts = np.unique(dst, return_index=True, return_counts=True)
         by_dst = (src, dst, dsts, counts)
         bound = two_hop_bounds(self._graph, src, dst) * (1 + 1e-9)
-        limit = np.maximum.reduceat(bound, first) if len(first) else bound  # every source's bound within it
+        limit = np.maximum.reduceat(bound, first)  # every source's bound within it
         near = np.isfinite(limit)
         self._store(by_dst, near, walk_bounded, limit[near])
         rest = ~near
@@ -131,7 +132,7 @@ class Router:
         lengths = np.diff(x_ptr)[keep]
         sub_ptr = np.zeros(len(keep) + 1, dtype=np.int64)
         np.cumsum(lengths, out=sub_ptr[1:])
-        sel = np.arange(int(sub_ptr[-1])) - np.repeat(sub_ptr[:-1] - x_ptr[keep], lengths)  # the kept ones' entries
+        sel = spans(x_ptr[keep], lengths)  # the kept ones' entries
         self._store(by_dst, composed, walk_composed, sub_ptr, rix[sel], cs[sel], self._rows_t)
         whole = np.flatnonzero(rest & ~composed)
         for start in range(0, len(whole), _BATCH):
@@ -203,8 +204,7 @@ class Router:
         lat[routed] = latency[rows[routed]]
         out = np.zeros(len(pairs) + 1, dtype=np.int64)
         np.cumsum(counts, out=out[1:])
-        take = np.arange(int(out[-1])) - np.repeat(out[:-1] - lo, counts)
-        return out, ids[take], lat
+        return out, ids[spans(lo, counts)], lat
 
     def _add_rows(self, nodes: np.ndarray) -> None:
         """Distances to each of ``nodes`` from every node (kept while they fit in ``_ROW_FLOATS_MAX``)."""

@@ -20,6 +20,7 @@ import numpy as np
 from simulator.cluster.links import link_table
 from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
+from simulator.colpass import spans
 
 __all__ = ["HopTable", "hop_table"]
 
@@ -85,10 +86,8 @@ class HopTable:
 
     def links(self, rows: np.ndarray) -> np.ndarray:
         """The link ids of ``rows``' routes, row after row, each route's in its order."""
-        starts, flat = self._starts, self._flat
-        lo, counts = starts[rows], starts[rows + 1] - starts[rows]
-        ends = np.cumsum(counts)
-        return flat[np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(ends - counts - lo, counts)]
+        starts = self._starts
+        return self._flat[spans(starts[rows], starts[rows + 1] - starts[rows])]
 
     def shared(self, paths: Sequence[np.ndarray]) -> float:
         """Bottleneck bytes/s one path (rows) gets when all ``paths`` run at once: over every link any of them

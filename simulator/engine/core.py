@@ -54,7 +54,7 @@ from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.links import link_table
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
-from simulator.colpass import dependents, distinct_codes, group_max, timeline_order
+from simulator.colpass import dependents, distinct_codes, group_max, spans, timeline_order
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
 from simulator.gcpause import gc_paused
@@ -296,8 +296,7 @@ class _Run:
             counts = np.array([len(f) for f in flat], dtype=np.int64)
             ids = np.array([i for f in flat for i in f], dtype=np.int64)
         self.plinks = np.zeros((max(1, len(distinct)), max(1, int(counts.max(initial=0)))), dtype=np.int64)
-        self.plinks[np.repeat(np.arange(len(distinct)), counts), np.arange(len(ids)) - np.repeat(
-            np.cumsum(counts) - counts, counts)] = ids
+        self.plinks[np.repeat(np.arange(len(distinct)), counts), spans(np.zeros_like(counts), counts)] = ids
         self.plen = np.zeros(max(1, len(distinct)), dtype=np.int64)
         self.plen[:len(distinct)] = counts
         self.plat = np.zeros(max(1, len(distinct)))
