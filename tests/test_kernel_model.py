@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -291,6 +292,69 @@ def test_median_ci_narrows_with_n_and_ignores_one_outlier() -> None:
     assert median_ci([1.0]) == math.inf
 
 
+def test_profile_points_are_visited_in_new_orders_and_their_runs_pooled(monkeypatch) -> None:
+    """Every point of every job is timed ``visits`` times, each visit over all the points in a new order, and a
+    point's time is the median of all its runs: where the machine is slow for a stretch of the calibration, one
+    visit puts a run of neighbouring grid points in it, visits mix each point's runs; a pooled median not known well
+    enough refuses the profile."""
+    import simulator.distributed.profile_kernels as pk
+    from simulator.distributed.measure import Timing
+
+    calls: list[tuple[str, str, tuple[float, ...]]] = []
+    runs: dict[tuple[str, str, tuple[float, ...]], list[float]] = {}
+
+    def timed(kernel, dtype, point, device, opts, load, check=False):
+        slow = len(calls) % 20 < 5  # 5 calls of every 20 run 3x slow
+        calls.append((kernel, dtype, point))
+        base = point[0] * (2.0 if dtype == "fp64" else 1.0)
+        got = [base * (3.0 if slow else 1.0)] * opts.min_reps
+        runs.setdefault((kernel, dtype, point), []).extend(got)
+        return Timing.of(got)
+
+    monkeypatch.setattr(pk, "_timed", timed)
+    jobs = [pk.ProfileJob("attend", "fp32", ((1.0, 2.0, 3.0), (32.0, 64.0), (1.0, 2.0, 4.0))),
+            pk.ProfileJob("merge", "fp64", ((256.0, 4096.0),))]
+    points = [("attend", "fp32", p) for p in itertools.product(*jobs[0].grid)] + [
+        ("merge", "fp64", (256.0,)), ("merge", "fp64", (4096.0,))]
+    told: list[int] = []
+    for visits in (1, 4):
+        calls.clear()
+        runs.clear()
+        told.clear()
+        out = pk.profile_many(jobs, "cpu", pk.ProfileOptions(visits=visits, max_ci=9.0), None,
+                              lambda v, s: told.append(v))
+        assert told == list(range(1, visits + 1))
+        assert sorted(calls) == sorted(points * visits)
+        orders = [calls[i * len(points):(i + 1) * len(points)] for i in range(visits)]
+        assert all(sorted(o) == sorted(points) for o in orders) and len({tuple(o) for o in orders}) == visits
+        assert all(len(r) == visits * pk.ProfileOptions(visits=visits).per_visit().min_reps for r in runs.values())
+        attend, merge = out
+        assert attend.grid == jobs[0].grid and merge.axes == ("elems",) and attend.loaded == 1
+        expected = [statistics.median(runs[("attend", "fp32", p)]) for p in itertools.product(*jobs[0].grid)]
+        assert list(attend.seconds) == expected
+        assert merge.seconds == tuple(statistics.median(runs[("merge", "fp64", (x,))]) for x in (256.0, 4096.0))
+    assert pk.ProfileOptions(visits=4).per_visit() == pk.ProfileOptions(budget_s=0.2, cap_s=0.5, min_reps=3,
+                                                                        max_reps=11, visits=1)
+
+    def unsteady(kernel, dtype, point, device, opts, load, check=False):
+        return Timing.of([1.0, 1.0, 9.0, 9.0])
+
+    monkeypatch.setattr(pk, "_timed", unsteady)
+    with pytest.raises(pk.UnstableMeasurement, match="merge fp64 at elems 256: the median of 8 runs is known only"):
+        pk.profile_many(jobs[1:], "cpu", pk.ProfileOptions(visits=2), None)
+
+
+def test_a_timing_of_pooled_runs_is_their_median_quartiles_and_interval() -> None:
+    from simulator.distributed.measure import Timing
+
+    runs = [3.0, 1.0, 2.0, 5.0, 4.0]
+    t = Timing.of(runs)
+    assert (t.median, t.q1, t.q3, t.n, t.samples) == (3.0, 2.0, 4.0, 5, tuple(runs))
+    assert t.ci == median_ci(runs) and Timing.of([2.5]).ci == math.inf
+    got = robust_time(lambda: None, min_reps=7, max_reps=7, rel_ci=0.0)
+    assert got == Timing.of(got.samples) and len(got.samples) == 7
+
+
 def test_robust_time_stops_early_when_stable_and_batches_short_calls() -> None:
     calls = []
     t = robust_time(lambda: calls.append(1), rel_ci=0.5, min_reps=5, sample_s=1e-4)
@@ -425,3 +489,14 @@ def test_calibrate_times_a_loaded_profile_alone_along_its_first_axis() -> None:
     # with the other test worker busy they came out 0.195 and 0.074 once (the loaded timings inflated by it)
     assert p.alone_at == grid[0] and len(p.alone) == 2 and all(0 < r < math.inf for r in p.alone)
     assert p.loaded == 2 and p.grid == grid and len(p.seconds) == 2
+
+
+def test_calibrate_refuses_visits_below_one(capsys) -> None:
+    from simulator.distributed.cli_args import parser
+
+    assert parser().parse_args(["calibrate", "-o", "x.yaml"]).visits == 4
+    assert parser().parse_args(["calibrate", "-o", "x.yaml", "--visits", "1"]).visits == 1
+    for bad in ("0", "-2", "two"):
+        with pytest.raises(SystemExit) as err:
+            parser().parse_args(["calibrate", "-o", "x.yaml", "--visits", bad])
+        assert err.value.code == 2 and "--visits: must be a whole number >= 1" in capsys.readouterr().err

@@ -56,6 +56,7 @@ from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import load_topology
 from simulator.distributed.common import device_for, init_group
 from simulator.distributed.host_load import HostLoad
+from simulator.distributed.measure import VISITS
 from simulator.distributed.profile_kernels import (
     ALONE_PAIRS,
     ALONE_REF,
@@ -65,12 +66,11 @@ from simulator.distributed.profile_kernels import (
     QUICK_ATTEND_GRID,
     QUICK_ELEMS_GRID,
     QUICK_PREFILL_GRID,
+    ProfileJob,
     ProfileOptions,
     UnstableMeasurement,
     alone_ref,
-    profile_attend,
-    profile_prefill,
-    profile_small,
+    profile_many,
     tileless_attend_grid,
     with_alone_ratios,
 )
@@ -295,7 +295,7 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
     (:func:`~simulator.distributed.profile_kernels.with_alone_ratios`): ring-q's hops and a rank the others wait on
     run so."""
     copies = 1 if device.type == "cuda" else min(int(os.environ.get("WORLD_SIZE", "1")), os.cpu_count() or 1)
-    opts = ProfileOptions(max_ci=args.max_ci)
+    opts = ProfileOptions(max_ci=args.max_ci, visits=getattr(args, "visits", VISITS))
     source = load_topology(args.kernels_from) if args.kernels_from else None
     reused = [] if source is None else list(source.specs[source.ranks[0]].kernels.values())
     if source is not None and not _alone_to_time(reused, copies):
@@ -336,21 +336,31 @@ def _with_alone(profile: KernelProfile, device: torch.device, load: HostLoad, op
 
 def _measured_profiles(args: argparse.Namespace, device: torch.device, opts: ProfileOptions, load: HostLoad
                        ) -> list[KernelProfile]:
-    out = []
+    """Every profile of the dtypes asked for, their points visited together (:func:`profile_many`): each visit
+    said on stdout with its time."""
     quick = args.kernel_grid == "quick"
     elems_grid, prefill_grid = (QUICK_ELEMS_GRID, QUICK_PREFILL_GRID) if quick else (ELEMS_GRID, PREFILL_GRID)
     over_rows = set(filter(None, (args.attend_rows or "").split(",")))
+    jobs = []
     for dtype in filter(None, args.kernel_dtypes.split(",")):
-        grid = attend_grid_for(dtype, device.type, quick, dtype in over_rows)
-        with _phase(f"kernel profiles {dtype}: attend" + (" (over rows)" if dtype in over_rows else "")):
-            out.append(profile_attend(dtype, device, opts, grid, load))
-        with _phase(f"kernel profiles {dtype}: merge, rescale, finalize, finalize-flat"):
-            out += [profile_small(k, dtype, device, opts, elems_grid, load)
-                    for k in ("merge", "rescale", "finalize", "finalize-flat")]
+        jobs.append(ProfileJob("attend", dtype, attend_grid_for(dtype, device.type, quick, dtype in over_rows)))
+        jobs += [ProfileJob(k, dtype, (elems_grid,)) for k in ("merge", "rescale", "finalize", "finalize-flat")]
         if dtype in ("fp32", "fp64"):
-            with _phase(f"kernel profiles {dtype}: attn-fwd, attn-bwd"):
-                out += profile_prefill(dtype, device, opts, prefill_grid, load)
-    return out
+            jobs += [ProfileJob(k, dtype, prefill_grid) for k in ("attn-fwd", "attn-bwd")]
+    if not jobs:
+        return []
+    points = sum(math.prod(len(g) for g in job.grid) for job in jobs)
+    what = ", ".join(dict.fromkeys(f"{j.kernel if j.kernel in ALONE_REF else 'small kernels'} {j.dtype}"
+                                   + (" (over rows)" if j.kernel == "attend" and j.dtype in over_rows else "")
+                                   for j in jobs))
+    visits = max(1, opts.visits)
+
+    def said(visit: int, seconds: float) -> None:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"calibrate: kernel profiles ({what}; {points} points), visit {visit} of {visits}: {seconds:.1f} s",
+                  flush=True)
+
+    return profile_many(jobs, device, opts, load, said)
 
 
 @contextlib.contextmanager
@@ -421,7 +431,7 @@ def run_rank(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[str]:
+def _profile_lines(profiles: list[KernelProfile], source: str | None, visits: int) -> list[str]:
     if not profiles:
         return []
     timed = [p for p in profiles if p.alone]
@@ -441,10 +451,12 @@ def _profile_lines(profiles: list[KernelProfile], source: str | None) -> list[st
     how = "rank 0 alone" if loaded == 1 else (f"timed on rank 0 while {loaded - 1} more process(es) ran the same "
                                                "call on this host's other cores, as the ranks of a lockstep schedule "
                                                f"do (loaded: {loaded})")
-    o = ProfileOptions()
-    return [f"# Kernel profiles (kernels:, {how}; each point repeated until the 95 % confidence interval of its "
-            f"median was within {o.rel_ci:.0%} or {o.budget_s:g} s passed, at least {o.min_reps} runs unless that "
-            f"took {o.cap_s:g} s; spread = interquartile range / median): "
+    o = ProfileOptions(visits=visits)
+    v = o.per_visit() if visits > 1 else o
+    return [f"# Kernel profiles (kernels:, {how}; every point visited {o.visits} times, each visit over all the "
+            "points in a new random order, its runs repeated until the 95 % confidence interval of their median was "
+            f"within {v.rel_ci:.0%} or {v.budget_s:g} s passed, at least {v.min_reps} runs unless that took "
+            f"{v.cap_s:g} s; a point's runs pooled over its visits; spread = interquartile range / median): "
             + "; ".join(f"{p.kernel} {p.dtype} over {p.ranges()} ({len(p.seconds)} points, median spread "
                         f"{statistics.median(p.spread):.1%})" for p in profiles)
             + f". Largest spread: {max(worst.spread):.1%} ({worst.kernel} {worst.dtype}). Shapes between grid points "
@@ -582,7 +594,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
         + _curve_text(copy_by_size) + ".",
         "# Raw one-way times (bytes: us): " + ", ".join(f"{s}: {t * 1e6:.1f}" for s, t in pp),
         "# Raw fp32 attend times (bytes: us): " + ", ".join(f"{b:.0f}: {t * 1e6:.1f}" for b, t in attend32),
-        *_profile_lines(profiles, args.kernels_from),
+        *_profile_lines(profiles, args.kernels_from, getattr(args, "visits", VISITS)),
     ]
     body = {
         "name": "localhost",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from simulator.distributed.measure import VISITS
+
 __all__ = ["add_calibrate_args", "add_validate_args", "parser"]
 
 
@@ -85,6 +87,11 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-ci", dest="max_ci", type=float, default=0.5,
                    help="refuse to write the profiles if any point's median is known less precisely than this "
                         "(half-width of its 95 %% confidence interval over the median; default 0.5)")
+    p.add_argument("--visits", type=_positive_int, default=VISITS,
+                   help="visits of every profiled point, spread over the profiling in new random orders, their runs "
+                        "pooled (a shared machine's speed moves for seconds to minutes: more visits, steadier "
+                        f"profiles, longer calibrations; 1: each point timed once, to its full budget; default "
+                        f"{VISITS})")
     p.add_argument("--min-r2", dest="min_r2", type=float, default=0.9,
                    help="refuse to write the topology if the ping-pong fit's R^2 is below this (default 0.9)")
     p.add_argument("--from-nccl-tests", dest="from_nccl_tests", action="append", default=[], metavar="LOG",
@@ -95,6 +102,16 @@ def add_calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hold-out", dest="hold_out", default="every-other",
                    help="with --from-nccl-tests: what the held-out check leaves out of its fit: every-other (size), "
                         "a collective's name, or none")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:

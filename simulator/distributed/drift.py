@@ -5,10 +5,10 @@ the same call measured 1.3-1.5x its calibrated time tens of minutes later (docs/
 validate`` therefore times, right before each algorithm's runs, the profiled grid point nearest to the schedule's
 dominant kernel (the rank-0 kernel with the largest share of the predicted compute time), exactly as ``calibrate``
 timed it: the same call (:func:`~simulator.distributed.profile_kernels.build_point`), the same clock and stopping
-rule, and as many copies running at once on the host as the profile records (``loaded``: the next ranks of the run
-run the call back to back while rank 0 times it). ``drift`` = now / calibrated: 1.0 is the calibrated machine; a
-point's error cannot be read as the model's where the machine itself moved by more. Nothing here changes a
-prediction.
+rule (its runs at one time, where calibrate pools visits spread over the profiling), and as many copies
+running at once on the host as the profile records (``loaded``: the next ranks of the run run the call back
+to back while rank 0 times it). ``drift`` = now / calibrated: 1.0 is the calibrated machine; a point's error
+cannot be read as the model's where the machine itself moved by more. Nothing here changes a prediction.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from simulator.cluster.devices import DTYPE_BYTES
-from simulator.distributed.measure import Timing, robust_time
+from simulator.distributed.measure import VISITS, Timing, robust_time
 from simulator.kernel_model import KernelProfile
 from simulator.kernels import OPTIONAL_AXES, PROFILE_AXES
 from simulator.merge import (
@@ -54,9 +55,9 @@ if TYPE_CHECKING:
     from simulator.distributed.host_load import HostLoad
 
 __all__ = ["ALONE_PAIRS", "ALONE_REF", "ATTEND_GRID", "ATTEND_ROWS", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID",
-           "QUICK_ATTEND_ROWS", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileOptions",
-           "UnstableMeasurement", "alone_ref", "build_point", "profile_attend", "profile_kernel", "profile_prefill",
-           "profile_small", "tileless_attend_grid", "time_call", "with_alone_ratios"]
+           "QUICK_ATTEND_ROWS", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileJob",
+           "ProfileOptions", "UnstableMeasurement", "alone_ref", "build_point", "profile_attend", "profile_kernel",
+           "profile_many", "profile_prefill", "profile_small", "tileless_attend_grid", "time_call", "with_alone_ratios"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
                                         "fp16": torch.float16}
@@ -90,6 +91,7 @@ ALONE_REF: dict[str, tuple[float, ...]] = {"attend": (128.0, 4.0, 4.0), "attn-fw
 # loaded-then-alone pairs timed per value, their ratios' median kept: one pair's ratio moved by up to 0.5 between
 # calibrations of one machine (two calibrations' attend fp32 at 32 KiB: 1.09 and 1.49; fp64: 0.49 and 1.01)
 ALONE_PAIRS = 3
+VISIT_SEED = 0  # the seed of the visits' random orders (profile_many)
 PREFILL_HEADS = 4  # the heads of a profiled prefill block (its query rows follow from row_heads)
 KV_HEADS = 4  # the KV heads of a profiled attend shape (its tokens follow from kv_bytes)
 _RAND_BLOCK = 2**20  # random values drawn per tensor built (longer tensors repeat them)
@@ -102,7 +104,8 @@ class UnstableMeasurement(RuntimeError):
 @dataclass(frozen=True)
 class ProfileOptions:
     """How hard to try: the confidence interval of the median aimed at (``rel_ci``) and the worst accepted
-    (``max_ci``), time per point (``budget_s`` once at least ``min_reps`` ran; ``cap_s`` at most)."""
+    (``max_ci``), time per point (``budget_s`` once at least ``min_reps`` ran; ``cap_s`` at most), spread over
+    ``visits`` visits of every point (:func:`profile_many`), each with its share of the runs and the time."""
 
     rel_ci: float = 0.03
     max_ci: float = 0.5
@@ -110,10 +113,27 @@ class ProfileOptions:
     cap_s: float = 2.0
     min_reps: int = 11
     max_reps: int = 41
+    visits: int = VISITS
 
     def budget_for(self, axes: int) -> float:
         """The time budget of one point of a kernel with ``axes`` axes: a third for the one-axis small kernels."""
         return self.budget_s / 3 if axes == 1 else self.budget_s
+
+    def per_visit(self) -> ProfileOptions:
+        """The options of one of ``visits`` visits: the runs and the time divided among them (3 runs at least)."""
+        v = self.visits
+        return dataclasses.replace(self, budget_s=self.budget_s / v, cap_s=self.cap_s / v,
+                                   min_reps=max(3, -(-self.min_reps // v)), max_reps=max(3, -(-self.max_reps // v)),
+                                   visits=1)
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    """A kernel to profile in one dtype over a grid (one tuple of values per axis)."""
+
+    kernel: str
+    dtype: str
+    grid: tuple[tuple[float, ...], ...]
 
 
 def _check(kernel: str, dtype: str, where: str, t: Timing, opts: ProfileOptions) -> Timing:
@@ -229,21 +249,57 @@ def profile_kernel(kernel: str, dtype: str, device: torch.device, grid: Sequence
                    opts: ProfileOptions = ProfileOptions(), load: HostLoad | None = None) -> KernelProfile:
     """``kernel``'s profile in ``dtype`` over ``grid`` (one list of values per axis of ``PROFILE_AXES[kernel]``),
     each point timed while ``load`` runs the same call on the host's other cores (None: alone)."""
-    axes = PROFILE_AXES[kernel][:len(grid)]  # (a profile may leave out the kernel's optional trailing axes)
-    if len(axes) < len(PROFILE_AXES[kernel]) - OPTIONAL_AXES.get(kernel, 0):
-        raise ValueError(f"{kernel}: a grid of {len(grid)} axes; the kernel's are {PROFILE_AXES[kernel]}")
-    seconds, spread = [], []
-    for point in itertools.product(*grid):
-        timing = _timed(kernel, dtype, point, device, opts, load)
-        seconds.append(timing.median)
-        spread.append(timing.spread)
-    return KernelProfile(kernel, dtype, axes, tuple(tuple(float(x) for x in g) for g in grid), tuple(seconds),
-                         tuple(spread), load.copies if load is not None else 1)
+    return profile_many([ProfileJob(kernel, dtype, tuple(tuple(float(x) for x in g) for g in grid))], device, opts,
+                        load)[0]
+
+
+def profile_many(jobs: Sequence[ProfileJob], device: torch.device, opts: ProfileOptions = ProfileOptions(),
+                 load: HostLoad | None = None, progress: Callable[[int, float], None] | None = None
+                 ) -> list[KernelProfile]:
+    """The profiles of ``jobs``, every point of every job visited ``opts.visits`` times, each visit over all the
+    points in a new random order (fixed seed), its runs pooled with the point's other visits'.
+
+    A shared machine's speed moves between regimes for seconds to minutes (on this project's 2-CPU VM, two
+    calibrations minutes apart timed the same points a median 18 % apart and 2x apart at a tenth of them, while
+    each point's median was known to a few %: its runs all fell in one regime). Visits spread over the whole
+    calibration put each point's runs in several regimes, and no axis of a grid in one. ``progress(visit,
+    seconds)`` is told as each visit ends."""
+    for job in jobs:
+        axes = PROFILE_AXES[job.kernel][:len(job.grid)]  # (a profile may leave out the kernel's optional trailing axes)
+        if len(axes) < len(PROFILE_AXES[job.kernel]) - OPTIONAL_AXES.get(job.kernel, 0):
+            raise ValueError(f"{job.kernel}: a grid of {len(job.grid)} axes; the kernel's are "
+                             f"{PROFILE_AXES[job.kernel]}")
+    points = [(j, point) for j, job in enumerate(jobs) for point in itertools.product(*job.grid)]
+    runs: list[list[float]] = [[] for _ in points]
+    visit = opts.per_visit() if opts.visits > 1 else opts
+    order = list(range(len(points)))
+    rng = random.Random(VISIT_SEED)
+    for v in range(max(1, opts.visits)):
+        t0 = time.perf_counter()
+        rng.shuffle(order)
+        for i in order:
+            j, point = points[i]
+            runs[i] += _timed(jobs[j].kernel, jobs[j].dtype, point, device, visit, load).samples
+        if progress is not None:
+            progress(v + 1, time.perf_counter() - t0)
+    out = []
+    for j, job in enumerate(jobs):
+        seconds, spread = [], []
+        for i in (i for i, (jj, _) in enumerate(points) if jj == j):
+            where = ", ".join(f"{a} {x:g}" for a, x in zip(PROFILE_AXES[job.kernel][:len(job.grid)], points[i][1],
+                                                          strict=True))
+            timing = _check(job.kernel, job.dtype, where, Timing.of(runs[i]), opts)
+            seconds.append(timing.median)
+            spread.append(timing.spread)
+        out.append(KernelProfile(job.kernel, job.dtype, PROFILE_AXES[job.kernel][:len(job.grid)], job.grid,
+                                 tuple(seconds), tuple(spread), load.copies if load is not None else 1))
+    return out
 
 
 def _timed(kernel: str, dtype: str, point: tuple[float, ...], device: torch.device, opts: ProfileOptions,
-           load: HostLoad | None) -> Timing:
-    """One point timed while ``load`` runs the same call on the host's other cores (None: alone)."""
+           load: HostLoad | None, check: bool = False) -> Timing:
+    """One point timed while ``load`` runs the same call on the host's other cores (None: alone); ``check``:
+    refused where its median is not known well enough (:class:`UnstableMeasurement`)."""
     if load is not None:  # the loading processes build their copy while this one builds its own
         load.request(kernel, dtype, point)
     try:
@@ -251,13 +307,16 @@ def _timed(kernel: str, dtype: str, point: tuple[float, ...], device: torch.devi
     finally:
         if load is not None:
             load.wait_running()
-    where = ", ".join(f"{a} {v:g}" for a, v in zip(PROFILE_AXES[kernel][:len(point)], point, strict=True))
     try:
-        return _check(kernel, dtype, where, time_call(fn, device, opts, opts.budget_for(len(point))), opts)
+        timing = time_call(fn, device, opts, opts.budget_for(len(point)))
     finally:
         if load is not None:
             load.stop()
         del fn
+    if check:
+        where = ", ".join(f"{a} {v:g}" for a, v in zip(PROFILE_AXES[kernel][:len(point)], point, strict=True))
+        _check(kernel, dtype, where, timing, opts)
+    return timing
 
 
 def alone_ref(profile: KernelProfile) -> tuple[float, ...]:
@@ -279,8 +338,8 @@ def with_alone_ratios(profile: KernelProfile, device: torch.device, load: HostLo
         point = (x, *alone_ref(profile))
         pairs = []
         for _ in range(ALONE_PAIRS):
-            loaded = _timed(profile.kernel, profile.dtype, point, device, opts, load)
-            alone = _timed(profile.kernel, profile.dtype, point, device, opts, None)
+            loaded = _timed(profile.kernel, profile.dtype, point, device, opts, load, check=True)
+            alone = _timed(profile.kernel, profile.dtype, point, device, opts, None, check=True)
             pairs.append(alone.median / loaded.median)
         ratios.append(statistics.median(pairs))
     return dataclasses.replace(profile, alone_at=profile.grid[0], alone=tuple(ratios))
