@@ -1,7 +1,8 @@
 """Profile the schedules' kernels over a grid of shapes (what ``treering calibrate`` writes as ``kernels:``).
 
 Each kernel runs through the same merge core the schedules run (:mod:`simulator.merge`), on torch tensors of the
-device and dtype asked for, timed by :func:`~simulator.distributed.measure.robust_time`:
+device and dtype asked for, timed by :func:`~simulator.distributed.measure.robust_time` at each of several
+visits spread over the profiling (:func:`profile_many`), the runs pooled:
 
 * ``attend`` (partial attention of one decode query against a KV shard, merged into a running state) over its
   axes ``kv_bytes`` (the K and V bytes it reads), ``head_dim`` and ``group`` (query heads per KV head);
@@ -260,7 +261,7 @@ def profile_many(jobs: Sequence[ProfileJob], device: torch.device, opts: Profile
     points in a new random order (fixed seed), its runs pooled with the point's other visits'.
 
     A shared machine's speed moves between regimes for seconds to minutes (on this project's 2-CPU VM, two
-    calibrations minutes apart timed the same points a median 18 % apart and 2x apart at a tenth of them, while
+    calibrations minutes apart timed the same points a median 19 % apart and 2x apart at a tenth of them, while
     each point's median was known to a few %: its runs all fell in one regime). Visits spread over the whole
     calibration put each point's runs in several regimes, and no axis of a grid in one. ``progress(visit,
     seconds)`` is told as each visit ends."""
