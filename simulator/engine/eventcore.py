@@ -30,6 +30,7 @@ from numba import njit, types
 from numba.experimental import structref
 
 from simulator.engine import netstate as ns
+from simulator.engine.borrow import borrow as _b
 
 __all__ = ["EngineState", "new_state", "records", "results", "run", "seed"]
 
@@ -115,7 +116,7 @@ def _at(s: EngineState, delay: float, callback: int, arg: int) -> None:
         cy[:n] = s.cy
         ca[:n] = s.ca
         s.ct, s.cs, s.cy, s.ca = ct, cs, cy, ca
-    ct, cs, cy, ca = s.ct, s.cs, s.cy, s.ca
+    ct, cs, cy, ca = _b(s.ct), _b(s.cs), _b(s.cy), _b(s.ca)
     seq = s.cseq
     s.cseq = seq + 1
     i = n
@@ -132,7 +133,7 @@ def _at(s: EngineState, delay: float, callback: int, arg: int) -> None:
 @njit(cache=True)
 def _pop(s: EngineState) -> tuple[float, int, int]:
     """The earliest callback (time, callback, argument), taken off the calendar."""
-    ct, cs, cy, ca = s.ct, s.cs, s.cy, s.ca
+    ct, cs, cy, ca = _b(s.ct), _b(s.cs), _b(s.cy), _b(s.ca)
     when, callback, arg = ct[0], cy[0], ca[0]
     n = s.csize - 1
     s.csize = n
@@ -157,37 +158,37 @@ def _pop(s: EngineState) -> tuple[float, int, int]:
 @njit(cache=True, inline="always")
 def _thread(s: EngineState, rank: int) -> bool:
     """Whether the rank is a host thread (it has a program order: its host's cores are shared)."""
-    return s.prog_start[rank + 1] > s.prog_start[rank]
+    return _b(s.prog_start)[rank + 1] > _b(s.prog_start)[rank]
 
 
 @njit(cache=True)
 def _issued(s: EngineState, rank: int) -> None:
     """A host thread is done issuing its current op: its next op in program order may start once it is ready."""
-    cur = s.cursor[rank] + 1
-    s.cursor[rank] = cur
-    i = s.prog_start[rank] + cur
-    if i < s.prog_start[rank + 1]:
-        nxt = s.prog[i]
-        if s.flag[nxt] & F_HELD:
-            s.flag[nxt] &= ~F_HELD
+    cur = _b(s.cursor)[rank] + 1
+    _b(s.cursor)[rank] = cur
+    i = _b(s.prog_start)[rank] + cur
+    if i < _b(s.prog_start)[rank + 1]:
+        nxt = _b(s.prog)[i]
+        if _b(s.flag)[nxt] & F_HELD:
+            _b(s.flag)[nxt] &= ~F_HELD
             _at(s, 0.0, READY, nxt)
 
 
 @njit(cache=True)
 def _start_transfer(s: EngineState, send: int, recv: int) -> None:
     now = s.now
-    s.start[send] = now
-    s.start[recv] = now
-    p = s.path[send]
-    delay = s.msg_s + s.plat[p]
-    floor = s.floor[send]
+    _b(s.start)[send] = now
+    _b(s.start)[recv] = now
+    p = _b(s.path)[send]
+    delay = s.msg_s + _b(s.plat)[p]
+    floor = _b(s.floor)[send]
     if delay < floor:
         delay = floor
     elif floor < 0.0:  # STREAMED: a later step of a pipeline, its latency hidden behind the steps before it
         delay = 0.0
-    if s.coll[send] == 0:
+    if _b(s.coll)[send] == 0:
         delay += s.comm_s
-    if s.plen[p] == 0 or s.nbytes[send] == 0.0:
+    if _b(s.plen)[p] == 0 or _b(s.nbytes)[send] == 0.0:
         _at(s, delay, FINISH, send)
     else:
         _at(s, delay, INJECT, send)
@@ -196,8 +197,8 @@ def _start_transfer(s: EngineState, send: int, recv: int) -> None:
 @njit(cache=True)
 def _posted(s: EngineState, op: int, kind: int) -> None:
     """A send or receive is posted (ready): once both ends are, the transfer starts."""
-    m = s.match[op]
-    if s.flag[m] & F_READY:
+    m = _b(s.match)[op]
+    if _b(s.flag)[m] & F_READY:
         if kind == K_SEND:
             _start_transfer(s, op, m)
         else:
@@ -208,11 +209,11 @@ def _posted(s: EngineState, op: int, kind: int) -> None:
 def _start_kernel(s: EngineState, op: int) -> int:
     """A kernel of a host thread starts: work drained over its host's cores. Returns ``op`` if it has no duration
     (it ends at once: the caller ends it), else -1."""
-    s.start[op] = s.now
-    if not s.dur[op] > 0.0:  # (core refuses a NaN duration)
+    _b(s.start)[op] = s.now
+    if not _b(s.dur)[op] > 0.0:  # (core refuses a NaN duration)
         return op
-    h = s.hrow[op]
-    s.slot[op] = ns.net_add(s.net, op, s.hlinks[h, :s.hlen[h]], s.hwts[h], s.hweighted[h] != 0, s.hwork[h], s.now,
+    h = _b(s.hrow)[op]
+    _b(s.slot)[op] = ns.net_add(s.net, op, _b(s.hlinks)[h, :_b(s.hlen)[h]], _b(s.hwts)[h], _b(s.hweighted)[h] != 0, _b(s.hwork)[h], s.now,
                             0.0)
     s.dirty = True
     return -1
@@ -221,19 +222,19 @@ def _start_kernel(s: EngineState, op: int) -> int:
 @njit(cache=True)
 def _ready_in_order(s: EngineState, op: int) -> int:
     """An op of a host thread: it waits for its turn in program order. Returns a kernel that ended at once, or -1."""
-    rank = s.rank[op]
-    if s.prog[s.prog_start[rank] + s.cursor[rank]] != op:
-        s.flag[op] |= F_HELD
+    rank = _b(s.rank)[op]
+    if _b(s.prog)[_b(s.prog_start)[rank] + _b(s.cursor)[rank]] != op:
+        _b(s.flag)[op] |= F_HELD
         return -1
-    kind = s.kind[op]
+    kind = _b(s.kind)[op]
     if kind in (K_SEND, K_RECV):  # posted: the thread goes on to its next op
         _issued(s, rank)
-    s.flag[op] |= F_READY
+    _b(s.flag)[op] |= F_READY
     if kind <= K_MERGE:  # its turn: the rank's previous kernel has returned
         return _start_kernel(s, op)
     if kind == K_LAUNCH:
-        s.start[op] = s.now
-        _at(s, s.dur[op], LAUNCHED, op)
+        _b(s.start)[op] = s.now
+        _at(s, _b(s.dur)[op], LAUNCHED, op)
     else:
         _posted(s, op, kind)
     return -1
@@ -243,27 +244,27 @@ def _ready_in_order(s: EngineState, op: int) -> int:
 def _ready(s: EngineState, op: int) -> int:
     """``op``'s dependencies are met. Returns a kernel of a host thread that ended at once (no duration), or -1."""
     now = s.now
-    nb = s.not_before[op]
+    nb = _b(s.not_before)[op]
     if now < nb:
         _at(s, nb - now, READY, op)
         return -1
-    rank = s.rank[op]
+    rank = _b(s.rank)[op]
     if s.in_order and _thread(s, rank):
         return _ready_in_order(s, op)
-    kind = s.kind[op]
+    kind = _b(s.kind)[op]
     if kind <= K_MERGE:  # one FIFO compute stream per rank
-        begin = s.stream_free[rank]
+        begin = _b(s.stream_free)[rank]
         if begin < now:
             begin = now
-        end = begin + s.dur[op]
-        s.stream_free[rank] = end
-        s.start[op] = begin
+        end = begin + _b(s.dur)[op]
+        _b(s.stream_free)[rank] = end
+        _b(s.start)[op] = begin
         _at(s, end - now, DONE, op)
     elif kind == K_LAUNCH:
-        s.start[op] = now
-        _at(s, s.dur[op], LAUNCHED, op)
+        _b(s.start)[op] = now
+        _at(s, _b(s.dur)[op], LAUNCHED, op)
     else:
-        s.flag[op] |= F_READY
+        _b(s.flag)[op] |= F_READY
         _posted(s, op, kind)
     return -1
 
@@ -276,10 +277,10 @@ def _push_frame(s: EngineState, top: int, op: int, issue: int) -> None:
         fpos = np.zeros(2 * top, np.int64)
         fpos[:top] = s.fpos
         s.frames, s.fpos = frames, fpos
-    s.end[op] = s.now
-    s.frames[0, top] = op
-    s.frames[1, top] = issue
-    s.fpos[top] = s.first_kid[op]
+    _b(s.end)[op] = s.now
+    _b(s.frames)[0, top] = op
+    _b(s.frames)[1, top] = issue
+    _b(s.fpos)[top] = _b(s.first_kid)[op]
 
 
 @njit(cache=True)
@@ -288,13 +289,13 @@ def _done(s: EngineState, op: int, issue: bool) -> None:
     thread goes on to its next op (a kernel's return)."""
     _push_frame(s, 0, op, 1 if issue else 0)
     top = 1
-    kids, first, pending = s.kids, s.first_kid, s.pending
+    kids, first, pending = _b(s.kids), _b(s.first_kid), _b(s.pending)
     while top > 0:
         f = top - 1
-        o = s.frames[0, f]
-        pos = s.fpos[f]
+        o = _b(s.frames)[0, f]
+        pos = _b(s.fpos)[f]
         if pos < first[o + 1]:
-            s.fpos[f] = pos + 1
+            _b(s.fpos)[f] = pos + 1
             child = kids[pos]
             left = pending[child] - 1
             pending[child] = left
@@ -305,15 +306,15 @@ def _done(s: EngineState, op: int, issue: bool) -> None:
                     top += 1
         else:
             top = f
-            if s.frames[1, f]:
-                _issued(s, s.rank[o])
+            if _b(s.frames)[1, f]:
+                _issued(s, _b(s.rank)[o])
 
 
 @njit(cache=True)
 def _ended_transfer_end(s: EngineState, op: int) -> None:
     """One end of a drained transfer ends (its end recorded alone where no op depends on it: most sends)."""
-    if s.first_kid[op] == s.first_kid[op + 1]:
-        s.end[op] = s.now
+    if _b(s.first_kid)[op] == _b(s.first_kid)[op + 1]:
+        _b(s.end)[op] = s.now
     else:
         _done(s, op, False)
 
@@ -325,10 +326,10 @@ def _drained(s: EngineState, generation: int) -> None:
     due = s.net.due
     for i in range(len(due)):
         flow = due[i]
-        ns.net_remove(s.net, s.slot[flow])
-        if s.kind[flow] == K_SEND:
+        ns.net_remove(s.net, _b(s.slot)[flow])
+        if _b(s.kind)[flow] == K_SEND:
             _ended_transfer_end(s, flow)
-            _ended_transfer_end(s, s.match[flow])
+            _ended_transfer_end(s, _b(s.match)[flow])
         else:  # a kernel on shared host cores
             _done(s, flow, True)
     s.dirty = True
@@ -372,16 +373,16 @@ def _callback(s: EngineState, callback: int, arg: int) -> None:
     elif callback == DONE:
         _done(s, arg, False)
     elif callback == LAUNCHED:
-        _done(s, arg, _thread(s, s.rank[arg]))
+        _done(s, arg, _thread(s, _b(s.rank)[arg]))
     elif callback == INJECT:
-        p = s.path[arg]
-        w = s.wrow[arg]
-        s.slot[arg] = ns.net_add(s.net, arg, s.plinks[p, :s.plen[p]], s.wtab[max(w, 0)], w >= 0, s.nbytes[arg],
-                                 s.now, s.rate_cap[arg])
+        p = _b(s.path)[arg]
+        w = _b(s.wrow)[arg]
+        _b(s.slot)[arg] = ns.net_add(s.net, arg, _b(s.plinks)[p, :_b(s.plen)[p]], _b(s.wtab)[max(w, 0)], w >= 0, _b(s.nbytes)[arg],
+                                 s.now, _b(s.rate_cap)[arg])
         s.dirty = True  # rates are recomputed once every other callback of this instant has run
     elif callback == FINISH:
         _done(s, arg, False)
-        _done(s, s.match[arg], False)
+        _done(s, _b(s.match)[arg], False)
     else:
         _drained(s, arg)
 
@@ -390,7 +391,7 @@ def _callback(s: EngineState, callback: int, arg: int) -> None:
 def seed(s: EngineState, roots: np.ndarray) -> None:
     """Schedule the ops with no dependencies (``roots``, in op-id order): each ready at its ``not_before_s``."""
     for i in range(len(roots)):
-        _at(s, s.not_before[roots[i]], READY, roots[i])
+        _at(s, _b(s.not_before)[roots[i]], READY, roots[i])
 
 
 @njit(cache=True)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from simulator.engine.borrow import borrow as _b
+
 SLACK = 1.0 - 1e-9  # a link whose flows' caps sum to at most this fraction of its capacity binds none of them
 FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
 
@@ -317,16 +319,11 @@ def _set_rate(slot: int, new: float, now: float, si: np.ndarray, sf: np.ndarray,
 @njit(cache=True)
 def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bool, li: np.ndarray,
           lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray, wts: np.ndarray, inc: np.ndarray,
-          epoch: int, sc: np.ndarray) -> None:
+          epoch: int, sc: np.ndarray, hk: np.ndarray, hv: np.ndarray, hl: np.ndarray) -> None:
     """Progressive filling of one component (``members``, over its tight links ``links``, ``li[SEEN] == epoch``
-    on exactly those); each member's rate left in ``sf[NEW]``."""
+    on exactly those); each member's rate left in ``sf[NEW]``. ``hk``, ``hv``, ``hl``: room for its heap (the
+    links, then a share per crossing of a member: ``nl`` plus the members' route lengths)."""
     maxr = route.shape[1]
-    room = nl
-    for k in range(nm):
-        room += si[RLEN, members[k]]
-    hk = np.empty(room)
-    hv = np.empty(room, np.int64)
-    hl = np.empty(room, np.int64)
     size = 0
     for k in range(nl):
         link = links[k]
@@ -398,27 +395,44 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
 
 
 @njit(cache=True)
+def work_size(li: np.ndarray, si: np.ndarray, inc: np.ndarray, ek: np.ndarray) -> tuple[int, int]:
+    """The scratch room :func:`allocate` needs, (int64s, float64s): its lists of flows and links, a component's
+    heap, and :func:`next_finish`'s (which needs the last ``2 len(ek) + 1`` of the int64s)."""
+    slots, nlinks = si.shape[1], li.shape[1]
+    heap = nlinks + inc.shape[1]  # a component's links, then a share per crossing of a member
+    return 3 * slots + nlinks + 2 * heap + 2 * len(ek) + 1, heap
+
+
+@njit(cache=True)
 def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray,
              route: np.ndarray, wts: np.ndarray, inc: np.ndarray, marks: np.ndarray, fresh: np.ndarray,
-             ek: np.ndarray, ev: np.ndarray, es: np.ndarray, sc: np.ndarray
+             ek: np.ndarray, ev: np.ndarray, es: np.ndarray, sc: np.ndarray, work: np.ndarray, fwork: np.ndarray
              ) -> tuple[bool, np.ndarray, float, np.ndarray, int]:
     """New max-min rates of the flows around the links touched since the last call, one connected component at a
     time. Returns whether any flow came or went since the last call, the links whose load may have changed (empty
-    unless ``want_changed``), :func:`next_finish`'s answer after it, and the finish heap's size."""
+    unless ``want_changed``), :func:`next_finish`'s answer after it, and the finish heap's size. ``work``,
+    ``fwork``: scratch room, :func:`work_size` of it at least (the engine keeps them between calls: no allocation
+    per call)."""
     maxr = route.shape[1]
     nlinks = li.shape[1]
+    slots = si.shape[1]
+    heap = nlinks + inc.shape[1]
+    tail = 3 * slots + nlinks + 2 * heap  # next_finish's room
     if sc[NTOUCH] == 0 and sc[NLEFT] == 0 and sc[NFRESH] == 0:  # nothing came or went since the last call
-        best, due = next_finish(si, ek, ev, es, sc)
+        best, due = next_finish(si, ek, ev, es, sc, work[tail:])
         return False, np.empty(0, np.int64), best, due, sc[ETA_SIZE]
     sc[EPOCH] += 1
     epoch = sc[EPOCH]
     ntouch, nleft, nfresh = sc[NTOUCH], sc[NLEFT], sc[NFRESH]
     # the flows to place: those on touched links, then the fresh capped ones
-    members = np.empty(si.shape[1], np.int64)
-    links = np.empty(nlinks, np.int64)
-    solos = np.empty(si.shape[1], np.int64)
+    members = work[:slots]
+    links = work[slots:slots + nlinks]
+    solos = work[slots + nlinks:2 * slots + nlinks]
     nsolo = 0
-    comp_members = np.empty(si.shape[1], np.int64)  # every component's members, one after another
+    comp_members = work[2 * slots + nlinks:3 * slots + nlinks]  # every component's members, one after another
+    hv = work[3 * slots + nlinks:3 * slots + nlinks + heap]
+    hl = work[3 * slots + nlinks + heap:tail]
+    hk = fwork[:heap]
     total = 0
     for k in range(ntouch + nfresh):
         if k < ntouch:
@@ -477,7 +491,8 @@ def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si:
                         if si[KIND, members[q]] & WEIGHTED:
                             weighted = True
                             break
-                    _fill(members, nm, links, nl, weighted, li, lf, si, sf, route, wts, inc, epoch, sc)
+                    _fill(_b(members), nm, _b(links), nl, weighted, _b(li), _b(lf), _b(si), _b(sf), _b(route), _b(wts),
+                          _b(inc), epoch, _b(sc), hk, hv, hl)
                     for q in range(nm):
                         comp_members[total + q] = members[q]
                     total += nm
@@ -523,17 +538,18 @@ def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si:
     sc[NTOUCH] = 0
     sc[NLEFT] = 0
     sc[NFRESH] = 0
-    best, due = next_finish(si, ek, ev, es, sc)
+    best, due = next_finish(si, ek, ev, es, sc, work[tail:])
     return True, changed[:nchanged], best, due, sc[ETA_SIZE]
 
 
 @njit(cache=True)
-def next_finish(si: np.ndarray, ek: np.ndarray, ev: np.ndarray, es: np.ndarray, sc: np.ndarray
+def next_finish(si: np.ndarray, ek: np.ndarray, ev: np.ndarray, es: np.ndarray, sc: np.ndarray, work: np.ndarray
                 ) -> tuple[float, np.ndarray]:
     """Earliest predicted finish and the keys of every flow predicted to finish then (within ``FINISH_RTOL``).
 
     Entries of flows since re-rated or finished are dropped when they reach the top; the flows due are read off
-    the heap in place (every entry within the tolerance of the top has all its ancestors within it too)."""
+    the heap in place (every entry within the tolerance of the top has all its ancestors within it too).
+    ``work``: scratch room for ``2 len(ek) + 1`` int64s."""
     size = sc[ETA_SIZE]
     while size > 0:
         s = es[0]
@@ -545,9 +561,9 @@ def next_finish(si: np.ndarray, ek: np.ndarray, ev: np.ndarray, es: np.ndarray, 
         return np.inf, np.empty(0, np.int64)
     best = ek[0]
     tol = FINISH_RTOL * (best if best > 1e-30 else 1e-30)
-    due = np.empty(size, np.int64)
+    due = work[:size]
     nd = 0
-    stack = np.empty(size + 1, np.int64)
+    stack = work[size:2 * size + 1]
     stack[0] = 0
     top = 1
     while top > 0:

@@ -17,6 +17,7 @@ from numba import njit, types
 from numba.experimental import structref
 
 from simulator.engine import flowcore as fc
+from simulator.engine.borrow import borrow as _b
 
 __all__ = ["NetState", "net_add", "net_allocate", "net_allocations", "net_capacity", "net_load", "net_new", "net_next",
            "net_rate", "net_remove"]
@@ -43,6 +44,7 @@ _FIELDS = (
     "spare", "nspare",  # a stack of private cap links no flow holds
     "nlinks", "added", "eta_size", "dirty", "has_next", "active", "allocations",
     "next_when", "due", "unweighted",
+    "work", "fwork",  # scratch room for the allocations (flowcore.work_size), kept between them
 )
 structref.define_proxy(NetState, NetStateType, list(_FIELDS))
 
@@ -66,7 +68,8 @@ def net_new(capacity: np.ndarray) -> NetState:
                    np.zeros((0, maxr), np.int64), np.ones((0, maxr)), np.full((2, 0), -1, np.int64),
                    np.zeros(0, np.int64), np.zeros(256), np.zeros(256, np.int64), np.zeros(256, np.int64),
                    np.zeros(fc.NSC, np.int64), np.zeros(0, np.int64), 0, np.zeros(16, np.int64), 0,
-                   n, 0, 0, False, False, 0, 0, np.inf, np.zeros(0, np.int64), np.ones(0))
+                   n, 0, 0, False, False, 0, 0, np.inf, np.zeros(0, np.int64), np.ones(0), np.zeros(0, np.int64),
+                   np.zeros(0))
     _grow_slots(net, 64)
     return net
 
@@ -160,8 +163,8 @@ def net_add(net: NetState, key: int, links: np.ndarray, weights: np.ndarray, wei
         fresh = np.zeros(2 * len(net.fresh), np.int64)
         fresh[:len(net.fresh)] = net.fresh
         net.fresh = fresh
-    fc.add(slot, links, weights, private, kind, key, nbytes, now, cap, net.li, net.lf, net.si, net.sf, net.route,
-           net.wts, net.inc, net.marks, net.fresh, net.sc)
+    fc.add(slot, _b(links), _b(weights), private, kind, key, nbytes, now, cap, _b(net.li), _b(net.lf), _b(net.si),
+           _b(net.sf), _b(net.route), _b(net.wts), _b(net.inc), _b(net.marks), _b(net.fresh), _b(net.sc))
     net.active += 1
     net.has_next = False
     net.dirty = True
@@ -173,7 +176,7 @@ def net_remove(net: NetState, slot: int) -> None:
     """Stop the flow in ``slot`` (finished); the flows it shared links with get new rates at the next allocation."""
     route = net.route
     private = route[slot, net.si[fc.RLEN, slot] - 1] if net.si[fc.KIND, slot] & fc.CAPPED else -1
-    fc.remove(slot, net.li, net.lf, net.si, net.sf, route, net.inc, net.marks, net.sc)
+    fc.remove(slot, _b(net.li), _b(net.lf), _b(net.si), _b(net.sf), _b(route), _b(net.inc), _b(net.marks), _b(net.sc))
     if net.nfree >= len(net.free):
         free = np.zeros(2 * len(net.free) + 16, np.int64)
         free[:net.nfree] = net.free[:net.nfree]
@@ -193,6 +196,16 @@ def net_remove(net: NetState, slot: int) -> None:
 
 
 @njit(cache=True)
+def _work(net: NetState) -> None:
+    """Scratch room for an allocation (or a finish prediction) as the arrays are now (grown by half again)."""
+    ints, floats = fc.work_size(net.li, net.si, net.inc, net.ek)
+    if len(net.work) < ints:
+        net.work = np.empty(ints + ints // 2, np.int64)
+    if len(net.fwork) < floats:
+        net.fwork = np.empty(floats + floats // 2)
+
+
+@njit(cache=True)
 def net_allocate(net: NetState, now: float, want_changed: bool) -> tuple[bool, np.ndarray]:
     """Re-rate the flows around the links touched since the last call (max-min, one connected component at a
     time). Returns whether flows came or went since then, and the links whose load may have changed (empty unless
@@ -202,9 +215,11 @@ def net_allocate(net: NetState, now: float, want_changed: bool) -> tuple[bool, n
     net.dirty = False
     if net.eta_size + net.active >= len(net.ek):  # room for a new finish of every flow
         _grow_eta(net, 2 * (net.eta_size + net.active) + 16)
-    did, changed, when, due, eta_size = fc.allocate(now, want_changed, net.li, net.lf, net.si, net.sf, net.route,
-                                                    net.wts, net.inc, net.marks, net.fresh, net.ek, net.ev, net.es,
-                                                    net.sc)
+    _work(net)
+    did, changed, when, due, eta_size = fc.allocate(now, want_changed, _b(net.li), _b(net.lf), _b(net.si),
+                                                    _b(net.sf), _b(net.route), _b(net.wts), _b(net.inc),
+                                                    _b(net.marks), _b(net.fresh), _b(net.ek), _b(net.ev), _b(net.es),
+                                                    _b(net.sc), _b(net.work), _b(net.fwork))
     net.eta_size = eta_size
     net.added = 0
     net.next_when = when
@@ -219,7 +234,8 @@ def net_allocate(net: NetState, now: float, want_changed: bool) -> tuple[bool, n
 def net_next(net: NetState) -> tuple[float, np.ndarray]:
     """Earliest predicted finish and the keys of the flows due then, in key order (``(inf, [])`` when idle)."""
     if not net.has_next:
-        when, due = fc.next_finish(net.si, net.ek, net.ev, net.es, net.sc)
+        _work(net)
+        when, due = fc.next_finish(_b(net.si), _b(net.ek), _b(net.ev), _b(net.es), _b(net.sc), _b(net.work))
         net.next_when = when
         net.due = due
         net.has_next = True

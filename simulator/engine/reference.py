@@ -70,6 +70,7 @@ class _Network:
         self._eta = (np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
         self._grow_eta(256)
         self._sc = np.zeros(fc.NSC, np.int64)
+        self._scratch = (np.zeros(0, np.int64), np.zeros(0))  # allocate's room (_work)
         self._slot: dict[int, int] = {}  # flow key -> slot
         self._spare_caps: list[int] = []  # ids of cap links no flow holds now (reused before new ones)
         self._cap_link: dict[int, int] = {}  # flow -> its private cap link
@@ -209,15 +210,23 @@ class _Network:
         self._dirty = False
         if self._eta_size + len(self._slot) >= len(self._eta[0]):  # room for a new finish of every flow
             self._grow_eta(2 * (self._eta_size + len(self._slot)) + 16)
+        work, fwork = self._work()
         did, changed, when, due, self._eta_size = fc.allocate(
             float(now), bool(changed_links), self._li, self._lf, self._si, self._sf, self._route, self._wts, self._inc,
-            self._marks, self._fresh, *self._eta, self._sc)
+            self._marks, self._fresh, *self._eta, self._sc, work, fwork)
         self._added = 0
         self._next = (when, due.tolist())
         if not did:
             return set()
         self.allocations += 1
         return set(changed.tolist()) if changed_links else set()
+
+    def _work(self) -> tuple[np.ndarray, np.ndarray]:
+        """Scratch room for an allocation (:func:`flowcore.work_size`), kept between calls."""
+        ints, floats = fc.work_size(self._li, self._si, self._inc, self._eta[0])
+        if len(self._scratch[0]) < ints or len(self._scratch[1]) < floats:
+            self._scratch = (np.empty(ints, np.int64), np.empty(floats))
+        return self._scratch
 
     def rate(self, flow: int) -> float:
         """Bytes/s ``flow`` drains at now (as of the last :meth:`allocate`)."""
@@ -234,7 +243,7 @@ class _Network:
         """Earliest predicted finish time and every flow predicted to finish then (``(inf, [])`` when idle): the
         flows predicted within ``FINISH_RTOL`` of the earliest, in key order."""
         if self._next is None:
-            when, due = fc.next_finish(self._si, *self._eta, self._sc)
+            when, due = fc.next_finish(self._si, *self._eta, self._sc, self._work()[0])
             self._next = (float(when), due.tolist())
         return self._next
 
