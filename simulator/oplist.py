@@ -329,10 +329,42 @@ class OpBlock:
         comp = np.flatnonzero(self.kind <= _MERGE)
         keys = cols.cost_keys
         cost = np.full(m, -1, dtype=np.int64)
-        cost[comp] = np.fromiter(map(keys.setdefault, zip(*(self.field(f, comp) for f in _COST_FIELDS),
+        groups = self._cost_groups(comp)
+        if groups is None:  # one key per op
+            cost[comp] = np.fromiter(map(keys.setdefault, zip(*(self.field(f, comp) for f in _COST_FIELDS),
+                                                              strict=True), _NextIndex(keys)),
+                                     dtype=np.int64, count=len(comp))
+        else:  # one key per group of ops with the same cost columns, read off the group's first op
+            firsts, inverse = groups
+            ids_of = np.fromiter(map(keys.setdefault, zip(*(self.field(f, firsts) for f in _COST_FIELDS),
                                                           strict=True), _NextIndex(keys)),
-                                 dtype=np.int64, count=len(comp))
+                                 dtype=np.int64, count=len(firsts))
+            cost[comp] = ids_of[inverse]
         cols.cost[ids] = cost
+
+    def _cost_groups(self, comp: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The ops ``comp`` grouped by their cost columns (equal numbers, the same entry of a table), the groups in
+        order of first op: (each group's first op, each op's group). Ops in different groups may still have equal
+        costs (two entries of a table that are equal): the keys they give then coincide, as they would op by op.
+        None where a column is not plain numbers or table entries (or holds a NaN, which is no key's equal)."""
+        codes = []
+        for name in _COST_FIELDS:
+            value = self.fields.get(name, _DEFAULTS[name])
+            if isinstance(value, Indexed):
+                codes.append(np.asarray(value.which)[comp].astype(np.int64))
+            elif isinstance(value, np.ndarray):
+                col = value[comp]
+                if col.dtype.kind not in "biuf" or (col.dtype.kind == "f" and np.isnan(col).any()):
+                    return None
+                codes.append(np.unique(col, return_inverse=True)[1].reshape(-1).astype(np.int64))
+        group = np.zeros(len(comp), np.int64)
+        for code in codes:  # the columns' codes combined, renumbered after each so that they stay small
+            group = np.unique(group * (int(code.max(initial=0)) + 1) + code, return_inverse=True)[1].reshape(-1)
+        _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+        by_first = np.argsort(first, kind="stable")  # groups numbered in order of their first op
+        rank = np.empty_like(by_first)
+        rank[by_first] = np.arange(len(by_first))
+        return comp[first[by_first]], rank[inverse.reshape(-1)]
 
     def holders(self) -> np.ndarray:
         js = np.arange(len(self))

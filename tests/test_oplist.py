@@ -12,7 +12,7 @@ from simulator.algorithms import build_schedule, resolve
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
 from simulator.memory import timeline_peaks
-from simulator.oplist import Indexed, OpList, TransferBlock
+from simulator.oplist import Indexed, OpBlock, OpList, TransferBlock
 from simulator.points import layout_of
 from simulator.schedule import Op, Schedule
 from simulator.workloads.shape import DecodeShape
@@ -127,6 +127,20 @@ def test_blocks_give_the_columns_and_holders_of_their_tuples(sched: Schedule) ->
     assert [key_a[i] if i >= 0 else None for i in a.cost.tolist()] == [key_b[i] if i >= 0 else None
                                                                       for i in b.cost.tolist()]
     assert sched.ops.holders() == flat.ops.holders() == [op.id for op in sched.ops if op.alloc or op.free]
+
+
+@settings(max_examples=60, deadline=None)
+@given(schedules())
+def test_a_blocks_kernels_grouped_get_the_cost_ids_they_get_op_by_op(sched: Schedule) -> None:
+    grouped = sched.ops.columns()
+    plain = OpBlock._cost_groups
+    try:
+        OpBlock._cost_groups = lambda self, comp: None  # type: ignore[method-assign]  # every op's key read
+        one_by_one = sched.ops.columns()
+    finally:
+        OpBlock._cost_groups = plain  # type: ignore[method-assign]
+    assert np.array_equal(grouped.cost, one_by_one.cost)
+    assert list(grouped.cost_keys.items()) == list(one_by_one.cost_keys.items())
 
 
 @settings(max_examples=40, deadline=None)

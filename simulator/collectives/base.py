@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simulator.op import OP_KINDS
 from simulator.schedule import Schedule
 
 __all__ = ["REDUCE_OPS", "CollBuilder", "chunk_bounds", "rotated_to"]
+
+_LAUNCH = OP_KINDS.index("launch")
 
 REDUCE_OPS = ("sum", "max")
 
@@ -79,10 +82,12 @@ class CollBuilder:
             raise ValueError(f"reduce op must be one of {REDUCE_OPS}, got {op!r}")
         if len(ranks) < 2:  # nothing to communicate: no communication operation is launched
             return cls(sched, buf, n, elem_bytes, dtype, op, tag, {r: tuple(deps.get(r, ())) for r in ranks})
-        front: dict[int, tuple[int, ...]] = {
-            r: (sched.add_launch(r, f"{tag}.launch", deps=deps.get(r, ()), coll=tag, fn=kind, out=buf, root=root,
-                                 redop="" if kind == "broadcast" else op, floor_s=launch_s),)
-            for r in ranks}
+        m = len(ranks)  # a launch per rank, appended as one block (the ops add_launch would append, in order)
+        first = sched.add_ops(np.full(m, _LAUNCH, np.uint8), np.asarray(ranks, dtype=np.int64),
+                              [tuple(deps.get(r, ())) for r in ranks], np.full(m, -1, np.int64),
+                              name=f"{tag}.launch", coll=tag, fn=kind, out=buf, root=root,
+                              redop="" if kind == "broadcast" else op, floor_s=launch_s)
+        front = {r: (first + k,) for k, r in enumerate(ranks)}
         return cls(sched, buf, n, elem_bytes, dtype, op, tag, front)
 
     def nbytes(self, lo: int, hi: int) -> float:

@@ -178,20 +178,28 @@ def tree_allreduce(b: CollBuilder, trees: Sequence[Tree]) -> None:
     if b.n == 0:
         return
     start = {r: b.front[r] for r in trees[0].order}
-    ends: dict[int, list[int]] = {r: [] for r in start}
+    ranks, ids = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]  # every tree's last ops, by rank
     for tree, (lo, hi) in zip(trees, chunk_bounds(b.n, len(trees)), strict=True):
         if hi > lo:
             steps, chunks, head = tree_chunks((hi - lo) * b.elem_bytes, b.slice_bytes, len(trees), b.grain)
-            for r, ops in _pipeline(b, tree, lo, hi, start, steps, chunks, len(trees), head).items():
-                ends[r] += ops
-    for r in start:  # in place: a channel's view shares its builder's frontier
-        b.front[r] = tuple(dict.fromkeys(ends[r])) or start[r]
+            r, i = _pipeline(b, tree, lo, hi, start, steps, chunks, len(trees), head)
+            ranks.append(r)
+            ids.append(i)
+    rank, op = np.concatenate(ranks), np.concatenate(ids)
+    by_rank = np.argsort(rank, kind="stable")  # a rank's ops: the first tree's, then the next one's...
+    rank, flat = rank[by_rank], op[by_rank].tolist()
+    keys = np.fromiter(start, dtype=np.int64, count=len(start))
+    firsts = np.searchsorted(rank, keys, side="left").tolist()
+    lasts = np.searchsorted(rank, keys, side="right").tolist()
+    for r, a, z in zip(start, firsts, lasts, strict=True):  # in place: a channel's view shares its builder's frontier
+        b.front[r] = tuple(flat[a:z]) or start[r]
 
 
 def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, tuple[int, ...]],
-              steps: int, chunks: int, trees: int, head: int = 1) -> dict[int, list[int]]:
+              steps: int, chunks: int, trees: int, head: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """One of ``trees`` trees' pipeline over elements ``lo:hi`` of ``b``'s range, ``steps`` steps in ``chunks``
-    chunks, each chunk's steps as its first, middle and last (:mod:`.steps`); returns every rank's last ops. A
+    chunks, each chunk's steps as its first, middle and last (:mod:`.steps`); returns every rank's last ops
+    (:func:`_last_ops`). A
     connection between servers holds ``head`` steps in its first op of a chunk (LL, LL128: one NCCL step of grains).
 
     Per part of a chunk, the ops of a chunk as one step would be: a rank's send up after its reductions and its
@@ -236,16 +244,21 @@ def _pipeline(b: CollBuilder, tree: Tree, lo: int, hi: int, start: Mapping[int, 
         up_last, down_last, got = mine[0], mine[2], mine[3]
     if out.parts:
         out.append_to(sched)
-    last: dict[int, list[int]] = {r: [] for r in tree.order}
-    ids = up_last.tolist(), down_last.tolist(), got.tolist()
-    for p in range(1, n):  # as the pipeline's ends were listed: every send up, then down the tree, send and recv
-        if ids[0][p] >= 0:
-            last[tree.order[p]].append(ids[0][p])
-    for p in range(1, n):
-        if ids[1][p] >= 0:
-            last[tree.order[int(t.par[p])]].append(ids[1][p])
-            last[tree.order[p]].append(ids[2][p])
-    return last
+    return _last_ops(t, up_last, down_last, got)
+
+
+def _last_ops(t: _Positions, up: np.ndarray, down: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A pipeline's last ops (by position: its last send up, send down from the parent and receive of it; -1:
+    none) as (rank, op) arrays, position after position in the tree's order and, at a position, its send up, its
+    receive from its parent, then its sends down to its children in their order."""
+    p = np.arange(1, t.n)
+    has_up, has_down = up[1:] >= 0, down[1:] >= 0
+    pos = np.concatenate([p[has_up], p[has_down], t.par[1:][has_down]])
+    what = np.repeat(np.arange(3), [int(has_up.sum()), int(has_down.sum()), int(has_down.sum())])
+    child = np.concatenate([np.zeros(int(has_up.sum() + has_down.sum()), np.int64), p[has_down]])
+    op = np.concatenate([up[1:][has_up], got[1:][has_down], down[1:][has_down]])
+    order = np.lexsort((child, what, pos))
+    return t.rank[pos[order]], op[order]
 
 
 @dataclass(frozen=True)
