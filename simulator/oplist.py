@@ -19,6 +19,7 @@ from operator import eq, itemgetter
 from typing import Any, NamedTuple, overload
 
 import numpy as np
+import pandas as pd
 
 from simulator.colpass import fill_transfers, spans
 from simulator.op import OP_KINDS, Op
@@ -61,10 +62,10 @@ def csr(deps: Sequence[tuple[int, ...]] | np.ndarray) -> tuple[np.ndarray, np.nd
         if deps.ndim != 2 or (deps.size and deps.dtype.kind not in "iu"):
             raise ValueError("dependencies as an array must be integers, (ops, k), padded with -1")
         given = deps >= 0
-        flat = deps[given].astype(np.int64)
+        flat = deps[given].astype(np.int64, copy=False)
         counts = given.sum(axis=1)
         if (deps < -1).any():  # a negative id other than the padding names no op: kept, so that the check finds it
-            flat, counts = deps[deps != -1].astype(np.int64), (deps != -1).sum(axis=1)
+            flat, counts = deps[deps != -1].astype(np.int64, copy=False), (deps != -1).sum(axis=1)
     else:
         counts = np.fromiter(map(len, deps), dtype=np.int64, count=len(deps))
         flat = np.fromiter(chain.from_iterable(deps), dtype=np.int64, count=int(counts.sum()))
@@ -298,7 +299,7 @@ class OpBlock:
         if isinstance(value, np.ndarray):
             if dtype is bool and value.dtype.kind not in "biuf":  # strings: whether each is set
                 return np.fromiter(map(bool, value[js].tolist()), dtype=bool, count=len(js))
-            return value[js].astype(dtype)
+            return value[js].astype(dtype, copy=False)
         if isinstance(value, Indexed):
             return np.array([dtype(v) for v in value.table], dtype=dtype)[value.which[js]]
         return np.full(len(js), dtype(value), dtype=dtype)
@@ -347,24 +348,25 @@ class OpBlock:
         order of first op: (each group's first op, each op's group). Ops in different groups may still have equal
         costs (two entries of a table that are equal): the keys they give then coincide, as they would op by op.
         None where a column is not plain numbers or table entries (or holds a NaN, which is no key's equal)."""
-        codes = []
+        group = np.zeros(len(comp), np.int64)
         for name in _COST_FIELDS:
             value = self.fields.get(name, _DEFAULTS[name])
             if isinstance(value, Indexed):
-                codes.append(np.asarray(value.which)[comp].astype(np.int64))
+                code = np.asarray(value.which)[comp].astype(np.int64, copy=False)
             elif isinstance(value, np.ndarray):
                 col = value[comp]
                 if col.dtype.kind not in "biuf" or (col.dtype.kind == "f" and np.isnan(col).any()):
                     return None
-                codes.append(np.unique(col, return_inverse=True)[1].reshape(-1).astype(np.int64))
-        group = np.zeros(len(comp), np.int64)
-        for code in codes:  # the columns' codes combined, renumbered after each so that they stay small
-            group = np.unique(group * (int(code.max(initial=0)) + 1) + code, return_inverse=True)[1].reshape(-1)
-        _, first, inverse = np.unique(group, return_index=True, return_inverse=True)
-        by_first = np.argsort(first, kind="stable")  # groups numbered in order of their first op
-        rank = np.empty_like(by_first)
-        rank[by_first] = np.arange(len(by_first))
-        return comp[first[by_first]], rank[inverse.reshape(-1)]
+                code = pd.factorize(col)[0]
+            else:
+                continue
+            # the columns' codes combined, numbered again by first op (hashing, no sort) so that they stay small
+            group = pd.factorize(group * (int(code.max(initial=0)) + 1) + code)[0]
+        if not len(group):
+            return comp, group
+        new = np.ones(len(group), dtype=bool)  # numbered by first op: a group's first op raises the running max
+        new[1:] = group[1:] > np.maximum.accumulate(group)[:-1]
+        return comp[new], group
 
     def holders(self) -> np.ndarray:
         js = np.arange(len(self))
