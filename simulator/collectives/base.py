@@ -87,7 +87,7 @@ class CollBuilder:
                               [tuple(deps.get(r, ())) for r in ranks], np.full(m, -1, np.int64),
                               name=f"{tag}.launch", coll=tag, fn=kind, out=buf, root=root,
                               redop="" if kind == "broadcast" else op, floor_s=launch_s)
-        front = {r: (first + k,) for k, r in enumerate(ranks)}
+        front: dict[int, tuple[int, ...]] = {r: (first + k,) for k, r in enumerate(ranks)}
         return cls(sched, buf, n, elem_bytes, dtype, op, tag, front)
 
     def nbytes(self, lo: int, hi: int) -> float:

@@ -182,9 +182,9 @@ def tree_allreduce(b: CollBuilder, trees: Sequence[Tree]) -> None:
     for tree, (lo, hi) in zip(trees, chunk_bounds(b.n, len(trees)), strict=True):
         if hi > lo:
             steps, chunks, head = tree_chunks((hi - lo) * b.elem_bytes, b.slice_bytes, len(trees), b.grain)
-            r, i = _pipeline(b, tree, lo, hi, start, steps, chunks, len(trees), head)
-            ranks.append(r)
-            ids.append(i)
+            tree_ranks, tree_ops = _pipeline(b, tree, lo, hi, start, steps, chunks, len(trees), head)
+            ranks.append(tree_ranks)
+            ids.append(tree_ops)
     rank, op = np.concatenate(ranks), np.concatenate(ids)
     by_rank = np.argsort(rank, kind="stable")  # a rank's ops: the first tree's, then the next one's...
     rank, flat = rank[by_rank], op[by_rank].tolist()

@@ -10,8 +10,10 @@ per-op columns), or for one that may be replaced (a growing calendar) only until
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
+import numpy as np
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -20,7 +22,7 @@ __all__ = ["borrow"]
 
 
 @intrinsic
-def borrow(typingctx: Any, arr: types.Type) -> Any:
+def _borrow(typingctx: Any, arr: types.Type) -> Any:
     """``arr``'s data viewed without a reference count (compiled code only)."""
     if not isinstance(arr, types.Array):
         return None
@@ -35,3 +37,6 @@ def borrow(typingctx: Any, arr: types.Type) -> Any:
         return view._getvalue()
 
     return arr(arr), codegen
+
+
+borrow = cast("Callable[[np.ndarray], np.ndarray]", _borrow)  # its type in compiled code's callers, for mypy
