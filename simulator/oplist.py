@@ -330,17 +330,11 @@ class OpBlock:
         comp = np.flatnonzero(self.kind <= _MERGE)
         keys = cols.cost_keys
         cost = np.full(m, -1, dtype=np.int64)
-        groups = self._cost_groups(comp)
-        if groups is None:  # one key per op
-            cost[comp] = np.fromiter(map(keys.setdefault, zip(*(self.field(f, comp) for f in _COST_FIELDS),
-                                                              strict=True), _NextIndex(keys)),
-                                     dtype=np.int64, count=len(comp))
-        else:  # one key per group of ops with the same cost columns, read off the group's first op
-            firsts, inverse = groups
-            ids_of = np.fromiter(map(keys.setdefault, zip(*(self.field(f, firsts) for f in _COST_FIELDS),
-                                                          strict=True), _NextIndex(keys)),
-                                 dtype=np.int64, count=len(firsts))
-            cost[comp] = ids_of[inverse]
+        # one key per group of ops with the same cost columns, read off the group's first op (or one per op)
+        firsts, inverse = self._cost_groups(comp) or (comp, np.arange(len(comp)))
+        ids_of = np.fromiter(map(keys.setdefault, zip(*(self.field(f, firsts) for f in _COST_FIELDS), strict=True),
+                                 _NextIndex(keys)), dtype=np.int64, count=len(firsts))
+        cost[comp] = ids_of[inverse]
         cols.cost[ids] = cost
 
     def _cost_groups(self, comp: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -362,8 +356,6 @@ class OpBlock:
                 continue
             # the columns' codes combined, numbered again by first op (hashing, no sort) so that they stay small
             group = pd.factorize(group * (int(code.max(initial=0)) + 1) + code)[0]
-        if not len(group):
-            return comp, group
         new = np.ones(len(group), dtype=bool)  # numbered by first op: a group's first op raises the running max
         new[1:] = group[1:] > np.maximum.accumulate(group)[:-1]
         return comp[new], group

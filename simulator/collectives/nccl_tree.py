@@ -253,9 +253,10 @@ def _last_ops(t: _Positions, up: np.ndarray, down: np.ndarray, got: np.ndarray) 
     receive from its parent, then its sends down to its children in their order."""
     p = np.arange(1, t.n)
     has_up, has_down = up[1:] >= 0, down[1:] >= 0
+    n_up, n_down = int(has_up.sum()), int(has_down.sum())
     pos = np.concatenate([p[has_up], p[has_down], t.par[1:][has_down]])
-    what = np.repeat(np.arange(3), [int(has_up.sum()), int(has_down.sum()), int(has_down.sum())])
-    child = np.concatenate([np.zeros(int(has_up.sum() + has_down.sum()), np.int64), p[has_down]])
+    what = np.repeat(np.arange(3), [n_up, n_down, n_down])
+    child = np.concatenate([np.zeros(n_up + n_down, np.int64), p[has_down]])
     op = np.concatenate([up[1:][has_up], got[1:][has_down], down[1:][has_down]])
     order = np.lexsort((child, what, pos))
     return t.rank[pos[order]], op[order]

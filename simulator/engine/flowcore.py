@@ -416,8 +416,8 @@ def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si:
     maxr = route.shape[1]
     nlinks = li.shape[1]
     slots = si.shape[1]
-    heap = nlinks + inc.shape[1]
-    tail = 3 * slots + nlinks + 2 * heap  # next_finish's room
+    ints, heap = work_size(li, si, inc, ek)
+    tail = ints - (2 * len(ek) + 1)  # next_finish's room
     if sc[NTOUCH] == 0 and sc[NLEFT] == 0 and sc[NFRESH] == 0:  # nothing came or went since the last call
         best, due = next_finish(si, ek, ev, es, sc, work[tail:])
         return False, np.empty(0, np.int64), best, due, sc[ETA_SIZE]
