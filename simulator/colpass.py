@@ -8,34 +8,38 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["dependents", "distinct_codes", "fill_transfers", "group_max", "spans", "timeline_order"]
+__all__ = ["dependents", "distinct_codes", "fill_transfers", "first_of", "group_max", "spans", "timeline_order"]
 
 
 @njit(cache=True)
 def _dependents(counts: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
     n = len(counts)
-    starts = np.zeros(n + 1, dtype=np.int64)
+    total = 0
     for i in range(n):
         if counts[i] < 0:
-            return np.zeros(0, dtype=np.int32), starts, 1
-        starts[i + 1] = starts[i] + counts[i]
-    if starts[n] != len(parents):
-        return np.zeros(0, dtype=np.int32), starts, 1
+            return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64), 1
+        total += counts[i]
+    if total != len(parents):
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64), 1
     first_kid = np.zeros(n + 1, dtype=np.int64)
     for e in range(len(parents)):
         d = parents[e]
         if d < 0 or d >= n:
-            return np.zeros(0, dtype=np.int32), starts, 2
+            return np.zeros(0, dtype=np.int32), first_kid, 2
         first_kid[d + 1] += 1
     for d in range(n):
         first_kid[d + 1] += first_kid[d]
-    fill = first_kid[:n].copy()
     kids = np.empty(len(parents), dtype=np.int32)
+    e = 0
     for i in range(n):  # children in id order: each parent's kids come out in op-id order, as appended
-        for e in range(starts[i], starts[i + 1]):
+        for _ in range(counts[i]):
             d = parents[e]
-            kids[fill[d]] = i
-            fill[d] += 1
+            e += 1
+            kids[first_kid[d]] = i
+            first_kid[d] += 1  # d's cursor: at the end, d's end (d + 1's start)
+    for d in range(n, 0, -1):  # the starts again
+        first_kid[d] = first_kid[d - 1]
+    first_kid[0] = 0
     return kids, first_kid, 0
 
 
@@ -62,9 +66,18 @@ def spans(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
 def _firsts(code: np.ndarray, k: int) -> np.ndarray:  # pragma: no cover
     first = np.full(k, -1, dtype=np.int64)
     for i in range(len(code)):
-        if first[code[i]] < 0:
-            first[code[i]] = i
+        c = code[i]
+        if c >= 0 and first[c] < 0:
+            first[c] = i
     return first
+
+
+def first_of(code: np.ndarray, k: int) -> np.ndarray:
+    """The first index of each code in ``0..k-1`` in ``code`` (-1: absent; a negative code is no code), in one
+    compiled pass."""
+    if len(code) and int(code.max()) >= k:
+        raise ValueError(f"codes outside 0..{k - 1}")
+    return _firsts(code, k)
 
 
 def distinct_codes(code: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -152,3 +152,17 @@ def _broken(how: str) -> Schedule:
 def test_a_broken_schedule_is_refused_naming_the_op(how, says):
     with pytest.raises(ValueError, match=says):
         simulate(_broken(how), _host(3, "0 s"))
+
+
+def test_a_kernel_without_a_finite_duration_is_refused_naming_the_first():
+    """Durations are computed once per cost and kind of device: the error still names the first bad op."""
+    sched = Schedule(3)
+    sched.add_compute(2, "fine", flops=1e9)
+    sched.add_compute(0, "inf", flops=math.inf)  # rank 0's device, then rank 2's (the slow one)
+    sched.add_compute(2, "wide", nbytes=math.inf)
+    sched.add_compute(2, "inf again", flops=math.inf)
+    with pytest.raises(ValueError, match=r"op 1 \(compute 'inf' of rank 0\) lasts inf s on its device"):
+        simulate(sched, _host(3, "0 s"))
+    sched.ops[1] = sched.ops[1]._replace(flops=1e9)
+    with pytest.raises(ValueError, match=r"op 2 \(compute 'wide' of rank 2\) lasts inf s on its device"):
+        simulate(sched, _host(3, "0 s"))

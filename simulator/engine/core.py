@@ -54,7 +54,7 @@ from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.links import link_table
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
-from simulator.colpass import dependents, distinct_codes, group_max, spans, timeline_order
+from simulator.colpass import dependents, distinct_codes, first_of, group_max, spans, timeline_order
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
 from simulator.gcpause import gc_paused
@@ -210,7 +210,6 @@ class _Run:
         self.prog = mine[np.argsort(self.ranks[mine], kind="stable")]
         self.prog_start = np.concatenate(([0], np.cumsum(np.bincount(self.ranks[mine], minlength=schedule.ranks))
                                           )).astype(np.int64)
-        self.dur = np.zeros(n)
         self._durations(cols)
         launches = np.flatnonzero(self.kind_of == _KIND_INDEX["launch"])
         self.dur[launches] = np.fmax(cluster.collective_start_s, cols.floor[launches])  # max(), as floats
@@ -219,25 +218,26 @@ class _Run:
 
     def _durations(self, cols: Columns) -> None:
         """Each kernel's duration on its rank's device (roofline or profile), computed once per distinct cost (and
-        kind of device)."""
-        ids = np.flatnonzero(cols.cost >= 0)
-        code = cols.cost[ids]
+        kind of device), for the first op of each, in op order."""
+        code, k = cols.cost, max(1, len(cols.cost_keys))  # a kernel's cost id; -1 on the other ops
         kinds: dict[int, int] = {}
         for spec in self.specs:
             kinds.setdefault(id(spec), len(kinds))
         if len(kinds) > 1:  # the cost on each kind of device
             spec_of = np.array([kinds[id(spec)] for spec in self.specs], dtype=np.int64)
-            code = spec_of[self.ranks[ids]] * max(1, len(cols.cost_keys)) + code
-        distinct, rep, inverse = distinct_codes(code, len(kinds) * max(1, len(cols.cost_keys)))
-        seconds = np.zeros(len(distinct))
-        for j in np.argsort(rep).tolist():  # one op of each, in op order: its duration
-            op = self.ops[int(ids[rep[j]])]
+            code = np.where(code >= 0, spec_of[self.ranks] * k + code, -1)
+            k *= len(kinds)
+        first = first_of(code, k)
+        present = np.flatnonzero(first >= 0)
+        seconds = np.zeros(k + 1)  # the last: the other ops' (code -1)
+        for j in present[np.argsort(first[present])].tolist():
+            op = self.ops[int(first[j])]
             seconds[j] = self._new_duration(self.specs[op.rank], op)
-        self.dur[ids] = seconds[inverse.reshape(-1)]
-        bad = np.flatnonzero(~np.isfinite(self.dur[ids]) | (self.dur[ids] < 0))
-        if len(bad):
-            op = self.ops[int(ids[bad[0]])]
-            self._bad(op, f"lasts {self.dur[op.id]} s on its device")
+        wrong = present[~np.isfinite(seconds[present]) | (seconds[present] < 0)]
+        if len(wrong):  # the first op of a bad cost
+            j = int(wrong[np.argmin(first[wrong])])
+            self._bad(self.ops[int(first[j])], f"lasts {seconds[j]} s on its device")
+        self.dur = seconds[code]
 
     @staticmethod
     def _bad(op: Op, what: str) -> NoReturn:

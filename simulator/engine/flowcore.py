@@ -21,14 +21,21 @@ with the same floating-point operations in the same order, so its rates are the 
 property the tests check); where weights make the result depend on the order in which a link's flows are frozen
 (a weighted component), the order is the link's incidence list's, and the last bits may differ from a fill over
 another order (a few ulps).
+
+The per-flow and per-component work (:func:`add`, :func:`remove`, :func:`_place`, :func:`_fill`) is compiled without
+numba's reference counting (``_nrt=False``): it only reads and writes the arrays it is given, and the counting's
+calls at every entry, exit and branch (a null check each, the engine passing borrowed views) were a tenth of the
+event loop's time.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
-from simulator.engine.borrow import borrow as _b
+NO_REFCOUNTS: dict[str, Any] = {"_nrt": False}  # njit's option: compiled without numba's reference counting
 
 SLACK = 1.0 - 1e-9  # a link whose flows' caps sum to at most this fraction of its capacity binds none of them
 FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
@@ -104,7 +111,7 @@ def _first_crossing(route: np.ndarray, slot: int, i: int) -> bool:
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def add(slot: int, links: np.ndarray, weights: np.ndarray, private: int, kind: int, key: int, nbytes: float,
         now: float, cap: float, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray,
         wts: np.ndarray, inc: np.ndarray, marks: np.ndarray, fresh: np.ndarray, sc: np.ndarray) -> None:
@@ -170,7 +177,7 @@ def add(slot: int, links: np.ndarray, weights: np.ndarray, private: int, kind: i
             _mark(route[slot, i], TOUCH, NTOUCH, li, marks, sc)
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def remove(slot: int, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray,
            inc: np.ndarray, marks: np.ndarray, sc: np.ndarray) -> None:
     """Unlink the flow in ``slot``; the flows it shared links with are re-rated at the next allocation."""
@@ -316,7 +323,7 @@ def _set_rate(slot: int, new: float, now: float, si: np.ndarray, sf: np.ndarray,
     sc[ETA_SIZE] = _push(ek, ev, es, sc[ETA_SIZE], when, v, slot)
 
 
-@njit(cache=True)
+@njit(cache=True, **NO_REFCOUNTS)
 def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bool, li: np.ndarray,
           lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray, wts: np.ndarray, inc: np.ndarray,
           epoch: int, sc: np.ndarray, hk: np.ndarray, hv: np.ndarray, hl: np.ndarray) -> None:
@@ -403,27 +410,20 @@ def work_size(li: np.ndarray, si: np.ndarray, inc: np.ndarray, ek: np.ndarray) -
     return 3 * slots + nlinks + 2 * heap + 2 * len(ek) + 1, heap
 
 
-@njit(cache=True)
-def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray,
-             route: np.ndarray, wts: np.ndarray, inc: np.ndarray, marks: np.ndarray, fresh: np.ndarray,
-             ek: np.ndarray, ev: np.ndarray, es: np.ndarray, sc: np.ndarray, work: np.ndarray, fwork: np.ndarray
-             ) -> tuple[bool, np.ndarray, float, np.ndarray, int]:
-    """New max-min rates of the flows around the links touched since the last call, one connected component at a
-    time. Returns whether any flow came or went since the last call, the links whose load may have changed (empty
-    unless ``want_changed``), :func:`next_finish`'s answer after it, and the finish heap's size. ``work``,
-    ``fwork``: scratch room, :func:`work_size` of it at least (the engine keeps them between calls: no allocation
-    per call)."""
+@njit(cache=True, **NO_REFCOUNTS)
+def _place(now: float, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray,
+           wts: np.ndarray, inc: np.ndarray, marks: np.ndarray, fresh: np.ndarray, ek: np.ndarray, ev: np.ndarray,
+           es: np.ndarray, sc: np.ndarray, work: np.ndarray, fwork: np.ndarray, heap: int, tail: int
+           ) -> tuple[int, int]:
+    """:func:`allocate`'s work: the flows around the touched links (and the fresh capped ones) found, one connected
+    component at a time, filled and given their new rates. Returns how many flows were alone on their links (listed
+    in ``work[slots + nlinks:]``) and how many were in components (listed in ``work[2 slots + nlinks:]``)."""
     maxr = route.shape[1]
     nlinks = li.shape[1]
     slots = si.shape[1]
-    ints, heap = work_size(li, si, inc, ek)
-    tail = ints - (2 * len(ek) + 1)  # next_finish's room
-    if sc[NTOUCH] == 0 and sc[NLEFT] == 0 and sc[NFRESH] == 0:  # nothing came or went since the last call
-        best, due = next_finish(si, ek, ev, es, sc, work[tail:])
-        return False, np.empty(0, np.int64), best, due, sc[ETA_SIZE]
     sc[EPOCH] += 1
     epoch = sc[EPOCH]
-    ntouch, nleft, nfresh = sc[NTOUCH], sc[NLEFT], sc[NFRESH]
+    ntouch, nfresh = sc[NTOUCH], sc[NFRESH]
     # the flows to place: those on touched links, then the fresh capped ones
     members = work[:slots]
     links = work[slots:slots + nlinks]
@@ -491,8 +491,7 @@ def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si:
                         if si[KIND, members[q]] & WEIGHTED:
                             weighted = True
                             break
-                    _fill(_b(members), nm, _b(links), nl, weighted, _b(li), _b(lf), _b(si), _b(sf), _b(route), _b(wts),
-                          _b(inc), epoch, _b(sc), hk, hv, hl)
+                    _fill(members, nm, links, nl, weighted, li, lf, si, sf, route, wts, inc, epoch, sc, hk, hv, hl)
                     for q in range(nm):
                         comp_members[total + q] = members[q]
                     total += nm
@@ -504,6 +503,31 @@ def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si:
     for q in range(total):
         f = comp_members[q]
         _set_rate(f, sf[NEW, f], now, si, sf, ek, ev, es, sc)
+    return nsolo, total
+
+
+@njit(cache=True)
+def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray,
+             route: np.ndarray, wts: np.ndarray, inc: np.ndarray, marks: np.ndarray, fresh: np.ndarray,
+             ek: np.ndarray, ev: np.ndarray, es: np.ndarray, sc: np.ndarray, work: np.ndarray, fwork: np.ndarray
+             ) -> tuple[bool, np.ndarray, float, np.ndarray, int]:
+    """New max-min rates of the flows around the links touched since the last call, one connected component at a
+    time. Returns whether any flow came or went since the last call, the links whose load may have changed (empty
+    unless ``want_changed``), :func:`next_finish`'s answer after it, and the finish heap's size. ``work``,
+    ``fwork``: scratch room, :func:`work_size` of it at least (the engine keeps them between calls: no allocation
+    per call)."""
+    nlinks = li.shape[1]
+    slots = si.shape[1]
+    ints, heap = work_size(li, si, inc, ek)
+    tail = ints - (2 * len(ek) + 1)  # next_finish's room
+    if sc[NTOUCH] == 0 and sc[NLEFT] == 0 and sc[NFRESH] == 0:  # nothing came or went since the last call
+        best, due = next_finish(si, ek, ev, es, sc, work[tail:])
+        return False, np.empty(0, np.int64), best, due, sc[ETA_SIZE]
+    nsolo, total = _place(now, li, lf, si, sf, route, wts, inc, marks, fresh, ek, ev, es, sc, work, fwork, heap,
+                          tail)
+    ntouch, nleft, nfresh = sc[NTOUCH], sc[NLEFT], sc[NFRESH]
+    solos = work[slots + nlinks:2 * slots + nlinks]
+    comp_members = work[2 * slots + nlinks:3 * slots + nlinks]
     nchanged = 0
     changed = np.empty(0, np.int64)
     if want_changed:
