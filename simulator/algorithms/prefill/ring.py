@@ -18,6 +18,7 @@ brings them back to their owner: P - 1 K/V transfers and P dK/dV transfers per r
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from simulator.algorithms.base import Layout
 from simulator.algorithms.prefill.base import add_delta, add_final, block_dims, new_prefill_schedule, tokens
@@ -49,31 +50,47 @@ def _kv_buf(step: int) -> str:
 
 class _Blocks:
     """The attention blocks' kernels (one table for a schedule: name, FLOPs, bytes, dims), by (pass, buffer, queries,
-    keys, unmasked pairs), and the allocations they make, by rank."""
+    keys, unmasked pairs), and the allocations they make, by rank.
 
-    def __init__(self, shape: PrefillShape) -> None:
+    The distinct (queries, keys, pairs) of every (rank, shard) are numbered once (``code``); a step's blocks read
+    their kernels off a map from that number to the table (per pass and buffer), and the sizes not seen before are
+    added in their lexicographic order: the table and every block's kernel as numbering each step's distinct sizes
+    in that order would give."""
+
+    def __init__(self, shape: PrefillShape, tok: np.ndarray, pairs: np.ndarray) -> None:
         self.shape = shape
         self.table: list[tuple[str, float, float, tuple[float, ...]]] = []
         self.index: dict[tuple[bool, str, int, int, int], int] = {}
+        self.tok, self.pairs = tok, pairs
+        ti, tv = pd.factorize(tok)  # (hashing: no sort of the P x P pairs)
+        pi, pv = pd.factorize(pairs.reshape(-1))
+        code = (ti.reshape(-1, 1) * len(tv) + ti.reshape(1, -1)).reshape(-1) * len(pv) + pi
+        number, distinct = pd.factorize(code)
+        self.code = number.reshape(pairs.shape)
+        self.kernel: dict[tuple[bool, str], np.ndarray] = {}  # (pass, buffer) -> number -> table index (-1: none)
+        self.distinct = len(distinct)
 
-    def which(self, backward: bool, buf: str, nq: np.ndarray, nk: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-        """Each block's kernel, an index into :attr:`table` (its cost computed once per distinct size)."""
-        # the distinct (queries, keys, pairs): one code per block from each column's distinct values
-        code = np.zeros(len(nq), dtype=np.int64)
-        for column in (nq, nk, pairs):
-            values, inv = np.unique(column, return_inverse=True)
-            code = code * len(values) + inv.reshape(-1)
-        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-        ids = []
-        for q, k, n in zip(nq[first].tolist(), nk[first].tolist(), pairs[first].tolist(), strict=True):
-            key = (backward, buf, q, k, n)
-            if key not in self.index:
-                self.index[key] = len(self.table)
-                cost = self.shape.backward_cost(q, k, n) if backward else self.shape.forward_cost(q, k, n)
-                name = f"attn-bwd[{buf}]" if backward else f"attn-fwd[{buf}]"
-                self.table.append((name, *cost, block_dims(self.shape, q, k, n)))
-            ids.append(self.index[key])
-        return np.array(ids, dtype=np.int64)[inverse.reshape(-1)]
+    def which(self, backward: bool, buf: str, ranks: np.ndarray, shards: np.ndarray) -> np.ndarray:
+        """The kernel of each block of ``ranks[k]`` on shard ``shards[k]``, an index into :attr:`table` (its cost
+        computed once per distinct size)."""
+        code = self.code[ranks, shards]
+        known = self.kernel.setdefault((backward, buf), np.full(self.distinct, -1, dtype=np.int64))
+        ids = known[code]
+        if (ids < 0).any():
+            new = {}
+            for c in np.unique(code[ids < 0]).tolist():
+                r, j = int(ranks[np.argmax(code == c)]), int(shards[np.argmax(code == c)])
+                new[(int(self.tok[r]), int(self.tok[j]), int(self.pairs[r, j]))] = c
+            for (q, kv, n), c in sorted(new.items()):
+                key = (backward, buf, q, kv, n)
+                if key not in self.index:
+                    self.index[key] = len(self.table)
+                    cost = self.shape.backward_cost(q, kv, n) if backward else self.shape.forward_cost(q, kv, n)
+                    name = f"attn-bwd[{buf}]" if backward else f"attn-fwd[{buf}]"
+                    self.table.append((name, *cost, block_dims(self.shape, q, kv, n)))
+                known[c] = self.index[key]
+            ids = known[code]
+        return ids
 
 
 def _pad(*columns: np.ndarray) -> np.ndarray:
@@ -122,11 +139,10 @@ def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, ba
         if overlap and step < p - 1:
             new_have, new_sent = _post(sched, ring, held, kv_size, kv_names, have[:, None], last, sent, step,
                                        (((nxt, max_kv),) if step < 2 and not backward else ()))
-        nq, nk, n = tok, tok[held], pairs[ranks, held]
-        live = np.flatnonzero(n > 0)  # a fully masked block is skipped
+        live = np.flatnonzero(pairs[ranks, held] > 0)  # a fully masked block is skipped
         done = none.copy()
         if len(live):
-            which = blocks.which(backward, buf, nq[live], nk[live], n[live])
+            which = blocks.which(backward, buf, live, held[live])
             if not backward:
                 first = sched.add_kernel_step(
                     live, Indexed(blocks.table, which), _pad(have[live], last[live]), dtype=shape.dtype,
@@ -162,7 +178,7 @@ def build_prefill_ring(shape: PrefillShape, layout: Layout, overlap: bool = True
     p = ring.p
     sched = new_prefill_schedule("ring", shape, p)
     pairs = pair_matrix(sched.meta["runs"], shape.causal)  # (rank, shard) -> unmasked pairs, for both passes
-    blocks = _Blocks(shape)
+    blocks = _Blocks(shape, np.array([tokens(sched, r) for r in range(p)], dtype=np.int64), pairs)
     last = _rotate(sched, shape, ring, overlap, False, np.full(p, -1, dtype=np.int64), blocks, pairs)
     finals = [add_final(sched, shape, r, tokens(sched, r), [int(last[r])] if last[r] >= 0 else [])
               for r in range(p)]
