@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["dependents", "distinct_codes", "fill_transfers", "first_of", "group_max", "spans", "timeline_order"]
+__all__ = ["dependents", "distinct_codes", "fill_transfers", "first_of", "group_max", "ordered_sum", "spans",
+           "timeline_order"]
 
 
 @njit(cache=True)
@@ -170,3 +171,16 @@ def group_max(code: np.ndarray, values: np.ndarray, k: int) -> tuple[np.ndarray,
     if len(code) and (int(code.min()) < 0 or int(code.max()) >= k):
         raise ValueError(f"codes outside 0..{k - 1}")
     return _group_max(code, values, k)
+
+
+@njit(cache=True)
+def _ordered_sum(values: np.ndarray) -> float:  # pragma: no cover
+    total = 0.0
+    for v in values:
+        total += v
+    return total
+
+
+def ordered_sum(values: np.ndarray) -> float:
+    """``sum(values.tolist())``: the floats added one after another in order (not numpy's pairwise sum), compiled."""
+    return float(_ordered_sum(np.ascontiguousarray(values, dtype=np.float64)))

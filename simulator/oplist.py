@@ -12,7 +12,7 @@ iteration, :meth:`OpList.take`): a block's ops are made on demand, the ops the o
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, compress, pairwise, repeat
 from operator import eq, itemgetter
@@ -36,6 +36,7 @@ _NOT_BEFORE, _COLL, _FLOOR, _RATE_CAP = itemgetter(10), itemgetter(19), itemgett
 _ALLOC, _FREE = itemgetter(16), itemgetter(17)
 _SEND, _RECV, _MERGE = KIND_INDEX["send"], KIND_INDEX["recv"], KIND_INDEX["merge"]
 Kernel = tuple[str, float, float, tuple[float, ...]]  # a compute op's name, FLOPs, bytes and dims
+_KERNEL_FIELD = {"name": 0, "flops": 1, "nbytes": 2}  # an Op field's place in a Kernel
 _ID_MAX = 2**31 - 1  # ids and ranks are int32 in the columns
 
 
@@ -166,6 +167,13 @@ class ComputeBlock:
                                                 map(kernels.__getitem__, self.which[js].tolist()),
                                                 _gather(self.dep_start, self.dep_flat, js), allocs, strict=True)]
 
+    def field(self, name: str, js: np.ndarray) -> list[Any]:
+        """Field ``name`` of the ops at offsets ``js`` (a kernel's name and bytes off its table)."""
+        if name in _KERNEL_FIELD:
+            column = [k[_KERNEL_FIELD[name]] for k in self.kernels]
+            return list(map(column.__getitem__, self.which[js].tolist()))
+        return [getattr(op, name) for op in self.take(js)]
+
     def edges(self) -> int:
         return len(self.dep_flat)
 
@@ -229,6 +237,14 @@ class TransferBlock:
                 out.append(_new(Op, (oid, src, "send", name, next(sdeps), 0.0, size, "fp32", dst, oid + 1, 0.0, "",
                                      "", args, 0, -1, (), (), False, coll, None, "", False, 0.0, 0.0, ())))
         return out
+
+    def field(self, name: str, js: np.ndarray) -> list[Any]:
+        """Field ``name`` of the ops at offsets ``js`` (a transfer's name and bytes off its columns)."""
+        if name == "name":
+            return list(map(self.names.__getitem__, self.name[js >> 1].tolist()))
+        if name == "nbytes":
+            return self.nbytes[js >> 1].tolist()  # type: ignore[no-any-return]
+        return [getattr(op, name) for op in self.take(js)]
 
     def edges(self) -> int:
         return len(self.send_flat) + len(self.recv_flat)
@@ -539,6 +555,19 @@ class OpList(Sequence[Op]):
 
     def take(self, ids: Sequence[int] | np.ndarray) -> list[Op]:
         """The ops of ``ids``, in that order, as tuples (a block's made together: cheaper than one at a time)."""
+        return self._gather(ids, lambda seg, local: (list(map(seg.__getitem__, local.tolist()))
+                                                     if isinstance(seg, list) else seg.take(local)))
+
+    def field(self, name: str, ids: Sequence[int] | np.ndarray) -> list[Any]:
+        """Field ``name`` (an :class:`Op` field) of the ops of ``ids``, in that order, without making the ops where
+        a block holds it as a column or a table (a timeline's names and bytes)."""
+        if name not in Op._fields:
+            raise ValueError(f"ops have no field {name!r}")
+        return self._gather(ids, lambda seg, local: ([getattr(seg[j], name) for j in local.tolist()]
+                                                     if isinstance(seg, list) else seg.field(name, local)))
+
+    def _gather(self, ids: Sequence[int] | np.ndarray, get: Callable[[Any, np.ndarray], list[Any]]) -> list[Any]:
+        """``get(segment, offsets)`` for the ids of each segment, put back in the order of ``ids``."""
         idx = np.asarray(ids)
         if len(idx) and idx.dtype.kind not in "iu":
             raise TypeError(f"op indices must be integers, not {idx.dtype}")
@@ -549,14 +578,13 @@ class OpList(Sequence[Op]):
         seg_of = np.searchsorted(np.array(self._starts, dtype=np.int64), idx, side="right") - 1
         by_seg = np.argsort(seg_of, kind="stable")  # the ids grouped by segment
         cuts = np.flatnonzero(np.diff(seg_of[by_seg])) + 1
-        out: list[Op | None] = [None] * len(idx)
+        out: list[Any] = [None] * len(idx)
         for where in np.split(by_seg, cuts) if len(idx) else ():
             s = int(seg_of[where[0]])
-            seg, local = self._segs[s], idx[where] - self._starts[s]
-            got = list(map(seg.__getitem__, local.tolist())) if isinstance(seg, list) else seg.take(local)
-            for w, op in zip(where.tolist(), got, strict=True):
-                out[w] = op
-        return out  # type: ignore[return-value]
+            got = get(self._segs[s], idx[where] - self._starts[s])
+            for w, value in zip(where.tolist(), got, strict=True):
+                out[w] = value
+        return out
 
     def __setitem__(self, i: int, op: Op) -> None:
         if not isinstance(i, int | np.integer):

@@ -12,6 +12,7 @@ from simulator.algorithms import build_schedule, resolve
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
 from simulator.memory import timeline_peaks
+from simulator.op import OP_KINDS
 from simulator.oplist import Indexed, OpBlock, OpList, TransferBlock
 from simulator.points import layout_of
 from simulator.schedule import Op, Schedule
@@ -154,6 +155,10 @@ def test_an_op_list_reads_as_a_list_of_ops(sched: Schedule) -> None:
     assert sched.ops == ops and sched.ops == _tuples(sched).ops
     picks = np.random.default_rng(len(ops)).integers(-len(ops), len(ops), size=2 * len(ops))
     assert sched.ops.take(picks) == [ops[i] for i in picks.tolist()]  # any order, repeats, from the end
+    for name in Op._fields:  # one field without the ops: what the ops say
+        assert sched.ops.field(name, picks) == [getattr(ops[i], name) for i in picks.tolist()], name
+    with pytest.raises(ValueError, match="no field 'size'"):
+        sched.ops.field("size", picks)
     with pytest.raises(IndexError):
         sched.ops[len(ops)]
     with pytest.raises(IndexError):
@@ -261,3 +266,11 @@ def test_the_engine_runs_blocks_as_it_runs_tuples(algo: str | dict[str, object],
     assert (blocks.events, blocks.allocations, blocks.bytes_sent()) == (tuples.events, tuples.allocations,
                                                                          tuples.bytes_sent())
     assert timeline_peaks(sched, blocks) == timeline_peaks(_tuples(sched), tuples)
+    sends = blocks.ended(frozenset({"send"}))
+    assert blocks.bytes_sent() == sum(op.nbytes for op in sched.ops.take(sends))  # added in timeline order
+    for ranks in ([0], [1, 0], list(range(blocks.ranks)), [], [blocks.ranks + 5]):  # the ops of ranks and kinds
+        for kinds in (None, frozenset({"send"}), frozenset({"compute", "merge"})):
+            want = blocks.order[np.isin(blocks.rank_of[blocks.order], ranks)]
+            if kinds is not None:
+                want = want[np.isin(blocks.kind_of[want], [OP_KINDS.index(k) for k in kinds])]
+            assert np.array_equal(blocks.ended(kinds, ranks), want)

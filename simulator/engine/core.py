@@ -54,7 +54,7 @@ from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.links import link_table
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
-from simulator.colpass import dependents, distinct_codes, first_of, group_max, spans, timeline_order
+from simulator.colpass import dependents, distinct_codes, first_of, group_max, ordered_sum, spans, timeline_order
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
 from simulator.gcpause import gc_paused
@@ -135,12 +135,16 @@ class SimResult:
 
     def ended(self, kinds: frozenset[str] | None = None, ranks: Collection[int] | None = None) -> np.ndarray:
         """Ids of the ops that ended, in timeline order: of ``kinds`` only, of ``ranks`` only, when given."""
-        ids = self.order
-        if ranks is not None:
-            ids = ids[np.isin(self.rank_of[ids], list(ranks))]
+        keep = None  # by op id: tables of the ranks and kinds wanted, read per op (np.isin would compare each op
+        if ranks is not None:  # to each rank)
+            wanted = np.zeros(self.ranks, dtype=bool)
+            wanted[[r for r in ranks if 0 <= r < self.ranks]] = True
+            keep = wanted[self.rank_of]
         if kinds is not None:
-            ids = ids[np.isin(self.kind_of[ids], [_KIND_INDEX[k] for k in kinds])]
-        return ids
+            kind = np.zeros(len(_KIND_INDEX), dtype=bool)
+            kind[[_KIND_INDEX[k] for k in kinds]] = True
+            keep = kind[self.kind_of] if keep is None else keep & kind[self.kind_of]
+        return self.order if keep is None else self.order[keep[self.order]]
 
     def critical_rank(self) -> int:
         """The rank that finishes last (the lowest such rank on a tie); 0 when nothing ran."""
@@ -166,7 +170,7 @@ class SimResult:
         """Every byte every send moved."""
         ids = self.ended(_SENDS)
         if self.send_bytes is not None:  # the same floats, added in the same order, without a pass over the ops
-            return sum(self.send_bytes[ids].tolist())
+            return ordered_sum(self.send_bytes[ids]) if len(ids) else 0  # (sum's 0 of no bytes)
         return sum(map(_NBYTES, map(self.ops.__getitem__, ids.tolist())))  # in timeline order
 
 

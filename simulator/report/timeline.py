@@ -27,6 +27,7 @@ from matplotlib.patches import Patch
 
 from simulator.engine.core import SimResult
 from simulator.gcpause import gc_paused
+from simulator.op import OP_KINDS
 from simulator.schedule import Schedule
 
 __all__ = ["MAX_RANKS", "RESOLUTION", "TIMELINE_COLUMNS", "bound_timeline", "gantt", "shown_ranks", "timeline_frame"]
@@ -78,12 +79,12 @@ def _run_frame(label: str, result: SimResult, limit: int) -> pd.DataFrame:
     critical = result.critical_rank()
     keep = shown_ranks(result.ranks, critical, limit)
     ids = result.ended(ranks=keep)  # the shown ranks' ops, in timeline order
-    ops = result.ops.take(ids)
     ranks = result.rank_of[ids]
     return pd.DataFrame({
-        "algorithm": label, "rank": ranks, "kind": [op.kind for op in ops], "name": [op.name for op in ops],
-        "start_s": result.start[ids], "end_s": result.end[ids], "bytes": [op.nbytes for op in ops], "ops": 1,
-        "critical": ranks == critical, "ranks_total": result.ranks}, columns=TIMELINE_COLUMNS)
+        "algorithm": label, "rank": ranks, "kind": np.array(OP_KINDS, dtype=object)[result.kind_of[ids]],
+        "name": result.ops.field("name", ids), "start_s": result.start[ids], "end_s": result.end[ids],
+        "bytes": result.ops.field("nbytes", ids), "ops": 1, "critical": ranks == critical,
+        "ranks_total": result.ranks}, columns=TIMELINE_COLUMNS)
 
 
 def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]], limit: int = MAX_RANKS) -> pd.DataFrame:
