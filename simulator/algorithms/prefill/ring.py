@@ -79,7 +79,8 @@ class _Blocks:
         if (ids < 0).any():
             new = {}
             for c in np.unique(code[ids < 0]).tolist():
-                r, j = int(ranks[np.argmax(code == c)]), int(shards[np.argmax(code == c)])
+                k = int(np.argmax(code == c))  # a block of that size
+                r, j = int(ranks[k]), int(shards[k])
                 new[(int(self.tok[r]), int(self.tok[j]), int(self.pairs[r, j]))] = c
             for (q, kv, n), c in sorted(new.items()):
                 key = (backward, buf, q, kv, n)
