@@ -50,7 +50,7 @@ def _kv_buf(step: int) -> str:
 
 class _Blocks:
     """The attention blocks' kernels (one table for a schedule: name, FLOPs, bytes, dims), by (pass, buffer, queries,
-    keys, unmasked pairs), and the allocations they make, by rank.
+    keys, unmasked pairs).
 
     The distinct (queries, keys, pairs) of every (rank, shard) are numbered once (``code``); a step's blocks read
     their kernels off a map from that number to the table (per pass and buffer), and the sizes not seen before are
