@@ -22,7 +22,7 @@ from pathlib import Path
 
 from simulator.cluster.topology import load_topology
 from simulator.errors import InputError
-from simulator.kernel_model import KernelProfile
+from simulator.kernels.profiles import KernelProfile
 
 BIG = ("attend", "attn-fwd", "attn-bwd")
 

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 
 from simulator.algorithms import build_schedule, resolve
 from simulator.cluster.topology import Cluster, load_topology
-from simulator.collective_rows import collective_schedule
 from simulator.collectives import fabric_of
 from simulator.engine.core import simulate
-from simulator.points import layout_of
-from simulator.schedule import Schedule
+from simulator.run.kinds.collective import collective_schedule
+from simulator.run.prepare import layout_of
+from simulator.schedule.core import Schedule
 from simulator.workloads.shape import DecodeShape
 
 COLLECTIVES = ((4, "tree", 1.0, "allreduce"), (2, "ring", 0.25, "allreduce"), (2, "auto", 0.001, "allreduce"),

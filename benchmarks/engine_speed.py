@@ -48,11 +48,11 @@ from simulator.algorithms import build_schedule, resolve
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import load_compiled, simulate
-from simulator.gcpause import gc_paused
-from simulator.points import layout_of, result_numbers
-from simulator.prefill_rows import prefill_timing
 from simulator.report.timeline import gantt, timeline_frame
-from simulator.schedule import Schedule
+from simulator.run.kinds.prefill import prefill_timing
+from simulator.run.prepare import layout_of, result_numbers
+from simulator.schedule.core import Schedule
+from simulator.support.gcpause import gc_paused
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
 
@@ -99,7 +99,7 @@ def _in_child(fn: Callable[..., Case], *args: Any) -> Case:
 
 
 def _measured(fn: Callable[..., Case], *args: Any) -> Case:
-    with gc_paused():  # as `treering run` runs a point (simulator.sweep): the collector paused for all of it
+    with gc_paused():  # as `treering run` runs a point (simulator.run.sweep): the collector paused for all of it
         case = fn(*args)
     case["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
     return case

@@ -53,7 +53,7 @@ def _measure(out: Path, smoke: bool) -> None:
         profile_small,
     )
     from simulator.distributed.random_shapes import HEAD_DIMS
-    from simulator.kernel_model import profile_to_yaml
+    from simulator.kernels.profiles import profile_to_yaml
     from simulator.merge import merge, partial_attention
 
     dev = torch.device("cpu" if smoke else "cuda")
@@ -150,8 +150,8 @@ def _profile_sdpa(dev: Any, sync: Any, smoke: bool) -> list[Any]:
     import torch.nn.functional as F
 
     from simulator.distributed.measure import robust_time
-    from simulator.kernel_model import KernelProfile
-    from simulator.kernels import PROFILE_AXES
+    from simulator.kernels.profiles import KernelProfile
+    from simulator.kernels.table import PROFILE_AXES
 
     grid = SMOKE_SDPA_GRID if smoke else SDPA_GRID
     fwd_s, bwd_s, fwd_sp, bwd_sp = [], [], [], []
@@ -221,8 +221,8 @@ def _report(out: Path) -> None:
 
     from simulator.cluster.devices import compute_time
     from simulator.cluster.topology import load_topology
-    from simulator.kernel_model import parse_kernel_profiles
-    from simulator.kernels import OPTIONAL_AXES, PROFILE_AXES
+    from simulator.kernels.profiles import parse_kernel_profiles
+    from simulator.kernels.table import OPTIONAL_AXES, PROFILE_AXES
     from simulator.workloads.shape import DecodeShape
 
     raw = yaml.safe_load((out / "profiles.yaml").read_text())["kernels"]
@@ -319,8 +319,8 @@ def _profiled_topology(out: Path, raw: dict[str, Any], spec: Any) -> str:
 
 def _single(r: dict[str, Any], eff: dict[str, float], topology: str = "hgx-h200") -> dict[str, float]:
     """The simulator's latency of the ``single`` prefill schedule (forward, forward+backward) for row ``r``."""
-    from simulator.points import prepare_point, simulate_point
-    from simulator.scenario import scenario_points
+    from simulator.run.prepare import prepare_point, simulate_point
+    from simulator.run.scenario import scenario_points
 
     out = {}
     for col, backward in (("forward_s", False), ("forward_backward_s", True)):

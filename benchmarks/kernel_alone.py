@@ -7,7 +7,7 @@ decode ``attend`` call of the merge core (one query against their KV shard of TO
 state) and time it, ``--iters`` times (the first 3 dropped): both ranks at once (after a barrier: a lockstep
 schedule, what ``calibrate``'s profiles time with ``loaded: 2``), then one at a time, the other blocked in a receive
 (ring-q's hops). Prints each rank's medians, wall and thread CPU time, and the ratio alone / at once: what
-``calibrate``'s ``alone`` ratios stand for (:mod:`simulator.kernel_model`).
+``calibrate``'s ``alone`` ratios stand for (:mod:`simulator.kernels.profiles`).
 """
 
 from __future__ import annotations

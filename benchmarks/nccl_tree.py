@@ -24,7 +24,6 @@ import time
 from collections.abc import Sequence
 
 from simulator.cluster.topology import Cluster, load_topology
-from simulator.collective_rows import collective_schedule
 from simulator.collectives import Choice, Fabric, fabric_of
 from simulator.collectives import caps as _caps
 from simulator.collectives import nccl_tree as _nccl_tree
@@ -33,6 +32,7 @@ from simulator.collectives import tuner as _tuner
 from simulator.collectives.protocols import PROTOCOLS, base_latency, hop_latency
 from simulator.collectives.tuner import predict
 from simulator.engine.core import simulate
+from simulator.run.kinds.collective import collective_schedule
 from simulator.units import parse_bytes
 
 TOPOLOGIES = (("dgx-a100", 1), ("dgx-h100", 1), ("dgx-h100", 2), ("dgx-h100", 4), ("mi300x", 1))

@@ -7,7 +7,7 @@ Public API: load a cluster (:func:`load_topology`), build or load a :class:`Sche
 from simulator.cluster import Cluster, load_topology
 from simulator.engine import SimResult, simulate
 from simulator.errors import InputError
-from simulator.schedule import Op, Schedule
+from simulator.schedule.core import Op, Schedule
 
 __version__ = "0.1.0"
 

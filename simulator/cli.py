@@ -25,25 +25,25 @@ from simulator.distributed.checks import check_scenario
 from simulator.distributed.cli_args import add_calibrate_args, add_validate_args
 from simulator.distributed.launch import RankFailure, spawn
 from simulator.errors import InputError, excerpt
-from simulator.files import write_csv_atomic, write_text_atomic
-from simulator.models import PRESETS
-from simulator.nccl_calibrate import calibrate_from_nccl_tests
-from simulator.nccl_validate import summarize as nccl_summary
-from simulator.nccl_validate import summary_lines as nccl_summary_lines
-from simulator.nccl_validate import validate_nccl_tests
-from simulator.outdir import check_output_dir, check_output_file, output_lock
-from simulator.overlap import find_overlap, overlap_shape
-from simulator.paths import DEFAULT_SCENARIO
-from simulator.plan import PlanRequest, PlanRow, plan
-from simulator.plan_cli import cmd_plan_ttft
-from simulator.points import PreparedPoint, check_points, layout_of, point_runs, prepare_point
+from simulator.models.presets import PRESETS
+from simulator.nccl.calibrate import calibrate_from_nccl_tests
+from simulator.nccl.validate import summarize as nccl_summary
+from simulator.nccl.validate import summary_lines as nccl_summary_lines
+from simulator.nccl.validate import validate_nccl_tests
+from simulator.plan.cli import cmd_plan_ttft
+from simulator.plan.decode import PlanRequest, PlanRow, plan
+from simulator.plan.overlap import find_overlap, overlap_shape
 from simulator.report.pages import TIMELINE_FILE, write_report
 from simulator.report.plan_report import write_plan_report
 from simulator.report.read import read_report_inputs, resumable_rows
 from simulator.report.timeline import timeline_frame
 from simulator.report.trace import chrome_trace, describe_cut, parse_ranks, parse_window
-from simulator.scenario import DecodeWorkload, Point, Scenario, load_scenario, parse_set
-from simulator.sweep import EXECUTORS, run_sweep
+from simulator.run.prepare import PreparedPoint, check_points, layout_of, point_runs, prepare_point
+from simulator.run.scenario import DecodeWorkload, Point, Scenario, load_scenario, parse_set
+from simulator.run.sweep import EXECUTORS, run_sweep
+from simulator.support.files import write_csv_atomic, write_text_atomic
+from simulator.support.outdir import check_output_dir, check_output_file, output_lock
+from simulator.support.paths import DEFAULT_SCENARIO
 from simulator.units import parse_bandwidth, parse_time_strict, parse_tokens
 
 __all__ = ["main"]

@@ -17,8 +17,8 @@ from simulator.collectives.protocols import base_latency, forward_grain, hop_lat
 from simulator.collectives.tuner import candidates, predict
 from simulator.engine.core import simulate
 from simulator.errors import InputError
-from simulator.numeric import Executor, make_inputs
-from simulator.schedule import Schedule
+from simulator.numeric.decode import Executor, make_inputs
+from simulator.schedule.core import Schedule
 
 REL = 1e-9
 BW = 50e9  # bytes/s per link direction

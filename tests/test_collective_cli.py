@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.rows import COLLECTIVE_COLUMNS
+from simulator.run.rows import COLLECTIVE_COLUMNS
 
 COLL = """
 name: c

@@ -16,7 +16,7 @@ from simulator.collectives import allreduce
 from simulator.distributed.calibrate import _topology, stall_of
 from simulator.engine.core import simulate
 from simulator.errors import InputError
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 from simulator.workloads.shape import DecodeShape
 
 REL = 1e-12

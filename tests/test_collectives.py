@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from simulator.collectives import ALGORITHMS, allreduce, broadcast, reduce
-from simulator.numeric import Executor, make_inputs
-from simulator.schedule import Schedule
+from simulator.numeric.decode import Executor, make_inputs
+from simulator.schedule.core import Schedule
 
 HOSTS = {5: (0, 0, 0, 1, 1), 6: (0, 0, 1, 1, 2, 2), 8: (0, 0, 0, 0, 1, 1, 1, 1), 1: (0,), 2: (0, 1), 3: (0, 0, 0)}
 

@@ -1,4 +1,5 @@
-"""The engine's compiled passes over columns (simulator.colpass) against the numpy forms they replace: the timeline
+"""The engine's compiled passes over columns (simulator.schedule.colpass) against the numpy forms they replace: the
+timeline
 order (a lexsort by start, rank, op), each rank's last end (``np.maximum.at``), dependents as CSR, and their
 refusals."""
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.colpass import dependents, group_max, timeline_order
+from simulator.schedule.colpass import dependents, group_max, timeline_order
 
 
 @settings(max_examples=80, deadline=None)

@@ -15,8 +15,8 @@ from simulator.cli import _parser, main
 from simulator.cluster.bottleneck import describe, route_classes, whatif_note
 from simulator.cluster.topology import device_library, load_topology, override_devices
 from simulator.errors import InputError
-from simulator.models import PRESETS, custom_model
-from simulator.paths import TOPOLOGY_DIR
+from simulator.models.presets import PRESETS, custom_model
+from simulator.support.paths import TOPOLOGY_DIR
 
 
 @pytest.mark.parametrize(("preset", "gpus", "device", "mem", "intra_Bps"), [

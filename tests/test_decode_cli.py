@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.paths import SCENARIO_DIR
-from simulator.rows import DECODE_COLUMNS
+from simulator.run.rows import DECODE_COLUMNS
+from simulator.support.paths import SCENARIO_DIR
 
 SHRINK = {  # keep every scenario small in the test suite
     "paper-scaling": ["--set", "sweep={topology_params.nodes: [1, 2], workload.context: [80000, 640000]}"],

@@ -162,8 +162,8 @@ def _native_collectives_rank(rank: int, world: int, store_path: str, results: st
 
     from simulator.collectives import allreduce, broadcast, reduce
     from simulator.distributed.runner import RankRunner
-    from simulator.numeric import make_inputs
-    from simulator.schedule import Schedule
+    from simulator.numeric.decode import make_inputs
+    from simulator.schedule.core import Schedule
     from simulator.workloads.shape import DecodeShape
 
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)

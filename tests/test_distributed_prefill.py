@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 
 from simulator.algorithms import Layout  # noqa: E402
 from simulator.algorithms.prefill import build_prefill  # noqa: E402
-from simulator.payload import component_shapes, transfer_layouts  # noqa: E402
-from simulator.prefill_kernels import Rows, StateRows  # noqa: E402
-from simulator.prefill_numeric import PrefillExecutor, make_prefill_inputs  # noqa: E402
+from simulator.kernels.payload import component_shapes, transfer_layouts  # noqa: E402
+from simulator.kernels.prefill import Rows, StateRows  # noqa: E402
+from simulator.numeric.prefill import PrefillExecutor, make_prefill_inputs  # noqa: E402
 from simulator.workloads.layouts import LAYOUTS, positions  # noqa: E402
 from simulator.workloads.prefill_shape import PrefillShape  # noqa: E402
 
@@ -160,8 +160,8 @@ def test_validate_runs_prefill_points_and_writes_the_gradient_error(tmp_path, ca
 
 def test_reference_by_blocks_equals_the_closed_form_backward():
     """The blocked torch-autograd reference of validate equals dense attention's closed-form backward (numpy)."""
-    from simulator.dense import dense_backward, dense_forward, visible
     from simulator.distributed.prefill_validate import reference_by_blocks
+    from simulator.kernels.dense import dense_backward, dense_forward, visible
 
     for causal in (True, False):
         inp = make_prefill_inputs(np.random.default_rng(3), 2, 4, 2, 5, 23, causal)

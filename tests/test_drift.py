@@ -25,8 +25,8 @@ from simulator.distributed.drift import (
     profiled_seconds,
 )
 from simulator.distributed.validate import drift_lines
-from simulator.kernel_model import KernelProfile, profile_to_yaml
-from simulator.points import layout_of
+from simulator.kernels.profiles import KernelProfile, profile_to_yaml
+from simulator.run.prepare import layout_of
 from simulator.workloads.shape import DecodeShape
 from tests.test_kernel_model import _topology_with
 

@@ -10,7 +10,7 @@ from conftest import star
 
 from simulator.cluster.topology import build_cluster, load_topology, override_devices
 from simulator.engine.core import simulate
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 
 # the closed forms below are the roofline at datasheet rates (efficiencies 1)
 DATASHEET_RATES = {"h100-sxm": {"eff_mem": 1.0, "eff_flops": 1.0}}

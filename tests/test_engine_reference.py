@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from simulator.algorithms import build_schedule, resolve
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
-from simulator.collective_rows import collective_schedule
 from simulator.collectives import fabric_of
 from simulator.engine import core, eventcore
 from simulator.engine.core import SimResult, simulate
 from simulator.engine.reference import simulate_reference
-from simulator.points import layout_of
-from simulator.schedule import STREAMED, Schedule
+from simulator.run.kinds.collective import collective_schedule
+from simulator.run.prepare import layout_of
+from simulator.schedule.core import STREAMED, Schedule
 from simulator.workloads.shape import DecodeShape
 
 CURVE = {"bytes": [1e4, 1e6, 1e8], "bandwidth": ["0.5 GB/s", "2 GB/s", "3 GB/s"]}

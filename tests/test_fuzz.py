@@ -26,9 +26,9 @@ from simulator.cli import main
 from simulator.cluster.topology import load_topology
 from simulator.errors import InputError
 from simulator.report.read import read_csv_checked, resumable_rows
-from simulator.scenario import scenario_points
+from simulator.run.scenario import scenario_points
+from simulator.support.yaml_lines import load_yaml_text
 from simulator.units import LIMITS, checked_quantity
-from simulator.yaml_lines import load_yaml_text
 
 ROOT = Path(__file__).parents[1]
 SCENARIOS = {p.name: p.read_text() for p in sorted((ROOT / "scenarios").glob("*.yaml"))}

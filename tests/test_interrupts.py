@@ -98,7 +98,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 def test_workers_of_a_threaded_process_die_with_it_killed(tmp_path):
-    """A process that runs other threads forks its workers from a fork server (simulator.sweep._pool_context):
+    """A process that runs other threads forks its workers from a fork server (simulator.run.sweep._pool_context):
     killed by SIGKILL, it takes the server and the workers with it."""
     (tmp_path / "slow.yaml").write_text(SLOW)
     code = ("import sys, threading; from simulator.cli import main; threading.Thread(target=threading.Event().wait,"

@@ -7,7 +7,7 @@ from conftest import star
 
 from simulator.algorithms import Layout, build_schedule, resolve
 from simulator.engine.core import simulate
-from simulator.memory import peak_memory
+from simulator.schedule.memory import peak_memory
 from simulator.workloads.shape import DecodeShape
 
 
@@ -62,7 +62,7 @@ def test_paper_memory_scenario_reproduces_the_gap(tmp_path):
     import pandas as pd
 
     from simulator.cli import main
-    from simulator.paths import SCENARIO_DIR
+    from simulator.support.paths import SCENARIO_DIR
 
     assert main(["run", str(SCENARIO_DIR / "paper-memory.yaml"), "-o", str(tmp_path), "--no-report"]) == 0
     df = pd.read_csv(tmp_path / "results.csv")

@@ -11,8 +11,8 @@ import pytest
 from simulator.cli import main
 from simulator.cluster.topology import load_topology, override_devices
 from simulator.engine.core import simulate
-from simulator.models import PRESETS
-from simulator.modelstep import attention_layer, dense_layer, model_step
+from simulator.models.presets import PRESETS
+from simulator.models.step import attention_layer, dense_layer, model_step
 from simulator.workloads.shape import DecodeShape
 
 

@@ -20,8 +20,8 @@ from simulator.collectives.protocols import base_latency, hop_latency, wire_fact
 from simulator.collectives.tuner import predict
 from simulator.engine.core import simulate
 from simulator.engine.network import FlowNetwork, max_min_rates
-from simulator.numeric import make_inputs, run_numeric
-from simulator.schedule import Schedule
+from simulator.numeric.decode import make_inputs, run_numeric
+from simulator.schedule.core import Schedule
 from simulator.workloads.shape import DecodeShape
 
 REL = 1e-9

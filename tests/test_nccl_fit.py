@@ -10,12 +10,12 @@ import pytest
 
 from simulator.cli import main
 from simulator.cluster.topology import Cluster, load_topology
-from simulator.collective_rows import bus_factor
 from simulator.collectives.protocols import base_latency, hop_latency
 from simulator.errors import InputError
-from simulator.nccl_fit import Sample, apply, parameters, simulated
-from simulator.points import simulate_point
-from simulator.scenario import scenario_points
+from simulator.nccl.fit import Sample, apply, parameters, simulated
+from simulator.run.kinds.collective import bus_factor
+from simulator.run.prepare import simulate_point
+from simulator.run.scenario import scenario_points
 
 LOG = str(Path(__file__).parent / "fixtures" / "nccltests" / "all_reduce_h100_2x8_a3mega.log")
 SIZES = [8 * 4**k for k in range(16)]  # 8 B to 8 GiB

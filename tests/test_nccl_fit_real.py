@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.nccl_fit import base_topology, fit_logs, read_samples
-from simulator.nccl_fit_quality import MAX_MEDIAN_ERROR_PCT, MIN_R2, quality, scores, split
-from simulator.nccl_fit_yaml import render_fitted
+from simulator.nccl.fit import base_topology, fit_logs, read_samples
+from simulator.nccl.quality import MAX_MEDIAN_ERROR_PCT, MIN_R2, quality, scores, split
+from simulator.nccl.render import render_fitted
 
 LOG = str(Path(__file__).parent / "fixtures" / "nccltests" / "all_reduce_h100_2x8_a3mega.log")
 

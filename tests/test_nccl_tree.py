@@ -17,8 +17,8 @@ from simulator.collectives.nccl_tree import btree_parent, channel_trees, dtree_p
 from simulator.collectives.protocols import base_latency, forward_grain, hop_latency, wire_factor
 from simulator.collectives.tuner import predict
 from simulator.engine.core import simulate
-from simulator.numeric import Executor, make_inputs
-from simulator.schedule import Schedule
+from simulator.numeric.decode import Executor, make_inputs
+from simulator.schedule.core import Schedule
 
 REL = 1e-9
 MiB = 1 << 20

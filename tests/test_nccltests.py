@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from simulator.errors import InputError
-from simulator.nccltests import parse_nccl_tests, read_nccl_tests
+from simulator.nccl.logs import parse_nccl_tests, read_nccl_tests
 
 FIX = Path(__file__).parent / "fixtures" / "nccltests"
 ALLREDUCE = FIX / "all_reduce_h100_2x8_a3mega.log"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from simulator.algorithms import Layout, build_schedule, resolve
-from simulator.numeric import make_inputs, run_numeric
+from simulator.numeric.decode import make_inputs, run_numeric
 from simulator.workloads.shape import DecodeShape, shard_bounds
 
 ALGOS = [
@@ -64,7 +64,7 @@ def test_ring_and_tree_differ_only_by_rounding():
 
 
 def test_an_unknown_kernel_names_the_known_ones() -> None:
-    from simulator.kernels import KERNELS, kernel
+    from simulator.kernels.table import KERNELS, kernel
 
     with pytest.raises(ValueError, match="unknown kernel 'softmax'; kernels: attend, merge"):
         kernel("softmax")
@@ -73,7 +73,7 @@ def test_an_unknown_kernel_names_the_known_ones() -> None:
 
 def test_every_kernel_a_schedule_names_is_in_the_table() -> None:
     from simulator.algorithms import REGISTRY
-    from simulator.kernels import KERNELS
+    from simulator.kernels.table import KERNELS
 
     shape = DecodeShape(batch=1, heads=2, head_dim=4, kv_heads=2, context=16, dtype="fp32")
     for name in REGISTRY:

@@ -1,4 +1,5 @@
-"""A schedule's ops held as blocks of columns (simulator.oplist): to every reader the same ops as tuples, and to the
+"""A schedule's ops held as blocks of columns (simulator.schedule.oplist): to every reader the same ops as tuples, and
+to the
 engine the same columns and the same floats as the tuples would give."""
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from hypothesis import strategies as st
 from simulator.algorithms import build_schedule, resolve
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
-from simulator.memory import timeline_peaks
-from simulator.op import OP_KINDS
-from simulator.oplist import Indexed, OpBlock, OpList, TransferBlock
-from simulator.points import layout_of
-from simulator.schedule import Op, Schedule
+from simulator.run.prepare import layout_of
+from simulator.schedule.core import Op, Schedule
+from simulator.schedule.memory import timeline_peaks
+from simulator.schedule.op import OP_KINDS
+from simulator.schedule.oplist import Indexed, OpBlock, OpList, TransferBlock
 from simulator.workloads.shape import DecodeShape
 
 RANKS = 4

@@ -7,7 +7,7 @@ import pytest
 from simulator.algorithms import Layout
 from simulator.cli import main
 from simulator.cluster.topology import build_cluster
-from simulator.overlap import find_overlap, overlap_shape
+from simulator.plan.overlap import find_overlap, overlap_shape
 from simulator.workloads.prefill_shape import PrefillShape
 
 

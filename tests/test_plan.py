@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.cli import main
-from simulator.plan import PlanRequest, _Search, memory_lower_bound, plan, tp_candidates
-from simulator.scenario import DecodeWorkload
+from simulator.plan.decode import PlanRequest, _Search, memory_lower_bound, plan, tp_candidates
+from simulator.run.scenario import DecodeWorkload
 
 PLAN_70B = ["plan", "--model", "llama-3.1-70b", "--context", "4M", "--tbt", "50ms", "--algorithms", "tree"]
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from simulator.cli import main
-from simulator.plan_ttft import LAYOUTS, TtftRequest, plan_ttft
-from simulator.points import run_point
-from simulator.scenario import load_scenario
+from simulator.plan.ttft import LAYOUTS, TtftRequest, plan_ttft
+from simulator.run.prepare import run_point
+from simulator.run.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFILL = {"name": "ttft", "topology": "dgx-h100", "topology_params": {"nodes": 1},

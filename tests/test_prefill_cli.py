@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.prefill_rows import PREFILL_COLUMNS
-from simulator.rows import DECODE_COLUMNS
+from simulator.run.kinds.prefill import PREFILL_COLUMNS
+from simulator.run.rows import DECODE_COLUMNS
 
 PREFILL = """
 name: p

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.dense import dense_backward, dense_forward, visible
+from simulator.kernels.dense import dense_backward, dense_forward, visible
 from simulator.merge import (
     attention_delta,
     block_backward,

@@ -11,10 +11,10 @@ import yaml
 
 from simulator.algorithms.prefill import build_prefill
 from simulator.errors import InputError
-from simulator.models import PRESETS
-from simulator.modelstep import attention_layer, dense_layer, group_tokens, prefill_model_flops
-from simulator.points import cluster_for, run_point
-from simulator.scenario import load_scenario
+from simulator.models.presets import PRESETS
+from simulator.models.step import attention_layer, dense_layer, group_tokens, prefill_model_flops
+from simulator.run.prepare import cluster_for, run_point
+from simulator.run.scenario import load_scenario
 from simulator.workloads.prefill_shape import PrefillShape
 
 N = 4099  # uneven over 8 and 16 ranks

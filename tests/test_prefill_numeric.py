@@ -8,7 +8,7 @@ import pytest
 
 from simulator.algorithms import Layout
 from simulator.algorithms.prefill import PREFILL_REGISTRY, build_prefill
-from simulator.prefill_numeric import make_prefill_inputs, run_prefill_numeric
+from simulator.numeric.prefill import make_prefill_inputs, run_prefill_numeric
 from simulator.workloads.layouts import LAYOUTS
 from simulator.workloads.prefill_shape import PrefillShape
 

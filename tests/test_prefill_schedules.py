@@ -16,11 +16,11 @@ from simulator.cluster.topology import build_cluster
 from simulator.collectives.alltoall import hierarchical_alltoall, pairwise_alltoall
 from simulator.engine.core import simulate
 from simulator.errors import InputError
-from simulator.kernels import KERNELS
-from simulator.memory import peak_memory
-from simulator.numeric import Executor, make_inputs
-from simulator.prefill_rows import prefill_timing
-from simulator.schedule import Schedule
+from simulator.kernels.table import KERNELS
+from simulator.numeric.decode import Executor, make_inputs
+from simulator.run.kinds.prefill import prefill_timing
+from simulator.schedule.core import Schedule
+from simulator.schedule.memory import peak_memory
 from simulator.workloads.layouts import imbalance
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape

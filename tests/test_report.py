@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from simulator.cli import main
-from simulator.paths import DEFAULT_SCENARIO
+from simulator.support.paths import DEFAULT_SCENARIO
 
 
 def test_run_writes_a_report_and_report_rewrites_it(tmp_path, capsys):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simulator.points import run_point
-from simulator.scenario import load_scenario
+from simulator.run.prepare import run_point
+from simulator.run.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTS = sorted(p for p in (REPO / "reports").iterdir() if (p / "results.csv").is_file())

@@ -11,8 +11,8 @@ import pytest
 
 from simulator.cli import main
 from simulator.errors import excerpt
+from simulator.support.yaml_lines import load_yaml_text
 from simulator.units import checked_quantity, parse_quantity
-from simulator.yaml_lines import load_yaml_text
 
 BASE = """\
 name: t
@@ -285,7 +285,7 @@ def test_swept_mappings_and_mixed_types_become_columns(tmp_path):
 
 
 def test_a_second_writer_is_refused(tmp_path, capsys):
-    from simulator.outdir import output_lock
+    from simulator.support.outdir import output_lock
 
     (tmp_path / "s.yaml").write_text(BASE)
     out = tmp_path / "out"

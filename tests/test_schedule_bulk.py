@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from simulator.algorithms import build_schedule, resolve
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
-from simulator.points import layout_of
-from simulator.schedule import Op, Schedule
+from simulator.run.prepare import layout_of
+from simulator.schedule.core import Op, Schedule
 from simulator.workloads.shape import DecodeShape
 
 RANKS = 5

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.schedule import Schedule, fused_reduce_op, transfer_ops
+from simulator.schedule.core import Schedule, fused_reduce_op, transfer_ops
 
 floats = st.floats(min_value=0.0, max_value=1e12, allow_nan=False)
 

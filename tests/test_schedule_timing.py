@@ -11,7 +11,7 @@ from simulator.algorithms import Layout, build_schedule, resolve
 from simulator.collectives import allreduce, broadcast, reduce
 from simulator.collectives.ring import PIPELINE_SLICE_BYTES
 from simulator.engine.core import simulate
-from simulator.schedule import STREAMED, Schedule
+from simulator.schedule.core import STREAMED, Schedule
 from simulator.workloads.shape import DecodeShape
 
 REL = 1e-9

@@ -14,7 +14,7 @@ from simulator.cluster.topology import build_cluster
 from simulator.engine.core import simulate
 from simulator.engine.network import FlowNetwork
 from simulator.errors import InputError
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 
 CAPACITY = [10.0, 20.0, 30.0, 15.0, 40.0, 25.0]
 
@@ -229,7 +229,7 @@ def test_a_curve_key_misspelt_is_named():
 def test_curves_survive_a_rendered_topology_and_show_in_its_summary(tmp_path):
     """A topology written back (the fitted-topology writer) keeps its curves; `topo show` lists them."""
     from simulator.cluster.summary import summarize
-    from simulator.nccl_fit_yaml import render_fitted
+    from simulator.nccl.render import render_fitted
 
     cluster = build_cluster(_loopback({"bytes": [1e6, 1e8], "bandwidth": ["1.5 GB/s", "2.4 GB/s"]},
                                       {"bytes": [1e6], "bandwidth": ["1 GB/s"]}), "t.yaml")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simulator import sweep
 from simulator.cli import main
-from simulator.scenario import load_scenario
+from simulator.run import sweep
+from simulator.run.scenario import load_scenario
 
 SWEEP = """
 name: s

@@ -12,10 +12,10 @@ from simulator.algorithms import build_schedule, resolve
 from simulator.cli import main
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
-from simulator.paths import DEFAULT_SCENARIO
-from simulator.points import layout_of
 from simulator.report.timeline import MAX_RANKS, bound_timeline, gantt, shown_ranks, timeline_frame
 from simulator.report.trace import parse_ranks, parse_window
+from simulator.run.prepare import layout_of
+from simulator.support.paths import DEFAULT_SCENARIO
 from simulator.workloads.shape import DecodeShape
 
 

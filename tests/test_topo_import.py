@@ -14,7 +14,7 @@ from simulator.cluster.importers import import_topology
 from simulator.cluster.summary import bisection_bandwidth
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
 from simulator.errors import InputError
-from simulator.yaml_lines import load_yaml_text
+from simulator.support.yaml_lines import load_yaml_text
 
 FIX = Path(__file__).parent / "fixtures" / "topo"
 A100_NVSMI = FIX / "a100-8gpu-8nic_deepep-13.txt"

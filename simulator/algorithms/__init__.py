@@ -16,8 +16,8 @@ from simulator.algorithms.single import build_single
 from simulator.algorithms.tree import build_tree, build_tree_p2p
 from simulator.collectives import ALGORITHMS as COLLECTIVES
 from simulator.errors import InputError, excerpt
-from simulator.gcpause import gc_paused
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
+from simulator.support.gcpause import gc_paused
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["REGISTRY", "AlgorithmSpec", "Layout", "build_schedule", "label", "resolve"]

@@ -8,8 +8,8 @@ from functools import lru_cache
 from typing import Any
 
 from simulator.collectives.fabric import Fabric
-from simulator.kernels import kernel_cost, kernel_dims
-from simulator.schedule import Schedule
+from simulator.kernels.table import kernel_cost, kernel_dims
+from simulator.schedule.core import Schedule
 from simulator.workloads.shape import DecodeShape, shard_bounds
 
 __all__ = ["Layout", "add_attend", "add_finalize", "add_kernel", "add_kernels", "attend_kernel", "kernel_cost_of",
@@ -92,7 +92,8 @@ def add_finalize(sched: Schedule, shape: DecodeShape, rank: int, deps: Iterable[
 
 def add_kernel(sched: Schedule, shape: DecodeShape, rank: int, fn: str, n: int, *, name: str | None = None,
                **options: Any) -> int:
-    """A compute op running kernel ``fn`` of size ``n`` (:mod:`simulator.kernels`), its cost from the kernel table;
+    """A compute op running kernel ``fn`` of size ``n`` (:mod:`simulator.kernels.table`), its cost from the kernel
+    table;
     ``options`` are :meth:`Schedule.add_compute`'s (deps, out, args, alloc, free, fused, kind...)."""
     flops, nbytes, dims = _cost(fn, shape, n)
     return sched.add_compute(rank, name or fn, flops=flops, nbytes=nbytes, dtype=shape.dtype, fn=fn, dims=dims,

@@ -25,8 +25,8 @@ from simulator.algorithms.base import (
     kernel_cost_of,
     new_decode_schedule,
 )
-from simulator.oplist import Indexed
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
+from simulator.schedule.oplist import Indexed
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["build_ring", "build_ring_q"]

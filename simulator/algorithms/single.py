@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from simulator.algorithms.base import Layout, add_attend, add_finalize, new_decode_schedule
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["build_single"]

@@ -25,7 +25,7 @@ from simulator.algorithms.base import (
 )
 from simulator.collectives import allreduce, check_algorithm, collective
 from simulator.collectives.tuner import choose
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["build_tree", "build_tree_p2p"]

@@ -22,9 +22,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from simulator.errors import InputError, excerpt
-from simulator.limits import MAX_COUNT, check_builder
+from simulator.support.limits import MAX_COUNT, check_builder
+from simulator.support.yaml_lines import line_of
 from simulator.units import checked_quantity
-from simulator.yaml_lines import line_of
 
 __all__ = ["PARAMS", "expand_preset", "fabric"]
 
@@ -140,7 +140,7 @@ def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any], f
                   ) -> dict[str, Any]:
     """Expand a ``builder: cluster`` preset into the explicit ``{devices, nodes, links}`` form.
 
-    A topology estimated over :data:`simulator.limits.MAX_GRAPH_ELEMENTS` is refused unless ``force``."""
+    A topology estimated over :data:`simulator.support.limits.MAX_GRAPH_ELEMENTS` is refused unless ``force``."""
     for key in raw:
         if key in ("message_overhead", "comm_overhead"):
             raise InputError(f"a builder topology takes {key} under params:", file=src, line=line_of(raw, (key,)),

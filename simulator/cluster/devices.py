@@ -11,7 +11,7 @@ where ``eff`` is ``eff_flops``, except for attention kernels (the ops whose ``fn
 ``attention_efficiency: {forward: 0.6, backward: 0.45}``; each defaults to ``eff_flops``, so it is never a hidden
 factor: set it from a measurement of your kernels (e.g. ``benchmarks`` of flash-attn on the device).
 
-A device may also carry ``kernels:``, measured times of its kernels over shapes (:mod:`simulator.kernel_model`,
+A device may also carry ``kernels:``, measured times of its kernels over shapes (:mod:`simulator.kernels.profiles`,
 written by ``treering calibrate``). A kernel with a profile for the op's dtype takes the profile's interpolated time
 (launch included) instead of the roofline; the others stay on the roofline.
 """
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.errors import InputError, excerpt
-from simulator.kernel_model import KernelProfile, parse_kernel_profiles
+from simulator.kernels.profiles import KernelProfile, parse_kernel_profiles
 from simulator.units import checked_quantity
 
 __all__ = ["ATTENTION_KERNELS", "DTYPE_BYTES", "DeviceSpec", "compute_time", "flops_efficiency", "parse_device_spec",
@@ -128,7 +128,7 @@ def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
 
 
 def _kernels(raw: Any, locate: Any) -> dict[tuple[str, str], KernelProfile]:
-    from simulator.kernels import OPTIONAL_AXES, PROFILE_AXES  # the kernel table imports the merge core
+    from simulator.kernels.table import OPTIONAL_AXES, PROFILE_AXES  # the kernel table imports the merge core
 
     if not raw:
         return {}

@@ -44,7 +44,7 @@ from simulator.cluster.routecore import (
     walk_composed,
     walk_rows,
 )
-from simulator.colpass import spans
+from simulator.schedule.colpass import spans
 
 __all__ = ["HOP_EPSILON", "Router"]
 

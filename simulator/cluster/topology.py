@@ -33,9 +33,9 @@ from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency
 from simulator.cluster.routing import Edge, Router
 from simulator.cluster.size_curve import SizeCurve, parse_size_curve
 from simulator.errors import InputError, excerpt
-from simulator.paths import TOPOLOGY_DIR
+from simulator.support.paths import TOPOLOGY_DIR
+from simulator.support.yaml_lines import line_of, load_yaml
 from simulator.units import checked_quantity
-from simulator.yaml_lines import line_of, load_yaml
 
 __all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology", "override_devices",
            "preset_description"]
@@ -142,7 +142,7 @@ def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: P
                   force: bool = False) -> Cluster:
     """Load a preset by name or a topology YAML by path; ``params`` override a parametric preset's defaults.
 
-    A parametric topology too big to build (:mod:`simulator.limits`) is refused unless ``force``.
+    A parametric topology too big to build (:mod:`simulator.support.limits`) is refused unless ``force``.
 
     Raises :class:`InputError` located in the topology file, or with ``field`` set (``topology`` or
     ``topology_params.KEY``) when the problem is in the caller's reference or parameters.

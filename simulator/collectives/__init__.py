@@ -31,7 +31,7 @@ from simulator.collectives.trees import (
     recursive_doubling_allreduce,
 )
 from simulator.errors import InputError
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 
 __all__ = ["ALGORITHMS", "COLLECTIVE_ALGORITHMS", "OPERATIONS", "REDUCE_OPS", "Choice", "Fabric", "Frontier",
            "allreduce", "broadcast", "chunk_bounds", "collective", "fabric_of", "operation_algorithm", "reduce"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 
 __all__ = ["ALLTOALL", "hierarchical_alltoall", "pairwise_alltoall"]
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.op import OP_KINDS
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
+from simulator.schedule.op import OP_KINDS
 
 __all__ = ["REDUCE_OPS", "CollBuilder", "chunk_bounds", "rotated_to"]
 

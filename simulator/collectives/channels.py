@@ -38,7 +38,7 @@ from simulator.collectives.protocols import base_latency, forward_grain, hop_lat
 from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
 from simulator.collectives.trees import recursive_doubling_allreduce
 from simulator.errors import InputError
-from simulator.schedule import STREAMED, Schedule
+from simulator.schedule.core import STREAMED, Schedule
 
 __all__ = ["OPERATIONS", "SUPPORTED", "Choice", "build", "protocol_family"]
 

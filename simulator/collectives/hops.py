@@ -20,7 +20,7 @@ import numpy as np
 from simulator.cluster.links import link_table
 from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
-from simulator.colpass import spans
+from simulator.schedule.colpass import spans
 
 __all__ = ["HopTable", "hop_table"]
 

@@ -50,8 +50,8 @@ from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.protocols import step_payload
 from simulator.collectives.steps import chunk_steps, first_steps, grain_steps, parts
-from simulator.oplist import KIND_INDEX, Indexed
-from simulator.schedule import STREAMED, Schedule
+from simulator.schedule.core import STREAMED, Schedule
+from simulator.schedule.oplist import KIND_INDEX, Indexed
 
 __all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
            "pipeline_time_arrays", "pipeline_time_lists", "tree_allreduce", "tree_chunks", "tree_step"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 
 __all__ = ["ring_allgather_pieces", "ring_reduce_scatter_pieces"]
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from simulator.collectives.base import CollBuilder, chunk_bounds, rotated_to
 from simulator.collectives.steps import chunk_steps, grain_steps, parts
-from simulator.schedule import STREAMED
+from simulator.schedule.core import STREAMED
 
 __all__ = ["CHAIN_CHUNKS", "MAX_SLICES", "PIPELINE_SLICE_BYTES", "ring_allreduce", "ring_broadcast", "ring_reduce",
            "ring_slices"]

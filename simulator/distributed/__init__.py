@@ -1,7 +1,7 @@
 """Real runs of treering schedules on ``torch.distributed`` (gloo on CPU, NCCL on CUDA): the only torch.distributed
 code in the project.
 
-* :mod:`.runner` executes one rank of a :class:`~simulator.schedule.Schedule` with the same merge core as the
+* :mod:`.runner` executes one rank of a :class:`~simulator.schedule.core.Schedule` with the same merge core as the
   numeric executor;
 * :mod:`.launch` starts P local worker processes (or you start them with ``torchrun``) and tears them all down
   when one fails or the timeout passes;

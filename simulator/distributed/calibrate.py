@@ -74,9 +74,9 @@ from simulator.distributed.profile_kernels import (
     tileless_attend_grid,
     with_alone_ratios,
 )
-from simulator.files import write_text_atomic
-from simulator.kernel_model import KernelProfile, profile_to_yaml
+from simulator.kernels.profiles import KernelProfile, profile_to_yaml
 from simulator.merge import PartialState, finalize, merge, partial_attention, rescale
+from simulator.support.files import write_text_atomic
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["PoorFit", "fit_linear", "run_rank", "stall_of"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from simulator.distributed.random_shapes import random_points
 from simulator.errors import InputError
-from simulator.points import PreparedPoint, prepare_point
-from simulator.scenario import DecodeWorkload, load_scenario
+from simulator.run.prepare import PreparedPoint, prepare_point
+from simulator.run.scenario import DecodeWorkload, load_scenario
 from simulator.units import checked_quantity
 from simulator.workloads import PrefillWorkload
 

@@ -25,8 +25,8 @@ from simulator.algorithms import Layout
 from simulator.cluster.devices import DeviceSpec, kernel_profile
 from simulator.cluster.topology import Cluster
 from simulator.distributed.profile_kernels import ProfileOptions, build_point, time_call
-from simulator.kernel_model import KernelProfile
-from simulator.schedule import COMPUTE_KINDS, Schedule
+from simulator.kernels.profiles import KernelProfile
+from simulator.schedule.core import COMPUTE_KINDS, Schedule
 
 __all__ = ["dominant_kernel", "drift_before", "measure_drift", "nearest_grid_point", "profiled_seconds"]
 

@@ -15,10 +15,10 @@ import torch
 import torch.distributed as dist
 
 from simulator.distributed.runner import PrefillRankRunner
-from simulator.payload import transfer_layouts
-from simulator.prefill_kernels import Rows
-from simulator.prefill_numeric import PrefillInputs, block_error, check_cover
-from simulator.schedule import Schedule
+from simulator.kernels.payload import transfer_layouts
+from simulator.kernels.prefill import Rows
+from simulator.numeric.prefill import PrefillInputs, block_error, check_cover
+from simulator.schedule.core import Schedule
 
 __all__ = ["PrefillCheck", "check_outputs", "gather_results", "run_prefill_rank", "to_torch", "torch_reference"]
 

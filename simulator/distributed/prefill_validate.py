@@ -30,12 +30,12 @@ from simulator.distributed.drift import drift_before
 from simulator.distributed.prefill_run import check_outputs, gather_results, to_torch
 from simulator.distributed.runner import PrefillRankRunner
 from simulator.engine.core import simulate
-from simulator.kernel_model import extrapolated_text
-from simulator.payload import transfer_layouts
-from simulator.points import PreparedPoint
-from simulator.prefill_kernels import Rows
-from simulator.prefill_numeric import PrefillExecutor, PrefillInputs, make_prefill_inputs
-from simulator.schedule import Schedule
+from simulator.kernels.payload import transfer_layouts
+from simulator.kernels.prefill import Rows
+from simulator.kernels.profiles import extrapolated_text
+from simulator.numeric.prefill import PrefillExecutor, PrefillInputs, make_prefill_inputs
+from simulator.run.prepare import PreparedPoint
+from simulator.schedule.core import Schedule
 from simulator.workloads.prefill import PrefillWorkload
 
 __all__ = ["REFERENCE_BLOCK_SCORES", "prefill_point_rows", "reference_by_blocks"]

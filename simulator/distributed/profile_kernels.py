@@ -11,15 +11,15 @@ visits spread over the profiling (:func:`profile_many`), the runs pooled:
   the dtypes CPU real runs of prefill use).
 
 The grid is small on purpose (on two CPU cores each dtype takes a few minutes); every group up to 8 is profiled
-because the kernel's time is not smooth in it (:mod:`simulator.kernel_model`), except where it has no tiles:
+because the kernel's time is not smooth in it (:mod:`simulator.kernels.profiles`), except where it has no tiles:
 emulated bf16 on a CPU, profiled on :func:`tileless_attend_grid` (its 240-point grid took 21 of calibrate's 31
 minutes on an AVX2-only CPU, the tile-less one 2 of 13), which ``--attend-rows`` extends over rows (batch x KV
 heads); workloads between grid points
-are interpolated in log space by :class:`~simulator.kernel_model.KernelProfile`, and beyond them extrapolated, which
+are interpolated in log space by :class:`~simulator.kernels.profiles.KernelProfile`, and beyond them extrapolated, which
 the simulator reports. A profile timed under load (``loaded`` > 1) can also be timed alone along its first axis, the
 other axes at a reference shape (:data:`ALONE_REF`), loaded and alone back to back at each value: the ratios
 (:func:`with_alone_ratios`) say how much faster the kernel runs while nothing else contends for the host
-(:mod:`simulator.kernel_model`). A profiled point whose median is not stable (confidence interval above ``max_ci``
+(:mod:`simulator.kernels.profiles`). A profiled point whose median is not stable (confidence interval above ``max_ci``
 after the repetitions allowed) makes the whole profile refuse: :class:`UnstableMeasurement` names it.
 """
 
@@ -39,8 +39,8 @@ import torch
 
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.distributed.measure import VISITS, Timing, robust_time
-from simulator.kernel_model import KernelProfile
-from simulator.kernels import OPTIONAL_AXES, PROFILE_AXES
+from simulator.kernels.profiles import KernelProfile
+from simulator.kernels.table import OPTIONAL_AXES, PROFILE_AXES
 from simulator.merge import (
     PartialState,
     attention_delta,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simulator.cluster.devices import DTYPE_BYTES
-from simulator.scenario import DecodeWorkload, Point
+from simulator.run.scenario import DecodeWorkload, Point
 from simulator.workloads import PrefillWorkload
 
 __all__ = ["HEAD_DIMS", "PREFILL_HEAD_DIMS", "RandomPrefill", "RandomShape", "draw_prefill_shapes", "draw_shapes",

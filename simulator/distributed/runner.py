@@ -2,11 +2,11 @@
 ``isend``/``irecv`` and, with ``collectives="native"``, each collective becomes one ``dist.all_reduce`` (MAX then
 SUM for ``tree``, as in the Tree Attention paper's reference code).
 
-:class:`RankRunner` runs decode schedules (on the numeric :class:`~simulator.numeric.Executor`'s buffers),
+:class:`RankRunner` runs decode schedules (on the numeric :class:`~simulator.numeric.decode.Executor`'s buffers),
 :class:`PrefillRankRunner` prefill and training schedules (on the
-:class:`~simulator.prefill_numeric.PrefillExecutor`'s row blocks); both are the same transfer logic
+:class:`~simulator.numeric.prefill.PrefillExecutor`'s row blocks); both are the same transfer logic
 (:class:`_RealTransfers`) over the executor of their kind, and messages are sized and unpacked from the payload
-rules (:mod:`simulator.payload`), never by executing anything twice. Prefill schedules run their collectives
+rules (:mod:`simulator.kernels.payload`), never by executing anything twice. Prefill schedules run their collectives
 (all-gather of pieces, reduce-scatter, all-to-all) as the schedule's own sends (``collectives="decomposed"``).
 
 The rank walks its own ops in program order. Sends and receives are posted without blocking; a receive is waited
@@ -24,13 +24,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from simulator.kernels import Descriptor, KVShard
+from simulator.kernels.payload import Shape, component_shapes, message_elements
+from simulator.kernels.prefill import Rows, StateRows
+from simulator.kernels.table import Descriptor, KVShard
 from simulator.merge import PartialState
-from simulator.numeric import Executor, Inputs
-from simulator.payload import Shape, component_shapes, message_elements
-from simulator.prefill_kernels import Rows, StateRows
-from simulator.prefill_numeric import PrefillExecutor, PrefillInputs
-from simulator.schedule import Op, Schedule
+from simulator.numeric.decode import Executor, Inputs
+from simulator.numeric.prefill import PrefillExecutor, PrefillInputs
+from simulator.schedule.core import Op, Schedule
 from simulator.workloads.layouts import positions
 from simulator.workloads.shape import DecodeShape
 

@@ -30,14 +30,14 @@ from simulator.distributed.prefill_validate import prefill_point_rows
 from simulator.distributed.runner import RankRunner
 from simulator.engine.core import simulate
 from simulator.errors import InputError
-from simulator.files import write_csv_atomic, write_text_atomic
-from simulator.kernel_model import extrapolated_text
-from simulator.numeric import Inputs, dense_attention, make_inputs, max_abs_error, run_numeric
-from simulator.payload import transfer_layouts
-from simulator.points import PreparedPoint
+from simulator.kernels.payload import transfer_layouts
+from simulator.kernels.profiles import extrapolated_text
+from simulator.numeric.decode import Inputs, dense_attention, make_inputs, max_abs_error, run_numeric
 from simulator.report.markdown import markdown_table
-from simulator.scenario import Point
-from simulator.schedule import Schedule
+from simulator.run.prepare import PreparedPoint
+from simulator.run.scenario import Point
+from simulator.schedule.core import Schedule
+from simulator.support.files import write_csv_atomic, write_text_atomic
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["COLUMNS", "drift_lines", "run_rank", "summarize", "summary_lines"]

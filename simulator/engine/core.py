@@ -54,14 +54,22 @@ from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.links import link_table
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
-from simulator.colpass import dependents, distinct_codes, first_of, group_max, ordered_sum, spans, timeline_order
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
-from simulator.gcpause import gc_paused
-from simulator.oplist import COST as _COST
-from simulator.oplist import KIND_INDEX as _KIND_INDEX
-from simulator.oplist import Columns, OpList
-from simulator.schedule import COMPUTE_KINDS, Op, Schedule
+from simulator.schedule.colpass import (
+    dependents,
+    distinct_codes,
+    first_of,
+    group_max,
+    ordered_sum,
+    spans,
+    timeline_order,
+)
+from simulator.schedule.core import COMPUTE_KINDS, Op, Schedule
+from simulator.schedule.oplist import COST as _COST
+from simulator.schedule.oplist import KIND_INDEX as _KIND_INDEX
+from simulator.schedule.oplist import Columns, OpList
+from simulator.support.gcpause import gc_paused
 
 __all__ = ["Record", "SimResult", "load_compiled", "simulate"]
 
@@ -92,7 +100,7 @@ class SimResult:
 
     ``start[i]`` / ``end[i]``: op ``i``'s times in seconds (NaN: it never started / ended); ``order``: the ids of the
     ops that ended, in (start, rank, op) order (the timeline's); ``rank_of[i]``: op ``i``'s rank, ``kind_of[i]`` its
-    kind's index in :data:`~simulator.schedule.OP_KINDS`. Results are read off these arrays; :attr:`timeline` (one
+    kind's index in :data:`~simulator.schedule.core.OP_KINDS`. Results are read off these arrays; :attr:`timeline` (one
     :class:`Record` per op) is built only when asked for: millions of tuples for a large run, which nothing on the
     way to a row or a report needs.
 
@@ -190,7 +198,7 @@ class _Run:
             raise ValueError(f"a schedule of {n} ops: the engine takes fewer than 2^31")
         cols = ops.columns()
         # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
-        # they were appended): a counting sort of the edges (simulator.colpass)
+        # they were appended): a counting sort of the edges (simulator.schedule.colpass)
         counts, parents = cols.dep_count, cols.parents
         self.kids, self.first_kid = dependents(counts, parents)
         self.pending = counts  # int32, counted down by the loop
@@ -449,7 +457,7 @@ def load_compiled() -> float:
     sched = Schedule(2)
     k = sched.add_compute(0, "k", nbytes=1e3)
     sched.add_transfer(0, 1, 1e3, "x", send_deps=(k,))
-    sched.add_transfers([1], [0], [1e3], ["y"], [(k + 1,)], [()])  # a block of transfers (simulator.colpass)
+    sched.add_transfers([1], [0], [1e3], ["y"], [(k + 1,)], [()])  # a block of transfers (simulator.schedule.colpass)
     simulate(sched, cluster, record_links=True)
     graph = nx.DiGraph()  # the router's compiled searches and walks (simulator.cluster.routecore), each kind
     for u, v in [("a.x", "a.y"), ("a.x", "s"), ("s", "b.x"), ("s", "t0"), ("t0", "t")]:

@@ -41,7 +41,7 @@ __all__ = ["EngineState", "new_state", "records", "results", "run", "seed"]
 
 # callbacks
 READY, DONE, LAUNCHED, INJECT, FINISH, DRAINED = range(6)
-# op kinds: indices into simulator.schedule.OP_KINDS
+# op kinds: indices into simulator.schedule.core.OP_KINDS
 K_COMPUTE, K_MERGE, K_SEND, K_RECV, K_LAUNCH = range(5)
 # op flags
 F_READY, F_HELD = 1, 2

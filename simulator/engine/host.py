@@ -10,7 +10,7 @@ Per host with ``host_cores`` C, in units of bytes of copying (``host_copy_bw`` s
 * with ``host_mem_bw``, a memory link of ``host_mem_bw / mem_bw`` x s that memory-bound kernels also cross, except
   kernels timed from a profile measured with the host's other cores running the same kernel (``loaded`` > 1: the
   sharing of memory is in the measured time already, :mod:`simulator.distributed.host_load`);
-* with profiles that say how much faster a kernel runs alone (``alone``, :mod:`simulator.kernel_model`), timed
+* with profiles that say how much faster a kernel runs alone (``alone``, :mod:`simulator.kernels.profiles`), timed
   loaded on every core of the host (``loaded`` = ``host_cores``: what the ratio is relative to), a contention link
   of s: such a kernel of profiled (loaded) duration d and ratio R < 1 is a flow of R d x s that loads the contention
   link 1 / (loaded R) per byte. Alone it runs at s: R d. With ``loaded`` copies at once (of one R) the contention
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from simulator.cluster.devices import DeviceSpec, kernel_profile, roofline
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
-from simulator.schedule import Op
+from simulator.schedule.core import Op
 
 __all__ = ["HostResources"]
 

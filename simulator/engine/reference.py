@@ -25,8 +25,8 @@ from simulator.cluster.topology import Cluster
 from simulator.engine import flowcore as fc
 from simulator.engine.core import SimResult
 from simulator.engine.host import HostResources
-from simulator.gcpause import gc_paused
-from simulator.schedule import COMPUTE_KINDS, OP_KINDS, Op, Schedule
+from simulator.schedule.core import COMPUTE_KINDS, OP_KINDS, Op, Schedule
+from simulator.support.gcpause import gc_paused
 
 __all__ = ["simulate_reference"]
 

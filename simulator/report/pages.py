@@ -21,11 +21,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from simulator.files import write_text_atomic
 from simulator.report.conclude import feasible, headline, point_view, summary
 from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table, to_html, to_markdown
 from simulator.report.figures import HLine, busbw_figure, facet_figure, png
 from simulator.report.timeline import gantt
+from simulator.support.files import write_text_atomic
 
 __all__ = ["META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages", "write_report"]
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pandas as pd
 
-from simulator.files import write_csv_atomic, write_text_atomic
 from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table
 from simulator.report.figures import HLine, facet_figure, png
 from simulator.report.pages import META_FILE, write_pages
+from simulator.support.files import write_csv_atomic, write_text_atomic
 
 __all__ = ["PLAN_FILE", "plan_conclusion", "write_plan_report"]
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simulator.errors import InputError, excerpt
 from simulator.report.pages import META_FILE, TIMELINE_FILE
-from simulator.yaml_lines import read_text_file
+from simulator.support.yaml_lines import read_text_file
 
 __all__ = ["MAX_RESULT_BYTES", "NUMERIC_COLUMNS", "REPORT_COLUMNS", "TIMELINE_COLUMNS", "Meta", "read_csv_checked",
            "read_meta", "read_report_inputs", "resumable_rows"]

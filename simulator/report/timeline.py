@@ -26,9 +26,9 @@ from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch
 
 from simulator.engine.core import SimResult
-from simulator.gcpause import gc_paused
-from simulator.op import OP_KINDS
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
+from simulator.schedule.op import OP_KINDS
+from simulator.support.gcpause import gc_paused
 
 __all__ = ["MAX_RANKS", "RESOLUTION", "TIMELINE_COLUMNS", "bound_timeline", "gantt", "shown_ranks", "timeline_frame"]
 

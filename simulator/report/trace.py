@@ -20,7 +20,7 @@ from simulator.cluster.topology import Cluster
 from simulator.engine.core import SimResult
 from simulator.errors import InputError
 from simulator.report.timeline import shown_ranks
-from simulator.schedule import COMPUTE_KINDS
+from simulator.schedule.core import COMPUTE_KINDS
 from simulator.units import parse_time
 
 __all__ = ["DEFAULT_RANKS", "TraceCut", "chrome_trace", "describe_cut", "parse_ranks", "parse_window"]

@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar, TypeAlias
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from simulator.errors import InputError
-from simulator.limits import MAX_COUNT
+from simulator.support.limits import MAX_COUNT
 from simulator.units import checked_quantity, parse_bandwidth, parse_bytes, parse_flops, parse_time
 
 __all__ = ["MAX_COUNT", "MAX_SMALL_COUNT", "Count", "ModelShape", "Scalar", "SmallCount", "Strict", "scalar",

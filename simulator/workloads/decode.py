@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from simulator.errors import InputError, excerpt
-from simulator.limits import MAX_COUNT
-from simulator.models import PRESETS, ModelPreset, custom_model
+from simulator.models.presets import PRESETS, ModelPreset, custom_model
+from simulator.support.limits import MAX_COUNT
 from simulator.units import parse_tokens
 from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
 from simulator.workloads.shape import DecodeShape

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from simulator.models import ModelPreset
+from simulator.models.presets import ModelPreset
 from simulator.workloads.base import Count, SmallCount, Strict
 from simulator.workloads.decode import DType, ModelRef, Tokens, whole_model
 from simulator.workloads.prefill import check_phase_scope, model_dims

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from simulator.models import PRESETS, ModelPreset
+from simulator.models.presets import PRESETS, ModelPreset
 from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
 from simulator.workloads.decode import DType, ModelRef, Tokens, check_scope, whole_model
 from simulator.workloads.prefill_shape import PrefillShape

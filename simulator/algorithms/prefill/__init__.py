@@ -16,7 +16,7 @@ from simulator.algorithms.prefill.ring import build_prefill_ring
 from simulator.algorithms.prefill.single import build_prefill_single
 from simulator.algorithms.prefill.ulysses import build_prefill_ulysses, check_ulysses
 from simulator.collectives.alltoall import ALLTOALL
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["PREFILL_REGISTRY", "build_prefill", "check_ulysses"]

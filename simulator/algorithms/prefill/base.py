@@ -3,7 +3,7 @@
 Buffers hold *row blocks*: rows of a (b, heads, tokens, head_dim) tensor (q, out, dout, dq; K and V together as
 ``kv``, dK and dV as ``dkv``) with their global positions and head range. The kernels (op ``fn``: ``attn-fwd``,
 ``attn-final``, ``attn-delta``, ``attn-bwd``, ``concat``, ``slice-heads``, ``slice-rows``, ``add``) are in the
-one kernel table (:mod:`simulator.kernels`, defined in :mod:`simulator.prefill_kernels`); their costs come from
+one kernel table (:mod:`simulator.kernels.table`, defined in :mod:`simulator.kernels.prefill`); their costs come from
 :class:`PrefillShape`. ``concat`` is free (the pieces were received into one buffer).
 
 Sends carry whole buffers (collectives cut pieces first, as views). ``meta`` carries
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 from simulator.workloads.layouts import Run, layout_runs, pair_count, rank_pairs, run_tokens
 from simulator.workloads.prefill_shape import PrefillShape
 
@@ -58,7 +58,7 @@ def _block_size(shape: PrefillShape, q_runs: tuple[Run, ...], k_runs: tuple[Run,
 
 
 def block_dims(shape: PrefillShape, nq: int, nk: int, pairs: int, heads: int | None = None) -> tuple[float, ...]:
-    """An attention block's shape on its profile's axes (:data:`simulator.kernels.PROFILE_AXES`): query rows x
+    """An attention block's shape on its profile's axes (:data:`simulator.kernels.table.PROFILE_AXES`): query rows x
     heads, keys it spans, head dimension, and the share of its (query, key) pairs the mask keeps (a kernel that skips
     masked tiles costs in proportion to it; one that computes every pair, as the merge core does, does not)."""
     h = shape.heads if heads is None else heads

@@ -19,7 +19,7 @@ from simulator.algorithms.prefill.base import (
     tokens,
 )
 from simulator.collectives.pieces import ring_allgather_pieces, ring_reduce_scatter_pieces
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["build_prefill_allgather"]

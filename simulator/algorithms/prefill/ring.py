@@ -22,8 +22,8 @@ import pandas as pd
 
 from simulator.algorithms.base import Layout
 from simulator.algorithms.prefill.base import add_delta, add_final, block_dims, new_prefill_schedule, tokens
-from simulator.oplist import Indexed
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
+from simulator.schedule.oplist import Indexed
 from simulator.workloads.layouts import pair_matrix
 from simulator.workloads.prefill_shape import PrefillShape
 

@@ -10,7 +10,7 @@ from simulator.algorithms.prefill.base import (
     add_forward_block,
     new_prefill_schedule,
 )
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["build_prefill_single"]

@@ -31,7 +31,7 @@ from simulator.algorithms.prefill.base import (
 )
 from simulator.collectives.alltoall import hierarchical_alltoall, pairwise_alltoall
 from simulator.errors import InputError
-from simulator.schedule import Schedule
+from simulator.schedule.core import Schedule
 from simulator.workloads.layouts import Run
 from simulator.workloads.prefill_shape import PrefillShape
 

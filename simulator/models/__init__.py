@@ -1,0 +1,1 @@
+"""Model presets and a whole model's decode step or prefill."""
