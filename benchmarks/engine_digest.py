@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from simulator.algorithms import build_schedule, resolve
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.collectives import fabric_of
+from simulator.collectives.standalone import collective_schedule
 from simulator.engine.core import simulate
-from simulator.run.kinds.collective import collective_schedule
-from simulator.run.prepare import layout_of
+from simulator.run.prepared import layout_of
 from simulator.schedule.core import Schedule
 from simulator.workloads.shape import DecodeShape
 

@@ -49,8 +49,8 @@ from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import load_compiled, simulate
 from simulator.report.timeline import gantt, timeline_frame
-from simulator.run.kinds.prefill import prefill_timing
-from simulator.run.prepare import layout_of, result_numbers
+from simulator.run.prepared import layout_of
+from simulator.run.timing import critical_timing, result_numbers
 from simulator.schedule.core import Schedule
 from simulator.support.gcpause import gc_paused
 from simulator.workloads.prefill_shape import PrefillShape
@@ -189,7 +189,7 @@ def _prefill_case(p: int, sequence: int) -> Case:
     res = simulate(sched, cluster)
     t2 = time.perf_counter()
     numbers = result_numbers(sched, res)
-    prefill_timing(res, sched.ranks)
+    critical_timing(res, sched.ranks)
     fig = gantt(timeline_frame([("ring", sched, res)]))
     fig.savefig(io.BytesIO(), format="png", dpi=110)
     t3 = time.perf_counter()

@@ -30,9 +30,9 @@ from simulator.collectives import nccl_tree as _nccl_tree
 from simulator.collectives import ring as _ring
 from simulator.collectives import tuner as _tuner
 from simulator.collectives.protocols import PROTOCOLS, base_latency, hop_latency
+from simulator.collectives.standalone import collective_schedule
 from simulator.collectives.tuner import predict
 from simulator.engine.core import simulate
-from simulator.run.kinds.collective import collective_schedule
 from simulator.units import parse_bytes
 
 TOPOLOGIES = (("dgx-a100", 1), ("dgx-h100", 1), ("dgx-h100", 2), ("dgx-h100", 4), ("mi300x", 1))

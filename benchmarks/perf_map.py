@@ -30,7 +30,7 @@ from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
 from simulator.engine import eventcore, flowcore, netstate
 from simulator.engine.core import _Run, load_compiled
-from simulator.run.prepare import layout_of
+from simulator.run.prepared import layout_of
 from simulator.schedule.core import Schedule
 from simulator.support.gcpause import gc_paused
 from simulator.workloads.prefill_shape import PrefillShape

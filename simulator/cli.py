@@ -9,7 +9,7 @@ import os
 import shlex
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -38,8 +38,11 @@ from simulator.report.plan_report import write_plan_report
 from simulator.report.read import read_report_inputs, resumable_rows
 from simulator.report.timeline import timeline_frame
 from simulator.report.trace import chrome_trace, describe_cut, parse_ranks, parse_window
-from simulator.run.prepare import PreparedPoint, check_points, layout_of, point_runs, prepare_point
-from simulator.run.scenario import DecodeWorkload, Point, Scenario, load_scenario, parse_set
+from simulator.run.kinds import KINDS
+from simulator.run.prepare import check_points, point_runs, prepare_point
+from simulator.run.prepared import PreparedPoint, layout_of
+from simulator.run.rows import columns_markdown
+from simulator.run.scenario import Point, Scenario, load_scenario, parse_set
 from simulator.run.sweep import EXECUTORS, run_sweep
 from simulator.support.files import write_csv_atomic, write_text_atomic
 from simulator.support.outdir import check_output_dir, check_output_file, output_lock
@@ -109,7 +112,10 @@ def _parser() -> argparse.ArgumentParser:
                             "sample)")
     trace.add_argument("--window", default=None, metavar="START:END",
                        help="simulated time to show, e.g. 0:2ms or 1ms: (default: all of it)")
-    sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
+    schema = sub.add_parser("schema", help="print the JSON Schema of scenario files (for editors), or with --columns "
+                                           "the result columns of every workload kind")
+    schema.add_argument("--columns", nargs="?", const="all", default=None, metavar="KIND",
+                        help=f"print the result columns (name, unit, meaning) of KIND ({', '.join(KINDS)}) or of all")
     pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target, or "
                                      "whose prefill (generate) meets a time-to-first-token target (SCENARIO --ttft)")
     pl.add_argument("scenario", nargs="?", default=None,
@@ -241,8 +247,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run_locked(args: argparse.Namespace, points: list[Point], prepared: list[PreparedPoint], out: Path) -> int:
     keep = None if args.no_report else args.timeline_point
-    outcome = run_sweep(points, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
-                        resume=args.resume, numeric=args.numeric, progress=sys.stderr.isatty(), timeline_point=keep)
+    outcome = run_sweep(prepared, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
+                        resume=args.resume, progress=sys.stderr.isatty(), timeline_point=keep)
     frame = outcome.frame
     _say(format_table(frame))
     resumed = f", {outcome.resumed} resumed" if outcome.resumed else ""
@@ -274,7 +280,7 @@ def _report_meta(point: Point) -> dict[str, Any]:
     if sc.targets.latency is not None:
         meta["targets"] = {"latency_s": sc.targets.latency}
     wl = sc.workload
-    if isinstance(wl, DecodeWorkload) and wl.scope == "model":
+    if wl.kind == "decode" and wl.scope == "model":
         meta["scope"] = "model"
         meta["layers"] = PRESETS[wl.model].layers if isinstance(wl.model, str) else None
     return meta
@@ -302,6 +308,16 @@ def _topology_label(points: list[Point]) -> str:
 def _capacity(prepared: list[PreparedPoint]) -> float | None:
     caps = {spec.mem_bytes for p in prepared for spec in p.cluster.specs.values()}
     return min(caps) if caps else None
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    if args.columns is None:
+        _say(json.dumps(Scenario.model_json_schema(), indent=2))
+        return 0
+    if args.columns != "all" and args.columns not in KINDS:
+        raise InputError(f"unknown workload kind {excerpt(args.columns)}; valid: {', '.join(KINDS)}", field="--columns")
+    _say(columns_markdown({k: kind.columns for k, kind in KINDS.items() if args.columns in ("all", k)}))
+    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -519,7 +535,7 @@ def _cmd_overlap(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def _cmd_real(args: argparse.Namespace) -> int:
     """validate / calibrate: check the inputs here, then start the local ranks (rank 0 prints and writes)."""
     if args.verb == "validate" and args.nccl_tests:
         return _cmd_validate_nccl_tests(args)
@@ -562,7 +578,7 @@ def _cmd_real(args: argparse.Namespace, argv: Sequence[str]) -> int:
             marker = Path(tmp) / "profiled"
             os.environ["TREERING_PROFILED_MARKER"] = str(marker)
             profiles = args.verb == "calibrate" and bool(args.kernel_dtypes)
-            spawn(args.procs, list(argv), args.timeout, marker=marker if profiles else None)
+            spawn(args.procs, list(args.argv), args.timeout, marker=marker if profiles else None)
     except RankFailure as err:
         print(f"treering: {args.verb} failed: {err}", file=sys.stderr)
         return 1
@@ -592,6 +608,12 @@ def _cmd_validate_nccl_tests(args: argparse.Namespace) -> int:
     return 0
 
 
+VERBS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _cmd_run, "report": _cmd_report, "trace": _cmd_trace, "schema": _cmd_schema, "plan": _cmd_plan,
+    "overlap": _cmd_overlap, "topo": _cmd_topo, "validate": _cmd_real, "calibrate": _cmd_real,
+}  # every verb of the parser, and the function that runs it (returns the exit status)
+
+
 def _leave_now(code: int) -> NoReturn:
     """End the process at once: what a run finished is already on disk (written atomically as points finish), and
     letting the interpreter free a large run's millions of ops on the way out would take seconds."""
@@ -608,22 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.argv = argv
     try:
-        if args.verb == "run":
-            return _cmd_run(args)
-        if args.verb in ("validate", "calibrate"):
-            return _cmd_real(args, argv)
-        if args.verb == "schema":
-            _say(json.dumps(Scenario.model_json_schema(), indent=2))
-            return 0
-        if args.verb == "report":
-            return _cmd_report(args)
-        if args.verb == "plan":
-            return _cmd_plan(args)
-        if args.verb == "trace":
-            return _cmd_trace(args)
-        if args.verb == "overlap":
-            return _cmd_overlap(args)
-        return _cmd_topo(args)
+        return VERBS[args.verb](args)
     except InputError as err:
         print(f"treering: error: {err}", file=sys.stderr)
         return 2

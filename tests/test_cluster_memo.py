@@ -7,8 +7,8 @@ import gc
 from simulator.cluster.memo import cluster_memo, live_memos
 from simulator.cluster.topology import load_topology
 from simulator.collectives import fabric_of
+from simulator.collectives.standalone import collective_schedule
 from simulator.collectives.tuner import choose, predict
-from simulator.run.kinds.collective import collective_schedule
 
 
 def _auto_allreduce(nodes: int) -> tuple[object, float]:

@@ -8,7 +8,10 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.run.rows import COLLECTIVE_COLUMNS
+from simulator.run.kinds import KINDS
+from simulator.run.rows import names
+
+COLLECTIVE_COLUMNS = names(KINDS["collective"].columns)
 
 COLL = """
 name: c

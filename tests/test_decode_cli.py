@@ -9,8 +9,11 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.run.rows import DECODE_COLUMNS
+from simulator.run.kinds import KINDS
+from simulator.run.rows import names
 from simulator.support.paths import SCENARIO_DIR
+
+DECODE_COLUMNS = names(KINDS["decode"].columns)
 
 SHRINK = {  # keep every scenario small in the test suite
     "paper-scaling": ["--set", "sweep={topology_params.nodes: [1, 2], workload.context: [80000, 640000]}"],

@@ -26,7 +26,7 @@ from simulator.distributed.drift import (
 )
 from simulator.distributed.validate import drift_lines
 from simulator.kernels.profiles import KernelProfile, profile_to_yaml
-from simulator.run.prepare import layout_of
+from simulator.run.prepared import layout_of
 from simulator.workloads.shape import DecodeShape
 from tests.test_kernel_model import _topology_with
 

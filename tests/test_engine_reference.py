@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from simulator.algorithms import build_schedule, resolve
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
 from simulator.collectives import fabric_of
+from simulator.collectives.standalone import collective_schedule
 from simulator.engine import core, eventcore
 from simulator.engine.core import SimResult, simulate
 from simulator.engine.reference import simulate_reference
-from simulator.run.kinds.collective import collective_schedule
-from simulator.run.prepare import layout_of
+from simulator.run.prepared import layout_of
 from simulator.schedule.core import STREAMED, Schedule
 from simulator.workloads.shape import DecodeShape
 

@@ -11,8 +11,8 @@ from simulator.algorithms import build_schedule
 from simulator.cli import main
 from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
-from simulator.run.prepare import layout_of
-from simulator.run.rows import DECODE_COLUMNS
+from simulator.run.prepared import layout_of
+from simulator.run.rows import STABLE as DECODE_COLUMNS
 from simulator.workloads.shape import DecodeShape
 
 GEN = """

@@ -20,7 +20,7 @@ from simulator.cli import main
 from simulator.cluster.topology import load_topology
 from simulator.engine import eventcore
 from simulator.engine.core import simulate
-from simulator.run.prepare import layout_of
+from simulator.run.prepared import layout_of
 from simulator.workloads.shape import DecodeShape
 
 

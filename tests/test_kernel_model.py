@@ -19,7 +19,7 @@ from simulator.distributed.measure import median_ci, robust_time
 from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.kernels.profiles import KernelProfile, profile_to_yaml
-from simulator.run.prepare import layout_of
+from simulator.run.prepared import layout_of
 from simulator.workloads.shape import DecodeShape
 
 GRID = ((1e4, 1e6, 1e8), (32.0, 128.0), (1.0, 4.0))

@@ -11,9 +11,9 @@ import pytest
 from simulator.cli import main
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.collectives.protocols import base_latency, hop_latency
+from simulator.collectives.standalone import bus_factor
 from simulator.errors import InputError
 from simulator.nccl.fit import Sample, apply, parameters, simulated
-from simulator.run.kinds.collective import bus_factor
 from simulator.run.prepare import simulate_point
 from simulator.run.scenario import scenario_points
 

@@ -11,8 +11,11 @@ import pandas as pd
 import pytest
 
 from simulator.cli import main
-from simulator.run.kinds.prefill import PREFILL_COLUMNS
-from simulator.run.rows import DECODE_COLUMNS
+from simulator.run.kinds.prefill import PHASE_COLUMNS
+from simulator.run.rows import STABLE as DECODE_COLUMNS
+from simulator.run.rows import names
+
+PREFILL_COLUMNS = names(PHASE_COLUMNS)
 
 PREFILL = """
 name: p

@@ -13,7 +13,8 @@ from simulator.algorithms.prefill import build_prefill
 from simulator.errors import InputError
 from simulator.models.presets import PRESETS
 from simulator.models.step import attention_layer, dense_layer, group_tokens, prefill_model_flops
-from simulator.run.prepare import cluster_for, run_point
+from simulator.run.prepare import run_point
+from simulator.run.prepared import cluster_for
 from simulator.run.scenario import load_scenario
 from simulator.workloads.prefill_shape import PrefillShape
 

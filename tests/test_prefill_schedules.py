@@ -18,7 +18,7 @@ from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.kernels.table import KERNELS
 from simulator.numeric.decode import Executor, make_inputs
-from simulator.run.kinds.prefill import prefill_timing
+from simulator.run.timing import critical_timing
 from simulator.schedule.core import Schedule
 from simulator.schedule.memory import peak_memory
 from simulator.workloads.layouts import imbalance
@@ -172,11 +172,11 @@ def test_comm_hidden_frac_and_imbalance_of_rows():
     p, n = 4, 4 * 4096
     s = shape(n, causal=False)
     cluster = star(p, bw="400 GB/s", lat="1.5 us", overhead="2 us")  # compute-bound: transfers hide
-    hidden = prefill_timing(sim("ring", s, p, cluster, overlap=True)[1], p)
+    hidden = critical_timing(sim("ring", s, p, cluster, overlap=True)[1], p)
     assert hidden["comm_hidden_frac"] == 1.0 and hidden["imbalance"] == pytest.approx(1.0)
-    alternating = prefill_timing(sim("ring", s, p, cluster, overlap=False)[1], p)
+    alternating = critical_timing(sim("ring", s, p, cluster, overlap=False)[1], p)
     assert alternating["comm_hidden_frac"] == 0.0
-    single = prefill_timing(sim("single", s, 1, star(1))[1], 1)
+    single = critical_timing(sim("single", s, 1, star(1))[1], 1)
     assert math.isnan(single["comm_hidden_frac"])
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.run import sweep
+from simulator.run.prepare import check_points
 from simulator.run.scenario import load_scenario
 
 SWEEP = """
@@ -102,13 +103,14 @@ def test_a_sweep_killed_mid_way_resumes_to_the_rows_of_an_uninterrupted_run(tmp_
 
 
 def test_a_failing_point_becomes_an_error_row(tmp_path, monkeypatch):
-    points = load_scenario(scenario(tmp_path, 2))
+    points = check_points(load_scenario(scenario(tmp_path, 2)))
     real = sweep.simulate_point
 
-    def flaky(point, numeric=False, timeline=False):
-        if dict(point.swept)["topology_params.nodes"] == 2 and dict(point.swept)["workload.context"] == 1100:
+    def flaky(prep, timeline=False):
+        swept = dict(prep.point.swept)
+        if swept["topology_params.nodes"] == 2 and swept["workload.context"] == 1100:
             raise RuntimeError("boom")
-        return real(point, numeric, timeline)
+        return real(prep, timeline)
 
     monkeypatch.setattr(sweep, "simulate_point", flaky)
     outcome = sweep.run_sweep(points, tmp_path / "o", jobs=1, progress=False)
@@ -129,3 +131,56 @@ def test_resume_refuses_results_of_another_sweep(tmp_path, capsys):
     (out / "results.csv").write_text("flow,src\n0,a\n")
     assert main(["run", str(path), "-o", str(out), "--resume", "--no-report"]) == 2
     assert "cannot resume" in capsys.readouterr().err
+
+
+_COUNTING = """
+import dataclasses, sys
+from simulator.cli import main
+from simulator.run.kinds import KINDS
+
+log = sys.argv[1]
+kind = KINDS["decode"]
+
+
+def counting(point, cluster, numeric):
+    with open(log, "a") as f:
+        f.write(repr(point.swept) + "\\n")
+    return kind.prepare(point, cluster, numeric)
+
+
+KINDS["decode"] = dataclasses.replace(kind, prepare=counting)
+raise SystemExit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_run_prepares_each_point_once(tmp_path, jobs):
+    """The parent checks every point once; its workers (forked: they share the counting table) and the report's
+    timeline use what it prepared, and prepare nothing again."""
+    path, log = scenario(tmp_path, 2), tmp_path / "prepared.log"
+    cmd = [sys.executable, "-c", _COUNTING, str(log), "run", str(path), "-o", str(tmp_path / "o"), "--jobs",
+           str(jobs)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    counted = log.read_text().splitlines()
+    assert len(counted) == 3 * 2 and len(set(counted)) == 6  # each of the 6 points, once
+    assert (tmp_path / "o" / "report.md").is_file()
+
+
+def test_a_prepared_point_travels_without_being_prepared_again(tmp_path, monkeypatch):
+    """What a worker receives (a pickled prepared point) gives the rows of the point it came from, without a check."""
+    import pickle
+
+    from simulator.run.kinds import KINDS
+    from simulator.run.prepare import simulate_point
+
+    (prep,) = check_points(load_scenario(scenario(tmp_path, 1))[:1])
+    monkeypatch.setitem(KINDS, "decode", __import__("dataclasses").replace(
+        KINDS["decode"], prepare=lambda *a: pytest.fail("prepared again")))
+    again = pickle.loads(pickle.dumps(prep))
+    assert again.cluster is prep.cluster  # from this process's cache of clusters
+    assert rows_of(simulate_point(again).rows) == rows_of(simulate_point(prep).rows)
+
+
+def rows_of(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "sim_wall_s"} for row in rows]

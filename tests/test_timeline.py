@@ -14,7 +14,7 @@ from simulator.cluster.topology import load_topology
 from simulator.engine.core import simulate
 from simulator.report.timeline import MAX_RANKS, bound_timeline, gantt, shown_ranks, timeline_frame
 from simulator.report.trace import parse_ranks, parse_window
-from simulator.run.prepare import layout_of
+from simulator.run.prepared import layout_of
 from simulator.support.paths import DEFAULT_SCENARIO
 from simulator.workloads.shape import DecodeShape
 

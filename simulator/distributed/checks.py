@@ -7,12 +7,14 @@ from pathlib import Path
 
 from simulator.distributed.random_shapes import random_points
 from simulator.errors import InputError
-from simulator.run.prepare import PreparedPoint, prepare_point
-from simulator.run.scenario import DecodeWorkload, load_scenario
+from simulator.run.prepare import prepare_point
+from simulator.run.prepared import PreparedPoint
+from simulator.run.scenario import load_scenario
 from simulator.units import checked_quantity
-from simulator.workloads import PrefillWorkload
 
-__all__ = ["check_scenario", "out_dir"]
+__all__ = ["REAL_KINDS", "check_scenario", "out_dir"]
+
+REAL_KINDS = ("decode", "prefill")  # the workload kinds validate runs for real (distributed.validate.REAL_ROWS)
 
 
 def out_dir(args: argparse.Namespace, prepared: list[PreparedPoint]) -> Path:
@@ -27,7 +29,7 @@ def check_scenario(args: argparse.Namespace) -> list[PreparedPoint]:
     (:mod:`simulator.distributed.random_shapes`)."""
     points = load_scenario(args.scenario, args.sets)
     for point in points:
-        if not isinstance(point.scenario.workload, (DecodeWorkload, PrefillWorkload)):
+        if point.scenario.workload.kind not in REAL_KINDS:
             raise InputError("validate needs a decode or prefill workload", file=point.source,
                              field="workload.kind")
     if getattr(args, "random", None) is not None:

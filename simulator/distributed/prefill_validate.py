@@ -23,8 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from simulator.algorithms import label, resolve
-from simulator.algorithms.prefill import PREFILL_REGISTRY, build_prefill
+from simulator.algorithms.prefill import build_prefill
 from simulator.distributed.common import rank_layout, timed_iterations
 from simulator.distributed.drift import drift_before
 from simulator.distributed.prefill_run import check_outputs, gather_results, to_torch
@@ -34,7 +33,7 @@ from simulator.kernels.payload import transfer_layouts
 from simulator.kernels.prefill import Rows
 from simulator.kernels.profiles import extrapolated_text
 from simulator.numeric.prefill import PrefillExecutor, PrefillInputs, make_prefill_inputs
-from simulator.run.prepare import PreparedPoint
+from simulator.run.prepared import PreparedPoint
 from simulator.schedule.core import Schedule
 from simulator.workloads.prefill import PrefillWorkload
 
@@ -101,9 +100,8 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
     ref: tuple[np.ndarray, ...] | None = None
     rows = []
     cluster = cluster_of(args, point, layout.ranks)
-    for i, entry in enumerate(point.scenario.algorithms):
-        name, params = resolve(entry, field=f"algorithms.{i}", registry=PREFILL_REGISTRY)
-        sched = build_prefill(name, params, shape, layout)
+    for algo in prep.algorithms:
+        sched = build_prefill(algo.name, algo.params, shape, layout)
         drift = drift_before(sched, cluster, layout, device, not args.no_drift)
         times, bufs = _time_runs(args, sched, inp, device)
         results = gather_results(sched, bufs)
@@ -116,7 +114,7 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
         result = simulate(sched, cluster)
         predicted = result.makespan
         rows.append({
-            "algorithm": label(name, params, PREFILL_REGISTRY), "ranks": sched.ranks, "context": shape.sequence,
+            "algorithm": algo.label, "ranks": sched.ranks, "context": shape.sequence,
             "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
             "max_abs_err": check.max_abs_err, "bitwise_equal_to_sim": _bitwise(sched, cpu_inp, results),
             "measured_q1_s": q1, "measured_q3_s": q3, "grad_max_abs_err": check.grad_max_abs_err,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from simulator.kernels.payload import transfer_layouts
 from simulator.kernels.profiles import extrapolated_text
 from simulator.numeric.decode import Inputs, dense_attention, make_inputs, max_abs_error, run_numeric
 from simulator.report.markdown import markdown_table
-from simulator.run.prepare import PreparedPoint
+from simulator.run.prepared import PreparedPoint
 from simulator.run.scenario import Point
 from simulator.schedule.core import Schedule
 from simulator.support.files import write_csv_atomic, write_text_atomic
@@ -192,14 +192,18 @@ def summarize(frame: pd.DataFrame, command: str) -> str:
                       markdown_table(frame), ""])
 
 
+REAL_ROWS: dict[str, Callable[[argparse.Namespace, PreparedPoint, torch.device], list[dict[str, Any]]]] = {
+    "decode": _point_rows, "prefill": lambda args, prep, device: prefill_point_rows(args, prep, device, _cluster),
+}  # the workload kinds that run for real, and how (distributed.checks.REAL_KINDS names the same kinds)
+
+
 def run_rank(args: argparse.Namespace) -> None:
     """One rank of ``treering validate`` (rank 0 writes the outputs)."""
     prepared = check_scenario(args)
     init_group(args.backend, args.timeout)
     # no try/finally: on an error the rank exits at once (destroying the group could wait on failed peers)
     device = device_for(args.backend)
-    rows = [row for prep in prepared for row in (prefill_point_rows(args, prep, device, _cluster)
-                                                 if prep.kind == "prefill" else _point_rows(args, prep, device))]
+    rows = [row for prep in prepared for row in REAL_ROWS[prep.kind](args, prep, device)]
     if dist.get_rank() == 0:
         frame = pd.DataFrame(rows)
         out = out_dir(args, prepared)

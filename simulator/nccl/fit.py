@@ -40,12 +40,12 @@ from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster, load_topology
 from simulator.collectives import fabric_of
 from simulator.collectives.protocols import hop_latency
+from simulator.collectives.standalone import collective_schedule
 from simulator.collectives.tuner import choose, predict
 from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.nccl.logs import NcclTestsRun, read_nccl_tests
 from simulator.nccl.validate import OPERATIONS, nccl_dtype
-from simulator.run.kinds.collective import collective_schedule
 
 __all__ = ["MIN_SENSITIVITY", "MIN_SIZES", "Fit", "Param", "Sample", "apply", "base_topology", "fit_logs", "parameters",
            "predicted", "read_samples", "simulated"]

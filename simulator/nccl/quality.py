@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 
 from simulator.cluster.topology import Cluster
+from simulator.collectives.standalone import bus_factor
 from simulator.errors import InputError
 from simulator.nccl.fit import Sample, simulated
 from simulator.nccl.validate import OPERATIONS
-from simulator.run.kinds.collective import bus_factor
 
 __all__ = ["HOLD_OUT", "MAX_MEDIAN_ERROR_PCT", "MIN_R2", "check_fit", "quality", "scores", "split"]
 

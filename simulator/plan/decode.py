@@ -33,8 +33,10 @@ from typing import Any
 from simulator.cluster.devices import DTYPE_BYTES
 from simulator.errors import InputError
 from simulator.models.step import model_step
-from simulator.run.prepare import PreparedPoint, cluster_for, prepare_point
+from simulator.run.prepare import prepare_point
+from simulator.run.prepared import PreparedPoint, cluster_for
 from simulator.run.scenario import DecodeWorkload, Point, scenario_points
+from simulator.schedule.memory import out_of_memory
 from simulator.support.limits import check_graph, check_schedule
 
 __all__ = ["Evaluation", "PlanRequest", "PlanRow", "memory_lower_bound", "ms", "plan", "tp_candidates"]
@@ -177,7 +179,7 @@ class _Search:
         ev = Evaluation(
             algorithm=algo.label, nodes=nodes, gpus=len(cluster.ranks), tp=tp, latency_s=step.latency_s,
             peak_mem_bytes=max(step.peaks), usable_mem_bytes=min(prep.capacity(n) for n in cluster.ranks),
-            oom=any(peak > prep.capacity(n) for n, peak in zip(cluster.ranks, step.peaks, strict=True)),
+            oom=out_of_memory(zip(step.peaks, map(prep.capacity, cluster.ranks), strict=True)),
             dense_s=step.dense_s, attention_s=step.attention_s, attention_compute_s=step.attention_compute_s,
             head_s=step.head_s, intra_class="/".join(sorted(intra)) or "the node")
         self.cache[key] = ev

@@ -23,7 +23,7 @@ from simulator.cluster.topology import Cluster
 from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.models.presets import PRESETS
-from simulator.run.kinds.prefill import prefill_timing
+from simulator.run.timing import critical_timing
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["OverlapResult", "find_overlap", "overlap_shape"]
@@ -42,7 +42,7 @@ def _hidden(shape: PrefillShape, layout: Layout, cluster: Cluster, tokens: int) 
     p = layout.ranks
     s = replace(shape, sequence=tokens * p, causal=False, layout="contiguous", backward=False)
     res = simulate(build_prefill("ring", {"overlap": True}, s, layout), cluster)
-    return prefill_timing(res, p)["comm_hidden_frac"] >= 1.0 - 1e-12
+    return critical_timing(res, p)["comm_hidden_frac"] >= 1.0 - 1e-12
 
 
 def find_overlap(shape: PrefillShape, cluster: Cluster, layout: Layout, max_tokens: int = 1 << 24) -> OverlapResult:

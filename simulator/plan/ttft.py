@@ -31,8 +31,9 @@ from simulator.cluster.devices import DTYPE_BYTES
 from simulator.errors import InputError
 from simulator.plan.decode import ms, tp_candidates
 from simulator.plan.search import LAYOUTS, Config, Progress, Search, TtftRequest, seconds
-from simulator.run.prepare import cluster_for
+from simulator.run.prepared import cluster_for
 from simulator.run.scenario import Point, load_scenario
+from simulator.schedule.memory import usable_bytes
 from simulator.workloads import GenerateWorkload, PrefillWorkload
 
 __all__ = ["LAYOUTS", "Config", "TtftPlan", "TtftRequest", "plan_ttft", "seconds"]
@@ -94,7 +95,7 @@ def plan_ttft(req: TtftRequest, progress: Progress | None = None) -> TtftPlan:
             raise InputError(why, field="--tp")
         tps = [req.tp]
     elif wl.scope == "model":
-        usable = min(cluster.specs[n].mem_bytes for n in cluster.ranks) * one.scenario.mem_fraction
+        usable = min(usable_bytes(cluster.specs[n].mem_bytes, one.scenario.mem_fraction) for n in cluster.ranks)
         weights = wl.model_preset().params * DTYPE_BYTES[wl.dtype]
         tps = [t for t in tp_candidates(gpn, heads, kv) if weights / t <= usable] or [gpn]  # weights alone: no fit
     else:

@@ -25,6 +25,7 @@ from simulator.report.conclude import feasible, headline, point_view, summary
 from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table, to_html, to_markdown
 from simulator.report.figures import HLine, busbw_figure, facet_figure, png
 from simulator.report.timeline import gantt
+from simulator.schedule.memory import usable_bytes
 from simulator.support.files import write_text_atomic
 
 __all__ = ["META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages", "write_report"]
@@ -97,8 +98,8 @@ def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, 
         mem_lines.append(HLine(capacity / 1e9, f"device memory {capacity / 1e9:.4g} GB"))
         frac = meta.get("mem_fraction")
         if frac and frac < 1:
-            mem_lines.append(HLine(capacity * frac / 1e9, f"usable ({frac:.0%}) {capacity * frac / 1e9:.4g} GB",
-                                   "gray"))
+            usable = usable_bytes(capacity, frac)
+            mem_lines.append(HLine(usable / 1e9, f"usable ({frac:.0%}) {usable / 1e9:.4g} GB", "gray"))
     blocks.append(Image("memory.png", png(facet_figure(frame, "peak_mem_bytes", "peak memory per rank (GB)",
                                                        scale=1e-9, lines=tuple(mem_lines), algorithms=algos)),
                         "Peak memory of the fullest rank, in GB (1e9 bytes)."))

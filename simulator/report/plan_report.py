@@ -18,6 +18,7 @@ import pandas as pd
 from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table
 from simulator.report.figures import HLine, facet_figure, png
 from simulator.report.pages import META_FILE, write_pages
+from simulator.schedule.memory import usable_bytes
 from simulator.support.files import write_csv_atomic, write_text_atomic
 
 __all__ = ["PLAN_FILE", "plan_conclusion", "write_plan_report"]
@@ -94,7 +95,8 @@ def _figures(candidates: pd.DataFrame, meta: dict[str, Any]) -> list[Block]:
     lat_lines = (HLine(target * 1e3, f"target {target * 1e3:g} ms", "crimson"),) if target else ()
     mem_lines = [HLine(cap / 1e9, f"device memory {cap / 1e9:.4g} GB")] if cap else []
     if cap and frac and frac < 1:
-        mem_lines.append(HLine(cap * frac / 1e9, f"usable ({frac:.0%}) {cap * frac / 1e9:.4g} GB", "gray"))
+        usable = usable_bytes(cap, frac)
+        mem_lines.append(HLine(usable / 1e9, f"usable ({frac:.0%}) {usable / 1e9:.4g} GB", "gray"))
     return [Heading("Every configuration simulated"),
             Image("plan-latency.png", png(facet_figure(frame, "latency_s", "time between tokens (ms)", scale=1e3,
                                                        lines=lat_lines, algorithms=algos)),

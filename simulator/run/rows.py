@@ -1,45 +1,107 @@
-"""Result rows: the documented column list of every workload kind, and the one function that builds a row.
+"""Result rows: a column schema (name, unit, meaning) that every workload kind declares once, and the one function
+that builds a row from it.
 
-docs/architecture.md, "Contracts": decode rows carry the stable columns (:data:`DECODE_COLUMNS`), flows rows
-one row per flow (:data:`FLOW_COLUMNS`); a workload kind registers its column list in :data:`COLUMNS`. A row is
-its kind's columns, in order, then any extra columns (``max_abs_err``, ``model``, ``tp``...), then one column per
-swept key.
+A kind's schema (:attr:`simulator.run.prepared.Kind.columns`) lists its *stable* columns, every row carries them in
+that order, then its *optional* columns (``required=False``: ``max_abs_err`` with ``--numeric``, ``model`` and
+``tp`` with ``scope: model``...), present where they apply, in the order the kind gives them; then one column per
+swept key. :func:`make_row` refuses a row with a stable column missing or a column its kind does not declare, so a
+column cannot exist without its meaning. The sweep adds :data:`SWEEP_COLUMNS`. ``treering schema --columns`` and
+docs/reference.md ("Result columns") are printed from the same schemas (:func:`columns_markdown`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["COLLECTIVE_COLUMNS", "COLUMNS", "DECODE_COLUMNS", "FLOW_COLUMNS", "GENERATE_COLUMNS", "PREFILL_COLUMNS",
-           "make_row"]
-
-DECODE_COLUMNS = ("scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim",
-                  "dtype", "latency_s", "compute_s", "comm_s", "bytes_moved", "peak_mem_bytes", "oom", "events",
-                  "sim_wall_s")
-FLOW_COLUMNS = ("flow", "src", "dst", "bytes", "start_s", "finish_s")
-COLLECTIVE_COLUMNS = ("scenario", "algorithm", "topology", "ranks", "nodes", "dtype", "bytes_moved", "events",
-                      "sim_wall_s", "collective", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "protocol",
-                      "channels", "chosen")
-
-PREFILL_COLUMNS = (*DECODE_COLUMNS, "phase", "sequence", "layout", "tflops_per_gpu", "comm_hidden_frac", "imbalance")
-GENERATE_COLUMNS = (*PREFILL_COLUMNS, "ttft_s", "tpot_s")
-
-COLUMNS: dict[str, tuple[str, ...]] = {"decode": DECODE_COLUMNS, "flows": FLOW_COLUMNS,
-                                       "collective": COLLECTIVE_COLUMNS, "prefill": PREFILL_COLUMNS,
-                                       "generate": GENERATE_COLUMNS}
+__all__ = ["SHARED", "STABLE", "SWEEP_COLUMNS", "Column", "columns_markdown", "make_row", "names", "pick"]
 
 
-def make_row(kind: str, values: Mapping[str, Any], extra: Mapping[str, Any] | None = None,
+@dataclass(frozen=True)
+class Column:
+    """One result column: its name, unit (empty for names, counts and flags) and meaning."""
+
+    name: str
+    unit: str
+    meaning: str
+    required: bool = True
+
+
+def _c(name: str, unit: str, meaning: str, required: bool = True) -> Column:
+    return Column(name, unit, meaning, required)
+
+
+# the columns most kinds share, each said once; a kind picks its own from here (:func:`pick`) and adds the rest
+SHARED: dict[str, Column] = {c.name: c for c in (
+    _c("scenario", "", "the scenario's name"),
+    _c("algorithm", "", "the schedule's result label: its registry name, with its non-default parameters"),
+    _c("topology", "", "the topology's name"),
+    _c("ranks", "", "GPUs the schedule runs on"),
+    _c("nodes", "", "servers those GPUs are on"),
+    _c("context", "tokens", "tokens of context (KV cache) the step attends to; prefill: the sequence"),
+    _c("batch", "", "sequences processed together"),
+    _c("heads", "", "query heads"),
+    _c("head_dim", "", "dimension of one head"),
+    _c("dtype", "", "the activations' (and KV cache's) dtype"),
+    _c("latency_s", "s", "the step's simulated time: from the first op's start to the last op's end"),
+    _c("compute_s", "s", "kernel time of the critical rank (the rank that finishes last)"),
+    _c("comm_s", "s", "the rest of the critical rank's latency: waiting on transfers (and other ranks) that its "
+                      "compute did not hide"),
+    _c("bytes_moved", "bytes", "every byte sent, on the wire (NCCL's LL protocol sends 8-byte lines of 4 data "
+                               "bytes)"),
+    _c("peak_mem_bytes", "bytes", "the largest per-rank peak of live buffers"),
+    _c("oom", "", "some GPU's peak is over its usable memory (device memory x mem_fraction; "
+                  "simulator.schedule.memory.out_of_memory)"),
+    _c("events", "", "engine events simulated"),
+    _c("sim_wall_s", "s", "wall-clock seconds the simulation took (build and run)"),
+    _c("max_abs_err", "", "--numeric: largest |difference| of the schedule's output from dense attention",
+       required=False),
+    _c("model", "", "scope: model: the model preset (custom for a model block)", required=False),
+    _c("tp", "", "scope: model: the tensor-parallel degree", required=False),
+    _c("scope", "", "attention (one layer's attention) or model (the whole model)", required=False),
+)}
+
+STABLE = ("scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim", "dtype",
+          "latency_s", "compute_s", "comm_s", "bytes_moved", "peak_mem_bytes", "oom", "events", "sim_wall_s")
+
+SWEEP_COLUMNS = (
+    _c("point", "", "the sweep point (0-based index into the sweep's cartesian product)"),
+    _c("error", "", "why the point failed (its other columns are then the swept keys only)", required=False),
+)
+
+
+def pick(*wanted: str) -> tuple[Column, ...]:
+    """The shared columns called ``wanted``, in that order."""
+    return tuple(SHARED[name] for name in wanted)
+
+
+def names(columns: Sequence[Column]) -> tuple[str, ...]:
+    """The stable columns' names, in order."""
+    return tuple(c.name for c in columns if c.required)
+
+
+def make_row(kind: str, columns: Sequence[Column], values: Mapping[str, Any],
              swept: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The row of a ``kind`` workload: every documented column from ``values`` (all required, no others), then
-    ``extra``, then the swept keys."""
-    columns = COLUMNS[kind]
-    missing = [c for c in columns if c not in values]
-    unknown = [c for c in values if c not in columns]
+    """The row of a ``kind`` point: its stable columns in schema order, then the optional columns ``values`` has (in
+    its order), then the swept keys. A stable column missing or a column the schema does not declare is refused."""
+    declared = {c.name: c for c in columns}
+    missing = [c.name for c in columns if c.required and c.name not in values]
+    unknown = [k for k in values if k not in declared]
     if missing or unknown:
         raise ValueError(f"{kind} row: missing columns {missing}, undocumented columns {unknown}")
-    row = {c: values[c] for c in columns}
-    row.update(extra or {})
+    row = {c.name: values[c.name] for c in columns if c.required}
+    row.update((k, v) for k, v in values.items() if not declared[k].required)
     row.update(swept or {})
     return row
+
+
+def columns_markdown(schemas: Mapping[str, Sequence[Column]]) -> str:
+    """The schemas as Markdown: one table per kind (name, unit, meaning; optional columns marked), then the sweep's."""
+    out = []
+    for kind, columns in (*schemas.items(), ("every sweep", SWEEP_COLUMNS)):
+        out += [f"### {kind}", "", "| column | unit | meaning |", "|---|---|---|"]
+        out += [f"| `{c.name}` | {c.unit or '-'} | {c.meaning}{'' if c.required else ' (optional)'} |"
+                for c in columns]
+        out.append("")
+    return "\n".join(out)

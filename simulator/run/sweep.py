@@ -37,8 +37,9 @@ import pandas as pd
 from simulator.engine.core import load_compiled
 from simulator.errors import InputError
 from simulator.report.read import resumable_rows
+from simulator.report.timeline import timeline_frame
 from simulator.run.prepare import simulate_point
-from simulator.run.scenario import Point
+from simulator.run.prepared import PreparedPoint
 from simulator.support.files import replace_all, temp_beside
 from simulator.support.gcpause import gc_paused
 
@@ -50,18 +51,20 @@ EXECUTORS = ("process", "dask")
 _Done = tuple[list[dict[str, Any]], pd.DataFrame | None]  # a point's rows, and its timeline if it was asked for
 
 
-def _run_one(index: int, point: Point, numeric: bool, timeline: bool = False) -> _Done:
+def _run_one(index: int, point: PreparedPoint, timeline: bool = False) -> _Done:
+    """One prepared point simulated (it is not prepared again: its checks ran in the sweep's process)."""
     frame = None
     try:
         # the collector paused for the whole point: its millions of ops are freed (by reference counting) before it
         # runs again, rather than walked once by the collection that would follow the build's and the run's pauses
         with gc_paused():
-            outcome = simulate_point(point, numeric, timeline)
-        rows, frame = outcome.rows, outcome.timeline
+            outcome = simulate_point(point, timeline)
+            rows = outcome.rows
+            frame = timeline_frame(outcome.runs) if outcome.runs is not None else None
     except Exception as err:  # a failing point is a row, and the sweep goes on
         where = traceback.extract_tb(err.__traceback__)[-1]
         rows = [{"error": f"{type(err).__name__}: {err} ({Path(where.filename).name}:{where.lineno})",
-                 **point.columns()}]
+                 **point.point.columns()}]
     return [{**row, "point": index} for row in rows], frame
 
 
@@ -200,11 +203,11 @@ def _stop_workers() -> None:
         child.join(timeout=5)
 
 
-def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int | None
+def _process_pool(todo: Sequence[tuple[int, PreparedPoint]], jobs: int, keep: int | None
                   ) -> Iterator[_Done]:
     if jobs <= 1 or len(todo) <= 1:
         for index, point in todo:
-            yield _run_one(index, point, numeric, index == keep)
+            yield _run_one(index, point, index == keep)
         return
     load_compiled()  # the workers inherit it (fork) or read numba's cache (fork server), none compiles it
     ctx, direct = _pool_context()
@@ -212,7 +215,7 @@ def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, k
                                initargs=(os.getpid(), direct))
     finished = False
     try:
-        pending = {pool.submit(_run_one, index, point, numeric, index == keep) for index, point in todo}
+        pending = {pool.submit(_run_one, index, point, index == keep) for index, point in todo}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
@@ -225,7 +228,7 @@ def _process_pool(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, k
         pool.shutdown(wait=True)
 
 
-def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int | None, scheduler: str | None
+def _dask(todo: Sequence[tuple[int, PreparedPoint]], jobs: int, keep: int | None, scheduler: str | None
           ) -> Iterator[_Done]:
     from dask.distributed import Client, LocalCluster, as_completed  # optional dependency: imported when used
 
@@ -235,7 +238,7 @@ def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int
                                                   dashboard_address=None)
     try:
         with Client(scheduler or cluster) as client:
-            futures = [client.submit(_run_one, index, point, numeric, index == keep, pure=False)
+            futures = [client.submit(_run_one, index, point, index == keep, pure=False)
                        for index, point in todo]
             for fut in as_completed(futures):
                 yield fut.result()
@@ -244,8 +247,8 @@ def _dask(todo: Sequence[tuple[int, Point]], jobs: int, numeric: bool, keep: int
             cluster.close()
 
 
-def run_sweep(points: Sequence[Point], out: Path, *, jobs: int = 1, executor: str = "process",
-              scheduler: str | None = None, resume: bool = False, numeric: bool = False, progress: bool = True,
+def run_sweep(points: Sequence[PreparedPoint], out: Path, *, jobs: int = 1, executor: str = "process",
+              scheduler: str | None = None, resume: bool = False, progress: bool = True,
               flush_s: float = 1.0, on_rows: Callable[[int], None] | None = None,
               timeline_point: int | None = None) -> SweepOutcome:
     """Run every point not already in ``out/results.csv`` (with ``resume``), writing results as they come;
@@ -257,8 +260,8 @@ def run_sweep(points: Sequence[Point], out: Path, *, jobs: int = 1, executor: st
     finished = {int(r["point"]) for r in rows}
     todo = [(i, p) for i, p in enumerate(points) if i not in finished]
     bar = _Progress(len(points), len(finished), progress)
-    source = (_dask(todo, jobs, numeric, timeline_point, scheduler) if executor == "dask"
-              else _process_pool(todo, jobs, numeric, timeline_point))
+    source = (_dask(todo, jobs, timeline_point, scheduler) if executor == "dask"
+              else _process_pool(todo, jobs, timeline_point))
     timeline = None
     last_flush = time.monotonic()
     failed = 0

@@ -3,13 +3,16 @@
 A rank holds its ``Schedule.initial`` buffers from t = 0; an op allocates its ``alloc`` buffers when it starts and
 releases its ``free`` buffers when it ends. With op times from a simulation the order is the simulated one;
 without, each rank's ops are taken one after the other in program order. At equal times frees come first.
+
+Whether a peak fits is judged in one place, :func:`usable_bytes` and :func:`out_of_memory`: a GPU may use its
+device memory x the scenario's ``mem_fraction``; every row's ``oom``, every report and both plans call them.
 Pure: no simpy, no torch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -17,7 +20,18 @@ import numpy as np
 from simulator.schedule.core import Schedule
 from simulator.schedule.oplist import OpList
 
-__all__ = ["Timed", "holding", "peak_memory", "timeline_peaks"]
+__all__ = ["Timed", "holding", "out_of_memory", "peak_memory", "timeline_peaks", "usable_bytes"]
+
+
+def usable_bytes(device_bytes: float, mem_fraction: float) -> float:
+    """Bytes a GPU of ``device_bytes`` may hold before it is out of memory: its memory x ``mem_fraction`` (the rest
+    is the runtime's, activations', fragmentation's; vLLM's gpu_memory_utilization defaults to 0.9)."""
+    return device_bytes * mem_fraction
+
+
+def out_of_memory(peaks: Iterable[tuple[float, float]]) -> bool:
+    """Whether any (peak bytes, usable bytes) pair, one per GPU, has its peak over its usable memory."""
+    return any(peak > usable for peak, usable in peaks)
 
 
 def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None = None,

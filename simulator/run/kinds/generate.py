@@ -20,45 +20,45 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.algorithms import Layout, build_schedule, label, resolve
+from simulator.algorithms import build_schedule, label, resolve
 from simulator.algorithms.prefill import PREFILL_REGISTRY, build_prefill, check_ulysses
 from simulator.cluster.topology import Cluster
-from simulator.engine.core import SimResult, simulate
+from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.models.presets import ModelPreset
 from simulator.models.step import StepResult, attention_layer, model_step, prefill_model, prefill_model_flops, tp_shape
-from simulator.run.kinds.prefill import prefill_timing
+from simulator.run.kinds.decode import algorithms_of
+from simulator.run.kinds.prefill import PHASE_COLUMNS
+from simulator.run.prepared import Algorithm, Kind, PreparedPoint, Run, layout_of
+from simulator.run.rows import STABLE, Column, make_row, pick
 from simulator.run.scenario import Point
+from simulator.run.timing import critical_timing
 from simulator.schedule.core import Schedule
-from simulator.schedule.memory import timeline_peaks
+from simulator.schedule.memory import out_of_memory, timeline_peaks
 from simulator.workloads.generate import GenerateWorkload
 
-__all__ = ["check_generate", "generate_rows", "generate_runs"]
+__all__ = ["COLUMNS", "KIND"]
+
+COLUMNS: tuple[Column, ...] = (
+    *pick(*STABLE), *PHASE_COLUMNS,
+    Column("ttft_s", "s", "time to first token: the prefill's latency"),
+    Column("tpot_s", "s", "mean time per output token: the decode steps' mean latency"),
+    Column("prefill", "", "the prefill schedule's label", required=False),
+    Column("new_tokens", "", "tokens generated after the prompt", required=False),
+    *pick("scope", "model", "tp"),
+)
 
 
-def _workload(point: Point) -> GenerateWorkload:
+def _prepare(point: Point, cluster: Cluster, numeric: bool) -> PreparedPoint:
+    """Bad input, located: schedule names, tp, fewer prompt tokens than ranks, Ulysses heads."""
     wl = point.scenario.workload
     assert isinstance(wl, GenerateWorkload)
-    return wl
-
-
-def _schedules(point: Point) -> tuple[tuple[str, dict[str, Any]], list[tuple[str, dict[str, Any]]]]:
-    """(the prefill schedule, the decode schedules), resolved and located."""
-    wl = _workload(point)
-    try:
-        prefill = resolve(wl.prefill, field="workload.prefill", registry=PREFILL_REGISTRY)
-        decode = [resolve(entry, field=f"algorithms.{i}") for i, entry in enumerate(point.scenario.algorithms)]
-    except InputError as err:
-        raise point.locate(err) from None
-    return prefill, decode
-
-
-def check_generate(point: Point, layout: Layout) -> None:
-    """Bad input, located: schedule names, tp, fewer prompt tokens than ranks, Ulysses heads."""
-    (name, _), _ = _schedules(point)
-    wl = _workload(point)
+    layout = layout_of(cluster)
     shape = wl.prefill_shape()
     try:
+        name, params = resolve(wl.prefill, field="workload.prefill", registry=PREFILL_REGISTRY)
+        prefill = Algorithm(name, params, label(name, params, PREFILL_REGISTRY))
+        algos = algorithms_of(point)
         if layout.ranks % wl.tp:
             raise InputError(f"tp ({wl.tp}) must divide the {layout.ranks} GPUs of the topology", field="workload.tp")
         p = layout.ranks // wl.tp  # the context-parallel group
@@ -69,6 +69,7 @@ def check_generate(point: Point, layout: Layout) -> None:
             check_ulysses(tp_shape(shape, wl.tp), p)
     except InputError as err:
         raise point.locate(err) from None
+    return PreparedPoint(point, cluster, "generate", numeric, algos, shape, layout, {"prefill": prefill})
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def _attention_phase(sched: Schedule, cluster: Cluster) -> _Phase:
     t0 = time.perf_counter()
     result = simulate(sched, cluster)
     wall = time.perf_counter() - t0
-    timing = prefill_timing(result, sched.ranks)
+    timing = critical_timing(result, sched.ranks)
     gpus = sched.meta.get("compute_ranks", sched.ranks)  # a switch reducing in the network (NVLS) is no GPU
     peaks = list(zip(sched.placement_on(cluster.ranks), timeline_peaks(sched, result), strict=True))[:gpus]
     return _Phase(result.makespan, timing["compute_s"], result.bytes_sent(), peaks, result.events, wall, timing)
@@ -99,65 +100,66 @@ def _model_phase(run: Callable[[], StepResult], cluster: Cluster) -> _Phase:
     step = run()
     wall = time.perf_counter() - t0
     assert step.attention is not None
-    timing = prefill_timing(step.attention, len(cluster.ranks))
+    timing = critical_timing(step.attention, len(cluster.ranks))
     return _Phase(step.latency_s, step.compute_s, step.bytes_moved, list(zip(cluster.ranks, step.peaks, strict=True)),
                   step.events, wall, timing)
 
 
-def _prefill(point: Point, cluster: Cluster, layout: Layout, name: str, params: dict[str, Any]) -> _Phase:
-    wl = _workload(point)
-    shape = wl.prefill_shape()
+def _prefill(prep: PreparedPoint) -> _Phase:
+    wl, cluster, layout, pre = prep.workload, prep.cluster, prep.layout, prep.extra["prefill"]
+    assert layout is not None
     try:
         if wl.scope == "model":
-            return _model_phase(lambda: prefill_model(wl.model_preset(), name, params, shape, wl.tp, cluster,
-                                                      layout.fabric), cluster)
-        return _attention_phase(build_prefill(name, params, shape, layout), cluster)
+            return _model_phase(lambda: prefill_model(wl.model_preset(), pre.name, pre.params, prep.shape, wl.tp,
+                                                      cluster, layout.fabric), cluster)
+        return _attention_phase(build_prefill(pre.name, pre.params, prep.shape, layout), cluster)
     except InputError as err:
-        raise point.locate(err) from None
+        raise prep.point.locate(err) from None
 
 
-def _step(wl: GenerateWorkload, cluster: Cluster, layout: Layout, name: str, params: dict[str, Any], i: int
-          ) -> _Phase:
+def _step(prep: PreparedPoint, algo: Algorithm, i: int) -> _Phase:
+    wl, cluster, layout = prep.workload, prep.cluster, prep.layout
+    assert layout is not None
     shape = wl.decode_shape(wl.prompt + i)
     if wl.scope == "model":
-        return _model_phase(lambda: model_step(wl.model_preset(), name, params, shape, wl.tp, cluster), cluster)
-    return _attention_phase(build_schedule(name, params, shape, layout), cluster)
+        return _model_phase(lambda: model_step(wl.model_preset(), algo.name, algo.params, shape, wl.tp, cluster),
+                            cluster)
+    return _attention_phase(build_schedule(algo.name, algo.params, shape, layout), cluster)
 
 
-def generate_rows(point: Point, cluster: Cluster, layout: Layout) -> list[dict[str, Any]]:
+def _rows(prep: PreparedPoint) -> list[dict[str, Any]]:
     """One row per decode schedule of a generate point."""
-    check_generate(point, layout)
-    wl = _workload(point)
-    (pname, pparams), decode = _schedules(point)
-    pshape = wl.prefill_shape()
-    pre = _prefill(point, cluster, layout, pname, pparams)
+    wl, cluster, pshape = prep.workload, prep.cluster, prep.shape
+    pre = _prefill(prep)
     model = wl.model_preset() if wl.scope == "model" else None
     pflops = prefill_model_flops(model, pshape) if model else pshape.model_flops
     rows = []
-    for name, params in decode:
-        steps = [_step(wl, cluster, layout, name, params, i) for i in range(wl.new_tokens)]
+    for algo in prep.algorithms:
+        steps = [_step(prep, algo, i) for i in range(wl.new_tokens)]
         phases = [pre, *steps]
         flops = pflops + sum(_decode_flops(wl, model, wl.prompt + i) for i in range(wl.new_tokens))
         latency = pre.latency_s + sum(st.latency_s for st in steps)  # (summed in the committed reports' order)
         compute = sum(ph.compute_s for ph in phases)
         peaks = [peak for ph in phases for peak in ph.peaks]
-        rows.append({
-            "scenario": point.scenario.name, "algorithm": label(name, params), "topology": cluster.name,
-            "ranks": layout.ranks, "nodes": len(set(cluster.host_indices([n for n, _ in pre.peaks]))),
+        ranks = len(cluster.ranks)
+        values = {
+            "scenario": prep.point.scenario.name, "algorithm": algo.label, "topology": cluster.name,
+            "ranks": ranks, "nodes": len(set(cluster.host_indices([n for n, _ in pre.peaks]))),
             "context": wl.prompt, "batch": pshape.batch, "heads": pshape.heads, "head_dim": pshape.head_dim,
             "dtype": pshape.dtype, "latency_s": latency, "compute_s": compute, "comm_s": latency - compute,
             "bytes_moved": sum(st.bytes_moved for st in steps) + pre.bytes_moved,
             "peak_mem_bytes": max(b for _, b in peaks),
-            "oom": any(b > cluster.specs[node].mem_bytes for node, b in peaks),
+            "oom": out_of_memory((b, prep.capacity(node)) for node, b in peaks),
             "events": sum(ph.events for ph in phases), "sim_wall_s": sum(ph.wall_s for ph in phases),
             "phase": "generate", "sequence": wl.prompt, "layout": wl.layout,
-            "tflops_per_gpu": flops / latency / layout.ranks / 1e12,
+            "tflops_per_gpu": flops / latency / ranks / 1e12,
             "comm_hidden_frac": pre.timing["comm_hidden_frac"], "imbalance": pre.timing["imbalance"],
-            "prefill": label(pname, pparams, PREFILL_REGISTRY), "ttft_s": pre.latency_s,
+            "prefill": prep.extra["prefill"].label, "ttft_s": pre.latency_s,
             "tpot_s": sum(st.latency_s for st in steps) / len(steps), "new_tokens": wl.new_tokens,
             "scope": wl.scope, **({"model": wl.model if isinstance(wl.model, str) else "custom", "tp": wl.tp}
                                   if model else {}),
-        })
+        }
+        rows.append(make_row("generate", COLUMNS, values, prep.point.columns()))
     return rows
 
 
@@ -171,22 +173,28 @@ def _decode_flops(wl: GenerateWorkload, model: ModelPreset | None, context: int)
     return model.layers * (attend + 2.0 * shape.batch * model.layer_weights) + 2.0 * shape.batch * model.head_weights
 
 
-def generate_runs(point: Point, cluster: Cluster, layout: Layout, record_links: bool = False
-                  ) -> list[tuple[str, Schedule, SimResult]]:
+def _simulate(prep: PreparedPoint, keep_runs: bool) -> tuple[list[dict[str, Any]], list[Run] | None]:
+    return _rows(prep), _runs(prep, False) if keep_runs else None
+
+
+def _runs(prep: PreparedPoint, record_links: bool) -> list[Run]:
     """The prefill and each decode schedule's first step, simulated (for timelines and traces); for
     ``scope: model``, one layer's attention of each."""
-    check_generate(point, layout)
-    wl = _workload(point)
-    (pname, pparams), decode = _schedules(point)
+    wl, cluster, layout, pre = prep.workload, prep.cluster, prep.layout, prep.extra["prefill"]
+    assert layout is not None
     if wl.scope == "model":
-        psched = attention_layer(pname, pparams, wl.prefill_shape(), wl.tp, cluster, build=build_prefill,
+        psched = attention_layer(pre.name, pre.params, prep.shape, wl.tp, cluster, build=build_prefill,
                                  fabric=layout.fabric)
     else:
-        psched = build_prefill(pname, pparams, wl.prefill_shape(), layout)
-    runs = [(f"prefill:{label(pname, pparams, PREFILL_REGISTRY)}", psched, simulate(psched, cluster, record_links))]
-    for name, params in decode:
+        psched = build_prefill(pre.name, pre.params, prep.shape, layout)
+    runs = [(f"prefill:{pre.label}", psched, simulate(psched, cluster, record_links))]
+    for algo in prep.algorithms:
         shape = wl.decode_shape(wl.prompt)
-        sched = attention_layer(name, params, shape, wl.tp, cluster) if wl.scope == "model" \
-            else build_schedule(name, params, shape, layout)
-        runs.append((label(name, params), sched, simulate(sched, cluster, record_links)))
+        sched = attention_layer(algo.name, algo.params, shape, wl.tp, cluster) if wl.scope == "model" \
+            else build_schedule(algo.name, algo.params, shape, layout)
+        runs.append((algo.label, sched, simulate(sched, cluster, record_links)))
     return runs
+
+
+KIND = Kind("generate", COLUMNS, _prepare, _simulate, _runs,
+            numeric="--numeric checks decode and prefill workloads, not generate")

@@ -1,0 +1,133 @@
+"""A sweep point prepared once: what every workload kind's module receives and returns, and what a kind is.
+
+A :class:`Kind` (one per workload kind, in :data:`simulator.run.kinds.KINDS`) says how to prepare a point
+(every point-level check, located at file:line), how to simulate it into rows (on its :attr:`Kind.columns`) and how
+to give its simulated schedules (timelines, traces). :func:`simulator.run.prepare.prepare_point` calls ``prepare``
+once per point; the sweep, ``trace``, ``plan`` and ``validate`` then work from the :class:`PreparedPoint`. A
+prepared point sent to a worker process travels without its cluster, which the worker takes from its own cache of
+clusters (:func:`cluster_for`: inherited from the parent where workers are forked, else loaded once per topology):
+nothing is checked again there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from simulator.algorithms import Layout
+from simulator.cluster import Cluster, load_topology
+from simulator.cluster.topology import override_devices
+from simulator.collectives.fabric import fabric_of
+from simulator.engine import SimResult
+from simulator.errors import InputError
+from simulator.run.rows import Column
+from simulator.run.scenario import Point
+from simulator.schedule.core import Schedule
+from simulator.schedule.memory import usable_bytes
+
+__all__ = ["Algorithm", "Kind", "PointOutcome", "PreparedPoint", "Run", "cluster_for", "layout_of"]
+
+Run = tuple[str, Schedule, SimResult]  # (label, schedule, its simulation)
+
+_CLUSTERS: dict[tuple[str, str, str, str], Cluster] = {}
+
+
+def _cluster_key(point: Point) -> tuple[str, str, str, str]:
+    sc = point.scenario
+    devices = {name: o.model_dump(exclude_none=True) for name, o in sc.devices.items()}
+    return (sc.topology, json.dumps(sc.topology_params, sort_keys=True), str(point.base_dir),
+            json.dumps(devices, sort_keys=True))  # plain scalars: never repr() an unbounded value
+
+
+def cluster_for(point: Point) -> Cluster:
+    """The point's cluster (cached per topology and parameters); errors located in the scenario file."""
+    key = _cluster_key(point)
+    if key not in _CLUSTERS:
+        sc = point.scenario
+        devices = {name: o.model_dump(exclude_none=True) for name, o in sc.devices.items()}
+        try:
+            _CLUSTERS[key] = override_devices(load_topology(sc.topology, sc.topology_params, point.base_dir,
+                                                            point.force), devices)
+        except InputError as err:
+            raise point.locate(err) from None
+    return _CLUSTERS[key]
+
+
+def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:
+    """Ranks on the cluster's first ``ranks`` GPUs, with their server indices and the fabric their collectives run
+    on as NCCL runs them; ranks that share host CPU cores (``host_cores``: processes talking over loopback, as gloo
+    does in validation) run collectives as plain decompositions, without NCCL's channels and protocols."""
+    fabric = None if cluster.host_cores else fabric_of(cluster)
+    return Layout(cluster.host_indices(cluster.ranks[: ranks or len(cluster.ranks)]), fabric)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One schedule of a point: its registry name, validated parameters and result label."""
+
+    name: str
+    params: dict[str, Any]
+    label: str
+
+
+@dataclass(frozen=True)
+class PreparedPoint:
+    """A checked sweep point: its cluster and layout, the algorithms to run, the workload's shape, and what else its
+    kind prepared (``extra``: e.g. a flows workload's schedule, a generate workload's prefill schedule)."""
+
+    point: Point
+    cluster: Cluster
+    kind: str
+    numeric: bool = False
+    algorithms: tuple[Algorithm, ...] = ()
+    shape: Any = None  # DecodeShape, PrefillShape (generate: its prompt's) or None
+    layout: Layout | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def workload(self) -> Any:
+        return self.point.scenario.workload
+
+    def capacity(self, node: str) -> float:
+        """Bytes a device may use before the point is out of memory: its memory x the scenario's mem_fraction."""
+        return usable_bytes(self.cluster.specs[node].mem_bytes, self.point.scenario.mem_fraction)
+
+    def __reduce__(self) -> tuple[Callable[..., PreparedPoint], tuple[Any, ...]]:
+        """Pickled without the cluster: the receiving process takes it from its cache (:func:`cluster_for`)."""
+        return _restore, (self.point, self.kind, self.numeric, self.algorithms, self.shape, self.layout,
+                          dict(self.extra))
+
+
+def _restore(point: Point, kind: str, numeric: bool, algorithms: tuple[Algorithm, ...], shape: Any,
+             layout: Layout | None, extra: dict[str, Any]) -> PreparedPoint:
+    return PreparedPoint(point, cluster_for(point), kind, numeric, algorithms, shape, layout, extra)
+
+
+@dataclass(frozen=True)
+class PointOutcome:
+    """The rows of one point and, when asked for, the simulated schedules they came from (for its timeline)."""
+
+    rows: list[dict[str, Any]]
+    runs: list[Run] | None = None
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One workload kind: its row schema and how its points are prepared, simulated and traced.
+
+    * ``prepare(point, cluster, numeric)``: every check of the point (errors located), once;
+    * ``simulate(prep, keep_runs)``: its rows (values for :func:`simulator.run.rows.make_row`, on ``columns``) and,
+      with ``keep_runs``, the simulated schedules the rows came from (or ones like them: ``scope: model`` gives one
+      layer's attention);
+    * ``runs(prep, record_links)``: every schedule of the point simulated (traces record link utilisation);
+    * ``numeric``: None where ``--numeric`` applies, else why it does not.
+    """
+
+    name: str
+    columns: tuple[Column, ...]
+    prepare: Callable[[Point, Cluster, bool], PreparedPoint]
+    simulate: Callable[[PreparedPoint, bool], tuple[list[dict[str, Any]], list[Run] | None]]
+    runs: Callable[[PreparedPoint, bool], list[Run]]
+    numeric: str | None = None
