@@ -28,8 +28,10 @@ from decimal import Decimal
 
 from simulator.errors import InputError, excerpt
 
-__all__ = ["LIMITS", "MAX_QUANTITY_CHARS", "checked_quantity", "parse_bandwidth", "parse_bytes", "parse_flops",
-           "parse_quantity", "parse_time", "parse_time_strict", "parse_tokens"]
+__all__ = ["DTYPE_BYTES", "LIMITS", "MAX_QUANTITY_CHARS", "checked_quantity", "parse_bandwidth", "parse_bytes",
+           "parse_flops", "parse_quantity", "parse_time", "parse_time_strict", "parse_tokens"]
+
+DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes of one element
 
 MAX_QUANTITY_CHARS = 64
 # kind -> (smallest positive value, largest value) that a simulation can mean, SI units

@@ -251,8 +251,9 @@ def test_the_engine_prices_the_same_bytes_by_their_rows(tmp_path) -> None:
 
 def test_the_rows_grid_times_the_bytes_it_names() -> None:
     """Every point of calibrate's grid over rows builds a shard of exactly its kv_bytes (at least a token a row)."""
-    from simulator.cluster.devices import DTYPE_BYTES
-    from simulator.distributed.profile_kernels import QUICK_ATTEND_GRID, attend_shape, tileless_attend_grid
+    from simulator.distributed.profile_kernels import QUICK_ATTEND_GRID, tileless_attend_grid
+    from simulator.kernels.decode import attend_shape
+    from simulator.units import DTYPE_BYTES
 
     for dtype, quick in itertools.product(("bf16", "fp16", "fp32", "fp64"), (False, True)):
         grid = tileless_attend_grid(dtype, quick)

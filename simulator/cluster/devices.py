@@ -5,9 +5,9 @@ An op with ``flops`` floating-point operations touching ``nbytes`` bytes of memo
     launch_s + max(flops / (peak_flops[dtype] * eff), nbytes / (mem_bw_Bps * eff_mem))
 
 where ``eff`` is ``eff_flops``, except for attention kernels (the ops whose ``fn`` is in
-:data:`ATTENTION_KERNELS`: the prefill forward and backward block kernels), which take the device's
-``attention_efficiency`` (forward, backward) when given: FlashAttention kernels reach well below dense matmul peak
-(FlashAttention-2, arXiv:2307.08691, reports 50-73 % of A100 peak forward). The YAML key is
+:data:`simulator.kernels.table.ATTENTION_KERNELS`: the prefill forward and backward block kernels), which take the
+device's ``attention_efficiency`` (forward, backward) when given: FlashAttention kernels reach well below dense
+matmul peak (FlashAttention-2, arXiv:2307.08691, reports 50-73 % of A100 peak forward). The YAML key is
 ``attention_efficiency: {forward: 0.6, backward: 0.45}``; each defaults to ``eff_flops``, so it is never a hidden
 factor: set it from a measurement of your kernels (e.g. ``benchmarks`` of flash-attn on the device).
 
@@ -24,13 +24,12 @@ from typing import Any
 
 from simulator.errors import InputError, excerpt
 from simulator.kernels.profiles import KernelProfile, parse_kernel_profiles
-from simulator.units import checked_quantity
+from simulator.kernels.table import ATTENTION_KERNELS, OPTIONAL_AXES, PROFILE_AXES
+from simulator.units import DTYPE_BYTES, checked_quantity
 
-__all__ = ["ATTENTION_KERNELS", "DTYPE_BYTES", "DeviceSpec", "compute_time", "flops_efficiency", "parse_device_spec",
+__all__ = ["ATTENTION_KERNELS", "DeviceSpec", "compute_time", "flops_efficiency", "parse_device_spec",
            "profiled_time", "roofline"]
 
-DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-ATTENTION_KERNELS: dict[str, str] = {"attn-fwd": "forward", "attn-bwd": "backward"}  # op fn -> efficiency key
 
 
 @dataclass(frozen=True)
@@ -128,8 +127,6 @@ def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
 
 
 def _kernels(raw: Any, locate: Any) -> dict[tuple[str, str], KernelProfile]:
-    from simulator.kernels.table import OPTIONAL_AXES, PROFILE_AXES  # the kernel table imports the merge core
-
     if not raw:
         return {}
     return parse_kernel_profiles(raw, PROFILE_AXES, list(DTYPE_BYTES),

@@ -7,7 +7,8 @@ memory system they share (caches, memory bandwidth, the bf16 conversions' traffi
 that: on this project's 2-CPU VM, attend ran up to 1.44x slower with a second copy on the other core, by a factor
 that depends on the shape and the dtype (1.0-1.2 in fp32 and fp64, 1.0-1.44 in bf16), which no one host-wide
 memory bandwidth reproduces. :class:`HostLoad` starts ``copies - 1`` processes; before each profiled point they
-build the same call (:func:`simulator.distributed.profile_kernels.build_point`) and run it back to back until the
+build the same call (:func:`simulator.distributed.profile_kernels.build_point`, in
+:mod:`simulator.distributed.load_worker`) and run it back to back until the
 point is timed. The profile records how many copies ran (``loaded``), and the engine then does not also share the
 host's memory bandwidth among those kernels (:mod:`simulator.engine.host`).
 """
@@ -39,7 +40,7 @@ class HostLoad:
     def __enter__(self) -> HostLoad:
         for _ in range(self.copies - 1):  # processes of their own (not multiprocessing's: no __main__ re-import)
             ours, theirs = socket.socketpair()
-            proc = subprocess.Popen([sys.executable, "-m", "simulator.distributed.host_load", str(theirs.fileno())],
+            proc = subprocess.Popen([sys.executable, "-m", "simulator.distributed.load_worker", str(theirs.fileno())],
                                     pass_fds=(theirs.fileno(),))
             theirs.close()
             self._conns.append(Connection(ours.detach()))
@@ -89,37 +90,3 @@ class HostLoad:
         for conn in self._conns:
             conn.close()
         self._conns, self._procs = [], []
-
-
-def _run(conn: Connection) -> None:
-    """A loading process: build the call asked for, say so, run it until told to stop."""
-    import torch
-
-    from simulator.distributed.profile_kernels import build_point
-
-    torch.set_num_threads(1)  # one core, as each rank of a local run
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        if msg == "stop":  # a stop for a point whose start failed
-            conn.send("stopped")
-            continue
-        try:
-            kernel, dtype, point = msg
-            fn = build_point(kernel, dtype, point, torch.device("cpu"))
-            fn()
-        except Exception as err:  # reported to the profiling rank, which raises it
-            conn.send(f"{type(err).__name__}: {err}")
-            continue
-        conn.send("running")
-        while not conn.poll():
-            fn()
-        if conn.recv() is None:
-            return
-        conn.send("stopped")
-        del fn
-
-
-if __name__ == "__main__":
-    _run(Connection(int(sys.argv[1])))

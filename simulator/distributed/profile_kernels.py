@@ -33,27 +33,16 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from simulator.cluster.devices import DTYPE_BYTES
+from simulator.distributed.host_load import HostLoad
 from simulator.distributed.measure import VISITS, Timing, robust_time
+from simulator.kernels.decode import KV_HEADS
 from simulator.kernels.profiles import KernelProfile
 from simulator.kernels.table import OPTIONAL_AXES, PROFILE_AXES
-from simulator.merge import (
-    PartialState,
-    attention_delta,
-    block_backward,
-    finalize,
-    log_sum_exp,
-    merge,
-    partial_attention,
-    rescale,
-)
-
-if TYPE_CHECKING:
-    from simulator.distributed.host_load import HostLoad
+from simulator.kernels.table import kernel as kernel_record
+from simulator.units import DTYPE_BYTES
 
 __all__ = ["ALONE_PAIRS", "ALONE_REF", "ATTEND_GRID", "ATTEND_ROWS", "ELEMS_GRID", "PREFILL_GRID", "QUICK_ATTEND_GRID",
            "QUICK_ATTEND_ROWS", "QUICK_ELEMS_GRID", "QUICK_PREFILL_GRID", "TORCH_DTYPES", "ProfileJob",
@@ -93,8 +82,6 @@ ALONE_REF: dict[str, tuple[float, ...]] = {"attend": (128.0, 4.0, 4.0), "attn-fw
 # calibrations of one machine (two calibrations' attend fp32 at 32 KiB: 1.09 and 1.49; fp64: 0.49 and 1.01)
 ALONE_PAIRS = 3
 VISIT_SEED = 0  # the seed of the visits' random orders (profile_many)
-PREFILL_HEADS = 4  # the heads of a profiled prefill block (its query rows follow from row_heads)
-KV_HEADS = 4  # the KV heads of a profiled attend shape (its tokens follow from kv_bytes)
 _RAND_BLOCK = 2**20  # random values drawn per tensor built (longer tensors repeat them)
 
 
@@ -170,13 +157,6 @@ def tileless_attend_grid(dtype: str, quick: bool = False, over_rows: bool = True
     return (kv, *rest, rows) if over_rows else (kv, *rest)
 
 
-def attend_shape(kv_bytes: float, head_dim: int, group: int, dtype: str, rows: int = KV_HEADS
-                 ) -> tuple[int, int, int, int, int]:
-    """(batch, heads, kv_heads, head_dim, tokens) of the profiled attend point: ``rows`` KV heads of batch 1."""
-    tokens = max(1, round(kv_bytes / (2 * rows * head_dim * DTYPE_BYTES[dtype])))
-    return 1, rows * group, rows, head_dim, tokens
-
-
 def build_point(kernel: str, dtype: str, point: tuple[float, ...], device: torch.device) -> Callable[[], object]:
     """One call of ``kernel`` in ``dtype`` at ``point`` (a grid point on the kernel's axes), ready to be timed: the
     same function builds what rank 0 times and what the processes loading the host's other cores run."""
@@ -190,60 +170,10 @@ def build_point(kernel: str, dtype: str, point: tuple[float, ...], device: torch
         block = torch.randn(min(n, _RAND_BLOCK), generator=gen).to(device=device, dtype=tdt)
         return block.repeat(-(-n // block.numel()))[:n].reshape(shape)
 
-    if kernel == "attend":
-        b, h, kvh, d, t = attend_shape(point[0], int(point[1]), int(point[2]), dtype,
-                                       int(point[3]) if len(point) > 3 else KV_HEADS)
-        q, k, v = rand(b, h, 1, d), rand(b, kvh, t, d), rand(b, kvh, t, d)
-        acc = partial_attention(q, k[:, :, :1], v[:, :, :1], 1 / math.sqrt(d))
-        return lambda: merge(acc, partial_attention(q, k, v, 1 / math.sqrt(d)))
-    if kernel in ("attn-fwd", "attn-bwd"):
-        return _prefill_block(kernel, point, rand, device)
-    a, b_ = _state(int(point[0]), rand), _state(int(point[0]), rand)
-    flat_ol = torch.cat([a.o.reshape(-1), a.l.reshape(-1)])
-    return _small_kernels(a, b_, flat_ol)[kernel]
-
-
-def _prefill_block(kernel: str, point: tuple[float, ...], rand: Callable[..., torch.Tensor],
-                   device: torch.device) -> Callable[[], object]:
-    """A prefill block of ``PREFILL_HEADS`` heads: full (density 1) or causal (query i sees the keys up to its
-    place on the diagonal: about half the pairs, recorded as density 0.5)."""
-    row_heads, span, head_dim, density = point
-    nq, t, d = max(1, round(row_heads / PREFILL_HEADS)), round(span), int(head_dim)
-    mask = None if density >= 1 else (
-        torch.arange(t, device=device)[None, :] * nq <= torch.arange(nq, device=device)[:, None] * t)
-    q, k, v, dout = rand(1, PREFILL_HEADS, nq, d), rand(1, PREFILL_HEADS, t, d), rand(1, PREFILL_HEADS, t, d), \
-        rand(1, PREFILL_HEADS, nq, d)
-    scale = 1 / math.sqrt(d)
-    if kernel == "attn-fwd":
-        acc = partial_attention(q, k[:, :, :1], v[:, :, :1], scale)
-        return lambda: merge(acc, partial_attention(q, k, v, scale, mask))
-    state = partial_attention(q, k, v, scale, mask)
-    lse, delta = log_sum_exp(state), attention_delta(finalize(state), dout)
-    grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
-
-    def bwd() -> None:
-        for acc, g in zip(grads, block_backward(q, k, v, scale, mask, lse, delta, dout), strict=True):
-            acc.add_(g)
-    return bwd
-
-
-def _state(elems: int, rand: Callable[..., torch.Tensor]) -> PartialState:
-    heads = max(1, elems // 128)
-    d = max(1, elems // heads)
-    o, l, m = rand(1, heads, 1, d), rand(1, heads, 1).abs() + 1, rand(1, heads, 1)
-    return PartialState(o, l, m)
-
-
-def _small_kernels(a: PartialState, b: PartialState, flat_ol: torch.Tensor) -> dict[str, Callable[[], object]]:
-    n_o = a.o.numel()
-    return {
-        "merge": lambda: merge(a, b),
-        "rescale": lambda: rescale(a, b.m),
-        "finalize": lambda: finalize(a),
-        # finalize-flat: the flat (o, l) viewed back as a state, then finalized
-        "finalize-flat": lambda: finalize(PartialState(flat_ol[:n_o].reshape(a.o.shape),
-                                                       flat_ol[n_o:].reshape(a.l.shape), a.m)),
-    }
+    call = kernel_record(kernel).profile
+    if call is None:
+        raise ValueError(f"kernel {kernel!r} is not profiled (profiled: {', '.join(PROFILE_AXES)})")
+    return call(point, dtype, rand)
 
 
 def profile_kernel(kernel: str, dtype: str, device: torch.device, grid: Sequence[Sequence[float]],

@@ -25,9 +25,9 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from simulator.cluster.devices import DTYPE_BYTES
 from simulator.run.scenario import DecodeWorkload, Point
-from simulator.workloads import PrefillWorkload
+from simulator.units import DTYPE_BYTES
+from simulator.workloads.prefill import PrefillWorkload
 
 __all__ = ["HEAD_DIMS", "PREFILL_HEAD_DIMS", "RandomPrefill", "RandomShape", "draw_prefill_shapes", "draw_shapes",
            "random_points"]

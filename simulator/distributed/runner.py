@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from simulator.kernels.decode import Descriptor, KVShard
 from simulator.kernels.payload import Shape, component_shapes, message_elements
 from simulator.kernels.prefill import Rows, StateRows
-from simulator.kernels.table import Descriptor, KVShard
 from simulator.merge import PartialState
 from simulator.numeric.decode import Executor, Inputs
 from simulator.numeric.prefill import PrefillExecutor, PrefillInputs

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 
+from simulator.kernels.decode import Descriptor
 from simulator.kernels.prefill import initial_descriptors, rows_shapes
-from simulator.kernels.table import Descriptor, kernel
+from simulator.kernels.table import kernel
 from simulator.schedule.core import Schedule
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
@@ -81,12 +82,7 @@ def transfer_layouts(sched: Schedule, shape: Shape) -> dict[int, list[Descriptor
                 for name, desc in zip(op.args, layouts[op.match], strict=True):
                     mine[name] = desc
         elif op.kind != "launch" and op.fn:
-            k = kernel(op.fn)
-            if k.writes is not None:
-                mine.update(k.writes(op, mine, shape))
-            else:
-                assert isinstance(shape, DecodeShape)
-                mine[op.out] = k.result([mine.get(a) for a in op.args], mine.get(op.out), shape)
+            mine.update(kernel(op.fn).writes(op, mine, shape))
     return layouts
 
 

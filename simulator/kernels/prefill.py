@@ -20,8 +20,8 @@ head of the whole model).
 Costs come from :class:`~simulator.workloads.prefill_shape.PrefillShape` (a block's unmasked pairs), not from a
 decode shape. Array-API generic through the merge core (numpy in numeric mode, torch in real runs).
 
-Payload rules (the second entry of :data:`PREFILL_KERNELS`): what each kernel leaves in every buffer it writes, as a
-descriptor, so that a real receiver sizes and unpacks a message without executing anything
+Payload rules (the ``w_*`` functions, each kernel's ``writes`` in the table): what each kernel leaves in every
+buffer it writes, as a descriptor, so that a real receiver sizes and unpacks a message without executing anything
 (:mod:`simulator.kernels.payload`):
 
 * ``("rows", arrays, batch, heads, h0, runs, last)``: ``arrays`` tensors (b, heads, tokens, last) (``last`` 0:
@@ -35,12 +35,13 @@ A rule sees the op (slices need its ``lo``/``hi``) and the descriptors the rank 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-from array_api_compat import array_namespace
+from array_api_compat import array_namespace, device
 
 from simulator.merge import (
     PartialState,
@@ -55,8 +56,9 @@ from simulator.schedule.core import Op, Schedule
 from simulator.workloads.layouts import Run, positions, run_tokens
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["PREFILL_KERNELS", "PrefillBuffers", "Rows", "StateRows", "cut_runs", "initial_descriptors",
-           "rows_shapes"]
+__all__ = ["PREFILL_HEADS", "PrefillBuffers", "Rows", "StateRows", "add", "attn_bwd_call", "attn_fwd_call", "bwd",
+           "concat", "cut_runs", "delta", "final", "fwd", "initial_descriptors", "rows_shapes", "slice_heads",
+           "slice_rows", "w_add", "w_bwd", "w_concat", "w_delta", "w_final", "w_fwd", "w_slice_heads", "w_slice_rows"]
 
 Descriptor = tuple[Any, ...]
 
@@ -140,7 +142,7 @@ def _kv_for(ex: PrefillBuffers, q: Rows, kv: Rows) -> tuple[Any, Any]:
     return sel.arrays[0], sel.arrays[1]
 
 
-def _fwd(ex_: Any, op: Op) -> None:
+def fwd(ex_: Any, op: Op) -> None:
     ex = _ctx(ex_)
     b = ex.buf[op.rank]
     q, kv = b[op.args[0]], b[op.args[1]]
@@ -150,20 +152,20 @@ def _fwd(ex_: Any, op: Op) -> None:
     b[op.out] = StateRows(part if prev is None else merge(prev.state, part), q.pos, q.h0)
 
 
-def _final(ex: Any, op: Op) -> None:
+def final(ex: Any, op: Op) -> None:
     b = _ctx(ex).buf[op.rank]
     st = b.pop(op.args[0])
     b[op.out] = Rows((finalize(st.state),), st.pos, st.h0)
     b["lse"] = Rows((log_sum_exp(st.state),), st.pos, st.h0)
 
 
-def _delta(ex: Any, op: Op) -> None:
+def delta(ex: Any, op: Op) -> None:
     b = _ctx(ex).buf[op.rank]
     out, dout = b[op.args[0]], b[op.args[1]]
     b[op.out] = Rows((attention_delta(out.arrays[0], dout.arrays[0]),), out.pos, out.h0)
 
 
-def _bwd(ex_: Any, op: Op) -> None:
+def bwd(ex_: Any, op: Op) -> None:
     ex = _ctx(ex_)
     b = ex.buf[op.rank]
     q, kv, lse, delta, dout = (b[a] for a in op.args[:5])
@@ -177,22 +179,22 @@ def _bwd(ex_: Any, op: Op) -> None:
     b[op.args[5]] = Rows(grads, kv.pos, q.h0 // ex.group)
 
 
-def _concat_kernel(ex: Any, op: Op) -> None:
+def concat(ex: Any, op: Op) -> None:
     b = _ctx(ex).buf[op.rank]
     b[op.out] = _concat([b[a] for a in op.args])
 
 
-def _slice_heads(ex: Any, op: Op) -> None:
+def slice_heads(ex: Any, op: Op) -> None:
     b = _ctx(ex).buf[op.rank]
     b[op.out] = b[op.args[0]].head_slice(op.lo, op.hi)
 
 
-def _slice_rows(ex: Any, op: Op) -> None:
+def slice_rows(ex: Any, op: Op) -> None:
     b = _ctx(ex).buf[op.rank]
     b[op.out] = b[op.args[0]].rows(op.lo, op.hi)
 
 
-def _add(ex: Any, op: Op) -> None:
+def add(ex: Any, op: Op) -> None:
     b = _ctx(ex).buf[op.rank]
     got, own = b[op.args[0]], b[op.args[1]].rows(op.lo, op.hi)
     if not np.array_equal(got.pos, own.pos):
@@ -253,29 +255,29 @@ def _desc(held: Held, op: Op, i: int) -> Descriptor:
     return tuple(desc)
 
 
-def _w_fwd(op: Op, held: Held, shape: PrefillShape) -> Writes:
+def w_fwd(op: Op, held: Held, shape: PrefillShape) -> Writes:
     _, _, b, h, h0, runs, d = _desc(held, op, 0)
     return {op.out: ("state-rows", b, h, h0, runs, d)}
 
 
-def _w_final(op: Op, held: Held, shape: PrefillShape) -> Writes:
+def w_final(op: Op, held: Held, shape: PrefillShape) -> Writes:
     _, b, h, h0, runs, d = _desc(held, op, 0)
     return {op.out: ("rows", 1, b, h, h0, runs, d), "lse": ("rows", 1, b, h, h0, runs, 0)}
 
 
-def _w_delta(op: Op, held: Held, shape: PrefillShape) -> Writes:
+def w_delta(op: Op, held: Held, shape: PrefillShape) -> Writes:
     _, _, b, h, h0, runs, _d = _desc(held, op, 0)
     return {op.out: ("rows", 1, b, h, h0, runs, 0)}
 
 
-def _w_bwd(op: Op, held: Held, shape: PrefillShape) -> Writes:
+def w_bwd(op: Op, held: Held, shape: PrefillShape) -> Writes:
     q, kv = _desc(held, op, 0), _desc(held, op, 1)
     _, _, b, h, h0, runs, d = q
     lo, hi = h0 // shape.group, (h0 + h - 1) // shape.group + 1  # the KV heads these query heads use
     return {op.out: ("rows", 1, b, h, h0, runs, d), op.args[5]: ("rows", 2, b, hi - lo, lo, kv[5], d)}
 
 
-def _w_concat(op: Op, held: Held, shape: PrefillShape) -> Writes:
+def w_concat(op: Op, held: Held, shape: PrefillShape) -> Writes:
     parts = [_desc(held, op, i) for i in range(len(op.args))]
     _, arrays, b, _h, _h0, _runs, last = parts[0]
     pos = [positions(p[5]) for p in parts]
@@ -286,26 +288,55 @@ def _w_concat(op: Op, held: Held, shape: PrefillShape) -> Writes:
     return {op.out: ("rows", arrays, b, sum(heads.values()), min(heads), parts[0][5], last)}
 
 
-def _w_slice_heads(op: Op, held: Held, shape: PrefillShape) -> Writes:
+def w_slice_heads(op: Op, held: Held, shape: PrefillShape) -> Writes:
     tag, arrays, b, _h, _h0, runs, last = _desc(held, op, 0)
     return {op.out: (tag, arrays, b, op.hi - op.lo, op.lo, runs, last)}
 
 
-def _w_slice_rows(op: Op, held: Held, shape: PrefillShape) -> Writes:
+def w_slice_rows(op: Op, held: Held, shape: PrefillShape) -> Writes:
     tag, arrays, b, h, h0, runs, last = _desc(held, op, 0)
     return {op.out: (tag, arrays, b, h, h0, cut_runs(runs, op.lo, op.hi), last)}
 
 
-def _w_add(op: Op, held: Held, shape: PrefillShape) -> Writes:
+def w_add(op: Op, held: Held, shape: PrefillShape) -> Writes:
     return {op.out: _desc(held, op, 0)}
 
 
-WriteRule = Callable[[Op, Held, PrefillShape], Writes]
+# -- the calls a profile times, at a point on the blocks' axes (row_heads, span, head_dim, density) ----------------
 
-PREFILL_KERNELS: dict[str, tuple[Callable[[Any, Op], None], WriteRule]] = {
-    "attn-fwd": (_fwd, _w_fwd), "attn-final": (_final, _w_final), "attn-delta": (_delta, _w_delta),
-    "attn-bwd": (_bwd, _w_bwd), "concat": (_concat_kernel, _w_concat), "slice-heads": (_slice_heads, _w_slice_heads),
-    "slice-rows": (_slice_rows, _w_slice_rows), "add": (_add, _w_add),
-}
-"""name -> (numeric semantics, payload rule: the descriptors of the buffers it writes); :mod:`simulator.kernels.table`
-registers them."""
+PREFILL_HEADS = 4  # the heads of a profiled prefill block (its query rows follow from row_heads)
+
+
+def _block(point: tuple[float, ...], rand: Callable[..., Any]) -> tuple[Any, ...]:
+    """A prefill block of ``PREFILL_HEADS`` heads: full (density 1) or causal (query i sees the keys up to its place
+    on the diagonal: about half the pairs, recorded as density 0.5): (q, k, v, dout, scale, mask)."""
+    row_heads, span, head_dim, density = point
+    nq, t, d = max(1, round(row_heads / PREFILL_HEADS)), round(span), int(head_dim)
+    q, k, v, dout = rand(1, PREFILL_HEADS, nq, d), rand(1, PREFILL_HEADS, t, d), rand(1, PREFILL_HEADS, t, d), \
+        rand(1, PREFILL_HEADS, nq, d)
+    xp = array_namespace(q)
+    where = device(q)
+    mask = None if density >= 1 else (
+        xp.arange(t, device=where)[None, :] * nq <= xp.arange(nq, device=where)[:, None] * t)
+    return q, k, v, dout, 1 / math.sqrt(d), mask
+
+
+def attn_fwd_call(point: tuple[float, ...], dtype: str, rand: Callable[..., Any]) -> Callable[[], object]:
+    """One forward block merged into a running state."""
+    q, k, v, _, scale, mask = _block(point, rand)
+    acc = partial_attention(q, k[:, :, :1], v[:, :, :1], scale)
+    return lambda: merge(acc, partial_attention(q, k, v, scale, mask))
+
+
+def attn_bwd_call(point: tuple[float, ...], dtype: str, rand: Callable[..., Any]) -> Callable[[], object]:
+    """One backward block (from the saved log-sum-exp and delta) added into dQ, dK, dV."""
+    q, k, v, dout, scale, mask = _block(point, rand)
+    xp = array_namespace(q)
+    state = partial_attention(q, k, v, scale, mask)
+    lse, delta = log_sum_exp(state), attention_delta(finalize(state), dout)
+    grads = (xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v))
+
+    def bwd() -> None:
+        for acc, g in zip(grads, block_backward(q, k, v, scale, mask, lse, delta, dout), strict=True):
+            acc += g  # in place (numpy and torch alike)
+    return bwd

@@ -30,13 +30,13 @@ from typing import Any
 
 from simulator.algorithms import Layout, build_schedule
 from simulator.algorithms.prefill import build_prefill
-from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.topology import Cluster
 from simulator.collectives import Fabric, allreduce, fabric_of
 from simulator.engine.core import SimResult, simulate
 from simulator.models.presets import ModelPreset
 from simulator.schedule.core import Schedule
 from simulator.schedule.memory import timeline_peaks
+from simulator.units import DTYPE_BYTES
 from simulator.workloads.layouts import layout_runs, run_tokens
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape

@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.nccl_keys import PROTOCOLS, latency_key
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster, load_topology
@@ -46,6 +45,7 @@ from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.nccl.logs import NcclTestsRun, read_nccl_tests
 from simulator.nccl.validate import OPERATIONS, nccl_dtype
+from simulator.units import DTYPE_BYTES
 
 __all__ = ["MIN_SENSITIVITY", "MIN_SIZES", "Fit", "Param", "Sample", "apply", "base_topology", "fit_logs", "parameters",
            "predicted", "read_samples", "simulated"]

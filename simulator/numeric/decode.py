@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 from array_api_compat import array_namespace
 
-from simulator.kernels.table import KVShard, kernel, state_of
+from simulator.kernels.decode import KVShard, state_of
 from simulator.merge import PartialState
+from simulator.numeric.executor import Executor as BaseExecutor
 from simulator.schedule.core import Op, Schedule
 
 __all__ = ["Executor", "Inputs", "KVShard", "NumericResult", "dense_attention", "make_inputs", "max_abs_error",
@@ -81,13 +82,13 @@ def dense_attention(inp: Inputs) -> np.ndarray:
     return out.reshape(b, heads, nq, d)
 
 
-class Executor:
-    """Runs ops on named per-rank buffers; ``run`` executes a whole schedule serially in id order."""
+class Executor(BaseExecutor):
+    """The decode executor: buffers of a query, KV shards, partial states and flat vectors."""
 
     def __init__(self, sched: Schedule, inp: Inputs) -> None:
+        super().__init__(sched)
         self.inp = inp
         self.xp = array_namespace(inp.q)
-        self.buf: list[dict[str, Any]] = [{} for _ in range(sched.ranks)]
         shards = sched.meta.get("shards", [])
         for rank, names in sched.initial.items():
             for name in names:
@@ -101,16 +102,10 @@ class Executor:
         q = inp.q
         self.scale, self.mask = inp.scale, inp.mask
         self.o_shape, self.ml_shape = tuple(q.shape), tuple(q.shape[:-1])
-        self.in_flight: dict[int, tuple[Any, ...]] = {}
         self._grown: set[tuple[int, str]] = set()  # (rank, buffer) transport buffers made by :meth:`store`
 
     def state(self, value: Any) -> PartialState:
         return state_of(value)
-
-    def compute(self, op: Op) -> None:
-        """Run the op's kernel (:data:`simulator.kernels.table.KERNELS`) on this executor's buffers."""
-        if op.fn:
-            kernel(op.fn).run(self, op)
 
     def payload(self, op: Op) -> tuple[Any, ...]:
         """What a send carries: its buffers, flat ones sliced to ``lo:hi`` and copied."""
@@ -138,25 +133,6 @@ class Executor:
             else:
                 self.buf[op.rank][name] = value
 
-    def send(self, op: Op) -> None:
-        self.in_flight[op.id] = self.payload(op)
-
-    def recv(self, op: Op) -> None:
-        assert op.match is not None
-        self.store(op, self.in_flight.pop(op.match))
-
-    def execute(self, op: Op) -> None:
-        """Run one op (a launch only marks the start of a communication operation: nothing to compute)."""
-        if op.kind == "send":
-            self.send(op)
-        elif op.kind == "recv":
-            self.recv(op)
-        elif op.kind != "launch":
-            self.compute(op)
-
-    def run(self, sched: Schedule) -> None:
-        for op in sched.ops:
-            self.execute(op)
 
 
 def run_numeric(sched: Schedule, inp: Inputs) -> NumericResult:

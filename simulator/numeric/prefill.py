@@ -10,13 +10,13 @@ buffers whole (pieces are cut by ``slice-heads`` / ``slice-rows`` kernels first)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from simulator.kernels.dense import dense_backward, dense_forward, visible
 from simulator.kernels.prefill import Rows
-from simulator.kernels.table import RankBuffers, kernel
+from simulator.numeric.executor import Executor
 from simulator.schedule.core import Op, Schedule
 from simulator.workloads.layouts import positions
 
@@ -50,16 +50,15 @@ def make_prefill_inputs(rng: np.random.Generator, batch: int, heads: int, kv_hea
                          causal)
 
 
-class PrefillExecutor:
-    """Named per-rank buffers; ``run`` executes a whole schedule in id order."""
+class PrefillExecutor(Executor):
+    """The prefill executor: buffers of row blocks (:class:`~simulator.kernels.prefill.Rows`) and running states."""
 
     def __init__(self, sched: Schedule, inp: PrefillInputs, only: int | None = None) -> None:
         """``inp``: numpy arrays or torch tensors; ``only``: set up only this rank's buffers (a real run's rank)."""
+        super().__init__(sched)
         self.inp = inp
         self.scale, self.causal = inp.scale, inp.causal
         self.group = inp.q.shape[1] // inp.k.shape[1]
-        self.buf: list[dict[str, Any]] = [{} for _ in range(sched.ranks)]
-        self.in_flight: dict[int, tuple[Any, ...]] = {}
         for rank, names in sched.initial.items():
             if only is not None and rank != only:
                 continue
@@ -87,25 +86,6 @@ class PrefillExecutor:
         for name, value in zip(op.args, vals, strict=True):
             self.buf[op.rank][name] = value
 
-    def send(self, op: Op) -> None:
-        self.in_flight[op.id] = self.payload(op)
-
-    def recv(self, op: Op) -> None:
-        assert op.match is not None
-        self.store(op, self.in_flight.pop(op.match))
-
-    def execute(self, op: Op) -> None:
-        """Run one op (transfers through :meth:`send` / :meth:`recv`, which a real runner replaces)."""
-        if op.kind == "send":
-            self.send(op)
-        elif op.kind == "recv":
-            self.recv(op)
-        elif op.kind != "launch" and op.fn:
-            kernel(op.fn).run(cast("RankBuffers", self), op)  # prefill kernels check for PrefillBuffers
-
-    def run(self, sched: Schedule) -> None:
-        for op in sched.ops:
-            self.execute(op)
 
 
 def block_error(got: Rows, ref: np.ndarray, which: int = 0) -> float:

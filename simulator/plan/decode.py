@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from simulator.cluster.devices import DTYPE_BYTES
 from simulator.errors import InputError
 from simulator.models.step import model_step
 from simulator.run.prepare import prepare_point
@@ -38,6 +37,7 @@ from simulator.run.prepared import PreparedPoint, cluster_for
 from simulator.run.scenario import DecodeWorkload, Point, scenario_points
 from simulator.schedule.memory import out_of_memory
 from simulator.support.limits import check_graph, check_schedule
+from simulator.units import DTYPE_BYTES
 
 __all__ = ["Evaluation", "PlanRequest", "PlanRow", "memory_lower_bound", "ms", "plan", "tp_candidates"]
 

@@ -18,12 +18,13 @@ from dataclasses import dataclass, replace
 
 from simulator.algorithms import Layout
 from simulator.algorithms.prefill import build_prefill
-from simulator.cluster.devices import DTYPE_BYTES, flops_efficiency
+from simulator.cluster.devices import flops_efficiency
 from simulator.cluster.topology import Cluster
 from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.models.presets import PRESETS
 from simulator.run.timing import critical_timing
+from simulator.units import DTYPE_BYTES
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["OverlapResult", "find_overlap", "overlap_shape"]

@@ -16,7 +16,8 @@ from simulator.errors import InputError
 from simulator.plan.decode import ms
 from simulator.run.prepare import prepare_point, simulate_point
 from simulator.run.scenario import Point, scenario_points
-from simulator.workloads import GenerateWorkload, PrefillWorkload
+from simulator.workloads.generate import GenerateWorkload
+from simulator.workloads.prefill import PrefillWorkload
 
 __all__ = ["LAYOUTS", "STRATEGIES", "Config", "Progress", "Search", "TtftRequest", "seconds"]
 

@@ -27,14 +27,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from simulator.cluster.devices import DTYPE_BYTES
 from simulator.errors import InputError
 from simulator.plan.decode import ms, tp_candidates
 from simulator.plan.search import LAYOUTS, Config, Progress, Search, TtftRequest, seconds
 from simulator.run.prepared import cluster_for
 from simulator.run.scenario import Point, load_scenario
 from simulator.schedule.memory import usable_bytes
-from simulator.workloads import GenerateWorkload, PrefillWorkload
+from simulator.units import DTYPE_BYTES
+from simulator.workloads.generate import GenerateWorkload
+from simulator.workloads.prefill import PrefillWorkload
 
 __all__ = ["LAYOUTS", "Config", "TtftPlan", "TtftRequest", "plan_ttft", "seconds"]
 

@@ -23,11 +23,19 @@ from simulator.errors import InputError, excerpt
 from simulator.support.limits import check_sweep
 from simulator.support.yaml_lines import LineDict, LineList, line_of, load_yaml, load_yaml_text
 from simulator.units import parse_time
-from simulator.workloads import DecodeWorkload, FlowSpec, FlowsWorkload, ModelShape, Workload
-from simulator.workloads.base import Scalar, Strict, scalar, unit_value
+from simulator.workloads.base import ModelShape, Scalar, Strict, scalar, unit_value
+from simulator.workloads.collective import CollectiveWorkload
+from simulator.workloads.decode import DecodeWorkload
+from simulator.workloads.flows import FlowSpec, FlowsWorkload
+from simulator.workloads.generate import GenerateWorkload
+from simulator.workloads.prefill import PrefillWorkload
 
 __all__ = ["DecodeWorkload", "DeviceOverride", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario",
-           "Targets", "expand", "load_scenario", "parse_set", "scenario_points"]
+           "Targets", "Workload", "expand", "load_scenario", "parse_set", "scenario_points"]
+
+# the workload kinds' models, told apart by ``kind`` (a new kind: one member more here, and one in run.kinds.KINDS)
+Workload = Annotated[DecodeWorkload | FlowsWorkload | CollectiveWorkload | PrefillWorkload | GenerateWorkload,
+                     Field(discriminator="kind")]
 
 
 class DeviceOverride(Strict):

@@ -1,21 +1,5 @@
-"""Workload models of the scenario YAML (``workload:``), one module per kind, and the union the scenario validates
-against (discriminated by ``kind``). A new kind: a module here, and one member more in :data:`Workload`."""
-
-from __future__ import annotations
-
-from typing import Annotated
-
-from pydantic import Field
-
-from simulator.workloads.base import ModelShape
-from simulator.workloads.collective import CollectiveWorkload
-from simulator.workloads.decode import DecodeWorkload
-from simulator.workloads.flows import FlowSpec, FlowsWorkload
-from simulator.workloads.generate import GenerateWorkload
-from simulator.workloads.prefill import PrefillWorkload
-
-__all__ = ["CollectiveWorkload", "DecodeWorkload", "FlowSpec", "FlowsWorkload", "GenerateWorkload", "ModelShape",
-           "PrefillWorkload", "Workload"]
-
-Workload = Annotated[DecodeWorkload | FlowsWorkload | CollectiveWorkload | PrefillWorkload | GenerateWorkload,
-                     Field(discriminator="kind")]
+"""Workload models of the scenario YAML (``workload:``), one module per kind (``decode``, ``prefill``, ``generate``,
+``collective``, ``flows``), their shapes and cost formulas (``shape``, ``prefill_shape``) and the sequence layouts
+(``layouts``). The scenario validates against their union (:data:`simulator.run.scenario.Workload`, discriminated
+by ``kind``); each kind's checks, simulation and rows are in :mod:`simulator.run.kinds`. Nothing is imported here,
+so that the shapes and layouts load without the workload models (the kernel table needs the shapes)."""

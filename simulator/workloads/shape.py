@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.cluster.devices import DTYPE_BYTES
+from simulator.units import DTYPE_BYTES
 
 __all__ = ["DecodeShape", "shard_bounds"]
 

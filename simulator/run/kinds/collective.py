@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from simulator.cluster.devices import DTYPE_BYTES
 from simulator.cluster.topology import Cluster
 from simulator.collectives import COLLECTIVE_ALGORITHMS, fabric_of, operation_algorithm
 from simulator.collectives.protocols import PROTOCOLS
@@ -24,6 +23,7 @@ from simulator.errors import InputError
 from simulator.run.prepared import Algorithm, Kind, PreparedPoint, Run
 from simulator.run.rows import Column, make_row, pick
 from simulator.run.scenario import Point
+from simulator.units import DTYPE_BYTES
 from simulator.workloads.collective import CollectiveWorkload
 
 __all__ = ["COLUMNS", "KIND"]

@@ -28,7 +28,7 @@ from simulator.run.timing import result_numbers
 from simulator.schedule.core import Schedule
 from simulator.schedule.memory import out_of_memory
 from simulator.support.limits import check_schedule
-from simulator.workloads import DecodeWorkload
+from simulator.workloads.decode import DecodeWorkload
 from simulator.workloads.shape import DecodeShape
 
 __all__ = ["COLUMNS", "KIND", "NUMERIC_MAX_ELEMS", "algorithms_of"]

@@ -12,7 +12,7 @@ from simulator.run.prepared import Kind, PreparedPoint, Run
 from simulator.run.rows import Column, make_row
 from simulator.run.scenario import Point
 from simulator.schedule.core import Schedule
-from simulator.workloads import FlowsWorkload
+from simulator.workloads.flows import FlowsWorkload
 
 __all__ = ["COLUMNS", "KIND", "flows_schedule"]
 

@@ -1,0 +1,56 @@
+"""The package's import graph has no cycles: every ``import`` of a simulator module, at the top of a module, inside a
+function or under ``TYPE_CHECKING``, is an edge, and a module's package ``__init__`` runs before it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "simulator"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> nx.DiGraph:
+    """Module -> the simulator modules it imports (a ``from pkg import name`` of a submodule names the submodule)."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the module's package
+                    pkg = name.split(".") if is_package else name.split(".")[:-1]
+                    base = ".".join(pkg[: len(pkg) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in node.names]
+            for target in targets:
+                while target and target not in modules:  # import a.b.c names module a.b.c (or its package)
+                    target = target.rpartition(".")[0]
+                if target and target != name and target.startswith("simulator"):
+                    graph.add_edge(name, target)
+    return graph
+
+
+def test_the_package_has_no_import_cycles():
+    graph = import_graph()
+    cycles = [c for c in nx.simple_cycles(graph) if len(c) > 1][:5]
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles)
+
+
+def test_the_graph_sees_function_level_imports(tmp_path):
+    """A function-local import is an edge too (the cycles it would hide are cycles)."""
+    graph = import_graph()
+    assert graph.has_edge("simulator.cli", "simulator.run.prepare")
+    assert len(graph.edges) > 300
