@@ -48,3 +48,36 @@ def test_extend_checks_ids_ranks_and_deps() -> None:
     assert len(s.ops) == 1
     s.extend(good)
     assert [op.kind for op in s.ops] == ["compute", "send", "recv"]
+
+
+def test_each_kind_has_one_constructor_equal_to_the_named_tuple_with_keywords():
+    from simulator.schedule.op import Op, compute_op, launch_op, recv_op, send_op
+
+    assert send_op(4, 0, "t", (1,), 8.0, 2, ("x",), 0, 2, ("y",), "c", 1e-6, 5e9) == Op(
+        id=4, rank=0, kind="send", name="t", deps=(1,), nbytes=8.0, peer=2, match=5, args=("x",), lo=0, hi=2,
+        free=("y",), coll="c", floor_s=1e-6, rate_cap=5e9)
+    assert recv_op(5, 2, "t", (3,), 8.0, 0, ("x",), 0, 2, (("x", 8.0),), "c", True) == Op(
+        id=5, rank=2, kind="recv", name="t", deps=(3,), nbytes=8.0, peer=0, match=4, args=("x",), lo=0, hi=2,
+        alloc=(("x", 8.0),), coll="c", into=True)
+    assert compute_op(6, 1, "k", (5,), 2.0, 3.0, "bf16", "attend", "acc", ("q", "kv"), dims=(1.0,)) == Op(
+        id=6, rank=1, kind="compute", name="k", deps=(5,), flops=2.0, nbytes=3.0, dtype="bf16", fn="attend",
+        out="acc", args=("q", "kv"), dims=(1.0,))
+    assert launch_op(7, 1, "l", (), "allreduce", "o", "c", 0, "sum", 2e-6) == Op(
+        id=7, rank=1, kind="launch", name="l", fn="allreduce", out="o", coll="c", root=0, redop="sum", floor_s=2e-6)
+
+
+def test_op_id_layouts_are_named():
+    import numpy as np
+
+    from simulator.schedule.op import OpGrid, is_recv, recv_of, send_of, transfer_of, transfer_send
+
+    s = Schedule(3)
+    first = s.add_transfers([0, 1], [1, 2], [1.0, 2.0], ["a", "b"], [(), ()], [(), ()])
+    ops = list(s.ops)
+    for k in range(2):
+        send = transfer_send(first, k)
+        assert ops[send].kind == "send" and ops[recv_of(send)].match == send and send_of(recv_of(send)) == send
+        assert transfer_of(send - first) == k and not is_recv(send - first) and is_recv(recv_of(send) - first)
+    grid = OpGrid(10, 3)
+    assert grid.id(2, 1) == 17 and list(grid.ids(3, 2)) == [12, 15, 18] and grid.after(3) == 19
+    assert list(grid.id(np.array([0, 1]), 0)) == [10, 13]

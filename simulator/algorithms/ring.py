@@ -26,6 +26,7 @@ from simulator.algorithms.base import (
     new_decode_schedule,
 )
 from simulator.schedule.core import Schedule
+from simulator.schedule.op import recv_of, transfer_send
 from simulator.schedule.oplist import Indexed
 from simulator.workloads.shape import DecodeShape
 
@@ -74,7 +75,7 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
             first = sched.add_transfers(ranks, nxt_of, kv_size[held], Indexed(kv_name, held), have[:, None],
                                         np.stack((attend[nxt_of], sent[nxt_of]), axis=1), args=cur, dst_args=nxt,
                                         alloc=((nxt[0], max_kv),) if step == 0 else ())
-            new_have[nxt_of], new_sent = first + 2 * ranks + 1, first + 2 * ranks
+            new_have[nxt_of], new_sent = recv_of(transfer_send(first, ranks)), transfer_send(first, ranks)
         first = sched.add_kernel_step(ranks, Indexed(attends, held), np.stack((have, attend), axis=1), dtype=dtype,
                                       fn="attend", out="acc", args=("q", f"kv{step % 2}" if overlap else "kv0"),
                                       alloc=first_alloc if step == 0 else ())
@@ -84,7 +85,7 @@ def build_ring(shape: DecodeShape, layout: Layout, overlap: bool = True) -> Sche
         if not overlap:  # attend, then exchange in place: send the shard, then copy the staged one over kv0
             first = sched.add_transfers(ranks, nxt_of, kv_size[held], Indexed(kv_name, held), attend[:, None],
                                         attend[nxt_of][:, None], args=("kv0",), dst_args=("kvin",))
-            new_have[nxt_of], new_sent = first + 2 * ranks + 1, first + 2 * ranks
+            new_have[nxt_of], new_sent = recv_of(transfer_send(first, ranks)), transfer_send(first, ranks)
             # once this rank's own send has left
             first = sched.add_kernel_step(ranks, Indexed(copies, order[(pos - step - 1) % p]),
                                           np.stack((new_have, new_sent), axis=1), dtype=dtype, fn="copy", out="kv0",

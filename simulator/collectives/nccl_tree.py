@@ -51,12 +51,14 @@ from simulator.collectives.fabric import Fabric
 from simulator.collectives.protocols import step_payload
 from simulator.collectives.steps import chunk_steps, first_steps, grain_steps, parts
 from simulator.schedule.core import STREAMED, Schedule
+from simulator.schedule.op import OpGrid, recv_of, transfer_send
 from simulator.schedule.oplist import KIND_INDEX, Indexed
 
 __all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
            "pipeline_time_arrays", "pipeline_time_lists", "tree_allreduce", "tree_chunks", "tree_step"]
 
 _SEND, _RECV, _COMPUTE = KIND_INDEX["send"], KIND_INDEX["recv"], KIND_INDEX["compute"]
+_UP_SEND, _UP_RECV, _UP_REDUCE = 0, 1, 2  # the slots of a rank's ops in a part's up phase (an OpGrid of width 3)
 TREE_CHUNKS = 16  # a channel's chunks at most (its trees share them): op groups, not NCCL's steps (see .steps)
 
 
@@ -366,8 +368,9 @@ def _edge(t: _Positions, out: _Columns, base: int, after: tuple[np.ndarray, ...]
     n, par, kids, m = t.n, t.par, t.kids, t.n - 1
     pos = np.arange(n - 1, 0, -1)  # the up phase's ranks (bottom-up)
     q = par[pos]
-    send = base + 3 * np.arange(m)
-    red_of = base + 3 * (n - 1 - t.first_child) + 2  # a rank's last reduction: its first child's (the last up)
+    grid = OpGrid(base, 3)  # per rank up (bottom-up): its send up, the parent's recv, the parent's reduction
+    send = grid.ids(m, _UP_SEND)
+    red_of = grid.id(n - 1 - t.first_child, _UP_REDUCE)  # a rank's last reduction: its first child's (the last up)
     acc = t.start[pos].copy()
     mid = kids[pos] > 0
     acc[mid] = -1
@@ -380,14 +383,14 @@ def _edge(t: _Positions, out: _Columns, base: int, after: tuple[np.ndarray, ...]
     sib[1:] = par[pos[1:] + 1] == q[1:]
     red_deps = _padded(t.start[q], red_end[q])
     red_deps[sib] = -1
-    red_deps[sib, 0] = send[:-1][sib[1:]] + 2
-    red_deps = _padded(send + 1, red_deps)
+    red_deps[sib, 0] = grid.id(np.flatnonzero(sib[1:]), _UP_REDUCE)
+    red_deps = _padded(recv_of(send), red_deps)
     tmp = np.zeros(m, np.int64) if not data else out.tmps(t.rank[pos], clo) + np.arange(m)
     floor = t.hop_up[pos] if first_hop else np.full(m, STREAMED)
     size = up_size[pos] if isinstance(up_size, np.ndarray) else np.full(m, up_size)
     zeros = np.zeros(m)
     up = {"kind": _cycle((_SEND, _RECV, _COMPUTE), m, np.uint8), "rank": _stack(t.rank[pos], t.rank[q], t.rank[q]),
-          "match": _stack(send + 1, send, none), "nbytes": _stack(size, size, np.full(m, red_bytes)),
+          "match": _stack(recv_of(send), send, none), "nbytes": _stack(size, size, np.full(m, red_bytes)),
           "flops": _stack(zeros, zeros, np.full(m, flops)), "floor_s": _stack(floor, zeros, zeros),
           "rate_cap": _stack(np.full(m, cap), zeros, zeros), "args": _stack(np.full(m, int(data)), tmp, tmp),
           "into": np.zeros(3 * m, dtype=bool), "comp": _cycle((False, False, True), m, bool),
@@ -397,8 +400,8 @@ def _edge(t: _Positions, out: _Columns, base: int, after: tuple[np.ndarray, ...]
     red_end[kids > 0] = last_red[kids > 0]
     sent = np.full(n, -1, np.int64)
     sent[pos] = send
-    up_ops = (sent, _by_pos(n, pos, send + 1))
-    return (*up_ops, *_down(t, out, base + 3 * m, up_ops, after, down_last, down_size, cap, clo, chi, first_hop,
+    up_ops = (sent, _by_pos(n, pos, recv_of(send)))
+    return (*up_ops, *_down(t, out, grid.after(m), up_ops, after, down_last, down_size, cap, clo, chi, first_hop,
                             data, int(last_red[0])))
 
 
@@ -410,7 +413,7 @@ def _middle(t: _Positions, out: _Columns, base: int, before: tuple[np.ndarray, .
     a send and a recv per child (``STREAMED``: no fixed seconds). Returns the part's ops by position."""
     n, m = t.n, t.n - 1
     pos = np.arange(n - 1, 0, -1)
-    send = base + 2 * np.arange(m)
+    send = transfer_send(base, np.arange(m))
     size = up_size[pos] if isinstance(up_size, np.ndarray) else np.full(m, up_size)
     out.add(base, _interleave(before[0][pos][:, None], before[1][pos][:, None]), **_transfers(
         t.rank[pos], t.rank[t.par[pos]], send, size, np.full(m, STREAMED), cap, 0, False, clo, chi))
@@ -422,7 +425,7 @@ def _middle(t: _Positions, out: _Columns, base: int, before: tuple[np.ndarray, .
             rate_cap=np.zeros(r), args=np.zeros(r, np.int64), into=np.zeros(r, dtype=bool),
             comp=np.ones(r, dtype=bool), data=np.zeros(r, dtype=bool), lo=np.full(r, clo), hi=np.full(r, chi))
     red_end[qs] = reds
-    up_ops = (_by_pos(n, pos, send), _by_pos(n, pos, send + 1))
+    up_ops = (_by_pos(n, pos, send), _by_pos(n, pos, recv_of(send)))
     return (*up_ops, *_down(t, out, out.end, up_ops, before, None, down_size, cap, clo, chi, False, False, None))
 
 
@@ -436,12 +439,12 @@ def _down(t: _Positions, out: _Columns, base: int, up_ops: tuple[np.ndarray, ...
     n, m = t.n, t.n - 1
     ch = np.arange(1, n)
     par = t.par[ch]
-    send = base + 2 * np.arange(m)
+    send = transfer_send(base, np.arange(m))
     if have_root is None:
         send_deps, recv_deps = after[2][ch][:, None], after[3][ch][:, None]
         floor = np.full(m, STREAMED)
     else:
-        have = np.where(par == 0, have_root, base + 2 * (par - 1) + 1)
+        have = np.where(par == 0, have_root, recv_of(transfer_send(base, par - 1)))  # the parent's own recv down
         if after:
             send_deps, recv_deps = _padded(have, after[2][ch]), _padded(up_ops[0][ch], after[3][ch])
         else:
@@ -451,7 +454,7 @@ def _down(t: _Positions, out: _Columns, base: int, up_ops: tuple[np.ndarray, ...
     size = down_size[ch] if isinstance(down_size, np.ndarray) else np.full(m, down_size)
     out.add(base, _interleave(send_deps, recv_deps), **_transfers(t.rank[par], t.rank[ch], send, size, floor, cap,
                                                                    int(data), True, clo, chi))
-    return _by_pos(n, ch, send), _by_pos(n, ch, send + 1)
+    return _by_pos(n, ch, send), _by_pos(n, ch, recv_of(send))
 
 
 def _transfers(src: np.ndarray, dst: np.ndarray, send: np.ndarray, size: np.ndarray, floor: np.ndarray, cap: float,
@@ -460,7 +463,7 @@ def _transfers(src: np.ndarray, dst: np.ndarray, send: np.ndarray, size: np.ndar
     buffers of ``args`` (an index into the args table), the recv ``into`` them or not."""
     m = len(src)
     zeros = np.zeros(m)
-    return {"kind": _cycle((_SEND, _RECV), m, np.uint8), "rank": _stack(src, dst), "match": _stack(send + 1, send),
+    return {"kind": _cycle((_SEND, _RECV), m, np.uint8), "rank": _stack(src, dst), "match": _stack(recv_of(send), send),
             "nbytes": _stack(size, size), "flops": np.zeros(2 * m), "floor_s": _stack(floor, zeros),
             "rate_cap": _stack(np.full(m, cap), zeros), "args": np.full(2 * m, args, np.int64),
             "into": _cycle((False, into), m, bool), "comp": np.zeros(2 * m, dtype=bool),

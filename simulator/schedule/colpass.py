@@ -99,9 +99,9 @@ def fill_transfers(first: int, src: np.ndarray, dst: np.ndarray, size: np.ndarra
                    send_flat: np.ndarray, recv_start: np.ndarray, recv_flat: np.ndarray, at: int, kind: np.ndarray,
                    rank: np.ndarray, match: np.ndarray, nbytes: np.ndarray, dep_count: np.ndarray,
                    parents: np.ndarray, cost: np.ndarray, send_kind: int, recv_kind: int) -> None:  # pragma: no cover
-    """A block of transfers' columns (:class:`simulator.schedule.oplist.TransferBlock`), written op after op: transfer
-    k's
-    send (id ``first + 2k``) then its recv, their deps from ``at`` in ``parents``."""
+    """A block of transfers' columns (:class:`simulator.schedule.oplist.TransferBlock`), written op after op:
+    transfer k's send (id ``first + 2k``, :func:`simulator.schedule.op.transfer_send`) then its recv, their deps from
+    ``at`` in ``parents``."""
     e = at
     for k in range(len(src)):
         s, r = first + 2 * k, first + 2 * k + 1

@@ -41,13 +41,22 @@ from typing import Any, cast
 
 import numpy as np
 
-from simulator.schedule.op import COMPUTE_KINDS, OP_KINDS, STREAMED, Op
+from simulator.schedule.op import (
+    COMPUTE_KINDS,
+    OP_KINDS,
+    STREAMED,
+    Op,
+    compute_op,
+    launch_op,
+    recv_of,
+    recv_op,
+    send_op,
+)
 from simulator.schedule.oplist import ComputeBlock, Indexed, OpBlock, OpList, TransferBlock, csr, indexed
 
-__all__ = ["COMPUTE_KINDS", "OP_KINDS", "STREAMED", "Op", "Schedule", "compute_op", "fused_reduce_op", "transfer_ops"]
+__all__ = ["COMPUTE_KINDS", "OP_KINDS", "STREAMED", "Op", "Schedule", "fused_reduce_op", "transfer_ops"]
 
 _ID, _RANK, _DEPS = operator.attrgetter("id"), operator.attrgetter("rank"), operator.attrgetter("deps")
-_new = tuple.__new__  # an Op from all its fields in order: 5 times faster than Op(...) with keywords
 
 
 def _tuple(items: Iterable[Any]) -> tuple[Any, ...]:
@@ -77,29 +86,19 @@ def transfer_ops(sid: int, src: int, dst: int, size: float, name: str, send_deps
                  recv_deps: tuple[int, ...], args: tuple[str, ...], dst_args: tuple[str, ...], lo: int, hi: int,
                  coll: str, into: bool, floor_s: float, rate_cap: float, not_before_s: float = 0.0,
                  free_src: tuple[str, ...] = (), alloc: tuple[tuple[str, float], ...] = ()) -> tuple[Op, Op]:
-    """The send (id ``sid``) and recv (``sid + 1``) of one transfer (``size`` and ``rate_cap`` floats), unchecked:
-    what :meth:`Schedule.add_transfer` appends once it has checked its arguments, and what a builder that hands a
-    whole collective to :meth:`Schedule.extend` builds."""
-    return (_new(Op, (sid, src, "send", name, send_deps, 0.0, size, "fp32", dst, sid + 1, not_before_s, "", "", args,
-                      lo, hi, (), free_src, False, coll, None, "", False, floor_s, rate_cap, ())),
-            _new(Op, (sid + 1, dst, "recv", name, recv_deps, 0.0, size, "fp32", src, sid, not_before_s, "", "",
-                      dst_args, lo, hi, alloc, (), False, coll, None, "", into, 0.0, 0.0, ())))
-
-
-def compute_op(oid: int, rank: int, name: str, flops: float, nbytes: float, dtype: str, deps: tuple[int, ...],
-               fn: str, out: str, args: tuple[str, ...], lo: int, hi: int, coll: str, *, fused: bool,
-               kind: str = "compute", not_before_s: float = 0.0, alloc: tuple[tuple[str, float], ...] = (),
-               free: tuple[str, ...] = (), dims: tuple[float, ...] = ()) -> Op:
-    """A compute op (``flops`` and ``nbytes`` floats), unchecked: what :meth:`Schedule.add_compute` appends once
-    it has checked its arguments (and, as :func:`transfer_ops`, what a whole-collective builder builds)."""
-    return _new(Op, (oid, rank, kind, name, deps, flops, nbytes, dtype, None, None, not_before_s, fn, out, args, lo,
-                     hi, alloc, free, fused, coll, None, "", False, 0.0, 0.0, dims))
+    """The send (id ``sid``) and recv (:func:`~simulator.schedule.op.recv_of` ``sid``) of one transfer (``size`` and
+    ``rate_cap`` floats), unchecked: what :meth:`Schedule.add_transfer` appends once it has checked its arguments,
+    and what a builder that hands a whole collective to :meth:`Schedule.extend` builds."""
+    rid = recv_of(sid)
+    return (send_op(sid, src, name, send_deps, size, dst, args, lo, hi, free_src, coll, floor_s, rate_cap,
+                    not_before_s),
+            recv_op(rid, dst, name, recv_deps, size, src, dst_args, lo, hi, alloc, coll, into, not_before_s))
 
 
 def fused_reduce_op(oid: int, rank: int, name: str, flops: float, nbytes: float, dtype: str, deps: tuple[int, ...],
                     fn: str, out: str, args: tuple[str, ...], lo: int, hi: int, coll: str) -> Op:
     """The op :meth:`Schedule.add_compute` appends for a fused reduction (``fused=True``), unchecked."""
-    return compute_op(oid, rank, name, flops, nbytes, dtype, deps, fn, out, args, lo, hi, coll, fused=True)
+    return compute_op(oid, rank, name, deps, flops, nbytes, dtype, fn, out, args, lo, hi, fused=True, coll=coll)
 
 
 @dataclass
@@ -145,9 +144,9 @@ class Schedule:
         if kind not in COMPUTE_KINDS:
             raise ValueError(f"kind must be one of {sorted(COMPUTE_KINDS)}, got {kind!r}")
         oid = len(self.ops)
-        self.ops.append(_new(Op, (oid, rank, kind, name, self._check(rank, deps), float(flops), float(nbytes), dtype,
-                                  None, None, not_before_s, fn, out, _tuple(args), lo, hi, _tuple(alloc),
-                                  _tuple(free), fused, coll, None, "", False, 0.0, 0.0, dims)))
+        self.ops.append(compute_op(oid, rank, name, self._check(rank, deps), float(flops), float(nbytes), dtype, fn,
+                                   out, _tuple(args), lo, hi, _tuple(alloc), _tuple(free), fused, coll, kind,
+                                   not_before_s, dims))
         return oid
 
     def add_launch(self, rank: int, name: str, *, deps: Iterable[int] = (), coll: str = "", fn: str = "",
@@ -160,8 +159,7 @@ class Schedule:
         latency).
         """
         oid = len(self.ops)
-        self.ops.append(_new(Op, (oid, rank, "launch", name, self._check(rank, deps), 0.0, 0.0, "fp32", None, None,
-                                  0.0, fn, out, (), 0, -1, (), (), False, coll, root, redop, False, floor_s, 0.0, ())))
+        self.ops.append(launch_op(oid, rank, name, self._check(rank, deps), fn, out, coll, root, redop, floor_s))
         return oid
 
     def add_transfer(self, src: int, dst: int, nbytes: float, name: str, *, send_deps: Iterable[int] = (),
@@ -191,7 +189,7 @@ class Schedule:
         sid = len(self.ops)
         self.ops.extend(transfer_ops(sid, src, dst, float(nbytes), name, sd, rd, sargs, dargs, lo, hi, coll, into,
                                      floor_s, float(rate_cap), not_before_s, _tuple(free_src), _tuple(alloc)))
-        return sid, sid + 1
+        return sid, recv_of(sid)
 
     def add_transfers(self, src: Sequence[int] | np.ndarray, dst: Sequence[int] | np.ndarray,
                       nbytes: Sequence[float] | np.ndarray, name: Sequence[str] | Indexed,

@@ -23,12 +23,21 @@ import numpy as np
 import pandas as pd
 
 from simulator.schedule.colpass import fill_transfers, spans
-from simulator.schedule.op import OP_KINDS, Op
+from simulator.schedule.op import (
+    OP_KINDS,
+    Op,
+    compute_op,
+    is_recv,
+    recv_of,
+    recv_op,
+    send_op,
+    transfer_of,
+    transfer_send,
+)
 
 __all__ = ["COST", "KIND_INDEX", "Columns", "ComputeBlock", "Indexed", "OpBlock", "OpList", "TransferBlock", "csr",
            "indexed"]
 
-_new = tuple.__new__
 KIND_INDEX = {kind: i for i, kind in enumerate(OP_KINDS)}
 _COST_FIELDS = ("flops", "nbytes", "dtype", "fused", "fn", "dims")  # what a kernel's duration depends on
 COST = itemgetter(*map(Op._fields.index, _COST_FIELDS))
@@ -162,8 +171,8 @@ class ComputeBlock:
         kernels, dtype, fn, out, args, fused = self.kernels, self.dtype, self.fn, self.out, self.args, self.fused
         allocs = (repeat(self.allocs[0], len(js)) if self.alloc_which is None
                   else map(self.allocs.__getitem__, self.alloc_which[js].tolist()))
-        return [_new(Op, (self.first + j, rank, "compute", k[0], d, k[1], k[2], dtype, None, None, 0.0, fn, out, args,
-                          0, -1, alloc, (), fused, "", None, "", False, 0.0, 0.0, k[3]))
+        return [compute_op(self.first + j, rank, k[0], d, k[1], k[2], dtype, fn, out, args, 0, -1, alloc, (), fused, "",
+                           "compute", 0.0, k[3])
                 for j, rank, k, d, alloc in zip(js.tolist(), self.rank[js].tolist(),
                                                 map(kernels.__getitem__, self.which[js].tolist()),
                                                 _gather(self.dep_start, self.dep_flat, js), allocs, strict=True)]
@@ -222,8 +231,8 @@ class TransferBlock:
 
     def take(self, js: np.ndarray) -> list[Op]:
         """The block's ops at offsets ``js`` (sends even, recvs odd) as tuples."""
-        ks = js >> 1
-        recv = (js & 1).astype(bool)
+        ks = transfer_of(js)
+        recv = is_recv(js).astype(bool)
         sdeps = iter(_gather(self.send_start, self.send_flat, ks[~recv]))
         rdeps = iter(_gather(self.recv_start, self.recv_flat, ks[recv]))
         names, args, dargs, alloc, coll, first = self.names, self.args, self.dst_args, self.alloc, self.coll, self.first
@@ -232,20 +241,18 @@ class TransferBlock:
                                            self.nbytes[ks].tolist(), map(names.__getitem__, self.name[ks].tolist()),
                                            strict=True):
             oid = first + j
-            if j & 1:
-                out.append(_new(Op, (oid, dst, "recv", name, next(rdeps), 0.0, size, "fp32", src, oid - 1, 0.0, "",
-                                     "", dargs, 0, -1, alloc, (), False, coll, None, "", False, 0.0, 0.0, ())))
+            if is_recv(j):
+                out.append(recv_op(oid, dst, name, next(rdeps), size, src, dargs, 0, -1, alloc, coll))
             else:
-                out.append(_new(Op, (oid, src, "send", name, next(sdeps), 0.0, size, "fp32", dst, oid + 1, 0.0, "",
-                                     "", args, 0, -1, (), (), False, coll, None, "", False, 0.0, 0.0, ())))
+                out.append(send_op(oid, src, name, next(sdeps), size, dst, args, 0, -1, (), coll))
         return out
 
     def field(self, name: str, js: np.ndarray) -> list[Any]:
         """Field ``name`` of the ops at offsets ``js`` (a transfer's name and bytes off its columns)."""
         if name == "name":
-            return list(map(self.names.__getitem__, self.name[js >> 1].tolist()))
+            return list(map(self.names.__getitem__, self.name[transfer_of(js)].tolist()))
         if name == "nbytes":
-            return self.nbytes[js >> 1].tolist()  # type: ignore[no-any-return]
+            return self.nbytes[transfer_of(js)].tolist()  # type: ignore[no-any-return]
         return [getattr(op, name) for op in self.take(js)]
 
     def edges(self) -> int:
@@ -260,7 +267,7 @@ class TransferBlock:
             cols.coll[self.first:self.first + len(self):2] = True
 
     def holders(self) -> np.ndarray:
-        return (np.arange(self.first + 1, self.first + len(self), 2, dtype=np.int64) if self.alloc
+        return (recv_of(transfer_send(self.first, np.arange(len(self) // 2, dtype=np.int64))) if self.alloc
                 else np.zeros(0, np.int64))
 
 
@@ -326,7 +333,7 @@ class OpBlock:
 
     def take(self, js: np.ndarray) -> list[Op]:
         """The block's ops at offsets ``js`` as tuples."""
-        return [_new(Op, t) for t in zip(*(self.field(name, js) for name in Op._fields), strict=True)]
+        return [Op._make(t) for t in zip(*(self.field(name, js) for name in Op._fields), strict=True)]
 
     def edges(self) -> int:
         return len(self.dep_flat)

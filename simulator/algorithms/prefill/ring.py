@@ -23,6 +23,7 @@ import pandas as pd
 from simulator.algorithms.base import Layout
 from simulator.algorithms.prefill.base import add_delta, add_final, block_dims, new_prefill_schedule, tokens
 from simulator.schedule.core import Schedule
+from simulator.schedule.op import recv_of, transfer_send
 from simulator.schedule.oplist import Indexed
 from simulator.workloads.layouts import pair_matrix
 from simulator.workloads.prefill_shape import PrefillShape
@@ -109,8 +110,8 @@ def _post(sched: Schedule, ring: _Ring, held: np.ndarray, kv_size: np.ndarray, n
                                 _pad(last[ring.next], prev_sent[ring.next]), args=(_kv_buf(step),),
                                 dst_args=(_kv_buf(step + 1),), alloc=alloc)
     have = np.empty(ring.p, dtype=np.int64)
-    have[ring.next] = first + 2 * ranks + 1
-    return have, first + 2 * ranks
+    have[ring.next] = recv_of(transfer_send(first, ranks))
+    return have, transfer_send(first, ranks)
 
 
 def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, backward: bool, last: np.ndarray,
@@ -166,8 +167,8 @@ def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, ba
                                         _pad(dkv_sent[ring.next], last[ring.next]), args=(f"dkv{step % 2}",),
                                         dst_args=(dnxt,), alloc=((dnxt, max_kv),) if step == 0 else ())
             new_dkv = none.copy()
-            new_dkv[ring.next] = first + 2 * ranks + 1
-            dkv_have, dkv_sent = new_dkv, first + 2 * ranks
+            new_dkv[ring.next] = recv_of(transfer_send(first, ranks))
+            dkv_have, dkv_sent = new_dkv, transfer_send(first, ranks)
         have, sent = new_have, new_sent
     if backward:
         sched.meta["grads"] = [(r, "dq", f"dkv{p % 2}" if p > 1 else "dkv0") for r in range(p)]
