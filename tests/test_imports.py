@@ -49,8 +49,39 @@ def test_the_package_has_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles)
 
 
-def test_the_graph_sees_function_level_imports(tmp_path):
-    """A function-local import is an edge too (the cycles it would hide are cycles)."""
+def test_the_graph_sees_function_level_imports():
+    """A function-local import is an edge too (the cycles it would hide are cycles), and so is one made only for the
+    type checker."""
     graph = import_graph()
-    assert graph.has_edge("simulator.cli", "simulator.run.prepare")
+    assert graph.has_edge("simulator.engine.core", "simulator.cluster.topology")  # inside load_compiled
+    assert graph.has_edge("simulator", "simulator.schedule.op")  # under TYPE_CHECKING
     assert len(graph.edges) > 300
+
+
+def test_every_verb_runs_from_the_table_and_the_parser_loads_no_engine():
+    """Every verb of the parser has its function in cli.VERBS, importable; parsing imports none of the heavy rooms
+    (a fresh interpreter: ``treering --help`` answers at once)."""
+    import subprocess
+    import sys
+
+    from simulator.cli import VERBS, _parser, verb
+
+    sub = next(a for a in _parser()._actions if a.dest == "verb")
+    assert set(sub.choices) == set(VERBS)
+    assert all(callable(verb(name)) for name in VERBS)
+    code = ("import sys, simulator.cli as c; c._parser().parse_args(['run']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('numba', 'pandas', 'matplotlib', 'simulator.engine',"
+            " 'simulator.run', 'networkx'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_reference_lists_the_result_columns_the_code_declares():
+    """docs/reference.md's "Result columns" section is what ``treering schema --columns`` prints (regenerate it with
+    that command after changing a kind's columns)."""
+    from simulator.run.kinds import KINDS
+    from simulator.run.rows import columns_markdown
+
+    text = (ROOT / "docs" / "reference.md").read_text()
+    section = text.split("<!-- generated from simulator.run.rows: do not edit by hand -->", 1)[1]
+    assert columns_markdown({k: kind.columns for k, kind in KINDS.items()}).strip() in section

@@ -14,7 +14,7 @@ from simulator.collectives.protocols import base_latency, hop_latency
 from simulator.collectives.standalone import bus_factor
 from simulator.errors import InputError
 from simulator.nccl.fit import Sample, apply, parameters, simulated
-from simulator.run.prepare import simulate_point
+from simulator.run.prepare import run_point
 from simulator.run.scenario import scenario_points
 
 LOG = str(Path(__file__).parent / "fixtures" / "nccltests" / "all_reduce_h100_2x8_a3mega.log")
@@ -88,7 +88,7 @@ def test_nccl_latency_in_a_topology_replaces_nccl_constants(tmp_path):
     # a ring allreduce of 8 bytes on 2 GPUs: the base latency, then 2 (P - 1) = 2 hops of 3 us, 8 B at 100 GB/s
     tree = {"name": "x", "topology": str(path), "algorithms": [{"name": "ring", "protocol": "LL"}],
             "workload": {"kind": "collective", "collective": "allreduce", "bytes": 8, "dtype": "fp32"}}
-    row = simulate_point(scenario_points(tree, "x", tmp_path, [])[0]).rows[0]
+    row = run_point(scenario_points(tree, "x", tmp_path, [])[0])[0]
     assert row["time_s"] == pytest.approx(20e-6 + 2 * 3e-6, rel=0.05)
 
 

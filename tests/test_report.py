@@ -65,12 +65,12 @@ def test_speedups_are_over_the_first_algorithm_or_the_named_baseline(tmp_path, c
 
 
 def test_the_timeline_comes_from_the_sweeps_own_simulation(tmp_path, monkeypatch):
-    import simulator.cli as cli
+    import simulator.run.commands as commands
 
     def no_second_simulation(*args, **kwargs):
         raise AssertionError("the timeline point was simulated twice")
 
-    monkeypatch.setattr(cli, "point_runs", no_second_simulation)
+    monkeypatch.setattr(commands, "point_runs", no_second_simulation)
     out = tmp_path / "o"
     assert main(["run", str(DEFAULT_SCENARIO), "-o", str(out), "--set", "sweep={}", "--jobs", "1"]) == 0
     timeline = pd.read_csv(out / "timeline.csv")

@@ -152,7 +152,7 @@ def test_html_has_code_and_tables_without_empty_columns() -> None:
 
 
 def test_plan_report_states_the_answer(tmp_path: Path) -> None:
-    from simulator.cli import plan_frame
+    from simulator.plan.cli import plan_frame
     from simulator.plan.decode import PlanRequest, plan
     from simulator.report.plan_report import write_plan_report
 

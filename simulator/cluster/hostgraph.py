@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 
 from simulator.errors import InputError
 
-__all__ = ["NVLINK_LANE_BPS", "NVLINK_LATENCY_S", "PCIE_LATENCY_S", "SMP_LATENCY_S", "ImportOptions", "Link", "Node",
-           "ServerGraph", "device_defaults", "device_nic_bps", "nvlink_bandwidth", "pcie_bandwidth"]
+__all__ = ["FABRICS", "NVLINK_LANE_BPS", "NVLINK_LATENCY_S", "PCIE_LATENCY_S", "SMP_LATENCY_S", "ImportOptions", "Link",
+           "Node", "ServerGraph", "device_defaults", "device_nic_bps", "nvlink_bandwidth", "pcie_bandwidth"]
+
+FABRICS = ("rail", "fat-tree", "single-switch")  # the fabrics an imported topology's servers may join
 
 # NVLink generation -> bytes/s per link per direction
 NVLINK_LANE_BPS: dict[int, float] = {1: 20e9, 2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9}

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from simulator.cluster.builders import fabric
-from simulator.cluster.hostgraph import ImportOptions, ServerGraph, device_nic_bps
+from simulator.cluster.hostgraph import FABRICS, ImportOptions, ServerGraph, device_nic_bps
 from simulator.cluster.import_nccl_xml import looks_like_xml, nccl_xml_server, parse_xml
 from simulator.cluster.import_nvsmi import looks_like_nvsmi, nvsmi_server, parse_nvsmi
 from simulator.errors import InputError
 
 __all__ = ["FABRICS", "import_topology", "read_server"]
 
-FABRICS = ("rail", "fat-tree", "single-switch")
 # NCCL's base latency per operation (src/graph/tuning.cc, Ring/LL), as the presets use
 COMM_OVERHEAD = "6.6 us"
 

@@ -54,7 +54,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp64": torch.flo
 # kv_bytes 32 KiB .. 256 MiB (x 8, then x 4: a rank's shard of the 512 MiB caches validate --random draws), head_dim
 # 32 .. 256 (x 2), group (query heads per KV head) every count from 1 to 8, then 16 and 32: the kernel's matrix
 # products run their rows in tiles, the rows left over apart, so its time is not smooth in the group (a tile height
-# up to 4 is found from these; kernel_model.KernelProfile.tile)
+# up to 4 is found from these; kernels.profiles.KernelProfile.tile)
 ATTEND_GRID: tuple[tuple[float, ...], ...] = (tuple(float(2**k) for k in (15, 18, 21, 24, 26, 28)),
                                               (32.0, 64.0, 128.0, 256.0),
                                               (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 16.0, 32.0))
@@ -63,7 +63,7 @@ QUICK_ATTEND_GRID: tuple[tuple[float, ...], ...] = ((2.0**15, 2.0**18, 2.0**21),
 # attend over rows too (``--attend-rows``, the dtypes whose time depends on them: emulated bf16 on an AVX2 CPU took
 # 668, 329, 260 and 251 ms for 128 MiB of KV at head_dim 128, group 4 in 4, 16, 64 and 256 rows; fp32 and fp64
 # 0.6-1.45x of their 4-row time at 8 and 64 MiB): rows 1 .. 64, every group that is a power of two (no tile in such
-# a kernel's time, kernel_model), kv_bytes up to 64 MiB (in 4 rows, 256 MiB at group 32 took 18-21 s a call in the
+# a kernel's time, kernels.profiles), kv_bytes up to 64 MiB (in 4 rows, 256 MiB at group 32 took 18-21 s a call in the
 # 240-point grid); the smallest kv_bytes is one token of every row at the largest head_dim (fewer would round up to
 # a token and time more bytes)
 ATTEND_ROWS: tuple[float, ...] = (1.0, 4.0, 16.0, 64.0)

@@ -22,7 +22,7 @@ from simulator.errors import InputError
 
 __all__ = ["COLLECTIVES", "Measurement", "NcclTestsRow", "NcclTestsRun", "parse_nccl_tests", "read_nccl_tests"]
 
-# nccl-tests binary stem -> collective name as treering spells it (design.md)
+# nccl-tests binary stem -> collective name as treering spells it (docs/reference.md)
 COLLECTIVES: dict[str, str] = {
     "all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce-scatter",
     "alltoall": "alltoall", "broadcast": "broadcast", "reduce": "reduce", "sendrecv": "sendrecv",

@@ -1,27 +1,37 @@
-"""``treering plan SCENARIO --ttft T [--tbt T]``: the command line of :mod:`simulator.plan.ttft` (its flags checked,
-its answer printed and written)."""
+"""``treering plan``: the decode plan (``--model --context --tbt``, :mod:`simulator.plan.decode`) and
+``treering plan SCENARIO --ttft T [--tbt T]`` (:mod:`simulator.plan.ttft`), their flags checked, their answers
+printed and written; and ``treering overlap`` (:mod:`simulator.plan.overlap`)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import shlex
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from simulator import __version__
-from simulator.errors import InputError
-from simulator.plan.decode import ms
+from simulator.cluster.topology import load_topology
+from simulator.errors import InputError, excerpt
+from simulator.models.presets import PRESETS
+from simulator.plan.decode import PlanRequest, PlanRow, ms, plan
+from simulator.plan.overlap import find_overlap, overlap_shape
 from simulator.plan.ttft import Config, TtftPlan, TtftRequest, plan_ttft, seconds
 from simulator.report.plan_report import write_plan_report
+from simulator.run.commands import whatif_notes
+from simulator.run.prepared import layout_of
+from simulator.support.console import say
 from simulator.support.files import write_csv_atomic, write_text_atomic
-from simulator.units import parse_time_strict
+from simulator.support.yaml_lines import parse_set
+from simulator.units import parse_time_strict, parse_tokens
 
-__all__ = ["cmd_plan_ttft", "ttft_frame"]
+__all__ = ["cmd_overlap", "cmd_plan", "cmd_plan_ttft", "plan_frame", "ttft_frame"]
 
 _DECODE_ONLY = ("model", "context", "eff_mem", "eff_flops", "weight_dtype", "kv_dtype")
 _SCENARIO_KEYS = (("algorithms", "ring,tree,tree-p2p", "algorithms=[ring, tree]"), ("batch", 1, "workload.batch=N"),
@@ -129,3 +139,120 @@ def _write(out: Path, frame: pd.DataFrame, result: TtftPlan, req: TtftRequest, a
         print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'plan.csv'}")
         return
     print(f"wrote {out}")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.scenario is not None or args.ttft is not None:
+        return cmd_plan_ttft(args, say)
+    for flag, value in (("--model", args.model), ("--context", args.context), ("--tbt", args.tbt)):
+        if value is None:
+            raise InputError("required (or plan a prefill: treering plan SCENARIO --ttft T)", field=flag)
+    if args.model not in PRESETS:
+        raise InputError(f"unknown model preset {excerpt(args.model)}; presets: {', '.join(PRESETS)}", field="--model")
+    try:
+        tbt = parse_time_strict(args.tbt)
+        context = parse_tokens(args.context)
+    except InputError as err:
+        raise err.located(field="--tbt" if "time" in err.message or "unit" in err.message else "--context") \
+            from None
+    if tbt <= 0:
+        raise InputError(f"must be positive, got {args.tbt!r}", field="--tbt")
+    for flag, value in (("--mem-fraction", args.mem_fraction), ("--eff-mem", args.eff_mem),
+                        ("--eff-flops", args.eff_flops)):
+        if value is not None and not 0 < value <= 1:
+            raise InputError(f"must be in (0, 1], got {value}", field=flag)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir() \
+            and Path(args.out).suffix not in (".csv", ".json"):
+        raise InputError("exists and is not a folder (a report folder), a .csv or a .json", file=args.out, field="-o")
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    if not algorithms:
+        raise InputError(f"needs at least one algorithm name, got {excerpt(args.algorithms)}", field="--algorithms")
+    req = PlanRequest(model=args.model, context=context, tbt_s=tbt, topology=args.topology,
+                      algorithms=algorithms, batch=args.batch,
+                      dtype=args.dtype, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp,
+                      max_nodes=args.max_nodes, mem_fraction=args.mem_fraction, eff_mem=args.eff_mem,
+                      eff_flops=args.eff_flops, sets=args.sets, force=args.force)
+    tty = sys.stderr.isatty()
+    try:
+        rows = plan(req, progress=(lambda line: print(f"\rplan: {line}\033[K", end="", file=sys.stderr))
+                    if tty else None)
+    except InputError as err:
+        raise _plan_flag(err) from None
+    if tty:
+        print("\r\033[K", end="", file=sys.stderr)
+    for note in whatif_notes(args.topology, args.sets):
+        print(f"treering: note: {note}", file=sys.stderr)
+    table = plan_frame(rows, req)
+    say(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, on "
+          f"{args.topology}, up to {req.max_nodes} nodes, memory fraction {req.mem_fraction:g}"
+          + (f" ({', '.join(args.sets)})" if args.sets else ""))
+    shown = table.drop(columns=["usable_mem_GB", "bottleneck", "evaluated"])
+    with pd.option_context("display.width", 250, "display.max_colwidth", 200, "display.float_format",
+                           "{:.4g}".format):
+        say(shown.to_string(index=False))
+    if args.out:
+        out = Path(args.out)
+        if out.suffix not in (".csv", ".json"):  # a folder: the plan's report
+            meta = {"model": args.model, "context": req.context, "target_s": tbt, "topology": args.topology,
+                    "command": shlex.join(["treering", *args.argv]), "version": __version__,
+                    "sets": list(args.sets), "mem_fraction": req.mem_fraction}
+            write_plan_report(table, out, meta)
+            print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'plan.csv'}")
+            return 0
+        if out.suffix == ".csv":
+            write_csv_atomic(table, out)
+        else:
+            doc = {"request": {k: (list(v) if isinstance(v, (list, tuple)) else v)
+                               for k, v in dataclasses.asdict(req).items()},
+                   "version": __version__, "rows": table.to_dict(orient="records")}
+            write_text_atomic(out, json.dumps(doc, indent=2) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
+_PLAN_FLAGS = {"algorithms": "--algorithms", "topology": "--topology", "topology_params": "--topology",
+               "workload.model": "--model", "workload.dtype": "--dtype", "workload.weight_dtype": "--weight-dtype",
+               "workload.kv_dtype": "--kv-dtype", "workload.batch": "--batch", "workload.tp": "--tp",
+               "workload.context": "--context", "mem_fraction": "--mem-fraction"}
+
+
+def _plan_flag(err: InputError) -> InputError:
+    """An error in the scenario plan builds from its flags, told as the flag's (``--dtype: ...``)."""
+    if err.file != "treering plan" or not err.field:
+        return err
+    for key, flag in _PLAN_FLAGS.items():
+        if err.field == key or err.field.startswith(key + "."):
+            return InputError(err.message, field=flag)
+    return InputError(err.message, file="--set", field=err.field)  # the other keys come from --set only
+
+
+def plan_frame(rows: Sequence[PlanRow], req: PlanRequest) -> pd.DataFrame:
+    """The plan as a table: the answer per algorithm (or its fastest fitting configuration, ``met`` False)."""
+    records = []
+    for row in rows:
+        e = row.best
+        records.append({"algorithm": row.algorithm, "met": row.met, "nodes": e.nodes if e else None,
+                        "gpus": e.gpus if e else None, "tp": e.tp if e else None,
+                        "tbt_ms": e.latency_s * 1e3 if e else None,
+                        "peak_mem_GB": e.peak_mem_bytes / 1e9 if e else None,
+                        "usable_mem_GB": e.usable_mem_bytes / 1e9 if e else None,
+                        "binding": row.binding, "bottleneck": e.bottleneck() if e else None,
+                        "evaluated": row.evaluated})
+    return pd.DataFrame.from_records(records)
+
+
+def cmd_overlap(args: argparse.Namespace) -> int:
+    cluster = load_topology(args.topology, dict(parse_set(s) for s in args.sets), Path.cwd())
+    shape = overlap_shape(args.model, args.dtype)
+    sizes = args.gpus or sorted({min(8, len(cluster.ranks)), len(cluster.ranks)})
+    print(f"ring prefill overlap, {args.model} attention ({shape.heads} heads, {shape.kv_heads} KV heads, head_dim "
+          f"{shape.head_dim}), {args.dtype}, non-causal blocks, on {cluster.name}")
+    print(f"{'gpus':>5} {'tokens_per_gpu':>15} {'closed_form':>12} {'F_TFLOPs':>9} {'B_GBps':>8} {'simulations':>11}")
+    for p in sizes:
+        if not 2 <= p <= len(cluster.ranks):
+            raise InputError(f"must be between 2 and the {len(cluster.ranks)} GPUs, got {p}", field="--gpus")
+        res = find_overlap(shape, cluster, layout_of(cluster, p))
+        found = str(res.tokens) if res.tokens is not None else "not found"
+        print(f"{p:>5} {found:>15} {res.closed_form:>12.0f} {res.flops / 1e12:>9.1f} {res.bandwidth / 1e9:>8.1f} "
+              f"{res.simulations:>11}")
+    return 0

@@ -21,7 +21,7 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator
 
 from simulator.errors import InputError, excerpt
 from simulator.support.limits import check_sweep
-from simulator.support.yaml_lines import LineDict, LineList, line_of, load_yaml, load_yaml_text
+from simulator.support.yaml_lines import LineDict, LineList, line_of, load_yaml, parse_set
 from simulator.units import parse_time
 from simulator.workloads.base import ModelShape, Scalar, Strict, scalar, unit_value
 from simulator.workloads.collective import CollectiveWorkload
@@ -149,18 +149,6 @@ class Point:
 
 def scalar_or_none(v: Any) -> bool:
     return v is None or isinstance(v, (str, int, float, bool))
-
-
-def parse_set(item: str) -> tuple[str, Any]:
-    """``key=value`` from the command line; the value is parsed as YAML (``4``, ``[1, 2]``, ``450 GB/s``)."""
-    key, sep, value = item.partition("=")
-    if not sep or not key.strip():
-        raise InputError(f"expected key=value, got {excerpt(item)}", file="--set")
-    try:
-        parsed = load_yaml_text(value, "--set") if value.strip() else ""
-    except InputError as err:
-        raise InputError(err.message, file="--set", field=key.strip()) from None
-    return key.strip(), parsed
 
 
 def _set_path(tree: Any, dotted: str, value: Any, origin: _Origin, origins: dict[str, _Origin]) -> None:

@@ -21,7 +21,7 @@ import yaml
 from simulator.errors import InputError, excerpt
 
 __all__ = ["MAX_INT_DIGITS", "MAX_YAML_BYTES", "MAX_YAML_NODES", "LineDict", "LineList", "line_of", "load_yaml",
-           "load_yaml_text", "read_text_file"]
+           "load_yaml_text", "parse_set", "read_text_file"]
 
 MAX_YAML_BYTES = 4 * 2**20
 MAX_YAML_NODES = 1_000_000
@@ -173,3 +173,15 @@ def line_of(node: Any, path: tuple[Any, ...]) -> int | None:
         except (KeyError, IndexError, TypeError):
             break
     return best
+
+
+def parse_set(item: str) -> tuple[str, Any]:
+    """``key=value`` from the command line; the value is parsed as YAML (``4``, ``[1, 2]``, ``450 GB/s``)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise InputError(f"expected key=value, got {excerpt(item)}", file="--set")
+    try:
+        parsed = load_yaml_text(value, "--set") if value.strip() else ""
+    except InputError as err:
+        raise InputError(err.message, file="--set", field=key.strip()) from None
+    return key.strip(), parsed

@@ -1,6 +1,6 @@
 """How a prefill sequence is split over the P ranks of a context-parallel group, and the causal work of each block.
 
-Layouts (design.md, ``workload.layout``), n tokens over P ranks, uneven n allowed:
+Layouts (docs/reference.md, ``workload.layout``), n tokens over P ranks, uneven n allowed:
 
 * ``contiguous``: rank r owns [r n/P, (r+1) n/P) (the first n % P ranks one token more);
 * ``zigzag``: the sequence in 2P contiguous chunks (sizes as above); rank r owns chunks r and 2P-1-r;

@@ -1,4 +1,4 @@
-"""Prefill / training schedules by name (design.md): ``ring``, ``allgather``, ``ulysses``, ``single``.
+"""Prefill / training schedules by name (docs/reference.md): ``ring``, ``allgather``, ``ulysses``, ``single``.
 
 The same :class:`~simulator.algorithms.AlgorithmSpec` entries as the decode registry: a builder
 ``(PrefillShape, layout, **params) -> Schedule`` and its parameters. Each builds the forward and, when the shape
