@@ -1,9 +1,12 @@
-"""Shared test helpers: tiny explicit topologies."""
+"""Shared test helpers: tiny explicit topologies, a sweep scenario of a chosen size and its rows."""
 
 from __future__ import annotations
 
+import textwrap
+from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from hypothesis import settings
 
@@ -34,6 +37,35 @@ def star(n_hosts: int, bw: str = "10 GB/s", lat: str = "0 s", overhead: str = "0
         "message_overhead": overhead,
     }
     return build_cluster(raw, "<star>")
+
+
+SWEEP = """
+name: s
+topology: dgx-h100
+topology_params: {nodes: 1}
+workload:
+  kind: decode
+  model: {heads: 8, head_dim: 64}
+  context: 1000
+algorithms: [ring, tree]
+sweep:
+  topology_params.nodes: [1, 2, 4]
+  workload.context: [%s]
+"""
+
+
+def scenario(tmp_path: Path, contexts: int) -> Path:
+    """A sweep of ring and tree over 1, 2 and 4 DGX H100 nodes and ``contexts`` contexts: 3 x ``contexts`` points."""
+    path = tmp_path / "s.yaml"
+    values = ", ".join(str(1000 + 100 * i) for i in range(contexts))
+    path.write_text(textwrap.dedent(SWEEP % values).lstrip())
+    return path
+
+
+def rows(path: Path) -> pd.DataFrame:
+    """A results.csv without its one measured column (``sim_wall_s``), in (point, algorithm) order."""
+    df = pd.read_csv(path).drop(columns=["sim_wall_s"])
+    return df.sort_values(["point", "algorithm"]).reset_index(drop=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

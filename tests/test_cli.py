@@ -1,14 +1,16 @@
-"""The command line: runs, outputs, and one-line located errors with exit code 2."""
+"""The command line: runs, outputs, device efficiencies and token counts set in a scenario, `topo list`, `--version`,
+help on every option, and one-line located errors with exit code 2."""
 
 from __future__ import annotations
 
+import argparse
 import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from simulator.cli import main
+from simulator.cli import _parser, main
 
 
 def write(tmp: Path, name: str, text: str) -> Path:
@@ -200,3 +202,56 @@ def test_schema_is_json_schema(capsys):
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert schema["title"] == "Scenario" and "workload" in schema["properties"]
+
+
+def test_device_efficiencies_set_from_a_scenario(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\ntopology: dgx-h100\nworkload: {kind: decode, model: {heads: 8, head_dim: 128}, "
+                    "context: 1M}\nalgorithms: [tree]\nsweep: {devices.h100-sxm.eff_mem: [0.5, 1.0]}\n")
+    assert main(["run", str(path), "-o", str(tmp_path / "o"), "--no-report", "--jobs", "1"]) == 0
+    df = pd.read_csv(tmp_path / "o" / "results.csv")
+    assert df["context"].tolist() == [2**20, 2**20]
+    assert df["compute_s"][0] > 1.8 * df["compute_s"][1]  # KV reads dominate: half the bandwidth, ~twice the time
+    assert main(["run", str(path), "-o", str(tmp_path / "p"), "--set", "devices.h999.eff_mem=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "devices.h999: no device of topology 'dgx-h100' uses spec 'h999'; its devices: h100-sxm" in err
+    assert main(["run", str(path), "-o", str(tmp_path / "p"), "--set", "devices.h100-sxm.eff_mem=2"]) == 2
+    assert "devices.h100-sxm.eff_mem: must be at most 1.0, got 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("value", "message"), [("1.5M", None), ("12Q", "expected a token count"),
+                                                ("-5", "must be a positive integer")])
+def test_token_counts_in_yaml(value, message, tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(f"name: s\ntopology: dgx-h100\nworkload: {{kind: decode, model: {{heads: 8, head_dim: 64}}, "
+                    f"context: {value}}}\nalgorithms: [tree]\n")
+    rc = main(["run", str(path), "-o", str(tmp_path / "o"), "--no-report", "--jobs", "1"])
+    if message is None:
+        assert rc == 0 and pd.read_csv(tmp_path / "o" / "results.csv")["context"][0] == 1572864
+    else:
+        assert rc == 2 and f"s.yaml:3: workload.context: {message}" in capsys.readouterr().err
+
+
+def test_topo_list_and_version(capsys):
+    assert main(["topo", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("dgx-h100", "hgx-h200", "hgx-b200", "gb200-nvl72"):
+        assert any(line.startswith(name + " ") for line in out.splitlines())
+    assert "NVIDIA GB200 NVL72: one rack of 72 B200-class GPUs" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == "treering 0.1.0"
+
+
+def _parsers(p: argparse.ArgumentParser):
+    yield p
+    for action in p._actions:  # argparse keeps subparsers here; there is no public accessor
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_option_has_help():
+    missing = [f"{p.prog} {a.option_strings or a.dest}" for p in _parsers(_parser()) for a in p._actions
+               if not isinstance(a, argparse._SubParsersAction) and not a.help]
+    assert missing == []

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of every input boundary (issue 10): YAML text, quantities, scenario trees, result files
+"""Property-based fuzzing of every input boundary: YAML text, quantities, scenario trees, result files
 and command lines. Whatever the input: exit status 0 or 2, never a traceback, never over a time budget, and a failed
 command leaves the previous outputs as they were.
 

@@ -39,7 +39,7 @@ def test_pair_counts_equal_brute_force(layout, p, extra, causal):
         assert rank_pairs(runs[qr], n, causal) == sum(pair_count(runs[qr], runs[kr], causal) for kr in range(p))
 
 
-def test_zigzag_and_striped_own_what_the_issue_says():
+def test_each_layout_owns_the_positions_its_definition_gives():
     assert [positions(r).tolist() for r in layout_runs("zigzag", 8, 2)] == [[0, 1, 6, 7], [2, 3, 4, 5]]
     assert [positions(r).tolist() for r in layout_runs("striped", 7, 3)] == [[0, 3, 6], [1, 4], [2, 5]]
     assert [positions(r).tolist() for r in layout_runs("contiguous", 7, 3)] == [[0, 1, 2], [3, 4], [5, 6]]

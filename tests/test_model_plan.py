@@ -1,4 +1,5 @@
-"""Whole-model decode steps (scope: model, tensor parallelism); treering plan is in test_plan.py."""
+"""Whole-model decode steps (scope: model, tensor parallelism): model presets and user-defined models, separate
+weight and KV dtypes; treering plan is in test_plan.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from simulator.cli import main
 from simulator.cluster.topology import load_topology, override_devices
 from simulator.engine.core import simulate
-from simulator.models.presets import PRESETS
+from simulator.models.presets import PRESETS, custom_model
 from simulator.models.step import attention_layer, dense_layer, model_step
 from simulator.workloads.shape import DecodeShape
 
@@ -72,3 +73,64 @@ def test_model_scope_rows(tmp_path):
     df = pd.read_csv(tmp_path / "o" / "results.csv")
     assert list(df["model"]) == ["llama-3.2-1b"] * 2 and (df["tp"] == 8).all()
     assert (df["latency_s"] > 0).all() and not df["oom"].any()
+
+
+def test_llama_405b_preset_matches_its_shapes():
+    m = PRESETS["llama-3.1-405b"]
+    again = custom_model(m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.vocab)
+    assert again.params == pytest.approx(m.params, rel=1e-4)
+    # the published 70B count agrees with the same formula to within the norms
+    m70 = PRESETS["llama-3.1-70b"]
+    assert custom_model(m70.layers, m70.hidden, m70.heads, m70.kv_heads, m70.head_dim, m70.intermediate,
+                        m70.vocab).params == pytest.approx(m70.params, rel=2e-3)
+
+
+MODEL = """
+name: m
+topology: dgx-h100
+workload:
+  kind: decode
+  model: {model}
+  scope: model
+  tp: 8
+  context: 64K
+  {extra}
+algorithms: [tree]
+"""
+SHAPES_8B = "{layers: 32, hidden: 4096, heads: 32, kv_heads: 8, head_dim: 128, intermediate: 14336, vocab: 128256}"
+
+
+def _run(tmp_path, model: str, extra: str = "") -> pd.Series:
+    path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.yaml"
+    path.write_text(textwrap.dedent(MODEL.format(model=model, extra=extra)).lstrip())
+    out = path.with_suffix("")
+    assert main(["run", str(path), "-o", str(out), "--no-report", "--jobs", "1"]) == 0
+    return pd.read_csv(out / "results.csv").iloc[0]
+
+
+def test_user_defined_model_runs_like_the_preset_of_its_shapes(tmp_path):
+    custom = _run(tmp_path, SHAPES_8B)
+    preset = _run(tmp_path, "llama-3.1-8b")
+    assert custom["model"] == "custom" and custom["context"] == 65536
+    assert custom["latency_s"] == pytest.approx(preset["latency_s"], rel=1e-12)  # same kernels
+    # memory differs only by the parameter count: 8.03e9 published vs the shapes' count
+    weights = custom_model(32, 4096, 32, 8, 128, 14336, 128256).params
+    assert custom["peak_mem_bytes"] - preset["peak_mem_bytes"] == pytest.approx((weights - 8.03e9) / 8 * 2, rel=1e-6)
+
+
+def test_a_model_block_without_its_whole_shape_is_refused_for_scope_model(tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text(textwrap.dedent(MODEL.format(model="{heads: 32, head_dim: 128, layers: 2}", extra="")).lstrip())
+    assert main(["run", str(path), "-o", str(tmp_path / "o")]) == 2
+    assert "lacks hidden, intermediate, vocab" in capsys.readouterr().err
+
+
+def test_weight_and_kv_dtypes(tmp_path):
+    base = _run(tmp_path, "llama-3.1-8b")
+    fp8_weights = _run(tmp_path, "llama-3.1-8b", "weight_dtype: fp8")
+    fp8_kv = _run(tmp_path, "llama-3.1-8b", "kv_dtype: fp8")
+    weights = 8.03e9 / 8
+    assert base["peak_mem_bytes"] - fp8_weights["peak_mem_bytes"] == pytest.approx(weights, rel=1e-9)
+    kv = 32 * 2 * 65536 * 1 * 128  # layers x (K, V) x tokens x 1 KV head per GPU x head_dim, 1 byte saved each
+    assert base["peak_mem_bytes"] - fp8_kv["peak_mem_bytes"] == pytest.approx(kv, rel=0.01)
+    assert fp8_weights["latency_s"] < base["latency_s"] and fp8_kv["latency_s"] < base["latency_s"]

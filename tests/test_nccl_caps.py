@@ -161,7 +161,10 @@ def test_a_small_decode_allreduce_keeps_ncclS_ring():
 def test_the_decode_tree_through_the_nvswitch_computes_attention():
     """The switch adds every GPU's slice to the first one's, numerically: the output is dense attention's."""
     cluster = load_topology("dgx-h100")
-    shape = DecodeShape(batch=2048, heads=16, kv_heads=16, head_dim=128, context=64, dtype="fp32")
+    # a batch of 2048 makes the sum's payload large enough for auto to pick NVLS; one token per GPU keeps the KV cache
+    # (batch x context x heads x head_dim) at 0.27 GB instead of 2.1 GB at 64 tokens (the test's process peaked at
+    # 7.5 GB): the sum through the switch is the same merge of eight partial outputs whatever each GPU's token count
+    shape = DecodeShape(batch=2048, heads=16, kv_heads=16, head_dim=128, context=8, dtype="fp32")
     sched = build_tree(shape, Layout(cluster.host_indices(cluster.ranks), fabric_of(cluster)))
     assert sched.meta["allreduce"].endswith("sum: nvls/Simple")
     inp = make_inputs(np.random.default_rng(0), shape.batch, shape.heads, shape.kv_heads, shape.head_dim,

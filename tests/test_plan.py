@@ -26,7 +26,8 @@ def _table(out: str) -> dict[str, list[str]]:
 
 
 def test_three_nodes_meet_the_target_in_full_device_memory(capsys):
-    # the case: 1, 2, 4, ... missed 3 nodes, which fit in 80 GB and meet 50 ms
+    # a node count that is not a power of two: a search over 1, 2, 4, ... would miss 3 nodes, which fit in 80 GB and
+    # meet 50 ms
     assert main([*PLAN_70B, "--mem-fraction", "1"]) == 0
     row = _table(capsys.readouterr().out)["tree"]
     assert row[1:5] == ["True", "3", "24", "8"]

@@ -1,4 +1,6 @@
-"""Bad input of every class of issue 10 exits 2 with one located line, and leaves the output folder as it was."""
+"""Bad input of every kind (malformed or hostile YAML, out-of-range quantities and counts, unsafe names, damaged
+results, unwritable outputs, a second writer) exits 2 with one located line, and leaves the output folder as it
+was."""
 
 from __future__ import annotations
 

@@ -6,44 +6,17 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import rows, scenario
 
 from simulator.cli import main
 from simulator.run import sweep
 from simulator.run.prepare import check_points
 from simulator.run.scenario import load_scenario
-
-SWEEP = """
-name: s
-topology: dgx-h100
-topology_params: {nodes: 1}
-workload:
-  kind: decode
-  model: {heads: 8, head_dim: 64}
-  context: 1000
-algorithms: [ring, tree]
-sweep:
-  topology_params.nodes: [1, 2, 4]
-  workload.context: [%s]
-"""
-
-
-def scenario(tmp_path: Path, contexts: int) -> Path:
-    path = tmp_path / "s.yaml"
-    values = ", ".join(str(1000 + 100 * i) for i in range(contexts))
-    path.write_text(textwrap.dedent(SWEEP % values).lstrip())
-    return path
-
-
-def rows(path: Path) -> pd.DataFrame:
-    df = pd.read_csv(path).drop(columns=["sim_wall_s"])  # the only column that is a measurement
-    return df.sort_values(["point", "algorithm"]).reset_index(drop=True)
 
 
 def test_process_pool_gives_the_rows_of_a_serial_run(tmp_path):

@@ -24,7 +24,8 @@ DGX1_NVSMI = FIX / "dgx1-v100_msccl-tools.txt"
 A100_XML = FIX / "a100-8gpu-4nic_simai.xml"
 H100_XML = FIX / "h100-8gpu-8nic-vm_ibm-cloud.xml"
 MI300X_XML = FIX / "mi300x-8gpu-8nic-vm_rccl.xml"
-# DGX H100: 8 ConnectX-7 compute NICs; mlx5_1, 2, 7, 8 are the storage/ethernet ports (ibstat in the cited issue)
+# DGX H100: 8 ConnectX-7 compute NICs; mlx5_1, 2, 7, 8 are the storage/ethernet ports (the `ibstat` of the
+# report the log comes from, tests/fixtures/topo/README.md)
 DGX_H100_COMPUTE = ("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11")
 GEN4_X16 = 16e9 * 16 * (128 / 130) / 8
 GEN5_X16 = 32e9 * 16 * (128 / 130) / 8

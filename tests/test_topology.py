@@ -1,4 +1,5 @@
-"""Presets, the parametric builder, routing and topology validation."""
+"""Presets (H200, B200 and GB200 NVL72 among them), device specs with their cited efficiencies and per-field
+overrides, the parametric builder, routing and topology validation."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import itertools
 import networkx as nx
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,8 +18,9 @@ from simulator.cluster import routing
 from simulator.cluster.routecore import blake2b_8
 from simulator.cluster.routing import Router
 from simulator.cluster.summary import bisection_bandwidth, summarize
-from simulator.cluster.topology import list_presets, load_topology
+from simulator.cluster.topology import device_library, list_presets, load_topology, override_devices
 from simulator.errors import InputError
+from simulator.support.paths import TOPOLOGY_DIR
 
 
 def test_presets_listed():
@@ -244,3 +247,38 @@ def test_a_large_batch_is_routed_in_parts_cut_between_destinations(monkeypatch):
     router = Router(g)
     router.prepare(pairs)
     assert [router.route(a, b) for a, b in pairs] == [router.plain_route(a, b) for a, b in pairs]
+
+
+@pytest.mark.parametrize(("preset", "gpus", "device", "mem", "intra_Bps"), [
+    ("hgx-h200", 8, "h200-sxm", 141e9, 450e9),
+    ("hgx-b200", 8, "b200", 180e9, 900e9),
+    ("gb200-nvl72", 72, "gb200", 186e9, 900e9),
+])
+def test_new_presets(preset, gpus, device, mem, intra_Bps):
+    c = load_topology(preset, {"nodes": 2})
+    assert len(c.ranks) == 2 * gpus and c.num_hosts == 2
+    spec = c.specs["n0.gpu0"]
+    assert spec.name == device and spec.mem_bytes == mem
+    assert c.route_bandwidth(c.route("n0.gpu0", f"n0.gpu{gpus - 1}")) == intra_Bps  # one NVLink domain per node
+    assert c.route_bandwidth(c.route("n0.gpu0", "n1.gpu0")) == 50e9
+
+
+def test_every_device_constant_and_efficiency_has_a_comment():
+    """Each device spec in devices.yaml is preceded by a comment citing its source; efficiencies below 1 too."""
+    lines = (TOPOLOGY_DIR / "devices.yaml").read_text().splitlines()
+    specs = device_library()
+    for name, spec in specs.items():
+        start = lines.index(f"  {name}:")
+        assert lines[start + 1].strip().startswith("#"), name
+        block = "\n".join(lines[start: start + 14])
+        if spec.eff_mem < 1 or spec.eff_flops < 1:
+            assert "triad" in block or "MAMF" in block, name
+    assert specs["h100-sxm"].eff_mem == 0.89 and specs["h100-sxm"].eff_flops == 0.80
+    assert yaml.safe_load((TOPOLOGY_DIR / "devices.yaml").read_text())["devices"]["rtx4090"].get("eff_mem") is None
+
+
+def test_override_devices_replaces_only_named_fields():
+    c = override_devices(load_topology("dgx-h100"), {"h100-sxm": {"eff_flops": 0.5}})
+    assert c.specs["n0.gpu3"].eff_flops == 0.5 and c.specs["n0.gpu3"].eff_mem == 0.89
+    with pytest.raises(InputError, match="its devices: h100-sxm"):
+        override_devices(c, {"mi300x": {"eff_mem": 0.5}})
