@@ -16,8 +16,10 @@ import heapq
 from typing import Any, NamedTuple
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.typed import Dict, List
+
+from simulator.support.jitcache import njit
 
 __all__ = ["Graph", "blake2b_8", "entry_constants", "graph_arrays", "scratch", "two_hop_bounds", "walk_bounded",
            "walk_composed", "walk_rows"]

@@ -31,11 +31,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.experimental import structref
 
 from simulator.engine import netstate as ns
 from simulator.engine.borrow import borrow as _b
+from simulator.support.jitcache import njit
 
 __all__ = ["EngineState", "new_state", "records", "results", "run", "seed"]
 

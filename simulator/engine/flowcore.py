@@ -33,7 +33,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
+
+from simulator.support.jitcache import njit
 
 NO_REFCOUNTS: dict[str, Any] = {"_nrt": False}  # njit's option: compiled without numba's reference counting
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.experimental import structref
 
 from simulator.engine import flowcore as fc
 from simulator.engine.borrow import borrow as _b
+from simulator.support.jitcache import njit
 
 __all__ = ["NetState", "net_add", "net_allocate", "net_allocations", "net_capacity", "net_load", "net_new", "net_next",
            "net_rate", "net_remove"]

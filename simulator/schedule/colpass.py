@@ -6,7 +6,8 @@ elements (the dependents of every op; the distinct values of a column of small c
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from simulator.support.jitcache import njit
 
 __all__ = ["dependents", "distinct_codes", "fill_transfers", "first_of", "group_max", "ordered_sum", "spans",
            "timeline_order"]
