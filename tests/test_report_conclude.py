@@ -61,15 +61,15 @@ def test_summary_names_the_fastest_feasible_and_lists_oom(oom_run: Path) -> None
     table = summary(frame, 1e-3).set_index("context")
     assert table.loc[40_000_000, "fastest"] == "tree"
     assert table.loc[40_000_000, "out of memory"] == "ring, single"
-    assert table.loc[40_000_000, "x over ring"] == "(ring out of memory)"  # no speedup over an OOM baseline
+    assert table.loc[40_000_000, "speedup over ring"] == "(ring out of memory)"  # no speedup over an OOM baseline
     assert table.loc[80_000, "out of memory"] == "-"
     small = frame[frame["context"] == 80_000].set_index("algorithm")["latency_s"]
-    assert table.loc[80_000, "x over ring"] == f"{small['ring'] / small['tree']:.3g}x"
-    assert table.loc[80_000, "next best"] == f"single ({small['single'] / small['tree']:.3g}x)"
+    assert table.loc[80_000, "speedup over ring"] == f"{small['ring'] / small['tree']:.3g}x"
+    assert table.loc[80_000, "next best"] == f"single ({small['single'] / small['tree']:.3g}x the latency of tree)"
     assert table.loc[40_000_000, "target 1 ms"].startswith("missed")
     assert table.loc[80_000, "target 1 ms"] == "met"
     md = (oom_run / "report.md").read_text()
-    assert md.index("## Conclusions") < md.index("## Figures") < md.index("## Latency (ms)")
+    assert md.index("## Conclusions") < md.index("## Figures") < md.index("## Decode step latency (ms)")
     assert "Out of device memory: 2 rows at 1 points" in md
     assert f"| 40000000 | 8 | {big.loc['ring', 'latency_s'] * 1e3:.4g} OOM |" in md
     assert json.loads((oom_run / "meta.json").read_text())["targets"] == {"latency_s": 0.001}
@@ -174,12 +174,12 @@ def test_plan_report_states_the_answer(tmp_path: Path) -> None:
 
 def test_speedups_are_over_the_first_algorithm_unless_a_baseline_is_named(oom_run: Path) -> None:
     frame = pd.read_csv(oom_run / "results.csv")
-    assert "x over ring" in summary(frame).columns  # ring is the scenario's first algorithm
+    assert "speedup over ring" in summary(frame).columns  # ring is the scenario's first algorithm
     flipped = pd.concat([frame[frame["algorithm"] == "tree"], frame[frame["algorithm"] != "tree"]])
     table = summary(flipped).set_index("context")
-    assert table.loc[80_000, "x over tree"] == "1x"  # tree is the fastest: 1x over itself
+    assert table.loc[80_000, "speedup over tree"] == "1x"  # tree is the fastest: 1x over itself
     assert "over `tree`" in headline(summary(flipped), flipped)[1]
-    assert summary(frame, baseline="single").set_index("context").loc[40_000_000, "x over single"] == \
+    assert summary(frame, baseline="single").set_index("context").loc[40_000_000, "speedup over single"] == \
         "(single out of memory)"
 
 

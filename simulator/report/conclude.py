@@ -1,57 +1,134 @@
-"""What a report concludes from decode results: per sweep point, the fastest algorithm that fits in memory, its
-speedup, and what bounds it. Pure functions of the results table (no drawing).
+"""What a report concludes from latency results (decode, prefill, training, generate): per sweep point, the fastest
+algorithm that fits in memory, its speedup, and what bounds it. Pure functions of the results table (no drawing).
 
 A row is *feasible* when it has a latency and did not run out of memory (``oom``). Out-of-memory rows never win a
 point and never serve as the reference of a speedup.
+
+What is compared is a :class:`Measure`: a step's or a prefill's ``latency_s``, or, for ``generate`` rows, the time
+per output token (``tpot_s``): there the prefill is shared by every decode schedule, so the time to first token and
+the whole request are stated beside it, never folded into one ratio.
+
+A swept key that only repeats a column of the rows (``topology_params.nodes`` and ``nodes``, ``workload.prompt``
+``32K`` and ``context`` 32768, ``workload.backward`` and ``phase``: :data:`REPEATS`) names its points by that column:
+it is one axis, not two.
 """
 
 from __future__ import annotations
 
 import numbers
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["feasible", "headline", "point_columns", "point_view", "summary", "swept_keys", "times"]
+__all__ = ["LATENCY", "REPEATS", "TPOT", "Measure", "extreme_row", "feasible", "headline", "is_categorical",
+           "measure_of", "ordered", "overview", "point_columns", "point_view", "ratio_values", "repeated_columns",
+           "speedup_column", "summary", "swept_keys", "times"]
 
 _IDENTITY = ("ranks", "nodes", "context")
 
-
-def _twin(frame: pd.DataFrame, column: str, key: str) -> bool:
-    """Whether swept ``column`` only repeats the stable column ``key`` (``topology_params.nodes`` and ``nodes``):
-    equal for every algorithm, except those for which ``key`` does not vary (``single`` stays on one device)."""
-    same = frame[column].astype(str) == frame[key].astype(str)
-    if same.all():
-        return True
-    groups = [g.index for _, g in frame.groupby("algorithm", sort=False)] if "algorithm" in frame else [frame.index]
-    if not all(same[i].all() or frame.loc[i, key].nunique() == 1 for i in groups):
-        return False
-    return any(same[i].all() and frame.loc[i, column].nunique() > 1 for i in groups)
+# a column -> the column of the rows it can only repeat (each value of one names one value of the other)
+REPEATS: dict[str, str] = {
+    "topology_params.nodes": "nodes", "topology_params.gpus": "ranks", "workload.context": "context",
+    "workload.prompt": "context", "workload.sequence": "context", "workload.backward": "phase",
+    "workload.bytes": "bytes", "sequence": "context",
+}
 
 
-def _swept(frame: pd.DataFrame) -> dict[str, str | None]:
-    """Each varying swept column (dotted key) -> the stable column it repeats, or None."""
-    swept = [c for c in frame.columns if "." in c and frame[c].nunique() > 1]
-    return {c: next((k for k in _IDENTITY if k in frame and _twin(frame, c, k)), None) for c in swept}
+@dataclass(frozen=True)
+class Measure:
+    """The quantity a report compares: its column (seconds), its name in sentences, its table column's stem."""
+
+    column: str
+    noun: str
+    short: str
+
+
+LATENCY = Measure("latency_s", "latency", "latency")
+TPOT = Measure("tpot_s", "time per output token", "tpot")
+
+
+def measure_of(frame: pd.DataFrame) -> Measure:
+    """``generate`` rows (with ``tpot_s``) compare the time per output token; the others their latency."""
+    return TPOT if "tpot_s" in frame and frame["tpot_s"].notna().any() else LATENCY
+
+
+def is_categorical(values: pd.Series) -> bool:
+    """Names, flags and mixed values are categories (drawn and ordered as such), numbers are quantities."""
+    return pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values)
+
+
+def _bijective(part: pd.DataFrame, column: str, key: str) -> bool:
+    pairs = part[[column, key]].astype(str).drop_duplicates()
+    return bool(pairs[column].is_unique and pairs[key].is_unique)
+
+
+def _twin_map(frame: pd.DataFrame, column: str, key: str, exact: bool) -> dict[str, Any] | None:
+    """``column``'s values (as text) -> ``key``'s, when ``column`` only repeats ``key``: equal values (``exact``) or one
+    to one, for every algorithm, except those for which ``key`` does not vary (``single`` stays on one device)."""
+    if key not in frame or column not in frame:
+        return None
+
+    def same(index: pd.Index) -> bool:
+        if exact:
+            return bool((frame.loc[index, column].astype(str) == frame.loc[index, key].astype(str)).all())
+        return _bijective(frame.loc[index], column, key)
+
+    if same(frame.index):
+        good = [frame.index]
+    else:
+        groups = [g.index for _, g in frame.groupby("algorithm", sort=False)] if "algorithm" in frame else []
+        if not groups or not all(same(i) or frame.loc[i, key].nunique() == 1 for i in groups):
+            return None
+        good = [i for i in groups if same(i) and frame.loc[i, column].nunique() > 1]
+        if not good:
+            return None
+    pairs = pd.concat([frame.loc[i, [column, key]] for i in good]).drop_duplicates(column)
+    return dict(zip(pairs[column].astype(str), pairs[key], strict=True))
+
+
+def _twin(frame: pd.DataFrame, column: str) -> tuple[str, dict[str, Any]] | None:
+    """The column ``column`` repeats, and how its values map onto that column's; None when it repeats none."""
+    candidates = ([(REPEATS[column], False)] if column in REPEATS else []) + [(k, True) for k in _IDENTITY]
+    for key, exact in candidates:
+        if key != column:
+            mapping = _twin_map(frame, column, key, exact)
+            if mapping is not None:
+                return key, mapping
+    return None
+
+
+def _swept(frame: pd.DataFrame) -> dict[str, tuple[str, dict[str, Any]] | None]:
+    """Each varying swept column (dotted key) -> the column it repeats (and the map onto it), or None."""
+    return {c: _twin(frame, c) for c in frame.columns if "." in c and frame[c].nunique() > 1}
+
+
+def repeated_columns(frame: pd.DataFrame) -> list[str]:
+    """Columns that only repeat another column of ``frame`` (``sequence`` beside ``context``, ``workload.backward``
+    beside ``phase``, ``topology_params.nodes`` beside ``nodes``): what a table need not show twice."""
+    return [c for c in frame.columns if (c in REPEATS or "." in c) and _twin(frame, c) is not None]
 
 
 def swept_keys(frame: pd.DataFrame) -> list[str]:
-    """Swept columns (dotted keys) that vary and do not repeat a stable column (``topology_params.nodes``)."""
+    """Swept columns (dotted keys) that vary and do not repeat a column of the rows."""
     return [c for c, twin in _swept(frame).items() if twin is None]
 
 
 def point_view(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """``frame`` with the columns that name its sweep point, and their names: a swept key that repeats a stable
-    column is shown by that column's name (``nodes``, ``context``) with the point's value (also for ``single``,
-    which stays on one device). Without a sweep, the point is named by its context."""
+    """``frame`` with the columns that name its sweep point, and their names: a swept key that repeats a column of
+    the rows is shown by that column's name (``nodes``, ``context``, ``phase``) with the point's value (also for
+    ``single``, which stays on one device). Without a sweep, the point is named by its context."""
     view, keys = frame.copy(), []
     for column, twin in _swept(frame).items():
         if twin is None:
             keys.append(column)
-        else:
-            view[twin] = frame[column]
-            keys.append(twin)
+        elif twin[0] not in keys:
+            name, mapping = twin
+            view[name] = frame[column].astype(str).map(mapping).astype(frame[name].dtype)
+            keys.append(name)
     if not keys and "context" in frame:
         keys = ["context"]
     order = [k for k in _IDENTITY[::-1] if k in keys]  # context, nodes, ranks first
@@ -61,6 +138,22 @@ def point_view(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 def point_columns(frame: pd.DataFrame) -> list[str]:
     """The names of the columns of :func:`point_view` that name a sweep point."""
     return point_view(frame)[1]
+
+
+def ordered(view: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """``view``'s rows by their point: numbers ascending, names and flags in the order they first appear (the
+    sweep's order), so that ``1M`` follows ``32K`` and ``prefill`` precedes ``train``."""
+    if not keys:
+        return view
+    rank = {}
+    for k in keys:
+        values = view[k]
+        if is_categorical(values):
+            text = values.astype(str)
+            rank[k] = text.map({v: i for i, v in enumerate(dict.fromkeys(text))})
+        else:
+            rank[k] = values
+    return view.loc[pd.DataFrame(rank, index=view.index).sort_values(list(keys), kind="stable").index]
 
 
 def feasible(frame: pd.DataFrame) -> pd.Series:
@@ -76,86 +169,206 @@ def times(ratio: float) -> str:
     return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
+
+
 def _bound(row: pd.Series) -> str:
     comm = float(row["comm_s"]) / float(row["latency_s"]) if row["latency_s"] else 0.0
     return f"communication ({comm:.0%} of the step)" if comm > 0.5 else f"compute ({1 - comm:.0%} of the step)"
 
 
+def speedup_column(baseline: str, measure: Measure = LATENCY) -> str:
+    """The summary's speedup column: ``speedup over ring`` (``TPOT speedup over ring`` for generate rows)."""
+    return f"{'TPOT ' if measure is TPOT else ''}speedup over {baseline}"
+
+
+def _ratio(base: pd.DataFrame, best: pd.Series, column: str, baseline: str, present: bool) -> str:
+    if not present:
+        return ""
+    if base.empty:
+        return f"({baseline} out of memory)"
+    return times(float(base[column].iloc[0]) / float(best[column]))
+
+
 def _point_row(keys: dict[str, object], part: pd.DataFrame, ok: pd.Series, target_s: float | None,
-               baseline: str) -> dict[str, object]:
+               baseline: str, measure: Measure) -> dict[str, object]:
     row: dict[str, object] = dict(keys)
-    good = part[ok].sort_values("latency_s", kind="stable")
+    col, value = measure.column, f"{measure.short}_ms"
+    good = part[ok].sort_values(col, kind="stable")
     oom = [str(a) for a in part.loc[~ok & part["latency_s"].notna(), "algorithm"]]
+    present = baseline in set(part["algorithm"])
     if good.empty:
-        row.update({"fastest": "none (all out of memory)", "ranks": "", "latency_ms": float("nan"),
-                    f"x over {baseline}": "",
-                    "next best": "", "bound by": "memory"})
+        row.update({"fastest": "none (all out of memory)", "ranks": "", value: float("nan"),
+                    speedup_column(baseline, measure): "", "next best": ""})
+        if measure is TPOT:
+            row.update({"ttft_ms": float("nan"), "request_ms": float("nan"), f"request speedup over {baseline}": ""})
+        else:
+            row["bound by"] = "memory"
     else:
         best = good.iloc[0]
         base = good[good["algorithm"] == baseline]
-        if baseline not in set(part["algorithm"]):
-            speedup = ""
-        elif base.empty:
-            speedup = f"({baseline} out of memory)"
-        else:
-            speedup = times(float(base["latency_s"].iloc[0]) / float(best["latency_s"]))
         runner = ""
         if len(good) > 1:
-            ratio = float(good.iloc[1]["latency_s"]) / float(best["latency_s"])
-            runner = f"{good.iloc[1]['algorithm']} ({f'+{ratio - 1:.1%}' if ratio < 2 else times(ratio)})"
-        row.update({"fastest": str(best["algorithm"]), "ranks": int(best["ranks"]),
-                    "latency_ms": float(best["latency_s"]) * 1e3,
-                    f"x over {baseline}": speedup, "next best": runner, "bound by": _bound(best)})
+            second = good.iloc[1]
+            runner = (f"{second['algorithm']} ({times(float(second[col]) / float(best[col]))} the {measure.noun} "
+                      f"of {best['algorithm']})")
+        row.update({"fastest": str(best["algorithm"]), "ranks": int(best["ranks"]), value: float(best[col]) * 1e3,
+                    speedup_column(baseline, measure): _ratio(base, best, col, baseline, present),
+                    "next best": runner})
+        if measure is TPOT:
+            row.update({"ttft_ms": float(best["ttft_s"]) * 1e3, "request_ms": float(best["latency_s"]) * 1e3,
+                        f"request speedup over {baseline}": _ratio(base, best, "latency_s", baseline, present)})
+        else:
+            row["bound by"] = _bound(best)
     row["out of memory"] = ", ".join(oom) if oom else "-"
     if target_s is not None:
-        lat = row["latency_ms"]
-        assert isinstance(lat, float)
+        lat = float(best["latency_s"]) * 1e3 if not good.empty else float("nan")
         row[f"target {target_s * 1e3:g} ms"] = ("not met" if lat != lat
                                                 else "met" if lat <= target_s * 1e3 else
                                                 f"missed ({lat / (target_s * 1e3):.3g}x over)")
     return row
 
 
-def summary(frame: pd.DataFrame, target_s: float | None = None, baseline: str | None = None) -> pd.DataFrame:
-    """One row per sweep point: the fastest feasible algorithm, its latency (ms), its speedup over ``baseline``
-    (default: the first algorithm of the results), the runner-up, what bounds the winner (communication or
-    compute, by the critical rank's split), the algorithms that ran out of memory, and the latency target's
-    verdict when there is one."""
+def summary(frame: pd.DataFrame, target_s: float | None = None, baseline: str | None = None,
+            measure: Measure | None = None) -> pd.DataFrame:
+    """One row per sweep point: the fastest feasible algorithm by ``measure`` (default :func:`measure_of`), its
+    value (ms), its speedup over ``baseline`` (default: the first algorithm of the results), the runner-up and how
+    much slower it is, what bounds the winner (communication or compute, by the critical rank's split; for generate
+    rows instead the time to first token and the whole request with its own speedup), the algorithms that ran out of
+    memory, and the latency target's verdict when there is one."""
+    measure = measure or measure_of(frame)
     baseline = baseline if baseline is not None else str(frame["algorithm"].iloc[0])
     view, keys = point_view(frame)
     ok = feasible(view)
+    if measure is TPOT:
+        ok &= view["tpot_s"].notna()
+    view = ordered(view, keys)
     rows = []
-    for values, part in view.groupby(keys, sort=True) if keys else [((), view)]:
+    for values, part in view.groupby(keys, sort=False) if keys else [((), view)]:
         vals = values if isinstance(values, tuple) else (values,)
-        rows.append(_point_row(dict(zip(keys, vals, strict=True)), part, ok.loc[part.index], target_s, baseline))
+        rows.append(_point_row(dict(zip(keys, vals, strict=True)), part, ok.loc[part.index], target_s, baseline,
+                               measure))
     return pd.DataFrame(rows)
 
 
+def _value(key: str, value: Any) -> str:
+    return f"{key.split('.')[-1]} {value:,}" if isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+        else f"{key.split('.')[-1]} {value}"
+
+
 def _where(row: pd.Series, keys: Sequence[str]) -> str:
-    return ", ".join(f"{k.split('.')[-1]} {row[k]:,}" if isinstance(row[k], numbers.Integral)
-                     else f"{k.split('.')[-1]} {row[k]}" for k in keys)
+    return ", ".join(_value(k, row[k]) for k in keys) or "the only point"
 
 
-def headline(table: pd.DataFrame, frame: pd.DataFrame, target_s: float | None = None) -> list[str]:
+def ratio_values(column: pd.Series) -> pd.Series:
+    """``2.36x``, ``4,519x`` -> numbers (anything else: NaN)."""
+    text = column.astype(str).str.removesuffix("x").str.replace(",", "")
+    return pd.to_numeric(text, errors="coerce")
+
+
+def _range_line(won: pd.DataFrame, column: str, keys: Sequence[str], what: str) -> str | None:
+    sp = ratio_values(won[column])
+    if not sp.notna().any():
+        return None
+    values = sp.to_numpy(dtype=float)
+    hi, lo = won.iloc[int(np.nanargmax(values))], won.iloc[int(np.nanargmin(values))]
+    if len(won) == 1 or sp.min() == sp.max():
+        return f"{what}: {times(sp.max())} at {_where(hi, keys)} (`{hi['fastest']}`)."
+    return (f"{what}: from {times(sp.min())} at {_where(lo, keys)} (`{lo['fastest']}`) to {times(sp.max())} at "
+            f"{_where(hi, keys)} (`{hi['fastest']}`).")
+
+
+def extreme_row(frame: pd.DataFrame, column: str, largest: bool = False) -> pd.Series:
+    """The first row with the smallest (``largest``: the largest) value of ``column``."""
+    values = frame[column].to_numpy(dtype=float)
+    return frame.iloc[int(np.nanargmax(values) if largest else np.nanargmin(values))]
+
+
+def _ttft_line(frame: pd.DataFrame, keys: list[str]) -> str:
+    view = point_view(frame)[0]
+    firsts = ordered(view, keys).groupby(keys, sort=False).first().reset_index() if keys else view.iloc[:1]
+    lo, hi = extreme_row(firsts, "ttft_s"), extreme_row(firsts, "ttft_s", largest=True)
+    prefill = ", ".join(f"`{p}`" for p in dict.fromkeys(frame["prefill"].astype(str))) if "prefill" in frame else ""
+    shared = f" (the prefill{f', {prefill},' if prefill else ''} is the same for every decode schedule)"
+    if len(firsts) == 1 or lo["ttft_s"] == hi["ttft_s"]:
+        return f"Time to first token{shared}: {_duration(float(hi['ttft_s']))}."
+    return (f"Time to first token{shared}: from {_duration(float(lo['ttft_s']))} at {_where(lo, keys)} to "
+            f"{_duration(float(hi['ttft_s']))} at {_where(hi, keys)}.")
+
+
+def _by_value(frame: pd.DataFrame, measure: Measure) -> list[str]:
+    """With one algorithm: for each swept name or flag (a layout, a model), where each value is fastest against the
+    others at the same point otherwise, and how much slower the slowest gets."""
+    view, keys = point_view(frame)
+    view = view[feasible(view)]
+    lines = []
+    for key in [k for k in keys if is_categorical(view[k]) and view[k].nunique() > 1]:
+        others = [k for k in keys if k != key]
+        wins: Counter[str] = Counter()
+        worst: tuple[float, str, str] = (1.0, "", "")
+        compared = 0
+        for _, part in (view.groupby(others, sort=False) if others else [((), view)]):
+            if part[key].nunique() < 2:
+                continue
+            compared += 1
+            best = float(part[measure.column].min())
+            wins.update(part.loc[part[measure.column] <= best * (1 + 1e-9), key].astype(str))
+            slow = extreme_row(part, measure.column, largest=True)
+            if float(slow[measure.column]) / best > worst[0]:
+                worst = (float(slow[measure.column]) / best, str(slow[key]), _where(slow, others))
+        if not compared:
+            continue
+        name = key.split(".")[-1]
+        counts = ", ".join(f"`{v}` at {c}" for v, c in wins.most_common())
+        same = " and ".join(k.split(".")[-1] for k in others) or "point"
+        line = f"By {name}, at the same {same}: fastest {counts} of {compared} (a tie counts for each)"
+        if worst[1]:
+            line += f"; the slowest, `{worst[1]}`, takes up to {times(worst[0])} the {measure.noun} of the fastest " \
+                    f"(at {worst[2] or 'the only point'})"
+        lines.append(line + ".")
+    return lines
+
+
+def headline(table: pd.DataFrame, frame: pd.DataFrame, target_s: float | None = None,
+             measure: Measure | None = None) -> list[str]:
     """The conclusions in a few sentences, from :func:`summary`'s table and the results."""
+    measure = measure or measure_of(frame)
     keys = point_columns(frame)
     n = len(table)
     lines = []
+    if measure is TPOT:
+        lines.append(_ttft_line(frame, keys))
     won = table[~table["fastest"].str.startswith("none")]
-    counts = won["fastest"].value_counts()
-    wins = ", ".join(f"`{a}` at {c} of {n}" for a, c in counts.items())
-    lines.append(f"Fastest algorithm that fits in memory: {wins or 'none'} sweep points.")
-    column = next(c for c in table.columns if str(c).startswith("x over "))
-    baseline = str(column).removeprefix("x over ")
-    sp = pd.to_numeric(won[column].str.removesuffix("x").str.replace(",", ""), errors="coerce")
-    if sp.notna().any():
-        values = sp.to_numpy(dtype=float)
-        hi, lo = won.iloc[int(np.nanargmax(values))], won.iloc[int(np.nanargmin(values))]
-        lines.append(f"Speedup of the fastest over `{baseline}`: from {times(sp.min())} at {_where(lo, keys)} "
-                     f"(`{lo['fastest']}`) to {times(sp.max())} at {_where(hi, keys)} (`{hi['fastest']}`).")
-    bound = won["bound by"].str.split(" ").str[0].value_counts()
-    lines.append("The fastest is bound by " + ", ".join(f"{b} at {c}" for b, c in bound.items()) + " points "
-                 "(the critical rank's time waiting on transfers vs. in kernels).")
+    algos = list(dict.fromkeys(frame["algorithm"].astype(str)))
+    what = " per output token" if measure is TPOT else ""
+    if len(algos) == 1:
+        lines.append(f"One algorithm, `{algos[0]}`: it fits in memory at {len(won)} of {n} sweep points.")
+    else:
+        wins = ", ".join(f"`{a}` at {c} of {n}" for a, c in won["fastest"].value_counts().items())
+        lines.append(f"Fastest algorithm{what} that fits in memory: {wins or 'none'} sweep points.")
+    column = next(c for c in table.columns if "speedup over " in str(c) and not str(c).startswith("request"))
+    baseline = str(column).split("speedup over ", 1)[1]
+    if len(algos) > 1:
+        line = _range_line(won, column, keys, f"Speedup of the fastest over `{baseline}` (`{baseline}`'s "
+                                              f"{measure.noun} / the fastest's)")
+        if line:
+            lines.append(line)
+        if measure is TPOT:
+            steps = int(frame["new_tokens"].iloc[0]) if "new_tokens" in frame and frame["new_tokens"].nunique() == 1 \
+                else None
+            request = _range_line(won, f"request speedup over {baseline}", keys,
+                                  f"The whole request (the prefill and {steps or 'every'} decode step"
+                                  f"{'s' if steps != 1 else ''}), whose shared prefill counts in both: `{baseline}`'s "
+                                  "latency / the fastest's")
+            if request:
+                lines.append(request)
+    else:
+        lines += _by_value(frame, measure)
+    if "bound by" in table:
+        bound = won["bound by"].str.split(" ").str[0].value_counts()
+        lines.append("The fastest is bound by " + ", ".join(f"{b} at {c}" for b, c in bound.items()) + " points "
+                     "(the critical rank's time waiting on transfers vs. in kernels).")
     view, keys = point_view(frame)
     ok = feasible(view)
     oom = view[~ok & view["latency_s"].notna()]
@@ -169,3 +382,30 @@ def headline(table: pd.DataFrame, frame: pd.DataFrame, target_s: float | None = 
         met = (table[f"target {target_s * 1e3:g} ms"] == "met").sum()
         lines.append(f"Latency target {target_s * 1e3:g} ms: met at {met} of {n} points.")
     return lines
+
+
+def overview(table: pd.DataFrame, facets: Sequence[str], top: int = 10) -> dict[str, pd.DataFrame]:
+    """A large sweep's summaries from :func:`summary`'s table: per value of the ``facets`` (the figures' panels),
+    how many points each algorithm wins and the range of the speedup; and the ``top`` points with the largest and
+    the smallest speedup."""
+    column = next((c for c in table.columns if "speedup over " in str(c) and not str(c).startswith("request")), None)
+    sp = ratio_values(table[column]) if column else pd.Series(np.nan, index=table.index)
+    out: dict[str, pd.DataFrame] = {}
+    rows = []
+    for values, part in (table.groupby(list(facets), sort=False) if facets else [((), table)]):
+        vals = values if isinstance(values, tuple) else (values,)
+        row: dict[str, object] = dict(zip(facets, vals, strict=True))
+        row["points"] = len(part)
+        row["fastest"] = ", ".join(f"{a} at {c}" for a, c in part["fastest"].value_counts().items())
+        s = sp.loc[part.index]
+        if column and s.notna().any():
+            row[f"{column}: min"] = times(float(s.min()))
+            row["median"] = times(float(np.nanmedian(s.to_numpy(dtype=float))))
+            row["max"] = times(float(s.max()))
+        rows.append(row)
+    out["per facet"] = pd.DataFrame(rows)
+    if column and sp.notna().any():
+        ranked = table.assign(_sp=sp).dropna(subset=["_sp"]).sort_values("_sp", ascending=False, kind="stable")
+        out["largest"] = ranked.head(top).drop(columns="_sp")
+        out["smallest"] = ranked.tail(top).iloc[::-1].drop(columns="_sp")
+    return out

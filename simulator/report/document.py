@@ -1,7 +1,8 @@
 """A report as a list of blocks, rendered twice: GitHub Markdown (``report.md``) and self-contained HTML.
 
-Writing the blocks once and rendering each format directly avoids a Markdown parser: inline ``code`` in text is
-the only markup, tables are plain header + rows (no index column), images are embedded in the HTML as base64.
+Writing the blocks once and rendering each format directly avoids a Markdown parser: inline ``code`` and links
+(``[results.csv](results.csv)``, to files beside the report) are the only markup in text, tables are plain header +
+rows (no index column), images are embedded in the HTML as base64.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Image:
 Block = Heading | Para | Items | Code | Table | Image
 
 _CODE = re.compile(r"`([^`]+)`")
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 
 
 def _cell(value: object, floatfmt: str) -> str:
@@ -92,10 +94,18 @@ def to_markdown(blocks: Sequence[Block]) -> str:
     return "\n\n".join(out) + "\n"
 
 
+def _links(text: str) -> str:
+    parts = _LINK.split(text)  # text, (label, href, text)*
+    out = [html.escape(parts[0])]
+    for k in range(1, len(parts), 3):
+        out.append(f'<a href="{html.escape(parts[k + 1])}">{html.escape(parts[k])}</a>{html.escape(parts[k + 2])}')
+    return "".join(out)
+
+
 def _inline(text: str) -> str:
-    """HTML of a line of text whose `backticks` mark code."""
+    """HTML of a line of text whose `backticks` mark code and ``[label](href)`` a link."""
     parts = _CODE.split(text)
-    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else html.escape(p) for i, p in enumerate(parts))
+    return "".join(f"<code>{html.escape(p)}</code>" if i % 2 else _links(p) for i, p in enumerate(parts))
 
 
 _NUMBER = re.compile(r"^\(?[-+]?[\d.,]+(e[-+]?\d+)?(x| OOM)?\)?$")  # right-aligned: 1.358, 4,519x, 649.4 OOM

@@ -1,9 +1,18 @@
-"""Faceted figures of decode results: colour encodes the algorithm, facets and line style the swept parameters.
+"""Faceted figures of result rows: colour encodes the algorithm, panels and line style the swept parameters.
 
-The x axis is the number of ranks (or, when that does not vary, the first swept parameter that does); the next
-varying parameter makes the columns of panels, the one after the rows; any further ones get a line style and a
-marker each. Out-of-memory points are drawn hollow and crossed. One legend, outside the axes, on the right, lists
-the algorithms, the line styles, the out-of-memory marker and the reference lines (target, device memory).
+The axes are the sweep's independent ones (:func:`simulator.report.conclude.point_view`: a swept key that only
+repeats a column, as ``workload.prompt`` repeats ``context``, is one axis). The x axis is the number of ranks (or,
+when that does not vary, the first swept number; a name or a flag, as ``phase``, is drawn as categories, markers
+without lines); the next axis makes the columns of panels, the one after the rows; any further ones get a line
+style and a marker each. Only combinations that exist get a panel. A figure stays readable at any sweep size: at
+most :data:`MAX_PANELS` panels in at most :data:`MAX_COLS` columns (another numeric axis takes the x axis when that
+keeps the panels within bounds; beyond, an even sample of panels, which the caption states: :func:`figure_note`),
+and at most :data:`MAX_WIDTH_PX` pixels wide.
+
+Series that coincide stay visible: the first algorithms are drawn widest and their markers largest. Out-of-memory
+points are drawn hollow and crossed. Log axes carry plain-number ticks (1, 2, 5, 10...). One legend, outside the
+axes, on the right, lists what the figure draws: its algorithms, line styles, the out-of-memory marker where a point
+is out of memory, and the reference lines (target, device memory).
 """
 
 from __future__ import annotations
@@ -20,16 +29,23 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.axis import Axis
 from matplotlib.lines import Line2D
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+from PIL import Image
 
-from simulator.report.conclude import feasible, swept_keys
+from simulator.report.conclude import feasible, is_categorical, point_view
 
-__all__ = ["Dims", "HLine", "dims_of", "facet_figure", "png"]
+__all__ = ["DPI", "MAX_COLS", "MAX_PANELS", "MAX_WIDTH_PX", "Dims", "HLine", "dims_of", "facet_figure",
+           "figure_note", "plain_tick", "png", "readable_log_axis", "series_look"]
 
 _STYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))
 _MARKERS = ("o", "s", "^", "D", "v", "P", "*")
-_MAX_COLS = 4
+MAX_COLS = 4
+MAX_PANELS = 12
+MAX_STYLES = 8
+MAX_WIDTH_PX = 2000
+DPI = 110
 
 
 @dataclass(frozen=True)
@@ -38,6 +54,7 @@ class Dims:
     col: str | None
     row: str | None
     style: tuple[str, ...]
+    categorical: bool = False  # x drawn as categories
 
 
 @dataclass(frozen=True)
@@ -48,21 +65,51 @@ class HLine:
     style: Any = "--"
 
 
+def _combos(view: pd.DataFrame, keys: list[str]) -> int:
+    return len(view[keys].astype(str).drop_duplicates()) if keys else 1
+
+
+def _candidate(view: pd.DataFrame, x: str, pool: list[str]) -> Dims:
+    col = pool[0] if pool else None
+    row = pool[1] if len(pool) > 1 and view[pool[1]].nunique() <= 6 else None
+    style = tuple(k for k in pool if k not in (col, row))
+    if col is not None and row is not None and view[col].nunique() > MAX_COLS >= view[row].nunique():
+        col, row = row, col  # the axis with fewer values makes the columns
+    return Dims(x, col, row, style, is_categorical(view[x]))
+
+
+def _dims(view: pd.DataFrame, keys: list[str]) -> Dims:
+    varying = [k for k in keys if view[k].nunique() > 1]
+    ranks = "ranks" in view and view["ranks"].nunique() > 1
+    numbers = [k for k in varying if not is_categorical(view[k]) and not (ranks and k == "nodes")]
+    xs = (["ranks"] if ranks else []) + numbers + [k for k in varying if is_categorical(view[k])]
+    if not xs:  # one point
+        xs = ["ranks"] if "ranks" in view else keys[:1] or [str(view.columns[0])]
+    best: tuple[tuple[bool, int], Dims] | None = None
+    for x in xs:
+        dims = _candidate(view, x, [k for k in varying if k != x and not (x == "ranks" and k == "nodes")])
+        panels = _combos(view, [c for c in (dims.col, dims.row) if c is not None])
+        styles = _combos(view, list(dims.style))
+        if panels <= MAX_PANELS and styles <= MAX_STYLES:
+            return dims
+        cost = (True, panels * styles)
+        if best is None or cost < best[0]:
+            best = (cost, dims)
+    assert best is not None
+    return best[1]
+
+
 def dims_of(frame: pd.DataFrame) -> Dims:
-    """Which column is the x axis, the panel columns, the panel rows, and the line styles."""
-    varying = [c for c in ("ranks", "context", *swept_keys(frame)) if c in frame and frame[c].nunique() > 1]
-    numeric = [c for c in varying if pd.api.types.is_numeric_dtype(frame[c])]
-    x = "ranks" if "ranks" in varying or not numeric else numeric[0]
-    rest = [c for c in varying if c != x]
-    col = rest[0] if rest else None
-    row = rest[1] if len(rest) > 1 and frame[rest[1]].nunique() <= 6 else None
-    style = tuple(c for c in rest if c not in (col, row))
-    return Dims(x, col, row, style)
+    """Which axis is x, which make the panel columns and rows, and which the line styles."""
+    view, keys = point_view(frame)
+    return _dims(view, keys)
 
 
-def _colors(n: int) -> list[Any]:
-    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20" if n <= 20 else "turbo")
-    return [cmap(i) if n <= 20 else cmap(i / max(n - 1, 1)) for i in range(n)]
+def _order(values: pd.Series) -> list[Any]:
+    """Distinct values: numbers ascending, names and flags in the order they first appear."""
+    if is_categorical(values):
+        return list(dict.fromkeys(values))
+    return sorted(values.unique())
 
 
 def _name(key: str) -> str:
@@ -70,83 +117,202 @@ def _name(key: str) -> str:
 
 
 def _value(key: str, value: Any) -> str:
-    return f"{_name(key)} {value:,}" if isinstance(value, numbers.Integral) else f"{_name(key)} {value}"
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return f"{_name(key)} {value:,}"
+    return f"{_name(key)} {value}"
 
 
-def _panels(frame: pd.DataFrame, dims: Dims) -> tuple[tuple[int, int], list[tuple[int, int, str, pd.DataFrame]]]:
-    """The grid's shape and its panels: (row, column, title, rows of the frame)."""
+@dataclass(frozen=True)
+class _Panel:
+    row: int
+    col: int
+    title: str
+    index: pd.Index
+
+
+def _panels(view: pd.DataFrame, dims: Dims) -> tuple[tuple[int, int], list[_Panel], int]:
+    """The grid's shape, its panels (only combinations that exist), and how many panels were left out."""
     if dims.col is None:
-        return (1, 1), [(0, 0, "", frame)]
-    cols = sorted(frame[dims.col].unique())
-    if dims.row is None:
-        ncols = min(len(cols), _MAX_COLS)
-        return ((math.ceil(len(cols) / ncols), ncols),
-                [(i // ncols, i % ncols, _value(dims.col, c), frame[frame[dims.col] == c]) for i, c in enumerate(cols)])
-    rows = sorted(frame[dims.row].unique())
-    return (len(rows), len(cols)), [
-        (i, j, f"{_value(dims.col, c)}, {_value(dims.row, r)}", frame[(frame[dims.col] == c) & (frame[dims.row] == r)])
-        for i, r in enumerate(rows) for j, c in enumerate(cols)]
+        return (1, 1), [_Panel(0, 0, "", view.index)], 0
+    cols = _order(view[dims.col])
+    if dims.row is not None:
+        rows = _order(view[dims.row])
+        full = _combos(view, [dims.col, dims.row]) == len(rows) * len(cols)
+        if full and len(cols) <= MAX_COLS and len(rows) * len(cols) <= MAX_PANELS:
+            return (len(rows), len(cols)), [
+                _Panel(i, j, f"{_value(dims.col, c)}, {_value(dims.row, r)}",
+                       view.index[(view[dims.col] == c) & (view[dims.row] == r)])
+                for i, r in enumerate(rows) for j, c in enumerate(cols)], 0
+    keys = [k for k in (dims.col, dims.row) if k is not None]
+    combos = [tuple(c) for c in view[keys].drop_duplicates().itertuples(index=False, name=None)]
+    order = {k: {v: i for i, v in enumerate(_order(view[k]))} for k in keys}
+    combos.sort(key=lambda c: tuple(order[k][v] for k, v in zip(keys, c, strict=True)))
+    left = max(len(combos) - MAX_PANELS, 0)
+    if left:
+        combos = [combos[round(float(i))] for i in np.linspace(0, len(combos) - 1, MAX_PANELS)]
+    ncols = min(len(combos), MAX_COLS)
+    panels = []
+    for n, combo in enumerate(combos):
+        mask = np.ones(len(view), dtype=bool)
+        for k, v in zip(keys, combo, strict=True):
+            mask &= (view[k] == v).to_numpy()
+        panels.append(_Panel(n // ncols, n % ncols, ", ".join(_value(k, v) for k, v in zip(keys, combo, strict=True)),
+                             view.index[mask]))
+    return (math.ceil(len(combos) / ncols), ncols), panels, left
+
+
+def figure_note(frame: pd.DataFrame) -> str:
+    """What a figure of ``frame`` leaves out (an empty string when it draws every panel)."""
+    view, keys = point_view(frame)
+    dims = _dims(view, keys)
+    (_, _), panels, left = _panels(view, dims)
+    if not left:
+        return ""
+    return (f" {len(panels)} of {len(panels) + left} panels ({', '.join(_name(k) for k in (dims.col, dims.row) if k)}) "
+            "are drawn, an even sample; the tables and results.csv have every point.")
+
+
+def _colors(n: int) -> list[Any]:
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20" if n <= 20 else "turbo")
+    return [cmap(i) if n <= 20 else cmap(i / max(n - 1, 1)) for i in range(n)]
+
+
+def series_look(i: int, n: int) -> tuple[float, float]:
+    """(line width, marker size) of the ``i``-th of ``n`` series: the first widest, so that a later series drawn
+    over an equal one leaves it visible around it."""
+    if n <= 1:
+        return 1.6, 5.0
+    return 3.2 - 2.0 * i / (n - 1), 8.5 - 4.0 * i / (n - 1)
+
+
+def plain_tick(value: float, _pos: object = None) -> str:
+    """A tick label as a plain number (``0.05``, ``2``, ``20,000``), a power of ten past 100,000."""
+    if value <= 0 or not math.isfinite(value):
+        return f"{value:g}"
+    if 1e-3 <= value < 1e5:
+        return f"{value:,.6g}"
+    power = math.floor(math.log10(value) + 1e-9)
+    mantissa = value / 10**power
+    return f"$10^{{{power}}}$" if abs(mantissa - 1) < 1e-6 else f"${mantissa:.3g}\\times10^{{{power}}}$"
+
+
+def readable_log_axis(axis: Axis, low: float, high: float) -> None:
+    """Ticks of a log axis spanning [low, high] that can be read: 1, 2, 5 per decade over a few decades (more over
+    one), plain numbers, no minor labels."""
+    decades = math.log10(high / low) if low > 0 and high > low else 0.0
+    subs: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if decades <= 1.3 else \
+        (1.0, 2.0, 5.0) if decades <= 3.2 else (1.0, 3.0) if decades <= 5 else (1.0,)
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
+    axis.set_major_formatter(FuncFormatter(plain_tick))
+    axis.set_minor_locator(NullLocator())
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _x_axis(ax: Any, values: pd.Series, x: str) -> None:
+    lo, hi = float(values.min()), float(values.max())
+    distinct = sorted(values.unique())
+    if lo > 0 and hi / lo >= 8:
+        ax.set_xscale("log", base=2 if x == "ranks" else 10)
+        if len(distinct) <= 10:
+            ax.xaxis.set_major_locator(FixedLocator(distinct))
+            ax.xaxis.set_major_formatter(FuncFormatter(plain_tick))
+            ax.xaxis.set_minor_locator(NullLocator())
+        else:
+            readable_log_axis(ax.xaxis, lo, hi)
+    else:
+        if len(distinct) <= 10:
+            ax.xaxis.set_major_locator(FixedLocator(distinct))
+        ax.xaxis.set_major_formatter(FuncFormatter(plain_tick))
 
 
 def facet_figure(frame: pd.DataFrame, column: str, ylabel: str, *, scale: float = 1.0, log_y: bool = True,
                  lines: tuple[HLine, ...] = (), algorithms: list[str] | None = None) -> plt.Figure:
-    """``column`` (times ``scale``) against ``dims_of(frame).x``, one line per algorithm and style combination."""
-    dims = dims_of(frame)
-    algos = algorithms or list(dict.fromkeys(frame["algorithm"]))
+    """``column`` (times ``scale``) against ``dims_of(frame).x``, one series per algorithm and style combination.
+    ``algorithms`` fixes the colours (and their order) across a report's figures."""
+    view, keys = point_view(frame)
+    dims = _dims(view, keys)
+    algos = list(dict.fromkeys([*(algorithms or []), *view["algorithm"].astype(str)]))
     colors = dict(zip(algos, _colors(len(algos)), strict=True))
-    combos = list(dict.fromkeys(frame[list(dims.style)].itertuples(index=False, name=None))) if dims.style else [()]
+    drawn = [a for a in algos if a in set(view["algorithm"].astype(str))]
+    combos = list(dict.fromkeys(view[list(dims.style)].itertuples(index=False, name=None))) if dims.style else [()]
     look = {c: (_STYLES[i % len(_STYLES)], _MARKERS[i % len(_MARKERS)]) for i, c in enumerate(combos)}
-    ok = feasible(frame) if "latency_s" in frame else pd.Series(True, index=frame.index)
-    (nrows, ncols), panels = _panels(frame, dims)
+    ok = feasible(view) if "latency_s" in view else pd.Series(True, index=view.index)
+    if "oom" in view and "latency_s" not in view:
+        ok = ~view["oom"].astype(str).str.lower().isin(["true", "1"])
+    (nrows, ncols), panels, _ = _panels(view, dims)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.9 * ncols, 3.1 * nrows + 0.4), squeeze=False,
                              sharey=True, sharex=True)
-    numeric_x = pd.api.types.is_numeric_dtype(frame[dims.x])
-    used = set()
-    for i, j, title, part in panels:
-        ax = axes[i, j]
-        used.add((i, j))
+    cats = [str(c) for c in _order(view[dims.x])] if dims.categorical else []
+    where = {c: i for i, c in enumerate(cats)}
+    used, any_oom, ys = set(), False, []
+    for panel in panels:
+        ax = axes[panel.row, panel.col]
+        used.add((panel.row, panel.col))
+        part = view.loc[panel.index]
         for (name, *style), grp in part.groupby(["algorithm", *dims.style], sort=False):
             algo = str(name)
-            grp = grp.sort_values(dims.x)
+            width, size = series_look(drawn.index(algo), len(drawn))
             ls, marker = look[tuple(style)]
+            if dims.categorical:
+                shift = (drawn.index(algo) - (len(drawn) - 1) / 2) * min(0.08, 0.3 / max(len(drawn), 1))
+                grp = grp.assign(_x=grp[dims.x].astype(str).map(where) + shift).sort_values("_x")
+                xs, connect = grp["_x"], "none"
+            else:
+                grp = grp.sort_values(dims.x)
+                xs, connect = grp[dims.x], ls
             y = grp[column] * scale
+            ys.append(y)
             good = ok.loc[grp.index]
-            ax.plot(grp[dims.x], y, color=colors[algo], linestyle=ls, linewidth=1.4, zorder=2)
-            ax.plot(grp[dims.x][good], y[good], color=colors[algo], linestyle="none", marker=marker, markersize=5,
-                    zorder=3)
+            color = colors[algo]
+            if connect != "none":
+                ax.plot(xs, y, color=color, linestyle=connect, linewidth=width, zorder=2)
+            ax.plot(xs[good], y[good], color=color, linestyle="none", marker=marker, markersize=size, zorder=3)
             if (~good).any():
-                ax.plot(grp[dims.x][~good], y[~good], linestyle="none", marker=marker, markersize=8,
-                        markerfacecolor="none", markeredgecolor=colors[algo], zorder=3)
-                ax.plot(grp[dims.x][~good], y[~good], linestyle="none", marker="x", markersize=6,
-                        color=colors[algo], zorder=3)
+                any_oom = True
+                ax.plot(xs[~good], y[~good], linestyle="none", marker=marker, markersize=size + 3,
+                        markerfacecolor="none", markeredgecolor=color, zorder=3)
+                ax.plot(xs[~good], y[~good], linestyle="none", marker="x", markersize=size + 1, color=color, zorder=3)
         for line in lines:
             ax.axhline(line.y, color=line.color, linestyle=line.style, linewidth=1.2, zorder=1)
-        if numeric_x and frame[dims.x].min() > 0 and frame[dims.x].max() / frame[dims.x].min() >= 8:
-            ax.set_xscale("log", base=2 if dims.x == "ranks" else 10)
-            ax.xaxis.set_minor_locator(NullLocator())
+        if dims.categorical:
+            ax.set_xticks(range(len(cats)), cats)
+            ax.set_xlim(-0.5, len(cats) - 0.5)
+        else:
+            _x_axis(ax, view[dims.x], dims.x)
         if log_y:
             ax.set_yscale("log")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(panel.title, fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
+    if log_y:
+        values = pd.concat(ys) if ys else pd.Series(dtype=float)
+        values = pd.concat([values, pd.Series([line.y for line in lines], dtype=float)])
+        values = values[np.isfinite(values) & (values > 0)]
+        if len(values):
+            readable_log_axis(axes[0, 0].yaxis, float(values.min()), float(values.max()))
     for (i, j), ax in np.ndenumerate(axes):
         if (i, j) not in used:
             ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel("ranks (GPUs)" if dims.x == "ranks" else _name(dims.x))
+    bottom = {p.col: p.row for p in panels}
+    for panel in panels:  # the lowest panel of each column carries the x label (and its tick labels)
+        ax = axes[panel.row, panel.col]
+        if bottom[panel.col] == panel.row:
+            ax.set_xlabel("ranks (GPUs)" if dims.x == "ranks" else _name(dims.x))
+            ax.xaxis.set_tick_params(labelbottom=True)
     for ax in axes[:, 0]:
         ax.set_ylabel(ylabel)
-    legend_in = _legend(fig, algos, colors, dims, combos, look, bool((~ok).any()), lines)
+    legend_in = _legend(fig, drawn, colors, dims, combos, look, any_oom, lines)
     panels_in = fig.get_figwidth()
     fig.set_figwidth(panels_in + legend_in)  # the legend gets its own room, right of the panels
     fig.subplots_adjust(left=0.85 / fig.get_figwidth(), right=(panels_in - 0.1) / fig.get_figwidth(),
                         bottom=0.6 / fig.get_figheight(), top=1 - 0.35 / fig.get_figheight(), wspace=0.08,
-                        hspace=0.32)
+                        hspace=0.38)
     return fig
 
 
 def _legend(fig: plt.Figure, algos: list[str], colors: dict[str, Any], dims: Dims, combos: list[tuple[Any, ...]],
             look: dict[tuple[Any, ...], tuple[Any, str]], any_oom: bool, lines: tuple[HLine, ...]) -> float:
-    """One legend right of the panels; returns the width it needs (inches, estimated from its longest label)."""
+    """One legend right of the panels, of what is drawn; returns the width it needs (inches, estimated from its
+    longest label)."""
     handles: list[Any] = [Line2D([], [], color=colors[a], linewidth=2.5) for a in algos]
     labels = list(algos)
     if dims.style:
@@ -170,27 +336,15 @@ def _legend(fig: plt.Figure, algos: list[str], colors: dict[str, Any], dims: Dim
 
 
 def png(fig: plt.Figure) -> bytes:
-    """The figure as PNG bytes; closes it."""
+    """The figure as PNG bytes, at most :data:`MAX_WIDTH_PX` wide, in a palette of 256 colours; closes it."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    dpi = min(DPI, math.floor(MAX_WIDTH_PX / fig.get_figwidth()))
+    fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
-    return buf.getvalue()
-
-
-def busbw_figure(frame: pd.DataFrame) -> plt.Figure:
-    """Collective rows: bus bandwidth against message size (log x), one panel per rank count, colour per
-    algorithm."""
-    ranks = sorted(frame["ranks"].unique())
-    fig, axes = plt.subplots(1, len(ranks), figsize=(4.2 * len(ranks) + 2.0, 3.6), squeeze=False, sharey=True)
-    for ax, p in zip(axes[0], ranks, strict=True):
-        for algo, grp in frame[frame["ranks"] == p].groupby("algorithm", sort=True):
-            grp = grp.sort_values("bytes")
-            ax.plot(grp["bytes"], grp["busbw_GBps"], marker="o", label=str(algo))
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{p} ranks")
-        ax.set_xlabel("bytes per rank")
-        ax.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("bus bandwidth (GB/s)")
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    fig.subplots_adjust(right=0.8, bottom=0.15)
-    return fig
+    buf.seek(0)
+    with Image.open(buf) as image:
+        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE,
+                                               dither=Image.Dither.NONE)
+    out = io.BytesIO()
+    small.save(out, format="PNG", optimize=True)
+    return out.getvalue()

@@ -1,59 +1,67 @@
 """Results -> figures + ``report.md`` + a self-contained ``report.html``.
 
-A decode report opens with its conclusions (:mod:`.conclude`: per sweep point the fastest algorithm that fits in
-memory, its speedup over the baseline (the scenario's ``baseline``, else the first algorithm), what bounds it, what
-ran out of memory, the latency target's verdict), then the figures (:mod:`.figures`: latency with the target,
-speedup over the baseline, peak memory per rank in GB with the device capacity, bytes moved; out-of-memory points
-hollow and crossed), the tables, and the per-rank timeline of one chosen point. It states the scenario, the
-topology, the package version and the command that reproduces it.
+Every report opens with its conclusions. For latency rows (decode, prefill, training, generate): per sweep point
+the fastest algorithm that fits in memory (:mod:`.conclude`), its speedup over the baseline (the scenario's
+``baseline``, else the first algorithm), the runner-up and how much slower it is, what bounds it, what ran out of
+memory, the latency target's verdict; generate rows compare the time per output token, and state the time to first
+token and the whole request beside it. Then the figures (:mod:`.figures`, labelled by what the rows time: a decode
+step, a prefill, a training step, a request), the tables, and the per-rank timeline of one chosen point. A sweep of
+more than :data:`LARGE_POINTS` points opens with summaries instead of a row per point (per panel of the figures,
+the points with the largest and smallest speedups) and links results.csv. Collective and flows rows:
+:mod:`.collective`. It states the scenario, the topology, the package version and the command that reproduces it.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import pandas as pd
 
-from simulator.report.conclude import feasible, headline, point_view, summary
+from simulator.report.collective import collective_blocks, flows_blocks
+from simulator.report.conclude import (
+    LATENCY,
+    TPOT,
+    Measure,
+    feasible,
+    headline,
+    measure_of,
+    ordered,
+    overview,
+    point_view,
+    summary,
+)
 from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table, to_html, to_markdown
-from simulator.report.figures import HLine, busbw_figure, facet_figure, png
+from simulator.report.figures import HLine, dims_of, facet_figure, figure_note, png
+from simulator.report.labels import column_label, latency_caption, latency_label, rows_kind
 from simulator.report.timeline import gantt
 from simulator.schedule.memory import usable_bytes
 from simulator.support.files import write_text_atomic
 
-__all__ = ["META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages", "write_report"]
+__all__ = ["LARGE_POINTS", "META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages",
+           "write_report"]
 
 META_FILE = "meta.json"
 TIMELINE_FILE = "timeline.csv"
-MAX_FIGURE_IN = 300.0  # a figure side in inches: at 110 dpi, well under the 2^16 pixels a PNG may have
+LARGE_POINTS = 50  # past this many sweep points a report opens with summaries and links the full results.csv
+TOP = 10  # the points with the largest and the smallest speedups that a large sweep's report lists
 _MAX_RATIOS = 5  # beyond this many algorithms the latency table has no baseline/x columns (the speedup figure has)
 
 
-def _png(fig: plt.Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def _cells(frame: pd.DataFrame, column: str, scale: float, baseline: str | None = None, fmt: str = ".4g"
-           ) -> pd.DataFrame:
+           ) -> tuple[pd.DataFrame, bool]:
     """``column`` (times ``scale``) by point and algorithm, as text; out-of-memory cells end in ``OOM``; with a
-    ``baseline``, its ratio to each other algorithm (``ring/tree``) where both fit."""
+    ``baseline``, its ratio to each other algorithm (``ring/tree``) where both fit. Also: whether a cell is OOM."""
     view, keys = point_view(frame)
+    view = ordered(view, keys)
     algos = list(dict.fromkeys(frame["algorithm"]))
     marked = view.assign(_v=view[column] * scale, _ok=feasible(view))
-    table = marked.pivot_table(index=keys, columns="algorithm", values="_v", aggfunc="first")[algos]
-    ok = marked.pivot_table(index=keys, columns="algorithm", values="_ok", aggfunc="first")[algos]
+    table = marked.pivot_table(index=keys, columns="algorithm", values="_v", aggfunc="first", sort=False)[algos]
+    ok = marked.pivot_table(index=keys, columns="algorithm", values="_ok", aggfunc="first", sort=False)[algos]
     text = table.map(lambda v: format(v, fmt) if v == v else "")
-    text = text.where(ok.astype(bool), text + " OOM")
+    oom = ~ok.astype(bool) & table.notna()
+    text = text.where(~oom, text + " OOM")
     if baseline in algos and len(algos) <= _MAX_RATIOS:
         for algo in [a for a in algos if a != baseline]:
             ratio = table[baseline] / table[algo]
@@ -61,8 +69,8 @@ def _cells(frame: pd.DataFrame, column: str, scale: float, baseline: str | None 
             text[f"{baseline}/{algo}"] = ratio.map(lambda v: format(v, fmt)).where(both, "")
     text.columns.name = None
     if "ranks" not in keys:  # the point's GPUs (``single`` uses one of them)
-        text.insert(0, "ranks", view.groupby(keys)["ranks"].max())
-    return text.reset_index()
+        text.insert(0, "ranks", view.groupby(keys, sort=False)["ranks"].max())
+    return text.reset_index(), bool(oom.to_numpy().any())
 
 
 def _where(point: dict[str, Any]) -> str:
@@ -78,21 +86,43 @@ def baseline_of(frame: pd.DataFrame, meta: dict[str, Any]) -> str | None:
     return str(frame["algorithm"].iloc[0]) if "algorithm" in frame and len(frame) else None
 
 
-def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, baseline: str | None
-             ) -> list[Block]:
+def _image(name: str, frame: pd.DataFrame, column: str, ylabel: str, caption: str, **kwargs: Any) -> Image:
+    return Image(name, png(facet_figure(frame, column, ylabel, **kwargs)), caption + figure_note(frame))
+
+
+def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, baseline: str | None,
+             measure: Measure) -> list[Block]:
     target = (meta.get("targets") or {}).get("latency_s")
     algos = list(dict.fromkeys(frame["algorithm"]))
     lat_lines = (HLine(target * 1e3, f"target {target * 1e3:g} ms", "crimson"),) if target else ()
-    blocks: list[Block] = [Heading("Figures"), Image("latency.png", png(facet_figure(
-        frame, "latency_s", "decode step latency (ms)", scale=1e3, lines=lat_lines, algorithms=algos)),
-        "Decode step latency." + (f" Target {target * 1e3:g} ms drawn." if target else ""))]
+    blocks: list[Block] = [Heading("Figures")]
+    if measure is TPOT:
+        blocks.append(_image("tpot.png", frame, "tpot_s", column_label("tpot_s"),
+                             "Mean time per output token: the decode steps' mean latency.", scale=1e3,
+                             algorithms=algos))
+    else:
+        blocks.append(_image("latency.png", frame, "latency_s", f"{latency_label(frame)} (ms)",
+                             latency_caption(frame) + (f" Target {target * 1e3:g} ms drawn." if target else ""),
+                             scale=1e3, lines=lat_lines, algorithms=algos))
     if baseline is not None and baseline in algos and len(algos) > 1:
-        sp = _with_speedup(frame, baseline)
+        sp = _with_speedup(frame, baseline, measure.column)
         sp = sp[sp["algorithm"] != baseline]
-        blocks.append(Image("speedup.png", png(facet_figure(
-            sp, "speedup", f"speedup over {baseline} (x)", lines=(HLine(1.0, f"{baseline} (1x)", "gray", ":"),),
-            algorithms=algos)), f"Latency of `{baseline}` over each algorithm's, at the same point (hollow: the "
-                                "algorithm or the baseline runs out of memory)."))
+        blocks.append(_image(
+            "speedup.png", sp, "speedup", f"speedup over {baseline} (x)",
+            f"`{baseline}`'s {measure.noun} over each algorithm's, at the same point (above 1: faster than "
+            f"`{baseline}`; hollow: the algorithm or `{baseline}` runs out of memory).",
+            lines=(HLine(1.0, f"{baseline} (1x)", "gray", ":"),), algorithms=algos))
+    if measure is TPOT:
+        view, keys = point_view(frame)
+        first = view.drop_duplicates(keys) if keys else view.iloc[:1]
+        label = "prefill " + ", ".join(dict.fromkeys(first["prefill"].astype(str))) if "prefill" in first \
+            else "prefill"
+        blocks.append(_image("ttft.png", frame.loc[first.index].assign(algorithm=label), "ttft_s",
+                             column_label("ttft_s"), "Time to first token: the prefill, the same for every decode "
+                             "schedule.", scale=1e3))
+        blocks.append(_image("latency.png", frame, "latency_s", f"{latency_label(frame)} (ms)",
+                             latency_caption(frame) + (f" Target {target * 1e3:g} ms drawn." if target else ""),
+                             scale=1e3, lines=lat_lines, algorithms=algos))
     mem_lines = []
     if capacity:
         mem_lines.append(HLine(capacity / 1e9, f"device memory {capacity / 1e9:.4g} GB"))
@@ -100,28 +130,28 @@ def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, 
         if frac and frac < 1:
             usable = usable_bytes(capacity, frac)
             mem_lines.append(HLine(usable / 1e9, f"usable ({frac:.0%}) {usable / 1e9:.4g} GB", "gray"))
-    blocks.append(Image("memory.png", png(facet_figure(frame, "peak_mem_bytes", "peak memory per rank (GB)",
-                                                       scale=1e-9, lines=tuple(mem_lines), algorithms=algos)),
-                        "Peak memory of the fullest rank, in GB (1e9 bytes)."))
+    blocks.append(_image("memory.png", frame, "peak_mem_bytes", "peak memory per rank (GB)",
+                         "Peak memory of the fullest rank, in GB (1e9 bytes).", scale=1e-9, lines=tuple(mem_lines),
+                         algorithms=algos))
     moved = frame[frame["bytes_moved"] > 0]
     if len(moved):
-        blocks.append(Image("bytes.png", png(facet_figure(moved, "bytes_moved", "bytes moved, all ranks (GB)",
-                                                          scale=1e-9, algorithms=algos)),
-                            "Bytes sent by all ranks together, in GB."))
+        blocks.append(_image("bytes.png", moved, "bytes_moved", "bytes moved, all ranks (GB)",
+                             "Bytes sent by all ranks together, in GB.", scale=1e-9, algorithms=algos))
     return blocks
 
 
-def _with_speedup(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """``speedup``: the latency of ``baseline`` at the same point over each row's; a row is out of memory when it
+def _with_speedup(frame: pd.DataFrame, baseline: str, column: str = "latency_s") -> pd.DataFrame:
+    """``speedup``: ``column`` of ``baseline`` at the same point over each row's; a row is out of memory when it
     or the baseline is."""
     view, keys = point_view(frame)
-    view["_key"] = view[keys].astype(str).agg("|".join, axis=1)
+    view["_key"] = view[keys].astype(str).agg("|".join, axis=1) if keys else ""
     base = view.assign(_ok=feasible(view))[view["algorithm"] == baseline]
-    base = base[["_key", "latency_s", "_ok"]].rename(columns={"latency_s": "_base_s", "_ok": "_base_ok"})
+    base = base[["_key", column, "_ok"]].rename(columns={column: "_base", "_ok": "_base_ok"})
     merged = frame.assign(_key=view["_key"]).merge(base.drop_duplicates("_key"), on="_key", how="left")
-    merged["speedup"] = merged["_base_s"] / merged["latency_s"]
+    merged.index = frame.index
+    merged["speedup"] = merged["_base"] / merged[column]
     merged["oom"] = ~(feasible(merged) & merged["_base_ok"].fillna(False).astype(bool))
-    return merged.drop(columns=["_key", "_base_s", "_base_ok"])
+    return merged.drop(columns=["_key", "_base", "_base_ok"])
 
 
 def timeline_caption(meta: dict[str, Any]) -> str:
@@ -135,17 +165,52 @@ def timeline_caption(meta: dict[str, Any]) -> str:
     return text
 
 
-def _decode_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None) -> list[Block]:
+def _large(frame: pd.DataFrame, table: pd.DataFrame) -> list[Block]:
+    """A large sweep's summaries: per panel of the figures, and the points with the largest and smallest
+    speedups; every point is in results.csv."""
+    dims = dims_of(frame)
+    facets = [k for k in (dims.col, dims.row) if k is not None and k in table]
+    parts = overview(table, facets, TOP)
+    what = ", ".join(f"`{k.split('.')[-1]}`" for k in facets)
+    blocks: list[Block] = [
+        Para(f"{len(table):,} sweep points: the summaries below, then the figures; every row is in "
+             f"[results.csv](results.csv) ({len(frame):,} rows)."),
+        Heading("Per panel of the figures" if facets else "Over every point", 3),
+        Para(f"Per value of {what}: the points, where each algorithm is fastest, the range of the fastest's "
+             "speedup." if facets else "The points, where each algorithm is fastest, the range of the speedup."),
+        Table(parts["per facet"])]
+    if "largest" in parts:
+        blocks += [Heading(f"The {len(parts['largest'])} points with the largest speedup", 3), Table(parts["largest"]),
+                   Heading(f"The {len(parts['smallest'])} points with the smallest speedup", 3),
+                   Table(parts["smallest"])]
+    return blocks
+
+
+def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None) -> list[Block]:
     target = (meta.get("targets") or {}).get("latency_s")
     baseline = baseline_of(frame, meta)
-    table = summary(frame, target, baseline)
-    blocks: list[Block] = [Heading("Conclusions"), Items(tuple(headline(table, frame, target))),
-                           Para("Per sweep point (out-of-memory rows never count as fastest):"),
-                           Table(table)]
-    blocks += _figures(frame, meta, capacity, baseline)
-    blocks += [Heading("Latency (ms)"), Para("`OOM`: the algorithm runs out of device memory at that point."),
-               Table(_cells(frame, "latency_s", 1e3, baseline)),
-               Heading("Peak memory per rank (GB)"), Table(_cells(frame, "peak_mem_bytes", 1e-9))]
+    measure = measure_of(frame)
+    table = summary(frame, target, baseline, measure)
+    large = len(table) > LARGE_POINTS
+    blocks: list[Block] = [Heading("Conclusions"), Items(tuple(headline(table, frame, target, measure)))]
+    if large:
+        blocks += _large(frame, table)
+    else:
+        blocks += [Para("Per sweep point (out-of-memory rows never count as fastest; a speedup is the baseline's "
+                        f"{measure.noun} over the fastest's):"), Table(table)]
+    blocks += _figures(frame, meta, capacity, baseline, measure)
+    if large:
+        return blocks
+    tables = [(TPOT, "Time per output token (ms)"), (LATENCY, f"{latency_label(frame).capitalize()} (ms)")] \
+        if measure is TPOT else [(LATENCY, f"{latency_label(frame).capitalize()} (ms)")]
+    for m, title in tables:
+        cells, any_oom = _cells(frame, m.column, 1e3, baseline)
+        notes = [f"`{baseline}/x`: `{baseline}`'s {m.noun} over x's (above 1: x is faster)."] \
+            if any("/" in str(c) for c in cells.columns) else []
+        if any_oom:
+            notes.append("`OOM`: the algorithm runs out of device memory at that point.")
+        blocks += [Heading(title), *([Para(" ".join(notes))] if notes else []), Table(cells)]
+    blocks += [Heading("Peak memory per rank (GB)"), Table(_cells(frame, "peak_mem_bytes", 1e-9)[0])]
     return blocks
 
 
@@ -170,21 +235,22 @@ def _intro(title: str, meta: dict[str, Any], rows: int) -> list[Block]:
 
 def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline: pd.DataFrame | None = None,
                  capacity_bytes: float | None = None) -> list[Path]:
-    """Write ``report.md``, ``report.html`` and the figures (PNG) into ``out``; returns the files written."""
+    """Write ``report.md``, ``report.html`` and the figures (PNG) into ``out``; returns the files written. Every
+    kind of rows opens with its conclusions."""
     title = f"treering report: {meta.get('scenario', '?')}"
     blocks = _intro(title, meta, len(frame))
-    if "busbw_GBps" in frame and frame["busbw_GBps"].notna().any():  # a collective workload
-        ok = frame[frame["busbw_GBps"].notna()]
-        blocks += [Heading("Bus bandwidth"), Image("busbw.png", _png(busbw_figure(ok)),
-                                                   "nccl-tests' bus bandwidth against the per-rank message size"),
-                   Table(ok.pivot_table(index=["ranks", "bytes"], columns="algorithm", values="busbw_GBps",
-                                        aggfunc="first").reset_index())]
+    kind = rows_kind(frame)
+    if kind == "collective" and frame["busbw_GBps"].notna().any():
+        blocks += collective_blocks(frame[frame["busbw_GBps"].notna()], LARGE_POINTS)
+    elif kind == "flows" and len(frame):
+        blocks += flows_blocks(frame, LARGE_POINTS * 10)
     elif "latency_s" in frame and frame["latency_s"].notna().any():
-        blocks += _decode_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes)
+        blocks += _latency_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes)
     else:
-        blocks += [Heading("Results"), Table(frame)]
+        blocks += [Heading("Conclusions"), Items(("No row has a result to compare (see the `error` column, if any, "
+                                                  "of results.csv).",)), Heading("Results"), Table(frame)]
     if timeline is not None and len(timeline):
-        blocks += [Heading("Timeline"), Image("timeline.png", _png(gantt(timeline)), timeline_caption(meta))]
+        blocks += [Heading("Timeline"), Image("timeline.png", png(gantt(timeline)), timeline_caption(meta))]
     figures = {b.name: b.data for b in blocks if isinstance(b, Image)}
     written = write_pages(out, title, blocks, figures)
     write_text_atomic(out / META_FILE, json.dumps(meta, indent=2))

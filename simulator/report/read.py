@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +95,10 @@ def _points(frame: pd.DataFrame, path: Path, total: int | None) -> pd.Series:
     return values.astype("int64")
 
 
-def resumable_rows(path: Path, total: int) -> list[dict[str, Any]]:
-    """The finished rows of a sweep of ``total`` points in ``path`` (rows with an ``error`` run again)."""
+def resumable_rows(path: Path, total: int, say: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """The finished rows of a sweep of ``total`` points in ``path`` (rows with an ``error`` run again). A row that
+    repeats one of its point (same point, algorithm and flow: a file appended to, or two files joined) is dropped,
+    said once through ``say``: every point's rows are kept once."""
     if path.is_dir():
         raise InputError("is a folder, not a results file", file=str(path))
     if not path.exists():
@@ -109,6 +111,14 @@ def resumable_rows(path: Path, total: int) -> list[dict[str, Any]]:
     frame["point"] = _points(frame, path, total)
     if "error" in frame:
         frame = frame[frame["error"].isna()].drop(columns="error")
+    twice = frame.duplicated(subset=["point", *[c for c in ("algorithm", "flow") if c in frame]], keep="first")
+    if twice.any():
+        points = sorted({int(p) for p in frame.loc[twice, "point"]})
+        shown = ", ".join(map(str, points[:10])) + (f" and {len(points) - 10} more" if len(points) > 10 else "")
+        if say is not None:
+            say(f"{path}: dropped {int(twice.sum())} duplicated row(s) of point(s) {shown}: each point's rows are "
+                "kept once")
+        frame = frame[~twice]
     return [{str(k): v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
             for row in frame.to_dict("records")]
 
@@ -133,6 +143,9 @@ def read_meta(path: Path) -> dict[str, Any]:
 def read_report_inputs(path: Path) -> tuple[pd.DataFrame, dict[str, Any], pd.DataFrame | None]:
     """results.csv (``path``), with its meta.json and timeline.csv when they are beside it."""
     frame = read_csv_checked(path)
+    if frame.empty:
+        raise InputError("has no result rows (a header only): nothing to report; run the scenario again",
+                         file=str(path), line=2)
     if "latency_s" in frame:
         frame = read_csv_checked(path, REPORT_COLUMNS)
     if "point" in frame:

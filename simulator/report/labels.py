@@ -1,0 +1,111 @@
+"""What result rows are and how their quantities read: the workload kind of a results table, axis labels by kind,
+and the printed form of a table (one unit per quantity: times in ms, sizes in GB; plain numbers).
+
+Units and meanings come from the kinds' column schemas (:data:`simulator.run.kinds.KINDS`, each column declared
+once with its unit): a column in seconds prints in ms, one in bytes in GB (a message size, ``bytes``, stays a count
+of bytes), and a label such as "time to first token" is its column's meaning.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import pandas as pd
+
+from simulator.run.kinds import KINDS
+from simulator.run.rows import Column
+
+__all__ = ["column_label", "latency_caption", "latency_label", "plain_number", "printable", "rows_kind", "schema"]
+
+_PHASE_NOUNS = {"prefill": "prefill", "train": "training step", "generate": "request"}  # what latency_s times
+_PHASE_WHAT = {"prefill": "a prefill (forward only)", "train": "a training step's attention (forward + backward)",
+               "generate": "a whole request (the prefill and every decode step)"}
+_DISPLAY = {"s": ("ms", 1e3), "bytes": ("GB", 1e-9)}  # a unit -> the unit it prints in, and the factor
+
+
+@cache
+def schema() -> dict[str, Column]:
+    """Every result column of every workload kind, by name (the first kind's declaration of a shared name)."""
+    out: dict[str, Column] = {}
+    for kind in KINDS.values():
+        for column in kind.columns:
+            out.setdefault(column.name, column)
+    return out
+
+
+def rows_kind(frame: pd.DataFrame) -> str:
+    """``collective``, ``flows``, ``generate``, ``prefill`` (forward or training rows) or ``decode``."""
+    if "busbw_GBps" in frame:
+        return "collective"
+    if "finish_s" in frame:
+        return "flows"
+    if "phase" in frame:
+        return "generate" if set(frame["phase"].dropna().astype(str)) == {"generate"} else "prefill"
+    return "decode"
+
+
+def _whole_model(frame: pd.DataFrame) -> bool:
+    scoped = "scope" not in frame or bool((frame["scope"].astype(str) == "model").all())
+    return "model" in frame and bool(frame["model"].notna().all()) and scoped
+
+
+def latency_label(frame: pd.DataFrame) -> str:
+    """What ``latency_s`` of these rows times, for an axis: ``decode step latency``, ``prefill latency``,
+    ``prefill / training step latency``, ``request latency`` (``, whole model`` for ``scope: model``)."""
+    phases = list(dict.fromkeys(frame["phase"].dropna().astype(str))) if "phase" in frame else []
+    what = " / ".join(_PHASE_NOUNS.get(p, p) for p in phases) if phases else "decode step"
+    return f"{what} latency" + (", whole model" if _whole_model(frame) else "")
+
+
+def latency_caption(frame: pd.DataFrame) -> str:
+    """The same in a sentence: ``Latency of a prefill (forward only), one attention layer.``"""
+    phases = list(dict.fromkeys(frame["phase"].dropna().astype(str))) if "phase" in frame else []
+    what = " or ".join(_PHASE_WHAT.get(p, p) for p in phases) if phases else "one decode step"
+    return f"Latency of {what}, {'the whole model' if _whole_model(frame) else 'one attention layer'}."
+
+
+def column_label(name: str) -> str:
+    """A column's meaning up to its first colon, with its unit as printed (``time to first token (ms)``)."""
+    column = schema()[name]
+    unit = _DISPLAY.get(column.unit, (column.unit, 1.0))[0]
+    head = column.meaning.split(":")[0].split(";")[0].strip()
+    return f"{head} ({unit})" if unit else head
+
+
+def plain_number(value: float) -> str:
+    """Four significant digits without an exponent (``0.07595``, ``101.8``, ``1031094``); an exponent only for what
+    is not an ordinary magnitude (under 1e-4, as an error, or from 1e15); NaN as ``-``."""
+    if value != value:
+        return "-"
+    if value == 0 or math.isinf(value):
+        return str(value) if value else "0"
+    size = abs(value)
+    if size < 1e-4 or size >= 1e15:
+        return f"{value:.3e}"
+    if size >= 1000:
+        return f"{value:.0f}"
+    return f"{value:.{3 - math.floor(math.log10(size))}f}"
+
+
+def _printed_name(name: str, unit: str) -> str:
+    if unit == "ms":
+        return name.removesuffix("_s") + "_ms"
+    stem = name.replace("_bytes", "").replace("bytes_", "")
+    return f"{stem}_{unit}"
+
+
+def printable(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each column in seconds in ms (``latency_ms``, ``ttft_ms``) and each in bytes in GB
+    (``moved_GB``, ``peak_mem_GB``), in place; the message size ``bytes`` stays in bytes."""
+    cols = schema()
+    out = frame.copy()
+    renames = {}
+    for name in frame.columns:
+        column = cols.get(name)
+        if column is None or column.unit not in _DISPLAY or name == "bytes":
+            continue
+        unit, factor = _DISPLAY[column.unit]
+        out[name] = pd.to_numeric(frame[name], errors="coerce") * factor
+        renames[name] = _printed_name(name, unit)
+    return out.rename(columns=renames)
