@@ -11,12 +11,21 @@
 >>> parse_flops("989 TFLOP/s")
 989000000000000.0
 
-Plain numbers (``1e9`` or ``"1e9"``) are taken as already in SI base units. Errors raise
+The parsers take plain numbers (``1e9`` or ``"1e9"``) as already in SI base units. Errors raise
 :class:`~simulator.errors.InputError` with a message naming the expected unit; the caller adds the location.
 Text longer than :data:`MAX_QUANTITY_CHARS`, overflow, ``inf`` and ``nan`` are errors, never exceptions of their
-own. :func:`checked_quantity` adds the sign and the plausible range of :data:`LIMITS` (a bandwidth of 4.9e-324
-B/s or a latency of 1e308 s parse, but no simulation of them means anything): the one sign-checked parser that
-topologies, device specs, builders and workloads call.
+own.
+
+:func:`checked_quantity` is the one checked parser that topologies, device specs, builders and workloads call. It
+adds what a user's file or command line must satisfy:
+
+* a unit: a bare number other than 0 is refused ("give a unit": is ``400`` meant in Gb/s, GB/s or B/s?), except a
+  :class:`SI` value (computed by the code, e.g. a builder's expansion), sizes under a key that names the unit
+  (``bytes:``) and mappings built by code (:data:`CODE`), whose callers pass ``unit=False``;
+* the sign, and the range of :data:`LIMITS` (a bandwidth of 4.9e-324 B/s or a latency of 1e308 s parse, but no
+  simulation of them means anything);
+* with ``plausible``, the range of :data:`PLAUSIBLE` (a link of 400 B/s or of 10 PB/s is a unit mistaken, not a
+  machine): topologies and device specs are checked so unless ``--force``.
 """
 
 from __future__ import annotations
@@ -24,12 +33,14 @@ from __future__ import annotations
 import decimal
 import math
 import re
+from dataclasses import dataclass
 from decimal import Decimal
 
 from simulator.errors import InputError, excerpt
 
-__all__ = ["DTYPE_BYTES", "LIMITS", "MAX_QUANTITY_CHARS", "checked_quantity", "parse_bandwidth", "parse_bytes",
-           "parse_flops", "parse_quantity", "parse_time", "parse_time_strict", "parse_tokens"]
+__all__ = ["CODE", "DTYPE_BYTES", "LIMITS", "MAX_QUANTITY_CHARS", "PLAUSIBLE", "SI", "Check", "checked_quantity",
+           "format_quantity", "parse_bandwidth", "parse_bytes", "parse_flops", "parse_quantity", "parse_time",
+           "parse_time_strict", "parse_tokens", "user_check"]
 
 DTYPE_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}  # bytes of one element
 
@@ -41,6 +52,40 @@ LIMITS: dict[str, tuple[float, float]] = {
     "time": (1e-15, 1e7),  # a femtosecond .. about 4 months
     "flops": (1.0, 1e30),
 }
+# kind -> (smallest, largest) non-zero value a real cluster has: outside, a unit was most likely mistaken
+# (``400 B/s`` for 400 Gb/s); refused in topologies and device specs unless --force
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "bytes": (1e6, 1e15),  # a device's memory: 1 MB .. 1 PB
+    "bandwidth": (1e6, 1e15),  # a link or a memory: 1 MB/s .. 1 PB/s
+    "time": (1e-12, 1.0),  # a latency or overhead: 1 ps .. 1 s
+    "flops": (1e9, 1e18),  # a device: 1 GFLOP/s .. 1 EFLOP/s
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """What a parsed quantity must satisfy beyond its sign and :data:`LIMITS`: its ``unit`` written (a user's file
+    or command line), and a ``plausible`` value (a user's topology or device spec, without ``--force``)."""
+
+    unit: bool = True
+    plausible: bool = False
+
+
+CODE = Check(unit=False)  # a mapping built by code (tests, the engine's own clusters): plain SI numbers
+
+
+def user_check(force: bool) -> Check:
+    """A user's topology or device spec: units written, values plausible unless ``force``."""
+    return Check(unit=True, plausible=not force)
+
+
+class SI(float):
+    """A quantity already in SI base units, computed by the code (a builder's links, an importer's figures): taken
+    as it is, without the unit that a user must write, and not judged for plausibility (its inputs were)."""
+
+    __slots__ = ()
+
+
 _CONTEXT = decimal.Context(prec=40, Emax=10_000, Emin=-10_000)
 _SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _IEC = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50, "Ei": 2.0**60}
@@ -103,16 +148,57 @@ def _parse(value: int | float | str, kind: str) -> float:
     return float(_CONTEXT.multiply(Decimal(match.group(1)), scale))
 
 
-def checked_quantity(value: object, kind: str, *, positive: bool) -> float:
-    """A quantity that is ``positive`` (> 0) or else non-negative (>= 0), within the range of :data:`LIMITS`."""
+def _bare(value: object) -> bool:
+    """A number written without a unit (``400``, ``"400"``), not a :class:`SI` value."""
+    if isinstance(value, SI):
+        return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return True
+    match = _RE.match(value) if isinstance(value, str) and len(value) <= MAX_QUANTITY_CHARS else None
+    return match is not None and not match.group(2)
+
+
+def checked_quantity(value: object, kind: str, *, positive: bool, unit: bool = True, plausible: bool = False
+                     ) -> float:
+    """A quantity that is ``positive`` (> 0) or else non-negative (>= 0), within the range of :data:`LIMITS`;
+    written with its unit (``unit``: a bare 0 is 0 in any unit) and, with ``plausible``, within :data:`PLAUSIBLE`
+    (module docstring)."""
     x = parse_quantity(value, kind)
+    if unit and x != 0 and _bare(value):
+        raise InputError(f"give a unit, e.g. {_EXAMPLES[kind]}, got {excerpt(value)}")
     low, high = LIMITS[kind]
     if x < 0 or (positive and x == 0):
         raise InputError(f"must {'be positive' if positive else 'not be negative'}, got {excerpt(value)}")
     if x > high or 0 < x < low:
         raise InputError(f"a {_NOUN[kind]} of {x:.3g} {_SI_UNIT[kind]} is outside {low:g} .. {high:g}, "
                          f"got {excerpt(value)}")
+    if plausible and not isinstance(value, SI) and x != 0:
+        low, high = PLAUSIBLE[kind]
+        if not low <= x <= high:
+            raise InputError(f"a {_NOUN[kind]} of {format_quantity(x, kind)} is implausible (expected "
+                             f"{format_quantity(low, kind)} .. {format_quantity(high, kind)}): check its unit, or "
+                             f"--force uses it anyway; got {excerpt(value)}")
     return x
+
+
+_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
+_TIME_UNITS = ((1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns"), (1e-12, "ps"))
+
+
+def format_quantity(x: float, kind: str) -> str:
+    """``450 GB/s``, ``400 B/s``, ``0.6 us``, ``80 GB``: four significant digits, SI prefixes (powers of 1000).
+
+    >>> format_quantity(5e10, "bandwidth"), format_quantity(6e-7, "time"), format_quantity(85899345920.0, "bytes")
+    ('50 GB/s', '600 ns', '85.9 GB')
+    """
+    if kind == "time":
+        scale, name = next(((s, u) for s, u in _TIME_UNITS if abs(x) >= s), _TIME_UNITS[-1])
+        return f"{x / scale:.4g} {name}"
+    base = {"bytes": "B", "bandwidth": "B/s", "flops": "FLOP/s"}[kind]
+    scale, prefix = next(((s, p) for s, p in _PREFIXES if abs(x) >= s), _PREFIXES[-1])
+    if abs(x) >= 1e18:
+        scale, prefix = 1e15, "P"
+    return f"{x / scale:.4g} {prefix}{base}"
 
 
 def parse_bytes(value: object) -> float:

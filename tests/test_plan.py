@@ -210,3 +210,20 @@ def test_progress_reports_each_simulated_configuration():
                       tp=8, max_nodes=2)
     (row,) = plan(req, progress=lines.append)
     assert lines == ["tree: tp 8, 1 node(s) (1 simulated)"] and row.evaluated == 1 and row.met
+
+
+def test_single_on_a_whole_model_runs_on_one_gpu_of_each_head_group(capsys):
+    """plan --algorithms single on dgx-a100 crashed in the step's composition (one rank placed on eight)."""
+    args = ["plan", "--model", "llama-3.2-1b", "--context", "128K", "--tbt", "1s", "--max-nodes", "2", "--topology",
+            "dgx-a100", "--algorithms", "single"]
+    assert main(args) == 0
+    assert _table(capsys.readouterr().out)["single"][1] == "True"
+    for tp in (1, 2):
+        (row,) = plan(PlanRequest(model="llama-3.2-1b", context=1 << 17, tbt_s=1.0, topology="dgx-a100",
+                                  algorithms=["single"], tp=tp, max_nodes=1))
+        assert row.best is not None and row.best.tp == tp and row.best.gpus == 8
+    wl_kv = memory_lower_bound(DecodeWorkload(kind="decode", model="llama-3.2-1b", scope="model", context=1 << 17),
+                               1, 1)
+    step = _Search(PlanRequest(model="llama-3.2-1b", context=1 << 17, tbt_s=1.0, topology="dgx-a100",
+                               algorithms=["single"], tp=1, max_nodes=1), None).evaluate("single", 1, 1)
+    assert step.peak_mem_bytes >= wl_kv  # the whole KV cache on the one GPU that attends

@@ -3,16 +3,25 @@ cluster sizes, the unreachable case, memory respected, the reproduce command, ba
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
+import math
 import shlex
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulator.cli import main
-from simulator.plan.ttft import LAYOUTS, TtftRequest, plan_ttft
+from simulator.plan.cli import _write as _write_plan
+from simulator.plan.cli import ttft_frame
+from simulator.plan.decode import Evaluation, PlanRequest
+from simulator.plan.decode import _row as decode_row
+from simulator.plan.ttft import LAYOUTS, Config, TtftPlan, TtftRequest, plan_ttft
+from simulator.plan.verdict import Targets, binding
 from simulator.run.prepare import run_point
 from simulator.run.scenario import load_scenario
 
@@ -164,3 +173,50 @@ def test_plan_files_json_and_report(tmp_path, capsys):
     report = (tmp_path / "rep" / "report.md").read_text()
     assert "target: 10 s to first token and 1000 ms between tokens" in report
     assert "Smallest configuration that meets a time to first token of 10 s" in report
+
+
+# -- verdicts: every row judged from the targets and its own values -------------------------------------------------
+
+def _config(strategy: str, ttft_s: float, tpot_s: float, oom: bool = False) -> Config:
+    return Config(5, 40, 4, strategy, "zigzag", ttft_s, 4.17, 39.06e9, 72e9, oom, "tree", tpot_s)
+
+
+def test_a_runner_up_within_both_targets_is_met_in_the_table_and_the_json(tmp_path):
+    """plan-ttft.yaml --ttft 5s --tbt 20ms: the allgather row (TTFT 4.793 s, TPOT 18.97 ms) meets both targets."""
+    targets = Targets(ttft_s=5.0, tbt_s=0.020)
+    result = TtftPlan([_config("ring", 4.406, 0.01897), _config("allgather", 4.793, 0.01897)], "ttft: ...", 156,
+                      "generate", ["treering", "run", "s.yaml"], "llama-3.1-70b", "dgx-h100", targets)
+    assert result.met and list(ttft_frame(result)["met"]) == [True, True]
+    args = argparse.Namespace(argv=["plan"])
+    _write_plan(tmp_path / "x.json", ttft_frame(result), result, TtftRequest("s.yaml", 5.0, 0.020), args)
+    assert [row["met"] for row in json.loads((tmp_path / "x.json").read_text())["rows"]] == [True, True]
+
+
+_TIMES = st.one_of(st.floats(1e-6, 100.0), st.just(math.nan))
+
+
+@given(rows=st.lists(st.tuples(_TIMES, _TIMES, st.booleans()), min_size=1, max_size=5),
+       ttft=st.floats(1e-6, 100.0), tbt=st.one_of(st.none(), st.floats(1e-6, 100.0)))
+@settings(max_examples=200, deadline=None)
+def test_met_iff_every_target_is_met_and_it_fits(rows, ttft, tbt):
+    configs = [_config(f"s{i}", a, b, oom) for i, (a, b, oom) in enumerate(rows)]
+    result = TtftPlan(configs, "", 1, "generate", [], targets=Targets(ttft_s=ttft, tbt_s=tbt))
+    expected = [not c.oom and c.ttft_s <= ttft and (tbt is None or c.tpot_s <= tbt) for c in configs]
+    assert list(ttft_frame(result)["met"]) == expected
+    assert result.met == expected[0]
+    bound = binding(result.targets, [c.values for c in configs])
+    assert (bound is None) == any(expected)
+    if bound == "memory":
+        assert all(c.oom for c in configs)
+
+
+@given(evs=st.lists(st.tuples(st.floats(1e-6, 1.0), st.booleans(), st.integers(1, 8)), max_size=6),
+       tbt=st.floats(1e-6, 1.0))
+@settings(max_examples=200, deadline=None)
+def test_decode_plan_rows_met_iff_a_configuration_fits_within_the_target(evs, tbt):
+    found = [Evaluation("ring", n, 8 * n, 8, lat, 1e9, 72e9, oom, 0.0, 0.0, 0.0, 0.0, "nvlink")
+             for lat, oom, n in evs]
+    req = PlanRequest("llama-3.1-8b", 1024, tbt, "dgx-h100", ["ring"])
+    row = decode_row("ring", found, {}, req, len(found))
+    assert row.met == any(not e.oom and e.latency_s <= tbt for e in found)
+    assert row.met == (row.best is not None and row.best.meets(req.targets))

@@ -38,8 +38,19 @@ CASES: dict[str, tuple[str, list[str], str]] = {
     # 2. quantities
     "bandwidth overflow": (BASE, ["--set", "topology_params.nic_bandwidth=1e9999999 Gb/s"],
                            "topology_params.nic_bandwidth: bandwidth out of range"),
-    "401-digit bandwidth": (BASE, ["--set", f"topology_params.nic_bandwidth={'9' * 39}"],
+    "401-digit bandwidth": (BASE, ["--set", f"topology_params.nic_bandwidth={'9' * 39} B/s"],
                             "a bandwidth of 1e+39 B/s is outside"),
+    "bandwidth without a unit": (BASE, ["--set", "topology_params.nic_bandwidth=400", "--set",
+                                        "topology_params.nodes=2"],
+                                 "--set: topology_params.nic_bandwidth: give a unit, e.g. '450 GB/s' or '400 Gb/s', "
+                                 "got 400"),
+    "latency without a unit": (BASE, ["--set", "topology_params.nic_latency='2'"],
+                               "topology_params.nic_latency: give a unit, e.g. '2 us'"),
+    "a link of 400 B/s": (BASE, ["--set", "topology_params.nic_bandwidth=400 B/s", "--set", "topology_params.nodes=2"],
+                          "topology_params.nic_bandwidth: a bandwidth of 400 B/s is implausible (expected 1 MB/s .. "
+                          "1 PB/s): check its unit, or --force uses it anyway"),
+    "a 10 PB/s link": (BASE, ["--set", "topology_params.intra_bandwidth=10 PB/s"], "a bandwidth of 10 PB/s is "
+                       "implausible"),
     # 3. validators that assumed types
     "zip with an integer key": (BASE + "sweep: {zip: [{1: [1, 2]}]}\n", [],
                                 "s.yaml:6: sweep.zip.0.1: a swept key must be a dotted path"),
@@ -277,8 +288,7 @@ def test_outputs_get_the_users_umask(tmp_path):
 
 def test_swept_mappings_and_mixed_types_become_columns(tmp_path):
     text = BASE.replace("{heads: 16, head_dim: 128}", "llama-3.1-8b") + (
-        "sweep:\n  workload.model: [llama-3.1-8b, {heads: 16, head_dim: 128}]\n  topology_params.intra_bandwidth: "
-        "[450e9, 400 GB/s]\n")
+        "sweep:\n  workload.model: [llama-3.1-8b, {heads: 16, head_dim: 128}]\n  workload.context: [4096, 4K]\n")
     (tmp_path / "s.yaml").write_text(text)
     assert main(["run", str(tmp_path / "s.yaml"), "-o", str(tmp_path / "out"), "--jobs", "1", "--no-report"]) == 0
     frame = pd.read_parquet(tmp_path / "out" / "results.parquet")

@@ -5,7 +5,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simulator.errors import InputError
-from simulator.units import parse_bandwidth, parse_bytes, parse_flops, parse_time, parse_time_strict, parse_tokens
+from simulator.units import (
+    SI,
+    checked_quantity,
+    format_quantity,
+    parse_bandwidth,
+    parse_bytes,
+    parse_flops,
+    parse_time,
+    parse_time_strict,
+    parse_tokens,
+)
 
 
 @pytest.mark.parametrize(("text", "value"), [
@@ -71,3 +81,37 @@ def test_a_strict_time_names_its_unit(bare):
     with pytest.raises(InputError, match="give a unit"):
         parse_time_strict(bare)
     assert parse_time_strict("50ms") == pytest.approx(0.05) and parse_time_strict("50 us") == pytest.approx(5e-5)
+
+
+# -- what a user's file or command line must write: a unit, and a plausible value ----------------------------------
+
+@pytest.mark.parametrize(("value", "kind"), [(400, "bandwidth"), ("400", "bandwidth"), (2e-6, "time"),
+                                             ("80e9", "bytes"), (989e12, "flops")])
+def test_a_bare_number_needs_a_unit(value, kind):
+    with pytest.raises(InputError, match=r"^give a unit, e\.g\. '"):
+        checked_quantity(value, kind, positive=True)
+
+
+def test_zero_a_computed_value_and_a_size_under_bytes_need_no_unit():
+    assert checked_quantity(0, "time", positive=False) == 0.0
+    assert checked_quantity(SI(5e10), "bandwidth", positive=True) == 5e10
+    assert checked_quantity(1e9, "bytes", positive=True, unit=False) == 1e9
+
+
+@pytest.mark.parametrize(("value", "kind", "shown"), [
+    ("400 B/s", "bandwidth", "400 B/s"), ("10 PB/s", "bandwidth", "10 PB/s"), ("2 s", "time", "2 s"),
+    ("80 KB", "bytes", "80 kB"), ("1 MFLOP/s", "flops", "1 MFLOP/s"),
+])
+def test_implausible_values_are_refused_unless_forced(value, kind, shown):
+    with pytest.raises(InputError, match=f"^a [a-zA-Z ]+ of {shown} is implausible .*--force uses it anyway"):
+        checked_quantity(value, kind, positive=True, plausible=True)
+    assert checked_quantity(value, kind, positive=True) > 0  # --force: plausible=False
+    assert checked_quantity(SI(checked_quantity(value, kind, positive=True)), kind, positive=True, plausible=True)
+
+
+@pytest.mark.parametrize(("x", "kind", "text"), [
+    (5e10, "bandwidth", "50 GB/s"), (400.0, "bandwidth", "400 B/s"), (6.6e-6, "time", "6.6 us"),
+    (80e9, "bytes", "80 GB"), (989e12, "flops", "989 TFLOP/s"), (0.0, "time", "0 ps"),
+])
+def test_quantities_are_shown_with_a_prefix(x, kind, text):
+    assert format_quantity(x, kind) == text

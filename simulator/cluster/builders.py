@@ -24,7 +24,7 @@ from typing import Any
 from simulator.errors import InputError, excerpt
 from simulator.support.limits import MAX_COUNT, check_builder
 from simulator.support.yaml_lines import line_of
-from simulator.units import checked_quantity
+from simulator.units import SI, checked_quantity
 
 __all__ = ["PARAMS", "expand_preset", "fabric"]
 
@@ -46,18 +46,23 @@ def _choice(*options: str) -> Callable[[Any], str]:
     return parse
 
 
-def _pos(kind: str) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        return checked_quantity(v, kind, positive=True)
+class _Quantity:
+    """A parameter that is a quantity of ``kind`` (with its unit; ``plausible``: within units.PLAUSIBLE). Parsed
+    to a :class:`~simulator.units.SI` value: the expansion's links carry it on without a unit."""
 
-    return check
+    def __init__(self, kind: str, positive: bool) -> None:
+        self.kind, self.positive = kind, positive
+
+    def __call__(self, v: Any, plausible: bool = False) -> float:
+        return SI(checked_quantity(v, self.kind, positive=self.positive, plausible=plausible))
 
 
-def _nonneg(kind: str) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        return checked_quantity(v, kind, positive=False)
+def _pos(kind: str) -> _Quantity:
+    return _Quantity(kind, positive=True)
 
-    return check
+
+def _nonneg(kind: str) -> _Quantity:
+    return _Quantity(kind, positive=False)
 
 
 def _ratio(v: Any) -> float:
@@ -97,8 +102,9 @@ PARAMS: dict[str, tuple[Callable[[Any], Any], Any]] = {
 }
 
 
-def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    """Builder defaults, then the preset's ``params:``, then the caller's overrides (aliases resolved)."""
+def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any], force: bool = False) -> dict[str, Any]:
+    """Builder defaults, then the preset's ``params:``, then the caller's overrides (aliases resolved); quantities
+    judged plausible unless ``force``."""
     aliases = raw.get("aliases") or {}
     for key in ("aliases", "params"):
         if not isinstance(raw.get(key) or {}, Mapping):
@@ -123,7 +129,8 @@ def _params(raw: Mapping[str, Any], src: str, overrides: dict[str, Any]) -> dict
         try:
             if val is None and PARAMS[key][1] is not None:
                 raise InputError(f"needs a value (default {PARAMS[key][1]!r}), got null")
-            out[key] = None if val is None else PARAMS[key][0](val)
+            parse = PARAMS[key][0]
+            out[key] = None if val is None else parse(val, not force) if isinstance(parse, _Quantity) else parse(val)
         except InputError as err:
             if key in override_key:
                 raise err.located(field=f"topology_params.{override_key[key]}") from None
@@ -151,7 +158,7 @@ def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any], f
     if raw.get("builder") != "cluster":
         raise InputError(f"unknown builder {excerpt(raw.get('builder'))}; valid: cluster", file=src,
                          line=line_of(raw, ("builder",)), field="builder")
-    p = _params(raw, src, overrides)
+    p = _params(raw, src, overrides, force)
     sizes = ("nodes", "gpus_per_node", "nics_per_node", "intra", "inter", "nodes_per_leaf", "spines")
     given = [k for k in overrides if (raw.get("aliases") or {}).get(k, k) in sizes]
     try:
@@ -186,8 +193,8 @@ def fabric(n_nodes: int, nics: int, overrides: Mapping[str, Any]) -> tuple[list[
     ``nic_bandwidth``, ...); a bad value raises :class:`InputError` with the field ``--KEY``."""
     p = {k: None if d is None else PARAMS[k][0](d) for k, (_, d) in PARAMS.items()}
     for key, val in overrides.items():
-        try:
-            p[key] = PARAMS[key][0](val)
+        try:  # a float is the caller's figure in SI units (an importer's, from a flag or a file it parsed)
+            p[key] = PARAMS[key][0](SI(val) if type(val) is float else val)
         except InputError as err:
             raise err.located(field=f"--{key.replace('_', '-')}") from None
     nodes: list[dict[str, Any]] = []
@@ -198,7 +205,7 @@ def fabric(n_nodes: int, nics: int, overrides: Mapping[str, Any]) -> tuple[list[
 
 
 def _link(a: str, b: str, bw: float, lat: float, cls: str) -> dict[str, Any]:
-    return {"a": a, "b": b, "bandwidth": bw, "latency": lat, "class": cls}
+    return {"a": a, "b": b, "bandwidth": SI(bw), "latency": SI(lat), "class": cls}
 
 
 def _intra(i: int, g: int, p: dict[str, Any], nodes: list[dict[str, Any]], links: list[dict[str, Any]]) -> None:

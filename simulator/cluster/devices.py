@@ -25,7 +25,7 @@ from typing import Any
 from simulator.errors import InputError, excerpt
 from simulator.kernels.profiles import KernelProfile, parse_kernel_profiles
 from simulator.kernels.table import ATTENTION_KERNELS, OPTIONAL_AXES, PROFILE_AXES
-from simulator.units import DTYPE_BYTES, checked_quantity
+from simulator.units import CODE, DTYPE_BYTES, Check, checked_quantity
 
 __all__ = ["ATTENTION_KERNELS", "DeviceSpec", "compute_time", "flops_efficiency", "parse_device_spec",
            "profiled_time", "roofline"]
@@ -92,8 +92,9 @@ _SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "ef
               "kernels"}
 
 
-def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
-    """Build a :class:`DeviceSpec` from a YAML mapping.
+def parse_device_spec(name: str, raw: Any, locate: Any, check: Check = CODE) -> DeviceSpec:
+    """Build a :class:`DeviceSpec` from a YAML mapping (its quantities checked as ``check`` says:
+    :class:`simulator.units.Check`).
 
     ``locate(subpath, err)`` turns an :class:`InputError` into a located one (file, line, field).
     Keys: ``peak_flops`` ({dtype: "989 TFLOP/s"}), ``mem_bw``, ``mem``, ``launch_overhead``, ``eff_flops``,
@@ -112,13 +113,13 @@ def parse_device_spec(name: str, raw: Any, locate: Any) -> DeviceSpec:
         if dtype not in DTYPE_BYTES:
             raise locate(("peak_flops", dtype),
                          InputError(f"unknown dtype; valid: {', '.join(DTYPE_BYTES)}"))
-        peak[dtype] = _positive("flops", val, ("peak_flops", dtype), locate)
+        peak[dtype] = _positive("flops", val, ("peak_flops", dtype), locate, check)
     return DeviceSpec(
         name=name,
         peak_flops=peak,
-        mem_bw_Bps=_positive("bandwidth", raw.get("mem_bw", "1 TB/s"), ("mem_bw",), locate),
-        mem_bytes=_positive("bytes", raw.get("mem", "80 GB"), ("mem",), locate),
-        launch_s=_non_negative("time", raw.get("launch_overhead", 0), ("launch_overhead",), locate),
+        mem_bw_Bps=_positive("bandwidth", raw.get("mem_bw", "1 TB/s"), ("mem_bw",), locate, check),
+        mem_bytes=_positive("bytes", raw.get("mem", "80 GB"), ("mem",), locate, check),
+        launch_s=_non_negative("time", raw.get("launch_overhead", 0), ("launch_overhead",), locate, check),
         eff_flops=_fraction(raw.get("eff_flops", 1.0), ("eff_flops",), locate),
         eff_mem=_fraction(raw.get("eff_mem", 1.0), ("eff_mem",), locate),
         attention_eff=_attention_eff(raw.get("attention_efficiency", {}), locate),
@@ -145,16 +146,16 @@ def _attention_eff(raw: Any, locate: Any) -> dict[str, float]:
     return out
 
 
-def _positive(kind: str, value: Any, path: tuple[Any, ...], locate: Any) -> float:
+def _positive(kind: str, value: Any, path: tuple[Any, ...], locate: Any, check: Check = CODE) -> float:
     try:
-        return checked_quantity(value, kind, positive=True)
+        return checked_quantity(value, kind, positive=True, unit=check.unit, plausible=check.plausible)
     except InputError as err:
         raise locate(path, err) from None
 
 
-def _non_negative(kind: str, value: Any, path: tuple[Any, ...], locate: Any) -> float:
+def _non_negative(kind: str, value: Any, path: tuple[Any, ...], locate: Any, check: Check = CODE) -> float:
     try:
-        return checked_quantity(value, kind, positive=False)
+        return checked_quantity(value, kind, positive=False, unit=check.unit, plausible=check.plausible)
     except InputError as err:
         raise locate(path, err) from None
 

@@ -92,7 +92,7 @@ def parse_size_curve(raw: Any, locate: Callable[[tuple[Any, ...], InputError], I
     parsed_sizes, parsed_bws = [], []
     for i, (s, b) in enumerate(zip(sizes, bws, strict=True)):
         try:
-            parsed_sizes.append(checked_quantity(s, "bytes", positive=True))
+            parsed_sizes.append(checked_quantity(s, "bytes", positive=True, unit=False))  # the key names the unit
         except InputError as err:
             raise locate((*base, "bytes", i), err) from None
         try:

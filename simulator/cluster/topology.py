@@ -35,7 +35,7 @@ from simulator.cluster.size_curve import SizeCurve, parse_size_curve
 from simulator.errors import InputError, excerpt
 from simulator.support.paths import TOPOLOGY_DIR
 from simulator.support.yaml_lines import line_of, load_yaml
-from simulator.units import checked_quantity
+from simulator.units import CODE, Check, checked_quantity, user_check
 
 __all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology", "override_devices",
            "preset_description"]
@@ -142,7 +142,8 @@ def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: P
                   force: bool = False) -> Cluster:
     """Load a preset by name or a topology YAML by path; ``params`` override a parametric preset's defaults.
 
-    A parametric topology too big to build (:mod:`simulator.support.limits`) is refused unless ``force``.
+    A parametric topology too big to build (:mod:`simulator.support.limits`), and a quantity outside
+    :data:`simulator.units.PLAUSIBLE` (a link of ``400 B/s``), are refused unless ``force``.
 
     Raises :class:`InputError` located in the topology file, or with ``field`` set (``topology`` or
     ``topology_params.KEY``) when the problem is in the caller's reference or parameters.
@@ -153,11 +154,11 @@ def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: P
     if not isinstance(raw, Mapping):
         raise InputError("a topology file must be a mapping", file=src, line=1)
     if "builder" in raw:
-        return build_cluster(expand_preset(raw, src, dict(params or {}), force), src)
+        return build_cluster(expand_preset(raw, src, dict(params or {}), force), src, check=user_check(force))
     if params:
         raise InputError(f"{src} is an explicit topology and takes no parameters",
                          field=f"topology_params.{str(next(iter(params)))[:60]}")
-    return build_cluster(raw, src)
+    return build_cluster(raw, src, check=user_check(force))
 
 
 def override_devices(cluster: Cluster, overrides: Mapping[str, Mapping[str, float]]) -> Cluster:
@@ -204,11 +205,13 @@ def _locator(src: str, tree: Any, base: tuple[Any, ...]) -> Callable[[tuple[Any,
     return locate
 
 
-def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...]) -> dict[str, DeviceSpec]:
+def _parse_devices(raw: Any, src: str, tree: Any, base: tuple[Any, ...], check: Check = CODE
+                   ) -> dict[str, DeviceSpec]:
     locate = _locator(src, tree, base)
     if not isinstance(raw, Mapping):
         raise locate((), InputError("must map device names to specs"))
-    return {name: parse_device_spec(name, spec, _locator(src, tree, (*base, name))) for name, spec in raw.items()}
+    return {name: parse_device_spec(name, spec, _locator(src, tree, (*base, name)), check)
+            for name, spec in raw.items()}
 
 
 _TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_overhead", "collective_overhead",
@@ -216,15 +219,18 @@ _TOP_KEYS = {"name", "devices", "nodes", "links", "message_overhead", "comm_over
              "host_cores", "host_mem_bw", "host_copy_bw", "host_copy_bw_by_size", "description", "nccl_latency"}
 
 
-def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster:
-    """Build and validate a :class:`Cluster` from an explicit topology mapping (``nodes``/``links``)."""
+def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None, *, check: Check = CODE) -> Cluster:
+    """Build and validate a :class:`Cluster` from an explicit topology mapping (``nodes``/``links``). ``check``: what
+    its quantities must satisfy beyond their sign and range (:class:`simulator.units.Check`: a user's file, read by
+    :func:`load_topology`, writes every unit and, without ``--force``, plausible values; a mapping built by code,
+    the default, may give plain SI numbers)."""
     tree = raw if tree is None else tree
     locate = _locator(src, tree, ())
     for key in raw:
         if key not in _TOP_KEYS:
             raise locate((key,), InputError(f"unknown key; valid keys: {', '.join(sorted(_TOP_KEYS))}"))
     specs_by_name = device_library()
-    specs_by_name.update(_parse_devices(raw.get("devices", {}), src, tree, ("devices",)))
+    specs_by_name.update(_parse_devices(raw.get("devices", {}), src, tree, ("devices",), check))
     graph = nx.DiGraph()
     specs: dict[str, DeviceSpec] = {}
     nodes = raw.get("nodes")
@@ -236,12 +242,12 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
     if not isinstance(links, list) or not links:
         raise locate(("links",), InputError("must be a non-empty list of {a, b, bandwidth, latency}"))
     for i, link in enumerate(links):
-        _add_link(graph, link, _locator(src, tree, ("links", i)))
-    overhead = _quantity("time", raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0)
-    comm = _quantity("time", raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0)
+        _add_link(graph, link, _locator(src, tree, ("links", i)), check)
+    overhead = _quantity("time", raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0, check)
+    comm = _quantity("time", raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0, check)
     coll = (None if raw.get("collective_overhead") is None
-            else _quantity("time", raw["collective_overhead"], locate, ("collective_overhead",), 0.0))
-    stall = _quantity("time", raw.get("collective_stall", 0), locate, ("collective_stall",), 0.0)
+            else _quantity("time", raw["collective_overhead"], locate, ("collective_overhead",), 0.0, check))
+    stall = _quantity("time", raw.get("collective_stall", 0), locate, ("collective_stall",), 0.0, check)
     ranks = tuple(n for n, k in graph.nodes(data="kind") if k == "gpu")
     if not ranks:
         raise locate(("nodes",), InputError("no node of kind gpu: a cluster needs at least one GPU"))
@@ -250,10 +256,10 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None) -> Cluster
     cluster = Cluster(name=name, graph=graph, specs=specs, ranks=ranks, message_overhead_s=overhead,
                       comm_overhead_s=comm, collective_overhead_s=coll, collective_stall_s=stall,
                       host_cores=_host_cores(raw.get("host_cores", {}), locate),
-                      host_mem_bw=_host_bandwidths("host_mem_bw", raw, locate),
-                      host_copy_bw=_host_bandwidths("host_copy_bw", raw, locate),
+                      host_mem_bw=_host_bandwidths("host_mem_bw", raw, locate, check),
+                      host_copy_bw=_host_bandwidths("host_copy_bw", raw, locate, check),
                       host_copy_bw_by_size=_host_curves(raw, locate),
-                      nccl_latency=_nccl_latency(raw.get("nccl_latency", {}), locate))
+                      nccl_latency=_nccl_latency(raw.get("nccl_latency", {}), locate, check))
     hosts = {cluster.host_of(r) for r in ranks}
     tables = {"host_cores": cluster.host_cores, "host_mem_bw": cluster.host_mem_bw,
               "host_copy_bw": cluster.host_copy_bw, "host_copy_bw_by_size": cluster.host_copy_bw_by_size}
@@ -278,22 +284,23 @@ def _host_curves(raw: Mapping[str, Any],
 
 
 def _host_bandwidths(key: str, raw: Mapping[str, Any],
-                     locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, float]:
+                     locate: Callable[[tuple[Any, ...], InputError], InputError], check: Check) -> dict[str, float]:
     """``host_mem_bw`` / ``host_copy_bw``: ``{HOST: "20 GB/s"}``."""
     table = raw.get(key, {})
     if not isinstance(table, Mapping):
         raise locate((key,), InputError("must map host names to bandwidths"))
-    return {str(h): _quantity("bandwidth", v, locate, (key, h), None) for h, v in table.items()}
+    return {str(h): _quantity("bandwidth", v, locate, (key, h), None, check) for h, v in table.items()}
 
 
-def _nccl_latency(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> dict[str, float]:
+def _nccl_latency(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputError], check: Check
+                  ) -> dict[str, float]:
     """``nccl_latency: {ALGO: {PROTOCOL: {KIND: TIME}}}``, flattened to ``{"ALGO.PROTOCOL.KIND": seconds}``."""
     out: dict[str, float] = {}
     levels = (("algorithm", ALGOS), ("protocol", PROTOCOLS), ("latency", LATENCY_KINDS))
 
     def walk(node: Any, path: tuple[Any, ...]) -> None:
         if len(path) == len(levels):
-            out[latency_key(*path)] = _quantity("time", node, locate, ("nccl_latency", *path), 0.0)
+            out[latency_key(*path)] = _quantity("time", node, locate, ("nccl_latency", *path), 0.0, check)
             return
         what, valid = levels[len(path)]
         if not isinstance(node, Mapping):
@@ -349,7 +356,8 @@ def _add_node(graph: nx.DiGraph, specs: dict[str, DeviceSpec], library: Mapping[
     graph.add_node(name, kind=kind, device=device)
 
 
-def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> None:
+def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], InputError], InputError],
+              check: Check = CODE) -> None:
     if not isinstance(link, Mapping):
         raise locate((), InputError("must be a mapping {a, b, bandwidth, latency}"))
     duplex = "a" in link or "b" in link
@@ -367,8 +375,8 @@ def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], I
         raise locate((ends[1],), InputError(f"a link needs two different nodes, got {excerpt(u)} twice"))
     if "bandwidth" not in link:
         raise locate((), InputError("missing field 'bandwidth'"))
-    bw = _quantity("bandwidth", link["bandwidth"], locate, ("bandwidth",), None)
-    lat = _quantity("time", link.get("latency", 0), locate, ("latency",), 0.0)
+    bw = _quantity("bandwidth", link["bandwidth"], locate, ("bandwidth",), None, check)
+    lat = _quantity("time", link.get("latency", 0), locate, ("latency",), 0.0, check)
     cls = str(link.get("class", "link"))
     extra = {} if "bandwidth_by_size" not in link else {
         "by_size": parse_size_curve(link["bandwidth_by_size"], locate, ("bandwidth_by_size",))}
@@ -379,10 +387,11 @@ def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], I
 
 
 def _quantity(kind: str, value: Any, locate: Callable[[tuple[Any, ...], InputError], InputError],
-              path: tuple[Any, ...], minimum: float | None) -> float:
+              path: tuple[Any, ...], minimum: float | None, check: Check = CODE) -> float:
     """Parse a quantity; ``minimum=None`` means strictly positive, else non-negative."""
     try:
-        return checked_quantity(value, kind, positive=minimum is None)
+        return checked_quantity(value, kind, positive=minimum is None, unit=check.unit,
+                                plausible=check.plausible)
     except InputError as err:
         raise locate(path, err) from None
 

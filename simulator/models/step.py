@@ -57,7 +57,7 @@ def attention_layer(name: str, params: Mapping[str, Any], shape: Shape, tp: int,
                     build: Builder = build_schedule, fabric: Fabric | None = None) -> Schedule:
     """One layer's attention: ``tp`` head groups, each the named schedule (``build``: decode or prefill) over
     ``P / tp`` context shards. ``fabric`` (tp 1 only: the ranks are then the cluster's own) runs its collectives as
-    NCCL does."""
+    NCCL does. A schedule on fewer ranks than its group (``single``: one) runs on the group's first GPUs."""
     ranks = cluster.ranks
     if len(ranks) % tp:
         raise ValueError(f"tp ({tp}) must divide the {len(ranks)} GPUs")
@@ -67,7 +67,8 @@ def attention_layer(name: str, params: Mapping[str, Any], shape: Shape, tp: int,
     for j in range(tp):
         nodes = [ranks[g * tp + j] for g in range(cp)]
         layout = Layout(cluster.host_indices(nodes), fabric if tp == 1 else None)
-        parts.append((build(name, params, part_shape, layout), nodes))
+        sched = build(name, params, part_shape, layout)
+        parts.append((sched, nodes[: sched.ranks]))
     return Schedule.combine(parts, name=name) if tp > 1 else _placed(parts[0])
 
 

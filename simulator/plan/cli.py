@@ -10,7 +10,8 @@ import json
 import math
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from simulator.run.commands import whatif_notes
 from simulator.run.prepared import layout_of
 from simulator.support.console import say
 from simulator.support.files import write_csv_atomic, write_text_atomic
+from simulator.support.outdir import check_output_file, claim_output_dir
+from simulator.support.progress import progress_line
 from simulator.support.yaml_lines import parse_set
 from simulator.units import parse_time_strict, parse_tokens
 
@@ -70,19 +73,17 @@ def _request(args: argparse.Namespace) -> TtftRequest:
 
 
 def ttft_frame(result: TtftPlan) -> pd.DataFrame:
-    """The plan's table: each strategy's best configuration at the answer's node count, best first."""
+    """The plan's table: each strategy's best configuration at the answer's node count, best first; ``met`` judged
+    for every row against the plan's targets (:mod:`simulator.plan.verdict`)."""
     def record(c: Config) -> dict[str, Any]:
-        rec: dict[str, Any] = {"algorithm": c.strategy, "layout": c.layout, "met": False, "nodes": c.nodes,
-                               "gpus": c.gpus, "tp": c.tp, "ttft_s": c.ttft_s}
+        rec: dict[str, Any] = {"algorithm": c.strategy, "layout": c.layout, "met": c.meets(result.targets),
+                               "nodes": c.nodes, "gpus": c.gpus, "tp": c.tp, "ttft_s": c.ttft_s}
         if result.kind == "generate":
             rec.update(decode=c.decode, tpot_ms=c.tpot_s * 1e3)
         rec.update(peak_mem_GB=c.peak_mem_bytes / 1e9, usable_mem_GB=c.usable_mem_bytes / 1e9, oom=c.oom,
                    bound=c.bound())
         return rec
-    frame = pd.DataFrame.from_records([record(c) for c in result.rows])
-    if len(frame):
-        frame.loc[0, "met"] = result.met
-    return frame
+    return pd.DataFrame.from_records([record(c) for c in result.rows])
 
 
 def _config(c: Config) -> str:
@@ -92,16 +93,38 @@ def _config(c: Config) -> str:
     return text + f", {c.peak_mem_bytes / 1e9:.4g} GB per GPU ({c.bound()})"
 
 
+@contextmanager
+def _claimed(out: str | None) -> Iterator[None]:
+    """``-o`` checked before the plan works: a ``.csv`` or ``.json`` file that can be written (its folder made), or a
+    report folder, locked while the plan runs (:mod:`simulator.support.outdir`)."""
+    if not out:
+        yield
+        return
+    path = Path(out)
+    if path.suffix in (".csv", ".json"):
+        check_output_file(path)
+        yield
+        return
+    if path.exists() and not path.is_dir():
+        raise InputError("exists and is not a folder (a report folder), a .csv or a .json", file=out, field="-o")
+    with claim_output_dir(path):
+        yield
+
+
 def cmd_plan_ttft(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     """Run the plan, print the answer, the runner-up, what binds, the table and the command that reproduces it."""
     req = _request(args)
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir() \
-            and Path(args.out).suffix not in (".csv", ".json"):
-        raise InputError("exists and is not a folder (a report folder), a .csv or a .json", file=args.out, field="-o")
-    result = plan_ttft(req)
+    with _claimed(args.out):
+        return _plan_ttft(args, req, say)
+
+
+def _plan_ttft(args: argparse.Namespace, req: TtftRequest, say: Callable[[str], None]) -> int:
+    with progress_line("plan") as progress:
+        result = plan_ttft(req, progress)
     targets = f"a time to first token of {seconds(req.ttft_s)}" + \
         (f" and {ms(req.tbt_s)} between tokens" if req.tbt_s is not None else "")
-    say(f"{req.scenario}: {result.model} {result.kind} on {result.topology}, target {targets}, up to "
+    say(f"{req.scenario}: {result.model} {result.kind} of {result.tokens:,} prompt tokens on {result.topology}, "
+        f"target {targets}, up to "
         f"{req.max_nodes} nodes"
         + (f" ({', '.join(req.sets)})" if req.sets else ""))
     if result.rows:
@@ -161,9 +184,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         ("--eff-flops", args.eff_flops)):
         if value is not None and not 0 < value <= 1:
             raise InputError(f"must be in (0, 1], got {value}", field=flag)
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir() \
-            and Path(args.out).suffix not in (".csv", ".json"):
-        raise InputError("exists and is not a folder (a report folder), a .csv or a .json", file=args.out, field="-o")
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     if not algorithms:
         raise InputError(f"needs at least one algorithm name, got {excerpt(args.algorithms)}", field="--algorithms")
@@ -172,20 +192,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
                       dtype=args.dtype, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp,
                       max_nodes=args.max_nodes, mem_fraction=args.mem_fraction, eff_mem=args.eff_mem,
                       eff_flops=args.eff_flops, sets=args.sets, force=args.force)
-    tty = sys.stderr.isatty()
+    with _claimed(args.out):
+        return _plan_decode(args, req)
+
+
+def _plan_decode(args: argparse.Namespace, req: PlanRequest) -> int:
+    tbt = req.tbt_s
+    say(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, on "
+        f"{args.topology}, up to {req.max_nodes} nodes, memory fraction {req.mem_fraction:g}"
+        + (f" ({', '.join(args.sets)})" if args.sets else ""))  # the resolved request, before the search
     try:
-        rows = plan(req, progress=(lambda line: print(f"\rplan: {line}\033[K", end="", file=sys.stderr))
-                    if tty else None)
+        with progress_line("plan") as progress:
+            rows = plan(req, progress)
     except InputError as err:
         raise _plan_flag(err) from None
-    if tty:
-        print("\r\033[K", end="", file=sys.stderr)
     for note in whatif_notes(args.topology, args.sets):
         print(f"treering: note: {note}", file=sys.stderr)
     table = plan_frame(rows, req)
-    say(f"{args.model}, context {req.context:,} tokens, target {tbt * 1e3:g} ms between tokens, on "
-          f"{args.topology}, up to {req.max_nodes} nodes, memory fraction {req.mem_fraction:g}"
-          + (f" ({', '.join(args.sets)})" if args.sets else ""))
     shown = table.drop(columns=["usable_mem_GB", "bottleneck", "evaluated"])
     with pd.option_context("display.width", 250, "display.max_colwidth", 200, "display.float_format",
                            "{:.4g}".format):

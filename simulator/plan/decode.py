@@ -32,6 +32,7 @@ from typing import Any
 
 from simulator.errors import InputError
 from simulator.models.step import model_step
+from simulator.plan.verdict import Targets, met
 from simulator.run.prepare import prepare_point
 from simulator.run.prepared import PreparedPoint, cluster_for
 from simulator.run.scenario import DecodeWorkload, Point, scenario_points
@@ -65,6 +66,10 @@ class PlanRequest:
     sets: Sequence[str] = ()
     force: bool = False  # past the size limits of simulator.support.limits
 
+    @property
+    def targets(self) -> Targets:
+        return Targets(tbt_s=self.tbt_s)
+
 
 @dataclass(frozen=True)
 class Evaluation:
@@ -87,6 +92,10 @@ class Evaluation:
     @property
     def fits(self) -> bool:
         return not self.oom
+
+    def meets(self, targets: Targets) -> bool:
+        """Fits and runs a step within the time between tokens (:func:`simulator.plan.verdict.met`)."""
+        return met(targets, oom=self.oom, tbt_s=self.latency_s)
 
     def bottleneck(self) -> str:
         """The largest part of the step, named for a reader."""
@@ -224,13 +233,13 @@ def _search_tp(s: _Search, algorithm: str, tp: int, gpn: int) -> tuple[list[Eval
     if n_fit is None:
         return [], None
     first = s.evaluate(algorithm, tp, n_fit)
-    if first.latency_s <= req.tbt_s:
+    if first.meets(req.targets):
         return [first], n_fit
     probes = [n_fit]
     while probes[-1] < req.max_nodes:
         probes.append(min(req.max_nodes, probes[-1] * 2))
     evs = [s.evaluate(algorithm, tp, n) for n in probes]
-    hit = next((i for i, e in enumerate(evs) if e.fits and e.latency_s <= req.tbt_s), None)
+    hit = next((i for i, e in enumerate(evs) if e.meets(req.targets)), None)
     upto = len(evs) if hit is None else hit + 1
     if _monotone([e.latency_s for e in evs[:upto]]) and all(e.fits for e in evs):
         if hit is None:
@@ -238,7 +247,7 @@ def _search_tp(s: _Search, algorithm: str, tp: int, gpn: int) -> tuple[list[Eval
         a, b = probes[hit - 1] + 1, probes[hit]  # bisection: meets at b, not at a - 1
         while a < b:
             mid = (a + b) // 2
-            if s.evaluate(algorithm, tp, mid).latency_s <= req.tbt_s:
+            if s.evaluate(algorithm, tp, mid).meets(req.targets):
                 b = mid
             else:
                 a = mid + 1
@@ -247,7 +256,7 @@ def _search_tp(s: _Search, algorithm: str, tp: int, gpn: int) -> tuple[list[Eval
     for n in range(n_fit, req.max_nodes + 1):  # not monotone: every count, until one meets the target
         ev = s.evaluate(algorithm, tp, n)
         scanned.append(ev)
-        if ev.fits and ev.latency_s <= req.tbt_s:
+        if ev.meets(req.targets):
             break
     return scanned, n_fit
 
@@ -288,7 +297,7 @@ def plan(req: PlanRequest, progress: Progress | None = None) -> list[PlanRow]:
 
 def _row(algorithm: str, found: list[Evaluation], fit_at: dict[int, int], req: PlanRequest, count: int
          ) -> PlanRow:
-    meeting = [e for e in found if e.fits and e.latency_s <= req.tbt_s]
+    meeting = [e for e in found if e.meets(req.targets)]
     if meeting:
         best = min(meeting, key=lambda e: (e.gpus, e.latency_s))
         if best.nodes == 1:

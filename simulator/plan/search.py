@@ -14,6 +14,7 @@ from simulator.algorithms import label, resolve
 from simulator.algorithms.prefill import PREFILL_REGISTRY
 from simulator.errors import InputError
 from simulator.plan.decode import ms
+from simulator.plan.verdict import Targets, Values, met
 from simulator.run.prepare import prepare_point, simulate_point
 from simulator.run.scenario import Point, scenario_points
 from simulator.workloads.generate import GenerateWorkload
@@ -38,6 +39,10 @@ class TtftRequest:
     sets: Sequence[str] = ()
     force: bool = False
 
+    @property
+    def targets(self) -> Targets:
+        return Targets(ttft_s=self.ttft_s, tbt_s=self.tbt_s)
+
 
 @dataclass(frozen=True)
 class Config:
@@ -60,6 +65,14 @@ class Config:
     @property
     def fits(self) -> bool:
         return not self.oom
+
+    @property
+    def values(self) -> Values:
+        """What the verdicts of :mod:`simulator.plan.verdict` judge."""
+        return Values(oom=self.oom, ttft_s=self.ttft_s, tbt_s=self.tpot_s)
+
+    def meets(self, targets: Targets) -> bool:
+        return met(targets, oom=self.oom, ttft_s=self.ttft_s, tbt_s=self.tpot_s)
 
     @property
     def exposed_comm_s(self) -> float:
@@ -195,7 +208,7 @@ class Search:
         return out
 
     def meets(self, c: Config) -> bool:
-        return c.fits and c.ttft_s <= self.req.ttft_s and (self.req.tbt_s is None or c.tpot_s <= self.req.tbt_s)
+        return c.meets(self.req.targets)
 
 
 def _name(entry: Any) -> Any:

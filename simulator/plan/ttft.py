@@ -25,14 +25,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from simulator.algorithms import resolve
+from simulator.algorithms.prefill import PREFILL_REGISTRY
+from simulator.cluster.topology import Cluster
 from simulator.errors import InputError
 from simulator.plan.decode import ms, tp_candidates
 from simulator.plan.search import LAYOUTS, Config, Progress, Search, TtftRequest, seconds
+from simulator.plan.verdict import Targets, binding
 from simulator.run.prepared import cluster_for
 from simulator.run.scenario import Point, load_scenario
 from simulator.schedule.memory import usable_bytes
+from simulator.support.limits import check_graph, check_schedule
 from simulator.units import DTYPE_BYTES
 from simulator.workloads.generate import GenerateWorkload
 from simulator.workloads.prefill import PrefillWorkload
@@ -45,7 +50,6 @@ class TtftPlan:
     """The answer: ``rows`` (every strategy's best configuration at the answer's node count, best first),
     whether it ``met`` the targets, what bound it, and how many configurations were simulated."""
 
-    met: bool
     rows: list[Config]
     binding: str
     evaluated: int
@@ -53,6 +57,13 @@ class TtftPlan:
     reproduce: list[str]  # the command that runs the answer (treering run SCENARIO --set ...)
     model: str = ""  # the scenario's model (a preset's name, or custom)
     topology: str = ""
+    targets: Targets = field(default_factory=Targets)  # what every row's verdict is judged by (plan.verdict)
+    tokens: int = 0  # the prompt (prefill: the sequence) in tokens, as resolved ("256K": 262,144)
+
+    @property
+    def met(self) -> bool:
+        """The answer (the first row) meets every target and fits."""
+        return bool(self.rows) and self.rows[0].meets(self.targets)
 
 
 def _base(req: TtftRequest) -> Point:
@@ -101,6 +112,7 @@ def plan_ttft(req: TtftRequest, progress: Progress | None = None) -> TtftPlan:
         tps = [t for t in tp_candidates(gpn, heads, kv) if weights / t <= usable] or [gpn]  # weights alone: no fit
     else:
         tps = [wl.tp]
+    _check_size(s, cluster, gpn // min(tps), req)
     found: dict[int, list[Config]] = {}
 
     def met_at(n: int) -> bool:
@@ -123,8 +135,19 @@ def plan_ttft(req: TtftRequest, progress: Progress | None = None) -> TtftPlan:
             a = mid + 1
     rows = _per_strategy(found[b], s)
     smaller = [n for n in found if n < b]
-    binding = _binding(s, found[max(smaller)], max(smaller)) if smaller else "none: one node is enough"
-    return TtftPlan(True, rows, binding, s.count, s.kind, _reproduce(req, rows[0]), *_names(s))
+    why = _binding(s, found[max(smaller)], max(smaller)) if smaller else "none: one node is enough"
+    return TtftPlan(rows, why, s.count, s.kind, _reproduce(req, rows[0]), *_names(s))
+
+
+def _check_size(s: Search, cluster: Cluster, groups_per_node: int, req: TtftRequest) -> None:
+    """Refuse, before any simulation, a search whose largest cluster (``--max-nodes``) or its schedules would be
+    too big to build (:mod:`simulator.support.limits`; ``--force`` runs it anyway)."""
+    graph = cluster.graph.number_of_nodes() + cluster.graph.number_of_edges()
+    check_graph(graph * req.max_nodes, f"{req.max_nodes:,} nodes of {s.base.scenario.topology}", "--max-nodes",
+                req.force)
+    for i, (_, entry) in enumerate(s.strategies()):
+        name, _ = resolve(entry, field=f"algorithms.{i}", registry=PREFILL_REGISTRY)
+        check_schedule(f"prefill:{name}", req.max_nodes * groups_per_node, "--max-nodes", req.force)
 
 
 def _rank(s: Search) -> Callable[[Config], tuple[bool, int, float, float]]:
@@ -140,15 +163,17 @@ def _per_strategy(configs: list[Config], s: Search) -> list[Config]:
 
 
 def _binding(s: Search, configs: list[Config], nodes: int) -> str:
-    """Why ``nodes`` nodes (the largest count below the answer) did not do."""
+    """Why ``nodes`` nodes (the largest count below the answer) did not do: the constraint that binds them
+    (:func:`simulator.plan.verdict.binding`), told with the configuration that came closest."""
+    bound = binding(s.req.targets, [c.values for c in configs])
     fitting = [c for c in configs if c.fits]
-    if not fitting:
+    if bound == "memory" or not fitting:
         return f"memory: {nodes} node(s) do not fit"
     fast = min(fitting, key=lambda c: c.ttft_s)
-    if fast.ttft_s > s.req.ttft_s:
+    if bound == "ttft":
         return f"ttft: {nodes} node(s) take at least {seconds(fast.ttft_s)} ({fast.strategy} {fast.layout}, " \
                f"tp {fast.tp}; {fast.bound()})"
-    quick = [c for c in fitting if c.ttft_s <= s.req.ttft_s]
+    quick = [c for c in fitting if c.meets(Targets(ttft_s=s.req.ttft_s))]
     best = min(quick, key=lambda c: c.tpot_s)
     return f"tbt: {nodes} node(s) meet the TTFT but decode at {ms(best.tpot_s)} per token at best ({best.decode})"
 
@@ -160,7 +185,7 @@ def _unmet(s: Search, found: dict[int, list[Config]], req: TtftRequest) -> TtftP
         raise errors[0]
     fitting = [c for c in every if c.fits]
     if not fitting:
-        return TtftPlan(False, [], f"memory: nothing fits in {req.max_nodes} node(s) or fewer", s.count, s.kind, [],
+        return TtftPlan([], f"memory: nothing fits in {req.max_nodes} node(s) or fewer", s.count, s.kind, [],
                         *_names(s))
     fast = min(fitting, key=lambda c: (c.ttft_s, c.gpus, c.tpot_s if not math.isnan(c.tpot_s) else 0.0))
     rows = _per_strategy([c for c in found[fast.nodes] if c.fits], s)
@@ -170,12 +195,14 @@ def _unmet(s: Search, found: dict[int, list[Config]], req: TtftRequest) -> TtftP
         low = min((c for c in fitting if not math.isnan(c.tpot_s)), key=lambda c: c.tpot_s, default=None)
         if low is not None:
             why += f"; the lowest TPOT is {ms(low.tpot_s)} ({low.decode} on {low.nodes} node(s))"
-    return TtftPlan(False, rows, why, s.count, s.kind, _reproduce(req, fast), *_names(s))
+    return TtftPlan(rows, why, s.count, s.kind, _reproduce(req, fast), *_names(s))
 
 
-def _names(s: Search) -> tuple[str, str]:
+def _names(s: Search) -> tuple[str, str, Targets, int]:
+    """The model's name, the topology's, the targets and the prompt's tokens: what the answer is told with."""
     model = s.wl.model if isinstance(s.wl.model, str) else "custom"
-    return model, s.base.scenario.topology
+    tokens = s.wl.sequence if isinstance(s.wl, PrefillWorkload) else s.wl.prompt
+    return model, s.base.scenario.topology, s.req.targets, tokens
 
 
 def _reproduce(req: TtftRequest, c: Config) -> list[str]:

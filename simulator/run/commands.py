@@ -26,12 +26,13 @@ from simulator.report.trace import chrome_trace, describe_cut, parse_ranks, pars
 from simulator.run.kinds import KINDS
 from simulator.run.prepare import check_points, point_runs, prepare_point
 from simulator.run.prepared import PreparedPoint
+from simulator.run.resolved import header, resolved
 from simulator.run.rows import columns_markdown
 from simulator.run.scenario import Point, Scenario, load_scenario
 from simulator.run.sweep import run_sweep
 from simulator.support.console import say
 from simulator.support.files import write_csv_atomic, write_text_atomic
-from simulator.support.outdir import check_output_dir, check_output_file, output_lock
+from simulator.support.outdir import check_output_file, claim_output_dir
 from simulator.support.yaml_lines import parse_set
 
 __all__ = ["cmd_report", "cmd_run", "cmd_schema", "cmd_trace", "format_table", "whatif_notes"]
@@ -45,23 +46,29 @@ def _out_dir(arg: str | None, name: str) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """The scenario read, then the output folder checked and locked before any preparation (a second run into the
+    same folder is refused at once), a resumed results.csv checked, every point prepared, the resolved values said
+    (stderr, one line), and the sweep run."""
     points = load_scenario(args.scenario, args.sets, args.force)
     out = _out_dir(args.out, points[0].scenario.name)
     _pick(points, args.timeline_point, "--timeline-point")
-    prepared = check_points(points, args.numeric)
-    if args.sets:
-        base = load_scenario(args.scenario, force=args.force)[0]
-        for note in whatif_notes(base.scenario.topology, args.sets, dict(base.scenario.topology_params),
-                                  base.base_dir):
-            print(f"treering: note: {note}", file=sys.stderr)
-    if args.resume:  # a damaged results.csv is refused before anything is written
-        resumable_rows(out / "results.csv", len(points))
-    check_output_dir(out)
-    with output_lock(out):
-        return _run_locked(args, points, prepared, out)
+    with claim_output_dir(out):
+        if args.resume:  # a damaged results.csv is refused before anything is written
+            resumable_rows(out / "results.csv", len(points), lambda note: print(f"treering: note: {note}",
+                                                                                 file=sys.stderr))
+        prepared = check_points(points, args.numeric)
+        if args.sets:
+            base = load_scenario(args.scenario, force=args.force)[0]
+            for note in whatif_notes(base.scenario.topology, args.sets, dict(base.scenario.topology_params),
+                                      base.base_dir):
+                print(f"treering: note: {note}", file=sys.stderr)
+        values = resolved(prepared)
+        print(f"treering: {points[0].scenario.name}: {len(points)} point(s); {header(values)}", file=sys.stderr)
+        return _run_locked(args, points, prepared, out, values)
 
 
-def _run_locked(args: argparse.Namespace, points: list[Point], prepared: list[PreparedPoint], out: Path) -> int:
+def _run_locked(args: argparse.Namespace, points: list[Point], prepared: list[PreparedPoint], out: Path,
+                values: dict[str, Any]) -> int:
     keep = None if args.no_report else args.timeline_point
     outcome = run_sweep(prepared, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                         resume=args.resume, progress=sys.stderr.isatty(), timeline_point=keep)
@@ -83,7 +90,7 @@ def _run_locked(args: argparse.Namespace, points: list[Point], prepared: list[Pr
                 "version": __version__, "command": shlex.join(["treering", *args.argv]),
                 "timeline_point": prep.point.columns(), "capacity_bytes": _capacity(prepared),
                 "baseline": sc.baseline or (prep.algorithms[0].label if prep.algorithms else None),
-                "mem_fraction": sc.mem_fraction,
+                "mem_fraction": sc.mem_fraction, "resolved": values,
                 **_report_meta(prep.point)}
         write_report(frame, out, meta, timeline, meta["capacity_bytes"])
         say(f"wrote {out / 'report.md'} and {out / 'report.html'}")
@@ -142,10 +149,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         path = path / "results.csv"
     if not path.is_file():
         raise InputError("no such results file", file=str(path))
-    frame, meta, timeline = read_report_inputs(path)
     out = Path(args.out) if args.out else path.parent
-    check_output_dir(out)
-    with output_lock(out):
+    with claim_output_dir(out):
+        frame, meta, timeline = read_report_inputs(path)
         write_report(frame, out, meta, timeline, meta.get("capacity_bytes"))
     say(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 0
@@ -153,10 +159,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     points = load_scenario(args.scenario, args.sets, args.force)
-    prep = prepare_point(_pick(points, args.point, "--point"))
+    point = _pick(points, args.point, "--point")
     ranks = parse_ranks(args.ranks) if args.ranks is not None else None
     window = parse_window(args.window) if args.window is not None else None
-    check_output_file(Path(args.out))
+    check_output_file(Path(args.out))  # before any preparation
+    prep = prepare_point(point)
     runs = point_runs(prep, record_links=True)
     cluster = prep.cluster
     most = max((res.ranks for _, _, res in runs), default=0)

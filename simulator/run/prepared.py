@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from simulator.algorithms import Layout
@@ -26,18 +27,44 @@ from simulator.run.rows import Column
 from simulator.run.scenario import Point
 from simulator.schedule.core import Schedule
 from simulator.schedule.memory import usable_bytes
+from simulator.support.yaml_lines import load_yaml
 
-__all__ = ["Algorithm", "Kind", "PointOutcome", "PreparedPoint", "Run", "cluster_for", "layout_of"]
+__all__ = ["Algorithm", "Kind", "PointOutcome", "PreparedPoint", "Run", "cluster_for", "layout_of", "topology_params"]
 
 Run = tuple[str, Schedule, SimResult]  # (label, schedule, its simulation)
 
 _CLUSTERS: dict[tuple[str, str, str, str], Cluster] = {}
 
 
+def topology_params(point: Point) -> dict[str, Any]:
+    """The parameters the point's topology is built with: the scenario's ``topology_params``, except where
+    ``--set topology=FILE`` names an explicit topology (no ``builder:``) and no ``--set`` or sweep gives
+    parameters: the scenario file's parameters were its preset's, and an explicit topology takes none."""
+    sc = point.scenario
+    params = dict(sc.topology_params)
+    given = [k for k, (file, _) in (point.origins or {}).items() if file == "--set"] + [k for k, _ in point.swept]
+    if params and "topology" in given and not any(k.split(".")[0] == "topology_params" for k in given) \
+            and _explicit(sc.topology, point.base_dir):
+        return {}
+    return params
+
+
+def _explicit(ref: str, base_dir: Path) -> bool:
+    """``ref`` is a topology file without ``builder:`` (a file that cannot be read is load_topology's to report)."""
+    if not (ref.endswith((".yaml", ".yml")) or "/" in ref):
+        return False  # a preset's name: presets are parametric
+    path = Path(ref) if Path(ref).is_absolute() or Path(ref).exists() else base_dir / ref
+    try:
+        raw = load_yaml(path)
+    except InputError:
+        return False
+    return isinstance(raw, Mapping) and "builder" not in raw
+
+
 def _cluster_key(point: Point) -> tuple[str, str, str, str]:
     sc = point.scenario
     devices = {name: o.model_dump(exclude_none=True) for name, o in sc.devices.items()}
-    return (sc.topology, json.dumps(sc.topology_params, sort_keys=True), str(point.base_dir),
+    return (sc.topology, json.dumps(topology_params(point), sort_keys=True), str(point.base_dir),
             json.dumps(devices, sort_keys=True))  # plain scalars: never repr() an unbounded value
 
 
@@ -48,7 +75,7 @@ def cluster_for(point: Point) -> Cluster:
         sc = point.scenario
         devices = {name: o.model_dump(exclude_none=True) for name, o in sc.devices.items()}
         try:
-            _CLUSTERS[key] = override_devices(load_topology(sc.topology, sc.topology_params, point.base_dir,
+            _CLUSTERS[key] = override_devices(load_topology(sc.topology, topology_params(point), point.base_dir,
                                                             point.force), devices)
         except InputError as err:
             raise point.locate(err) from None

@@ -9,15 +9,17 @@ the product. ``--set key=value`` overrides apply before the sweep expands.
 from __future__ import annotations
 
 import copy
+import difflib
 import itertools
 import json
 import math
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator
 
 from simulator.errors import InputError, excerpt
 from simulator.support.limits import check_sweep
@@ -177,11 +179,57 @@ def _set_path(tree: Any, dotted: str, value: Any, origin: _Origin, origins: dict
     origins[dotted] = origin
 
 
+def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The scenario model that holds the key at ``loc`` (pydantic's location: union tags and mapping keys
+    included), or None when it is not a model's key."""
+    model: type[BaseModel] = Scenario
+    parts = list(loc[:-1])
+    while parts:
+        field = model.model_fields.get(parts.pop(0))
+        if field is None:
+            return None
+        annotation = field.annotation
+        if typing.get_origin(annotation) is dict and parts:  # a mapping's key (devices: {NAME: ...})
+            annotation = typing.get_args(annotation)[1]
+            parts.pop(0)
+        members = [t for t in _flat_args(annotation) if isinstance(t, type) and issubclass(t, BaseModel)]
+        if len(members) > 1 and parts:  # a tagged union: the next part is the tag (workload kinds)
+            tagged = [m for m in members if parts[0] in typing.get_args(m.model_fields["kind"].annotation)]
+            if tagged:
+                members = tagged
+                parts.pop(0)
+        if len(members) != 1:
+            return None
+        model = members[0]
+        if parts and isinstance(parts[0], str) and ("[" in parts[0] or parts[0] == model.__name__):
+            parts.pop(0)  # the name pydantic gives a union's member (ModelShape, function-after[...])
+    return model
+
+
+def _flat_args(annotation: Any) -> list[Any]:
+    args = typing.get_args(annotation)
+    if not args:
+        return [annotation]
+    return [t for a in args for t in _flat_args(a)]
+
+
+def _unknown_key(loc: Sequence[Any]) -> str:
+    """``unknown key; did you mean context?`` (the closest valid key, by difflib), or the valid keys."""
+    model = _model_at(loc)
+    if model is None:
+        return "unknown key"
+    valid = [f.alias or name for name, f in model.model_fields.items()]
+    close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+    return f"unknown key; did you mean {close[0]}?" if close else f"unknown key; valid keys: {', '.join(valid)}"
+
+
 def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenario:
     try:
         return Scenario.model_validate(tree)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        errors = exc.errors()
+        # an unknown key first: a misspelt key also makes the key it meant missing ("contxt" -> context missing)
+        err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = tuple(err["loc"])
         if loc[:1] == ("workload",) and len(loc) > 1 and loc[1] in ("decode", "flows", "collective", "prefill",
                                                                     "generate"):
@@ -195,7 +243,7 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
             field = ".".join(str(p) for p in loc)
             msg = f"must be one of {err['ctx']['expected_tags']}, got {excerpt(err['ctx']['tag'])}"
         elif err["type"] == "extra_forbidden":
-            msg = "unknown key"
+            msg = _unknown_key(tuple(err["loc"]))
         elif err["type"] == "missing":
             msg = "required field is missing"
         elif err["type"] == "too_short":

@@ -1,7 +1,9 @@
 """Atomic file output: write to a uniquely named temporary file in the same folder, then rename over the target.
 
 Temporary names are unique (``tempfile.mkstemp``), so two writers never collide on one; the file gets the user's
-umask (``mkstemp`` alone would leave it 0600).
+umask (``mkstemp`` alone would leave it 0600). A disk error (``ENOSPC``, ``EACCES``, ``EIO``) is raised as an
+``OSError`` that names the file being written (``err.filename``: the target, not its temporary name), which the CLI
+prints on one line.
 """
 
 from __future__ import annotations
@@ -31,24 +33,37 @@ def _umask() -> int:
 
 def temp_beside(path: Path, write: Callable[[Path], object]) -> Path:
     """A new temporary file next to ``path`` (unique name, the user's umask) filled by ``write``; removed on error."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise _naming(err, path) from None
     tmp = Path(name)
     try:
         os.fchmod(fd, 0o666 & ~_umask())
         os.close(fd)
         write(tmp)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            raise _naming(err, path) from None
         raise
     return tmp
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    """``err`` as an error of writing ``path`` (a write that filled the disk names no file of its own)."""
+    return OSError(err.errno, err.strerror or str(err), str(path))
 
 
 def replace_all(pairs: list[tuple[Path, Path]]) -> None:
     """Rename each finished temporary file over its target (after all of them were written)."""
     try:
         for tmp, path in pairs:
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError as err:
+                raise _naming(err, path) from None
     finally:
         for tmp, _ in pairs:
             tmp.unlink(missing_ok=True)

@@ -8,7 +8,12 @@ estimates are pure functions of the inputs (no graph, no schedule is built):
 * a ``builder: cluster`` topology: devices, switches and NICs plus directed links (``mesh`` inside a node is
   quadratic in ``gpus_per_node``), about :data:`BYTES_PER_GRAPH_ELEMENT` each in networkx;
 * a decode schedule: ops of P ranks (``ring`` moves every shard to every rank: about 3 P^2 ops; the others are
-  about 20 per rank plus a constant), about :data:`BYTES_PER_OP` each with their timeline records.
+  about 20 per rank plus a constant), about :data:`BYTES_PER_OP` each with their timeline records;
+* a collective over P GPUs on C channels (:func:`collective_ops`): a ring passes P - 1 pieces twice per rank and
+  channel (about 5 P ops per rank and channel, measured on allreduce), NCCL's tree pipelines about 250 per rank and
+  channel, an all-to-all sends 2 P per rank: whatever the algorithm, the largest of them;
+* the ops one point simulates one after another (:func:`check_simulated`): a generate point runs ``new_tokens``
+  decode steps per schedule, each a schedule of its own, about :data:`SECONDS_PER_OP` each.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from typing import Any
 from simulator.errors import InputError
 
 __all__ = ["BYTES_PER_GRAPH_ELEMENT", "BYTES_PER_OP", "MAX_COUNT", "MAX_GRAPH_ELEMENTS", "MAX_SCHEDULE_OPS",
-           "MAX_SWEEP_POINTS", "builder_elements", "check_builder", "check_graph", "check_schedule", "check_sweep",
+           "MAX_SIMULATED_OPS", "MAX_SWEEP_POINTS", "SECONDS_PER_OP", "builder_elements", "check_builder",
+           "check_collective", "check_graph", "check_schedule", "check_simulated", "check_sweep", "collective_ops",
            "schedule_ops"]
 
 MAX_COUNT = 2**53  # any count: integers a float still counts exactly
@@ -29,6 +35,8 @@ MAX_GRAPH_ELEMENTS = 500_000
 MAX_SCHEDULE_OPS = 10_000_000  # ~9 GB of ops and records (ring decode on 1,024 GPUs: 3.1M ops, 2.8 GB)
 BYTES_PER_GRAPH_ELEMENT = 1_000
 BYTES_PER_OP = 900  # measured: ring decode P = 1024, 3.1M ops, 2.77 GB peak RSS (benchmarks/engine_speed.py)
+MAX_SIMULATED_OPS = 20_000_000  # ops one point simulates in turn: about a minute
+SECONDS_PER_OP = 3e-6  # measured: generate of llama-3.1-8b on dgx-h100, 8 and 16 GPUs: 2.4-4 us per estimated op
 FORCE_HINT = "--force runs it anyway"
 
 # algorithm -> ops of one rank given P ranks (measured on the decode schedules: ring 3P + 7, others <= 20; on the
@@ -90,3 +98,28 @@ def check_schedule(algorithm: str, ranks: int, field: str | None, force: bool = 
     if ops > MAX_SCHEDULE_OPS and not force:
         raise _refuse(f"the {algorithm} schedule on {ranks:,} ranks would have too many ops", ops, MAX_SCHEDULE_OPS,
                       BYTES_PER_OP, field)
+
+
+def collective_ops(ranks: int, channels: int) -> float:
+    """Estimated ops of one collective over ``ranks`` GPUs on ``channels`` channels, whatever its algorithm (module
+    docstring; measured on hgx-h200, 8 to 64 GPUs: ring allreduce 5.0 P ops per rank and channel, tree 224-234,
+    alltoall 2 (P - 1) per rank)."""
+    p = float(ranks)
+    return channels * p * max(5.0 * p, 250.0) + 2.0 * p * p + 1_000
+
+
+def check_collective(ranks: int, channels: int, field: str | None, force: bool = False) -> None:
+    """Refuse a collective estimated over :data:`MAX_SCHEDULE_OPS` ops."""
+    ops = collective_ops(ranks, channels)
+    if ops > MAX_SCHEDULE_OPS and not force:
+        raise _refuse(f"the collective on {ranks:,} GPUs x {channels:,} channel(s) would have too many ops", ops,
+                      MAX_SCHEDULE_OPS, BYTES_PER_OP, field)
+
+
+def check_simulated(ops: float, what: str, field: str | None, force: bool = False) -> None:
+    """Refuse a point that would simulate more than :data:`MAX_SIMULATED_OPS` ops one after another (``what``
+    says which: ``100,000 decode steps x 2 schedules on 8 GPUs``), with the time it would take."""
+    if ops > MAX_SIMULATED_OPS and not force:
+        minutes = ops * SECONDS_PER_OP / 60
+        raise InputError(f"{what} would simulate about {ops:.3g} ops (limit {MAX_SIMULATED_OPS:,}; about "
+                         f"{minutes:,.0f} min); {FORCE_HINT}", field=field)

@@ -43,11 +43,12 @@ class Strict(BaseModel):
 _KINDS = {parse_bytes: "bytes", parse_bandwidth: "bandwidth", parse_time: "time", parse_flops: "flops"}
 
 
-def unit_value(parse: Any, v: Any, positive: bool = False) -> float:
+def unit_value(parse: Any, v: Any, positive: bool = False, unit: bool = True) -> float:
     """A non-negative (or ``positive``) quantity parsed by ``parse`` (``parse_bytes``, ... or a kind name such as
-    ``"bytes"``) within :data:`simulator.units.LIMITS`; errors become pydantic's ValueError (located by the caller)."""
+    ``"bytes"``) within :data:`simulator.units.LIMITS`, written with its unit (``unit=False``: a key that names its
+    unit, ``bytes:``, takes a plain number); errors become pydantic's ValueError (located by the caller)."""
     try:
-        return checked_quantity(v, parse if isinstance(parse, str) else _KINDS[parse], positive=positive)
+        return checked_quantity(v, parse if isinstance(parse, str) else _KINDS[parse], positive=positive, unit=unit)
     except InputError as err:
         raise ValueError(err.message) from None
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import field_validator
 
 from simulator.collectives.channels import OPERATIONS
+from simulator.errors import excerpt
+from simulator.support.limits import MAX_COUNT
 from simulator.units import parse_bytes
 from simulator.workloads.base import Strict, unit_value
 
@@ -36,7 +38,9 @@ class CollectiveWorkload(Strict):
     @field_validator("bytes", mode="before")
     @classmethod
     def _bytes(cls, v: Any) -> float:
-        x = unit_value(parse_bytes, v)
+        x = unit_value(parse_bytes, v, unit=False)  # the key names the unit
         if x <= 0:
             raise ValueError(f"must be positive, got {v!r}")
+        if x > MAX_COUNT:  # a count of bytes (and of elements) that floats and the results' int64 hold exactly
+            raise ValueError(f"must be at most 2^53 bytes ({MAX_COUNT / 1e15:.3g} PB), got {excerpt(v)}")
         return x

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, model_validator
 
 from simulator.errors import InputError, excerpt
 from simulator.models.presets import PRESETS, ModelPreset, custom_model
@@ -13,7 +13,7 @@ from simulator.units import parse_tokens
 from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["DType", "DecodeWorkload", "ModelRef", "Tokens", "check_scope", "heads_kv", "whole_model"]
+__all__ = ["DType", "DecodeWorkload", "ModelRef", "Tokens", "check_scope", "heads_kv", "token_fields", "whole_model"]
 
 DType = Literal["fp64", "fp32", "bf16", "fp16", "fp8"]
 
@@ -26,6 +26,12 @@ def _tokens(v: Any) -> int:
 
 
 Tokens = Annotated[int, BeforeValidator(_tokens), Field(ge=1, le=MAX_COUNT)]  # 1048576, "128K", "1M" (K = 1024)
+
+
+def token_fields(model: type[BaseModel]) -> list[str]:
+    """The fields of a workload model that are token counts (:data:`Tokens`: ``80K`` is 81,920 tokens)."""
+    return [name for name, f in model.model_fields.items()
+            if any(isinstance(m, BeforeValidator) and m.func is _tokens for m in f.metadata)]
 
 
 def _known_model(v: ModelShape | str) -> ModelShape | str:

@@ -23,7 +23,7 @@ class FlowSpec(Strict):
     @field_validator("bytes", mode="before")
     @classmethod
     def _bytes(cls, v: Any) -> float:
-        return unit_value(parse_bytes, v)
+        return unit_value(parse_bytes, v, unit=False)  # the key names the unit
 
     @field_validator("start", mode="before")
     @classmethod

@@ -16,13 +16,15 @@ from typing import Any
 
 from simulator.cluster.topology import Cluster
 from simulator.collectives import COLLECTIVE_ALGORITHMS, fabric_of, operation_algorithm
+from simulator.collectives.fabric import MAX_CHANNELS
 from simulator.collectives.protocols import PROTOCOLS
 from simulator.collectives.standalone import bus_factor, collective_schedule
 from simulator.engine.core import simulate
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
 from simulator.run.prepared import Algorithm, Kind, PreparedPoint, Run
 from simulator.run.rows import Column, make_row, pick
 from simulator.run.scenario import Point
+from simulator.support.limits import check_collective
 from simulator.units import DTYPE_BYTES
 from simulator.workloads.collective import CollectiveWorkload
 
@@ -54,7 +56,10 @@ def _entry(raw: str | Mapping[str, Any], field: str) -> tuple[str, str, int | No
         raise InputError(f"must be one of auto, {', '.join(PROTOCOLS)}, got {protocol!r}", field=f"{field}.protocol")
     channels = spec.pop("channels", None)
     if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int) or channels < 1):
-        raise InputError(f"must be a positive integer, got {channels!r}", field=f"{field}.channels")
+        raise InputError(f"must be a positive integer, got {excerpt(channels)}", field=f"{field}.channels")
+    if channels is not None and channels > MAX_CHANNELS:
+        raise InputError(f"must be at most {MAX_CHANNELS} (NCCL's MAXCHANNELS), got {excerpt(channels)}",
+                         field=f"{field}.channels")
     if spec:
         raise InputError(f"unknown key {next(iter(spec))!r}; valid: name, protocol, channels", field=field)
     extra = [f"{k}={v}" for k, v in (("protocol", protocol), ("channels", channels)) if v not in ("auto", None)]
@@ -74,6 +79,8 @@ def _prepare(point: Point, cluster: Cluster, numeric: bool) -> PreparedPoint:
             if algo == "nvls" and not (fabric.nvls and fabric.nodes == 1):
                 raise InputError(f"nvls needs one NVSwitch server with NVLink SHARP (H100, H200); topology "
                                  f"{cluster.name!r} has {fabric.nodes} server(s), NVLink SHARP: {fabric.nvls}")
+            check_collective(len(cluster.ranks), channels or fabric.default_channels(range(len(cluster.ranks))),
+                             None, point.force)
         except InputError as err:
             raise point.locate(err.located(field=f"algorithms.{i}")) from None
         algos.append(Algorithm(name, {"protocol": protocol, "channels": channels}, label))

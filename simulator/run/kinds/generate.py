@@ -35,6 +35,7 @@ from simulator.run.scenario import Point
 from simulator.run.timing import critical_timing
 from simulator.schedule.core import Schedule
 from simulator.schedule.memory import out_of_memory, timeline_peaks
+from simulator.support.limits import check_simulated, schedule_ops
 from simulator.workloads.generate import GenerateWorkload
 
 __all__ = ["COLUMNS", "KIND"]
@@ -67,9 +68,20 @@ def _prepare(point: Point, cluster: Cluster, numeric: bool) -> PreparedPoint:
                              f"({p} ranks)", field="workload.prompt")
         if name == "ulysses":
             check_ulysses(tp_shape(shape, wl.tp), p)
+        _check_steps(wl, algos, p, point.force)
     except InputError as err:
         raise point.locate(err) from None
     return PreparedPoint(point, cluster, "generate", numeric, algos, shape, layout, {"prefill": prefill})
+
+
+def _check_steps(wl: GenerateWorkload, algos: tuple[Algorithm, ...], ranks: int, force: bool) -> None:
+    """Refuse ``new_tokens`` decode steps that would take too long (each step is a schedule simulated on its own;
+    a whole model's step adds its dense layers, about 20 ops per rank)."""
+    per_step = wl.tp * sum(schedule_ops(a.name, ranks) for a in algos)  # tp head groups of ``ranks`` each
+    if wl.scope == "model":
+        per_step += 20.0 * ranks * wl.tp * len(algos)
+    check_simulated(wl.new_tokens * per_step, f"{wl.new_tokens:,} decode steps x {len(algos)} schedule(s) on "
+                    f"{ranks * wl.tp:,} GPUs", "workload.new_tokens", force)
 
 
 @dataclass(frozen=True)
