@@ -12,13 +12,23 @@ or NIC below it; each GPU and NIC linked to its parent at its own ``link_speed x
 another GPU become direct links, bonds to anything else (NVSwitch chips) are summed into one link per GPU to a
 single ``nvswitch`` node: the hardware spreads a GPU's traffic over all its NVLinks, while a route in the flow
 model takes one path, so separate switch chips would cap a transfer at one chip's share.
+
+The file is untrusted: it is parsed by ``defusedxml`` (no DTD, no entity declarations, no external references: an
+entity bomb or a reference to a local file is refused, not expanded), at most :data:`MAX_XML_DEPTH` elements deep and
+:data:`MAX_XML_ELEMENTS` elements in all, and every number it states is read finite, integral where it counts and
+within the range a server can have (:data:`INT_RANGES`), refused with its file and line otherwise.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+from xml.etree.ElementTree import ParseError
 from xml.parsers import expat
+
+from defusedxml import DefusedXmlException
+from defusedxml.ElementTree import DefusedXMLParser
 
 from simulator.cluster.hostgraph import (
     NVLINK_LANE_BPS,
@@ -31,9 +41,19 @@ from simulator.cluster.hostgraph import (
     nvlink_bandwidth,
     pcie_bandwidth,
 )
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
 
-__all__ = ["Element", "looks_like_xml", "nccl_xml_server", "parse_xml"]
+__all__ = ["INT_RANGES", "MAX_XML_DEPTH", "MAX_XML_ELEMENTS", "Element", "looks_like_xml", "nccl_xml_server",
+           "parse_xml"]
+
+MAX_XML_DEPTH = 64  # a real dump nests system > cpu > pci bridges > pci > gpu > nvlink: under 20 deep
+MAX_XML_ELEMENTS = 100_000  # a real dump of an 8-GPU server has a few hundred
+# integer attributes (element.attribute) -> the range a server can have: NUMA nodes and CUDA devices, CUDA compute
+# capability x 10, NVLinks / xGMI links bonded to one target, PCIe lanes (x32 at most; 0 in virtual machines)
+INT_RANGES: dict[str, tuple[int, int]] = {"cpu.numaid": (0, 4095), "gpu.dev": (0, 4095), "gpu.sm": (1, 10_000),
+                                          "nvlink.count": (1, 64), "xgmi.count": (1, 64), "pci.link_width": (0, 32)}
+MAX_GTS = 1024.0  # PCIe GT/s per lane (Gen7: 128)
+MAX_NET_MBPS = 1e9  # a NIC port, Mb/s (1 Pb/s)
 
 # CUDA compute capability (the dump's sm) -> (device spec, NVLink generation); Hopper covers H100/H200/H20/H800
 _SM: dict[int, tuple[str | None, int]] = {60: (None, 1), 70: (None, 2), 80: ("a100-sxm", 3), 86: (None, 3),
@@ -62,13 +82,26 @@ class Element:
         return self.attrs[key]
 
     def number(self, key: str, src: str) -> float:
-        """A numeric attribute (decimal, or hex with ``0x``)."""
+        """A finite numeric attribute (decimal, or hex with ``0x``)."""
         raw = self.need(key, src)
         try:
-            return float(int(raw, 16)) if raw.lower().startswith("0x") else float(raw)
-        except ValueError:
-            raise InputError(f"{key}={raw!r} is not a number", file=src, line=self.line,
+            x = float(int(raw, 16)) if raw.lower().startswith("0x") else float(raw)
+        except (ValueError, OverflowError):
+            raise InputError(f"{key}={excerpt(raw)} is not a number", file=src, line=self.line,
                              field=f"{self.tag}.{key}") from None
+        if not math.isfinite(x):
+            raise InputError(f"{key}={excerpt(raw)} is not a finite number", file=src, line=self.line,
+                             field=f"{self.tag}.{key}")
+        return x
+
+    def integer(self, key: str, src: str) -> int:
+        """An integral attribute within :data:`INT_RANGES` of ``tag.key``."""
+        x = self.number(key, src)
+        low, high = INT_RANGES[f"{self.tag}.{key}"]
+        if x != int(x) or not low <= x <= high:
+            raise InputError(f"{key}={excerpt(self.attrs[key])}: expected an integer from {low} to {high}", file=src,
+                             line=self.line, field=f"{self.tag}.{key}")
+        return int(x)
 
 
 def looks_like_xml(text: str) -> bool:
@@ -76,29 +109,49 @@ def looks_like_xml(text: str) -> bool:
 
 
 def parse_xml(text: str, src: str) -> Element:
-    """Parse XML into :class:`Element` s; a malformed document raises :class:`InputError` at expat's line."""
-    parser = expat.ParserCreate()
-    stack: list[Element] = []
+    """Parse untrusted XML into :class:`Element` s (module docstring: no DTD, no entities, bounded depth and size); a
+    malformed or refused document raises :class:`InputError` at the parser's line."""
     roots: list[Element] = []
+    stack: list[Element] = []
+    count = 0
 
-    def start(tag: str, attrs: dict[str, str]) -> None:
-        el = Element(tag, dict(attrs), parser.CurrentLineNumber)
-        (stack[-1].children if stack else roots).append(el)
-        stack.append(el)
+    class Builder:  # the parser's target: an Element per start tag, with its line
+        def start(self, tag: str, attrs: dict[str, str]) -> None:
+            nonlocal count
+            line = parser.parser.CurrentLineNumber
+            count += 1
+            if len(stack) >= MAX_XML_DEPTH:
+                raise InputError(f"elements nested over {MAX_XML_DEPTH} deep (a topology dump nests under 20)",
+                                 file=src, line=line, field="xml")
+            if count > MAX_XML_ELEMENTS:
+                raise InputError(f"over {MAX_XML_ELEMENTS:,} elements (a topology dump has hundreds)", file=src,
+                                 line=line, field="xml")
+            el = Element(tag, dict(attrs), line)
+            (stack[-1].children if stack else roots).append(el)
+            stack.append(el)
 
-    def end(tag: str) -> None:
-        stack.pop()
+        def end(self, tag: str) -> None:
+            stack.pop()
 
-    parser.StartElementHandler = start
-    parser.EndElementHandler = end
+        def close(self) -> None:
+            return None
+
+    parser = DefusedXMLParser(target=Builder(), forbid_dtd=True, forbid_entities=True, forbid_external=True)
     try:
-        parser.Parse(text, True)
-    except expat.ExpatError as err:
-        raise InputError(f"malformed XML: {expat.ErrorString(err.code)}", file=src, line=err.lineno,
+        parser.feed(text)
+        parser.close()
+    except ParseError as err:
+        raise InputError(f"malformed XML: {expat.ErrorString(err.code)}", file=src, line=err.position[0],
+                         field="xml") from None
+    except DefusedXmlException as err:
+        what = {"DTDForbidden": "a DTD (<!DOCTYPE>)", "EntitiesForbidden": "an entity declaration",
+                "ExternalReferenceForbidden": "an external reference"}.get(type(err).__name__, "this construct")
+        raise InputError(f"{what} is refused: untrusted XML is read without DTDs, entities or external references "
+                         "(a topology dump has none)", file=src, line=parser.parser.CurrentLineNumber,
                          field="xml") from None
     root = roots[0]
     if root.tag != "system":
-        raise InputError(f"not an NCCL topology: the root element is <{root.tag}>, expected <system>",
+        raise InputError(f"not an NCCL topology: the root element is <{root.tag[:60]}>, expected <system>",
                          file=src, line=root.line, field="system")
     return root
 
@@ -125,8 +178,13 @@ def nccl_xml_server(root: Element, src: str, opts: ImportOptions) -> ServerGraph
     cpus = [c for c in root.children if c.tag == "cpu"]
     if not cpus:
         raise InputError("no <cpu> element under <system>", file=src, line=root.line, field="system")
+    seen: dict[str, int] = {}  # cpu name -> the line of its <cpu>
     for cpu in cpus:
-        name = f"cpu{int(cpu.number('numaid', src))}"
+        name = f"cpu{cpu.integer('numaid', src)}"
+        if name in seen:
+            raise InputError(f"two <cpu> elements with numaid={excerpt(cpu.attrs['numaid'])} (the first at line "
+                             f"{seen[name]})", file=src, line=cpu.line, field="cpu.numaid")
+        seen[name] = cpu.line
         sg.add_node(Node(name, "cpu", note=f"<cpu numaid={cpu.attrs['numaid']}> line {cpu.line}, "
                                            f"{cpu.attrs.get('vendor', '?')} {cpu.attrs.get('arch', '')}".rstrip()))
         for child in cpu.children:
@@ -150,10 +208,13 @@ def _pci_bw(w: _Walk, el: Element) -> tuple[float, str]:
     speed = el.need("link_speed", w.src)
     m = _GTS.match(speed)
     if not m:
-        raise InputError(f"link_speed={speed!r}: expected a rate like '16.0 GT/s PCIe'", file=w.src, line=el.line,
-                         field="pci.link_speed")
-    width = int(el.number("link_width", w.src))
+        raise InputError(f"link_speed={excerpt(speed)}: expected a rate like '16.0 GT/s PCIe'", file=w.src,
+                         line=el.line, field="pci.link_speed")
+    width = el.integer("link_width", w.src)
     gts = float(m.group(1))
+    if not 0 < gts <= MAX_GTS:
+        raise InputError(f"link_speed={excerpt(speed)}: expected a rate above 0 and at most {MAX_GTS:g} GT/s",
+                         file=w.src, line=el.line, field="pci.link_speed")
     if width == 0:
         return pcie_bandwidth(gts, 16), f"{gts:g} GT/s, link_width 0 (a virtual machine's): x16 assumed"
     return pcie_bandwidth(gts, width), f"{gts:g} GT/s x{width}"
@@ -170,7 +231,7 @@ def _walk(w: _Walk, el: Element, parent: str, up_bw: float | None) -> bool:
     bw, how = _pci_bw(w, el)
     gpu = next((c for c in el.children if c.tag == "gpu"), None)
     if gpu is not None:
-        name = f"gpu{int(gpu.number('dev', w.src))}"
+        name = f"gpu{gpu.integer('dev', w.src)}"
         if name in w.gpu_el:
             raise InputError(f"two GPUs with dev={gpu.attrs['dev']}", file=w.src, line=gpu.line, field="gpu.dev")
         w.gpu_bus[el.need("busid", w.src).lower()] = name
@@ -205,7 +266,7 @@ def _gpu_device(w: _Walk, gpu: Element) -> str:
     if "gcn" in gpu.attrs:
         what, device = f"gcn={gpu.attrs['gcn']}", _GCN.get(gpu.attrs["gcn"], (None, 0.0))[0]
     else:
-        sm = int(gpu.number("sm", w.src))
+        sm = gpu.integer("sm", w.src)
         what, device = f"sm={sm}", _SM.get(sm, (None, 0))[0]
     if device is None:
         raise InputError(f"no device spec is known for {what}; pass --device", file=w.src, line=gpu.line,
@@ -229,7 +290,11 @@ def _add_nics(w: _Walk) -> None:
     speeds = []
     for k, name in enumerate(wanted if wanted is not None else list(nets)):
         parent, net, bw = nets[name]
-        speed = net.number("speed", w.src) * 1e6 / 8  # Mb/s -> bytes/s
+        mbps = net.number("speed", w.src)
+        if not 0 <= mbps <= MAX_NET_MBPS:
+            raise InputError(f"speed={excerpt(net.attrs['speed'])}: expected Mb/s from 0 to {MAX_NET_MBPS:g}",
+                             file=w.src, line=net.line, field="net.speed")
+        speed = mbps * 1e6 / 8  # Mb/s -> bytes/s
         speeds.append(speed)
         local = f"nic{k}"
         w.sg.add_node(Node(local, "nic", note=f"<net name={name} speed={net.attrs['speed']}> line {net.line}"))
@@ -253,9 +318,9 @@ def _nvlinks(w: _Walk) -> None:
             continue  # AMD: xGMI, below
         for nv in (c for c in gpu.children if c.tag == "nvlink"):
             target = nv.need("target", w.src).lower()
-            count = int(nv.number("count", w.src))
+            count = nv.integer("count", w.src)
             if gen is None:
-                gen = _SM.get(int(gpu.number("sm", w.src)), (None, 0))[1]
+                gen = _SM.get(gpu.integer("sm", w.src), (None, 0))[1]
                 if not gen:
                     raise InputError("the NVLink generation of this GPU is not known; pass --nvlink-gen",
                                      file=w.src, line=gpu.line, field="gpu.sm")
@@ -292,7 +357,7 @@ def _xgmi(w: _Walk) -> None:
                 raise InputError(f"xgmi target {target} is not a GPU of this dump", file=w.src, line=link.line,
                                  field="xgmi.target")
             pair = (min(name, w.gpu_bus[target]), max(name, w.gpu_bus[target]))
-            pairs.setdefault(pair, (int(link.number("count", w.src)), _GCN[gcn][1], gcn))
+            pairs.setdefault(pair, (link.integer("count", w.src), _GCN[gcn][1], gcn))
     for (a, b), (count, rate, gcn) in sorted(pairs.items()):
         w.sg.link(a, b, count * rate, XGMI_LATENCY_S, "infinity-fabric",
                   f"<xgmi count={count}> of {gcn}: {count} x {rate / 1e9:g} GB/s per direction")

@@ -12,6 +12,9 @@ directly; NVLink bonds become one link per GPU to ``nvswitch`` when every GPU pa
 NVSwitch system: the bond is each GPU's link count), else a link per bonded pair. The file states neither the GPU
 model, the NVLink generation, the PCIe generation nor the NIC speed: these come from the options or are inferred
 from the device, and the notes say which.
+
+The file is untrusted: a matrix of more than :data:`MAX_DEVICES` columns, or a bond of more than
+:data:`MAX_NVLINKS` NVLinks, is refused with its line before any work.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ from simulator.cluster.hostgraph import (
     nvlink_bandwidth,
     pcie_bandwidth,
 )
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
 
-__all__ = ["CELL_CODES", "TopoMatrix", "looks_like_nvsmi", "nvsmi_server", "parse_nvsmi"]
+__all__ = ["CELL_CODES", "MAX_DEVICES", "MAX_NVLINKS", "TopoMatrix", "looks_like_nvsmi", "nvsmi_server",
+           "parse_nvsmi"]
 
 CELL_CODES = ("X", "NV#", "PIX", "PXB", "PHB", "NODE", "SYS")
-_CELL = re.compile(r"^(?:X|PIX|PXB|PHB|NODE|SYS|SOC|NV(\d+))$")  # SOC: older drivers' name for SYS
+MAX_DEVICES = 512  # GPUs and NICs of one server (a DGX H100 shows 20)
+MAX_NVLINKS = 64  # NVLinks bonded between two GPUs (NV18 on a DGX H100 or B200)
+_CELL = re.compile(r"^(?:X|PIX|PXB|PHB|NODE|SYS|SOC|NV(\d{1,9}))$")  # SOC: older drivers' name for SYS
 _GPU = re.compile(r"^GPU\d+$")
 _LEGEND = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 _AFFINITY_WORDS = ("CPU", "NUMA", "GPU")
@@ -77,10 +83,14 @@ def parse_nvsmi(text: str, src: str) -> TopoMatrix:
     for tok in lines[head].split():
         if tok in _AFFINITY_WORDS:
             break
-        if tok in devices:
-            raise InputError(f"column {tok} appears twice", file=src, line=head + 1, field=tok)
         devices.append(tok)
     n = len(devices)
+    if n > MAX_DEVICES:
+        raise InputError(f"{n:,} columns: at most {MAX_DEVICES} devices (GPUs and NICs) on one server", file=src,
+                         line=head + 1, field="columns")
+    twice = next((tok for i, tok in enumerate(devices) if tok in devices[:i]), None)
+    if twice is not None:
+        raise InputError(f"column {twice} appears twice", file=src, line=head + 1, field=twice)
     cells: dict[str, dict[str, str]] = {}
     numa: dict[str, str | None] = {}
     cpus: dict[str, str | None] = {}
@@ -96,9 +106,13 @@ def parse_nvsmi(text: str, src: str) -> TopoMatrix:
             raise InputError(f"truncated row: {len(row)} cells, expected {n} (one per column)",
                              file=src, line=i + 1, field=dev)
         for j, code in enumerate(row):
-            if not _CELL.match(code):
-                raise InputError(f"unknown cell code {code!r}; known: {', '.join(CELL_CODES)}",
+            cell = _CELL.match(code)
+            if not cell:
+                raise InputError(f"unknown cell code {excerpt(code)}; known: {', '.join(CELL_CODES)}",
                                  file=src, line=i + 1, field=f"{dev}/{devices[j]}")
+            if cell.group(1) and int(cell.group(1)) > MAX_NVLINKS:
+                raise InputError(f"{code}: at most {MAX_NVLINKS} NVLinks bond two GPUs", file=src, line=i + 1,
+                                 field=f"{dev}/{devices[j]}")
             if (code == "X") != (j == k):
                 raise InputError(f"{code!r}: X must be on the diagonal and only there",
                                  file=src, line=i + 1, field=f"{dev}/{devices[j]}")

@@ -47,10 +47,11 @@ from simulator.nccl.logs import NcclTestsRun, read_nccl_tests
 from simulator.nccl.validate import OPERATIONS, nccl_dtype
 from simulator.units import DTYPE_BYTES
 
-__all__ = ["MIN_SENSITIVITY", "MIN_SIZES", "Fit", "Param", "Sample", "apply", "base_topology", "fit_logs", "parameters",
-           "predicted", "read_samples", "simulated"]
+__all__ = ["MAX_SIZES", "MIN_SENSITIVITY", "MIN_SIZES", "Fit", "Param", "Sample", "apply", "base_topology",
+           "fit_logs", "parameters", "predicted", "read_samples", "simulated"]
 
 MIN_SIZES = 6  # sizes a fit needs (five parameters at most)
+MAX_SIZES = 256  # sizes a fit takes at most: it simulates each tens of times (31 sizes: minutes)
 MIN_SENSITIVITY = 0.02  # d log(time) / d log(parameter) below which a parameter is not determined by the log
 _STEP = 1e-3  # finite-difference step of the Jacobian, in log of a parameter
 _JUMPS = (0.5, 0.8, 0.95, 1.05, 1.25, 2.0)  # factors of the polishing pass (:func:`_polish`)
@@ -98,11 +99,13 @@ class Fit:
 
 
 def read_samples(logs: Sequence[str]) -> tuple[list[Sample], list[NcclTestsRun]]:
-    """Every size of every run of the logs (sizes with no time are skipped); one rank count for all."""
+    """Every size of every run of the logs (sizes with no time, or a time of 0, nan or inf, are skipped; a log with
+    no size left is refused); one rank count for all."""
     samples: list[Sample] = []
     runs: list[NcclTestsRun] = []
     for log in logs:
-        for run in read_nccl_tests(log):
+        before = len(samples)
+        for run in (log_runs := read_nccl_tests(log)):
             if run.collective not in OPERATIONS:
                 raise InputError(f"collective {run.collective!r} is not modelled; treering models "
                                  f"{', '.join(OPERATIONS)}", file=run.source, line=run.line)
@@ -114,7 +117,15 @@ def read_samples(logs: Sequence[str]) -> tuple[list[Sample], list[NcclTestsRun]]
             dtype = nccl_dtype(run)
             samples += [Sample(log, row.line, run.collective, run.ranks, row.nbytes, dtype,
                                row.out_of_place.time_s)
-                        for row in run.rows if row.nbytes > 0 and row.out_of_place.time_s > 0]
+                        for row in run.rows if row.nbytes > 0 and 0 < row.out_of_place.time_s < math.inf]
+        if len(samples) == before:
+            raise InputError("no size of the log has a measured time (every out-of-place time is 0, nan or inf, or "
+                             "every size is 0): nothing to fit", file=log, line=log_runs[0].line,
+                             field="--from-nccl-tests")
+    if len(samples) > MAX_SIZES:
+        raise InputError(f"{len(samples):,} sizes to fit (at most {MAX_SIZES}: the fit simulates each size tens of "
+                         "times); fit fewer logs or sizes at a time (nccl-tests -f 4 halves the sizes)",
+                         file=samples[MAX_SIZES].log, line=samples[MAX_SIZES].line, field="--from-nccl-tests")
     return samples, runs
 
 

@@ -4,7 +4,10 @@ A run prints a banner (``# nThread 1 nGpus 1 minBytes ...``), one ``#  Rank  N G
 two-line header naming the columns (``size count type redop root time algbw busbw #wrong`` for the out-of-place and
 again ``time algbw busbw #wrong`` for the in-place run; older versions lack ``redop``/``root`` or say ``error``),
 then one row per size, and ``# Avg bus bandwidth``. Times are in microseconds, bandwidths in GB/s (1e9 bytes/s);
-this module returns SI units: seconds and bytes/s. The collective's name comes from ``# Collective test starting:
+this module returns SI units: seconds and bytes/s. A log is untrusted: size, count and root must be finite integers
+(size and count at most :data:`simulator.support.limits.MAX_COUNT`), rank numbers at most :data:`MAX_RANK`; times
+and bandwidths may print ``nan`` or ``inf`` (the size is then not usable), never a negative number. The collective's
+name comes from ``# Collective test starting:
 all_gather_perf`` (newer versions) or from the ``*_perf`` command line in the log; lines tagged by ``mpirun
 --tag-output`` (``[1,0]<stdout>:``) are untagged first. A log may hold several runs.
 
@@ -15,12 +18,19 @@ all_gather_perf`` (newer versions) or from the ``*_perf`` command line in the lo
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
-from simulator.errors import InputError
+from simulator.errors import InputError, excerpt
+from simulator.support.limits import MAX_COUNT
 
-__all__ = ["COLLECTIVES", "Measurement", "NcclTestsRow", "NcclTestsRun", "parse_nccl_tests", "read_nccl_tests"]
+__all__ = ["COLLECTIVES", "MAX_LOG_BYTES", "MAX_RANK", "Measurement", "NcclTestsRow", "NcclTestsRun",
+           "parse_nccl_tests", "read_nccl_tests"]
+
+MAX_LOG_BYTES = 16 * 2**20
+MAX_RANK = 2**24  # a rank number in a '#  Rank N' line (the largest jobs run about 10^5 GPUs)
 
 # nccl-tests binary stem -> collective name as treering spells it (docs/reference.md)
 COLLECTIVES: dict[str, str] = {
@@ -67,12 +77,20 @@ class NcclTestsRun:
 
 
 def read_nccl_tests(path: str) -> list[NcclTestsRun]:
-    """:func:`parse_nccl_tests` of a file."""
+    """:func:`parse_nccl_tests` of a file of at most :data:`MAX_LOG_BYTES` (a regular file: not a folder, a device or
+    a FIFO); bytes that are not UTF-8 are read as U+FFFD."""
+    p = Path(path)
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return parse_nccl_tests(fh.read(), path)
-    except FileNotFoundError:
-        raise InputError("no such file", file=path) from None
+        if not p.is_file():
+            raise InputError("no such file" if not p.exists() else "not a regular file", file=path)
+        with p.open("rb") as fh:
+            data = fh.read(MAX_LOG_BYTES + 1)
+    except OSError as err:
+        raise InputError(f"cannot read file: {err.strerror or err}", file=path) from None
+    if len(data) > MAX_LOG_BYTES:
+        raise InputError(f"file over {MAX_LOG_BYTES:,} bytes (an nccl-tests log of 30 sizes is about 5 KB)",
+                         file=path)
+    return parse_nccl_tests(data.decode("utf-8", errors="replace"), path)
 
 
 def parse_nccl_tests(text: str, src: str) -> list[NcclTestsRun]:
@@ -89,6 +107,9 @@ def parse_nccl_tests(text: str, src: str) -> list[NcclTestsRun]:
             if m:
                 collective, ranks = COLLECTIVES[m.group(1)], set()
         elif m := _RANK.match(line):
+            if len(m.group(1)) > 9 or int(m.group(1)) > MAX_RANK:
+                raise InputError(f"rank {excerpt(m.group(1))}: at most {MAX_RANK:,}", file=src, line=i + 1,
+                                 field="rank")
             ranks.add(int(m.group(1)))
         elif _is_header(line):
             columns = line.lstrip("#").split()
@@ -154,10 +175,10 @@ def _row(cells: list[str], columns: list[str], src: str, i: int) -> NcclTestsRow
     oop = _measurement(first, wrong_key, src, i)
     ip = None if second.get("time") == "N/A" else _measurement(second, wrong_key, src, i)
     root = first.get("root")
-    return NcclTestsRow(nbytes=int(_number(first["size"], src, i, "size")),
-                        count=int(_number(first["count"], src, i, "count")), dtype=first["type"],
-                        redop=first.get("redop"), root=None if root is None else int(_number(root, src, i, "root")),
-                        out_of_place=oop, in_place=ip, line=i + 1)
+    return NcclTestsRow(nbytes=_integer(first["size"], src, i, "size"), count=_integer(first["count"], src, i, "count"),
+                        dtype=first["type"], redop=first.get("redop"),
+                        root=None if root is None else _integer(root, src, i, "root"), out_of_place=oop, in_place=ip,
+                        line=i + 1)
 
 
 def _measurement(cols: dict[str, str], wrong_key: str, src: str, i: int) -> Measurement:
@@ -167,11 +188,20 @@ def _measurement(cols: dict[str, str], wrong_key: str, src: str, i: int) -> Meas
                        wrong=cols.get(wrong_key, ""))
 
 
+def _integer(cell: str, src: str, i: int, name: str) -> int:
+    """A size, count or root: a finite integer (root -1: none), at most :data:`MAX_COUNT`."""
+    x = _number(cell, src, i, name)
+    if not math.isfinite(x) or x != int(x) or abs(x) > MAX_COUNT:
+        raise InputError(f"expected an integer (at most 2^53), got {excerpt(cell.strip())}", file=src,
+                         line=i + 1, field=name)
+    return int(x)
+
+
 def _number(cell: str, src: str, i: int, name: str) -> float:
     try:
         x = float(cell)
     except ValueError:
-        raise InputError(f"{cell.strip()!r} is not a number", file=src, line=i + 1, field=name) from None
+        raise InputError(f"{excerpt(cell.strip())} is not a number", file=src, line=i + 1, field=name) from None
     if x < 0 and name != "root":
         raise InputError(f"must not be negative, got {cell.strip()}", file=src, line=i + 1, field=name)
     return x

@@ -18,12 +18,12 @@ from typing import Any
 import pandas as pd
 
 from simulator.errors import InputError
-from simulator.nccl.logs import NcclTestsRun, read_nccl_tests
+from simulator.nccl.logs import NcclTestsRow, NcclTestsRun, read_nccl_tests
 from simulator.report.markdown import markdown_table
 from simulator.run.prepare import prepare_point, simulate_point
 from simulator.run.scenario import scenario_points
 
-__all__ = ["NCCL_DTYPES", "OPERATIONS", "nccl_dtype", "summary_lines", "validate_nccl_tests"]
+__all__ = ["MAX_SIZES", "NCCL_DTYPES", "OPERATIONS", "nccl_dtype", "summary_lines", "usable", "validate_nccl_tests"]
 
 # nccl-tests' type names -> the dtype of the same element size (what a collective's bytes depend on)
 NCCL_DTYPES: dict[str, str] = {
@@ -33,6 +33,7 @@ NCCL_DTYPES: dict[str, str] = {
     "int8": "fp8", "uint8": "fp8", "char": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "f8e4m3": "fp8",
     "f8e5m2": "fp8",
 }
+MAX_SIZES = 2_000  # sizes compared at most, each one simulation (a log of -b 8 -e 8G -f 2 has 31)
 OPERATIONS = ("allreduce", "allgather", "reduce-scatter", "alltoall", "broadcast", "reduce")
 
 
@@ -42,6 +43,11 @@ def nccl_dtype(run: NcclTestsRun) -> str:
         raise InputError(f"data type {', '.join(sorted(names))} is not one treering models; known: "
                          f"{', '.join(NCCL_DTYPES)}", file=run.source, line=run.line, field="type")
     return NCCL_DTYPES[next(iter(names))]
+
+
+def usable(row: NcclTestsRow) -> bool:
+    """Whether a size can be compared: bytes moved and a measured, finite, positive bus bandwidth."""
+    return row.nbytes > 0 and math.isfinite(row.out_of_place.busbw_Bps) and row.out_of_place.busbw_Bps > 0
 
 
 def _predict(run: NcclTestsRun, nbytes: int, dtype: str, topology: str, sets: Sequence[str], base: Path
@@ -63,8 +69,20 @@ def validate_nccl_tests(logs: Sequence[str], topology: str, sets: Sequence[str] 
                         base: Path | None = None) -> pd.DataFrame:
     """One row per (run, size) of the logs: measured and predicted bus bandwidth (GB/s) and the error (%)."""
     rows = []
+    read: list[tuple[str, list[NcclTestsRun]]] = []
     for log in logs:
-        for run in read_nccl_tests(log):
+        runs = read_nccl_tests(log)
+        if not any(usable(row) for run in runs for row in run.rows):
+            raise InputError("no size of the log has a measured bus bandwidth (every out-of-place busbw is 0, nan or "
+                             "inf, or every size is 0): nothing to compare", file=log, line=runs[0].line,
+                             field="busbw")
+        read.append((log, runs))
+    sizes = sum(1 for _, runs in read for run in runs for row in run.rows if usable(row))
+    if sizes > MAX_SIZES:
+        raise InputError(f"{sizes:,} sizes to simulate, one collective each (at most {MAX_SIZES:,}): compare fewer "
+                         "logs or sizes at a time", file=logs[0], field="--nccl-tests")
+    for log, runs in read:
+        for run in runs:
             if run.collective not in OPERATIONS:
                 raise InputError(f"collective {run.collective!r} is not modelled; treering models "
                                  f"{', '.join(OPERATIONS)}", file=run.source, line=run.line)
@@ -88,8 +106,9 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
     """Median and worst errors, overall and for the sizes of 1 MiB and more (bandwidth-bound)."""
     err = frame["error_pct"].abs().dropna()
     big = frame[frame["bytes"] >= 2**20]["error_pct"].abs().dropna()
-    lines = [f"- sizes: {len(frame)} ({frame['bytes'].min():,} to {frame['bytes'].max():,} bytes per rank)",
-             f"- median |error| of the bus bandwidth: {statistics.median(err):.1f} %, max {err.max():.1f} %"]
+    lines = [f"- sizes: {len(frame)} ({frame['bytes'].min():,} to {frame['bytes'].max():,} bytes per rank)"]
+    if len(err):
+        lines.append(f"- median |error| of the bus bandwidth: {statistics.median(err):.1f} %, max {err.max():.1f} %")
     if len(big):
         lines.append(f"- sizes of 1 MiB and more: median |error| {statistics.median(big):.1f} %, max {big.max():.1f} %")
     return lines
