@@ -4,7 +4,8 @@
 rank launches it once (the protocol's base latency), the buffer is split into one contiguous share per channel
 (``chunk_bounds``), and each channel runs the algorithm on its share along the ring :class:`Fabric` gives it.
 Channels only meet on shared links, where the flow engine divides the bandwidth. Every transfer carries the
-protocol's bytes on the wire and its per-hop latency (:mod:`simulator.collectives.protocols`).
+protocol's bytes on the wire (and, inside one server, its links' overhead: :mod:`.goodput`) and its per-hop latency
+(:mod:`simulator.collectives.protocols`).
 
 Algorithms per operation (NCCL's, ``src/graph/tuning.cc``):
 
@@ -16,8 +17,9 @@ Algorithms per operation (NCCL's, ``src/graph/tuning.cc``):
 * ``hierarchical`` (allreduce): reduce-scatter inside every server, one ring allreduce per local GPU index across
   servers (each GPU on its own NIC rail), allgather inside;
 * ``recursive-doubling`` (allreduce): log2 P pairwise exchanges of the whole share (tree protocol constants);
-* ``nvls`` (allreduce on one NVSwitch server with NVLink SHARP): the switch reduces; each GPU sends its buffer up
-  once and receives the result once (needs the switch as a rank: ``switch_rank``);
+* ``nvls`` (allreduce on one NVSwitch server with NVLink SHARP): the switch reduces; each GPU's link carries its
+  buffer and its head's share up, the share's sum and the multicast result down, in NCCL's NVLS loops
+  (:mod:`.nvls`; needs the switch as a rank: ``switch_rank``);
 * ``pairwise`` (alltoall): P-1 steps, in step k rank i sends its block for rank i+k. One channel: every GPU uses its
   own NIC (alltoall cannot aggregate NICs). Timing only: blocks keep their offsets (no numeric semantics).
 """
@@ -31,16 +33,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.collectives.base import CollBuilder, chunk_bounds
-from simulator.collectives.caps import fabric_cap
+from simulator.collectives.caps import arch_of, fabric_cap
 from simulator.collectives.fabric import Fabric
+from simulator.collectives.goodput import link_wire
 from simulator.collectives.nccl_tree import channel_trees, tree_allreduce, tree_step
+from simulator.collectives.nvls import nvls_allreduce, nvls_slices, nvls_wire
 from simulator.collectives.protocols import base_latency, forward_grain, hop_latency, step_payload, wire_factor
-from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce, ring_slices
+from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce
 from simulator.collectives.trees import recursive_doubling_allreduce
 from simulator.errors import InputError
-from simulator.schedule.core import STREAMED, Schedule
+from simulator.schedule.core import Schedule
 
-__all__ = ["OPERATIONS", "SUPPORTED", "Choice", "build", "protocol_family"]
+__all__ = ["OPERATIONS", "SUPPORTED", "Choice", "build", "choice_wire", "protocol_family"]
 
 OPERATIONS = ("allreduce", "allgather", "reduce-scatter", "alltoall", "broadcast", "reduce")
 SUPPORTED: dict[str, tuple[str, ...]] = {  # operation -> algorithms (NCCL: tree and NVLS for allreduce only here)
@@ -66,6 +70,16 @@ class Choice:
     channels: int
 
 
+def choice_wire(choice: Choice, fabric: Fabric, ranks: Sequence[int]) -> float:
+    """Bytes on the wire per payload byte of ``choice`` over ``ranks``: the protocol's line format, times NVLS's
+    traffic and efficiency (:func:`.nvls.nvls_wire`) or, for the other algorithms, the server's link overhead
+    (:func:`.goodput.link_wire`)."""
+    wire = wire_factor(protocol_family(choice.algo), choice.protocol)
+    if choice.algo == "nvls":
+        return wire * nvls_wire(arch_of(fabric.device), len(ranks))
+    return wire * link_wire(fabric, ranks)
+
+
 def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: int, choice: Choice, fabric: Fabric,
           *, elem_bytes: int, dtype: str, tag: str, deps: Mapping[int, Iterable[int]], op: str = "sum",
           root: int | None = None, switch_rank: int | None = None) -> dict[int, tuple[int, ...]]:
@@ -77,16 +91,18 @@ def build(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, n: in
                           launch_s=base_latency(family, choice.protocol, table))
     if len(ranks) < 2 or n == 0:
         return b.front
-    b.wire = wire_factor(family, choice.protocol)
+    if choice.algo == "nvls" and (switch_rank is None or not (fabric.nvls and fabric.nodes == 1)):
+        raise InputError("nvls needs one NVSwitch server with NVLink SHARP (H100, H200), the switch as a rank")
+    b.wire = choice_wire(choice, fabric, ranks)
     b.slice_bytes = step_payload(choice.protocol)
     hop = {hw: hop_latency(family, choice.protocol, hw, table) for hw in (fabric.intra, "net")}
     hosts = fabric.hosts
     b.hop_s = lambda a, c: hop[fabric.hw(a, c) if max(a, c) < len(hosts) else fabric.intra]
     b.net_of, b.hop_pair = _net_of(hosts), (hop[fabric.intra], hop["net"])
     if choice.algo == "nvls":
-        if switch_rank is None or not (fabric.nvls and fabric.nodes == 1):
-            raise InputError("nvls needs one NVSwitch server with NVLink SHARP (H100, H200), the switch as a rank")
-        _nvls_allreduce(b, ranks, switch_rank)
+        assert switch_rank is not None
+        nvls_allreduce(b, ranks, switch_rank, nvls_slices(n * elem_bytes),
+                       hop[fabric.intra])
         return b.front
     if choice.algo == "pairwise":
         _pairwise_alltoall(b, list(ranks))
@@ -178,38 +194,6 @@ def _hierarchical_allreduce(b: CollBuilder, ring: list[int], fabric: Fabric) -> 
             ring_allreduce(b.view(lo, hi), [g[i] for g in groups])
     for g in groups:
         _ring_allgather(b, g)
-
-
-def _nvls_allreduce(b: CollBuilder, ranks: Sequence[int], switch: int) -> None:
-    """NVLink SHARP: each slice of every GPU's buffer goes up once, the switch reduces it (no time: it reduces at
-    line rate; the first GPU's slice lands in the switch's buffer, the others' are added to it), and multicasts the
-    result down once; slices pipeline (up and down use the two link directions), the
-    protocol's latency paid by the first (the fill), the later ones streaming behind it (``STREAMED``)."""
-    sched, size = b.sched, b.elem_bytes * b.wire
-    up = {r: b.front[r] for r in ranks}
-    down = dict(up)
-    for k, (lo, hi) in enumerate(ring_slices(b)):
-        lo, hi = lo + b.offset, hi + b.offset
-        recvs = []
-        for i, r in enumerate(ranks):  # the first GPU's slice lands in the switch's buffer, the others' are added
-            snd, rcv = sched.add_transfer(r, switch, (hi - lo) * size, b.tag, send_deps=up[r], args=(b.buf,),
-                                          dst_args=(b.buf if i == 0 else f"{b.tag}.nvls{k}.{r}",), lo=lo, hi=hi,
-                                          coll=b.tag, into=i == 0,
-                                          floor_s=(b.hop_s(r, switch) if b.hop_s else 0.0) if k == 0 else STREAMED)
-            up[r] = (snd,)
-            recvs.append(rcv)
-        red = recvs[0]
-        for r, rcv in zip(ranks[1:], recvs[1:], strict=True):
-            red = sched.add_compute(switch, f"{b.tag}.reduce", flops=0.0, dtype=b.dtype, deps=(rcv, red),
-                                    fn=f"reduce-{b.op}", out=b.buf, args=(f"{b.tag}.nvls{k}.{r}",), lo=lo, hi=hi,
-                                    fused=True, coll=b.tag)
-        for r in ranks:
-            _, rcv = sched.add_transfer(switch, r, (hi - lo) * size, b.tag, send_deps=(red,), recv_deps=down[r],
-                                        args=(b.buf,), lo=lo, hi=hi, coll=b.tag, into=True,
-                                        floor_s=(b.hop_s(switch, r) if b.hop_s else 0.0) if k == 0 else STREAMED)
-            down[r] = (rcv,)
-    for r in ranks:
-        b.front[r] = (*down[r], *up[r])
 
 
 def _pairwise_alltoall(b: CollBuilder, ranks: list[int]) -> None:

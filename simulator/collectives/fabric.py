@@ -44,8 +44,9 @@ class Fabric:
     ``hosts[r]``: server index; ``local[r]``: index among its server's GPUs; ``rails``: NICs per server (0 on one
     server); ``nic_gpu[k]``: local index of the GPU NIC ``k`` hangs off (its rail's entry); ``intra``: NCCL's
     hardware class inside a server (``nvlink`` or ``pci``); ``mesh``: every GPU pair of a server directly linked;
-    ``nvls``: the server's GPUs share an NVSwitch with NVLink SHARP; ``switch``: that switch's node name per host.
-    ``cluster``: the cluster itself (the ``auto`` tuner simulates candidates on it).
+    ``nvls``: the server's GPUs share an NVSwitch with NVLink SHARP; ``switch``: that switch's node name per host;
+    ``device``: the GPUs' device name; ``link_class``: the class of a server's GPU-to-GPU (or GPU-to-switch) links
+    (:mod:`.goodput`). ``cluster``: the cluster itself (the ``auto`` tuner simulates candidates on it).
     """
 
     hosts: tuple[int, ...]
@@ -56,6 +57,8 @@ class Fabric:
     mesh: bool = False
     nvls: bool = False
     switch: tuple[str, ...] = ()
+    device: str = ""
+    link_class: str = ""
     cluster: Cluster | None = field(default=None, compare=False, repr=False)
     _groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = field(default_factory=dict, init=False,
                                                                         compare=False, repr=False)
@@ -187,6 +190,7 @@ def fabric_of(cluster: Cluster) -> Fabric:
     classes = {graph.edges[u, v].get("cls", "") for u in gpus for v in graph.successors(u)
                if graph.nodes[v].get("kind") != "nic"}
     intra = "nvlink" if classes & set(_NVLINK_CLASSES) else "pci"
+    link_class = min(classes & set(_NVLINK_CLASSES), default=min(classes, default=""))
     mesh = len(gpus) > 1 and all(graph.has_edge(a, b) for a in gpus for b in gpus if a != b)
     switch = []
     by_host: dict[str, list[str]] = {}
@@ -200,7 +204,8 @@ def fabric_of(cluster: Cluster) -> Fabric:
     device = cluster.specs[cluster.ranks[0]].name.lower()
     nvls = intra == "nvlink" and all(switch) and device.startswith(NVLS_DEVICES)
     return Fabric(tuple(hosts), tuple(local), rails=len(nics) if len(host_index) > 1 else 0,
-                  nic_gpu=tuple(nic_gpu), intra=intra, mesh=mesh, nvls=nvls, switch=tuple(switch), cluster=cluster)
+                  nic_gpu=tuple(nic_gpu), intra=intra, mesh=mesh, nvls=nvls, switch=tuple(switch), device=device,
+                  link_class=link_class, cluster=cluster)
 
 
 def _natural(name: str) -> tuple[str, int]:

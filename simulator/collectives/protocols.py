@@ -14,8 +14,8 @@ per hop, network  5.0 / 8.5 / 14     2.7 / 4.0 / 14.0   18
 
 Bandwidth is not a constant here but the protocol's mechanism: LL sends 8-byte lines of 4 data bytes and a 4-byte
 flag (twice the bytes on the wire; NCCL's model: ``busBw * 0.5``), LL128 128-byte lines of 120 data bytes
-(``120/128``; NCCL models ring LL128 as ``0.92``), Simple the payload. NVLS pays NCCL's Hopper efficiency 0.85
-(``nvlsEfficiency``). Channels used for a message: NCCL drops channels while ``bytes < channels * threads *
+(``120/128``; NCCL models ring LL128 as ``0.92``), Simple the payload. NVLS's traffic and efficiency are its own
+(:mod:`.nvls`). Channels used for a message: NCCL drops channels while ``bytes < channels * threads *
 threshold`` (``src/enqueue.cc``; threads 512 / 640 / 512, thresholds 8 (x ranks for ring LL) / 8 / 64 bytes,
 ``src/include/comm.h``, ``device.h``). A pipeline moves a step's buffer at a time: NCCL's channel buffer over
 ``NCCL_STEPS`` = 8 steps (``src/init.cc``: ``DEFAULT_LL_BUFFSIZE`` = 8 lines x 512 threads x 8 steps x 16 bytes,
@@ -55,7 +55,6 @@ _HOP = {
     "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0)},
 }
 _WIRE = {"LL": 2.0, "LL128": 128.0 / 120.0, "Simple": 1.0}
-NVLS_EFFICIENCY = 0.85  # Hopper
 _THREADS = {"LL": 512, "LL128": 640, "Simple": 512}
 _THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
 _NCCL_STEPS = 8
@@ -85,8 +84,10 @@ def hop_latency(algo: str, proto: str, hw: str, table: Mapping[str, float] | Non
 
 
 def wire_factor(algo: str, proto: str) -> float:
-    """Bytes on the wire per payload byte."""
-    return _WIRE[proto] / (NVLS_EFFICIENCY if algo == "nvls" else 1.0)
+    """Bytes on the wire per payload byte of ``proto``'s line format (``algo``'s own traffic is not in it: NVLS's
+    is :func:`.nvls.nvls_wire`)."""
+    del algo
+    return _WIRE[proto]
 
 
 def step_payload(proto: str) -> float:

@@ -33,7 +33,8 @@ def collective_schedule(cluster: Cluster, fabric: Fabric, operation: str, n: int
     if fabric.nvls and fabric.nodes == 1 and algo in ("auto", "nvls"):
         switch = len(placement)
         placement.append(fabric.switch[0])
-    sched = Schedule(len(placement), placement=tuple(placement), name=operation)
+    sched_meta = {} if switch is None else {"compute_ranks": switch}  # the switch is no GPU (the report says so)
+    sched = Schedule(len(placement), placement=tuple(placement), name=operation, meta=sched_meta)
     _, choice = collective(sched, operation, list(range(len(cluster.ranks))), "x", n, fabric, algo=algo,
                            protocol=protocol, channels=channels, elem_bytes=elem_bytes, dtype=dtype, tag=operation,
                            deps={}, switch_rank=switch)

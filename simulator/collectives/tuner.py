@@ -23,10 +23,11 @@ from simulator.cluster.devices import compute_time
 from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 from simulator.collectives.caps import fabric_cap
-from simulator.collectives.channels import SUPPORTED, Choice, protocol_family
+from simulator.collectives.channels import SUPPORTED, Choice, choice_wire, protocol_family
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.hops import hop_table
 from simulator.collectives.nccl_tree import pipeline_time_lists, tree_step
+from simulator.collectives.nvls import nvls_slices, nvls_time
 from simulator.collectives.protocols import (
     PROTOCOLS,
     base_latency,
@@ -34,9 +35,8 @@ from simulator.collectives.protocols import (
     forward_grain,
     hop_latency,
     step_payload,
-    wire_factor,
 )
-from simulator.collectives.ring import CHAIN_CHUNKS, MAX_SLICES, PIPELINE_SLICE_BYTES
+from simulator.collectives.ring import CHAIN_CHUNKS
 from simulator.collectives.steps import grain_steps, step_counts
 from simulator.collectives.tree_cost import tree_shape, tree_time
 
@@ -89,7 +89,7 @@ def predict(operation: str, ranks: Sequence[int], n: int, choice: Choice, fabric
         pred.set_cap(operation)
         t = pred.launch + pred.tree(n, elem_bytes, dtype)
     else:
-        t = pred.time(operation, n * elem_bytes * choice_wire(choice), root)
+        t = pred.time(operation, n * elem_bytes * pred.bytes_per_byte, root)
     if operation in ("allreduce", "reduce-scatter") and choice.algo in ("ring", "hierarchical"):
         # a ring rank reduces (P-1)/P of the buffer (read twice, written once), each channel its share between its
         # own steps: a channel's reductions add to its chain of steps, while the others' transfers go on; all the
@@ -103,10 +103,6 @@ def predict(operation: str, ranks: Sequence[int], n: int, choice: Choice, fabric
     return t
 
 
-def choice_wire(choice: Choice) -> float:
-    return wire_factor(protocol_family(choice.algo), choice.protocol)
-
-
 class _Predictor:
     """The closed forms of :mod:`simulator.collectives.channels`' algorithms on one cluster."""
 
@@ -117,6 +113,7 @@ class _Predictor:
                           base_latency(self.family, choice.protocol, cluster.nccl_latency))
         self.wires = cluster_memo(cluster, "wires")  # (rank, rank) -> message overhead + route latency
         self.cap = math.inf  # a channel's bytes/s on the wire at most (NCCL's per-channel caps), set by time()
+        self.bytes_per_byte = choice_wire(choice, fabric, ranks)  # bytes on the wire per payload byte
 
     def wire(self, a: int, b: int) -> float:
         """A message's fixed seconds from rank a to rank b: the message overhead and its route's latency."""
@@ -167,7 +164,7 @@ class _Predictor:
                     for hw in (self.fabric.intra, "net"))
         step = tree_step(n * elem_bytes, self.choice.channels, self.choice.protocol,
                          len({self.fabric.hosts[r] for r in self.ranks}), len(self.ranks))
-        return tree_time(shape, n, elem_bytes, choice_wire(self.choice), self.cap, (hop[0], hop[1]),
+        return tree_time(shape, n, elem_bytes, self.bytes_per_byte, self.cap, (hop[0], hop[1]),
                          lambda elems: compute_time(spec, elems, 3 * elems * elem_bytes, dtype, launch=False,
                                                     fn="reduce-sum"), step, forward_grain(self.choice.protocol))
 
@@ -175,7 +172,7 @@ class _Predictor:
         """A channel's bytes/s on the wire at most, as :func:`.channels.build` caps ring and tree (NCCL's own)."""
         if self.choice.algo in ("ring", "tree"):
             self.cap = fabric_cap(self.fabric, operation, self.family, self.choice.protocol, self.ranks,
-                                  self.choice.channels) * wire_factor(self.family, self.choice.protocol)
+                                  self.choice.channels) * self.bytes_per_byte
 
     def _rings(self, c: int) -> tuple[float, float, list[str]]:
         """The rings of ``c`` channels: the bandwidth each gets (:meth:`shared_bw`), the slowest wire of their hops,
@@ -207,7 +204,7 @@ class _Predictor:
         hop's rate: the channel's cap, or its route's narrowest link shared by every channel's hops that cross it
         (the same at every step: channels lockstep)."""
         c = self.choice.channels
-        count, chunks, head = grain_steps(nbytes / choice_wire(self.choice) / c, step_payload(self.choice.protocol),
+        count, chunks, head = grain_steps(nbytes / self.bytes_per_byte / c, step_payload(self.choice.protocol),
                                      forward_grain(self.choice.protocol), CHAIN_CHUNKS)
         size = nbytes / c / count  # a step's bytes on the wire
         start = self.ranks[0] if root is None else root
@@ -242,6 +239,18 @@ class _Predictor:
             worst = max(worst, best)
         return worst
 
+    def _nvls(self, payload: float) -> float:
+        """:func:`.nvls.nvls_time` on the first GPU's links to its server's switch: NCCL's NVLS latency (at least
+        the route's) up, the route's latency down, the narrower link's rate."""
+        cl, fabric = self.cluster, self.fabric
+        gpu, switch = cl.ranks[self.ranks[0]], fabric.switch[fabric.hosts[self.ranks[0]]]
+        up, down = cl.route(gpu, switch), cl.route(switch, gpu)
+        bw = min(cl.graph.edges[e]["bandwidth"] for e in (*up, *down))
+        latency = hop_latency(self.family, self.choice.protocol, self.fabric.intra, cl.nccl_latency)
+        return nvls_time(payload, self.bytes_per_byte, nvls_slices(payload),
+                         bw, max(cl.message_overhead_s + cl.route_latency(up), latency),
+                         cl.message_overhead_s + cl.route_latency(down))
+
     def time(self, operation: str, nbytes: float, root: int | None = None) -> float:
         p, c = len(self.ranks), self.choice.channels
         algo = self.choice.algo
@@ -250,13 +259,8 @@ class _Predictor:
             self.prepare_wires([pair for pair, in pairs])
             hop = max(self.hop(a, b) for (a, b), in pairs)
             return self.launch + (p - 1) * (hop + nbytes / p / self.shared_bw(pairs[:p]))
-        if algo == "nvls":  # a pipeline of slices (of the payload), each up to the switch and down again
-            hop = self.hop(self.ranks[0], self.ranks[-1])
-            payload = nbytes / wire_factor("nvls", self.choice.protocol)
-            slices = min(MAX_SLICES, max(1, math.ceil(payload / PIPELINE_SLICE_BYTES)))
-            bw = self.shared_bw([[(self.ranks[0], self.ranks[1])]])
-            # the protocol's latency paid by the first slice each way, the later ones streaming behind it
-            return self.launch + 2 * hop + (slices + 1) * nbytes / slices / bw
+        if algo == "nvls":  # NCCL's NVLS loops, each up to the switch and down again (.nvls)
+            return self.launch + self._nvls(nbytes / self.bytes_per_byte)
         self.set_cap(operation)
         if operation in ("broadcast", "reduce") and algo == "ring":
             return self.launch + self._chains(operation, nbytes, root)
