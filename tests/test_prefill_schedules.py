@@ -17,6 +17,7 @@ from simulator.collectives.alltoall import hierarchical_alltoall, pairwise_allto
 from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.kernels.table import KERNELS
+from simulator.kernels.tiles import AttentionCall, attention_time, call_dims, full_launch
 from simulator.numeric.decode import Executor, make_inputs
 from simulator.run.timing import critical_timing
 from simulator.schedule.core import Schedule
@@ -39,6 +40,17 @@ def sim(name: str, s: PrefillShape, p: int, cluster=None, **params):
     return sched, simulate(sched, cluster or star(p, bw="25 GB/s", lat="1.5 us", overhead="2 us"))
 
 
+def _ring_block(spec, s: PrefillShape, t: int, first: bool) -> float:
+    """A non-causal ring step of t tokens on an H100 by the tile model: one unmasked flash-attention launch of t
+    queries against t keys, then the merge into the running state (the first step a conversion)."""
+    launch = (full_launch(t, t),)
+    call = AttentionCall(s.head_dim, s.batch * s.heads, s.group, launch, *s.merge_extra(t, first))
+    dims = call_dims((s.batch * s.heads * t, t, s.head_dim, 1.0), call)
+    seconds = attention_time(spec, False, s.dtype, dims)
+    assert seconds is not None  # the h100-sxm spec carries the tile facts
+    return seconds
+
+
 @pytest.mark.parametrize("bw", ["25 GB/s", "400 GB/s"])  # transfer-bound, then compute-bound
 @pytest.mark.parametrize("p", [2, 3, 8])
 def test_noncausal_ring_forward_closed_form(p, bw):
@@ -48,10 +60,13 @@ def test_noncausal_ring_forward_closed_form(p, bw):
     _, res = sim("ring", s, p, cluster, overlap=True)
     spec = cluster.specs["h0"]
     t = n // p
-    block = compute_time(spec, *s.forward_cost(t, t, t * t), "bf16", fn="attn-fwd")
+    first, block = _ring_block(spec, s, t, True), _ring_block(spec, s, t, False)
     transfer = OVH + 2 * LAT + s.kv_bytes(t) / float(bw.split()[0]) / 1e9
     final = compute_time(spec, *s.elementwise_cost(t * s.heads * s.head_dim), "bf16")
-    assert math.isclose(res.makespan, block + (p - 1) * max(block, transfer) + final, rel_tol=1e-9)
+    # step s >= 1 starts when its shard arrives (s transfers) and step s - 1 is done: the latest of the compute
+    # chain and of the transfer chain with the steps after it (linear in s: its ends)
+    steps = max(first + (p - 1) * block, transfer + (p - 1) * block, (p - 1) * transfer + block)
+    assert math.isclose(res.makespan, steps + final, rel_tol=1e-9)
 
 
 def test_ring_without_overlap_alternates():
@@ -60,10 +75,10 @@ def test_ring_without_overlap_alternates():
     cluster = star(p, bw="25 GB/s", lat="1.5 us", overhead="2 us")
     _, res = sim("ring", s, p, cluster, overlap=False)
     spec, t = cluster.specs["h0"], n // p
-    block = compute_time(spec, *s.forward_cost(t, t, t * t), "bf16", fn="attn-fwd")
+    first, block = _ring_block(spec, s, t, True), _ring_block(spec, s, t, False)
     transfer = OVH + 2 * LAT + s.kv_bytes(t) / BW
     final = compute_time(spec, *s.elementwise_cost(t * s.heads * s.head_dim), "bf16")
-    assert math.isclose(res.makespan, p * block + (p - 1) * transfer + final, rel_tol=1e-9)
+    assert math.isclose(res.makespan, first + (p - 1) * (block + transfer) + final, rel_tol=1e-9)
 
 
 def _exact_compute_star(p: int):

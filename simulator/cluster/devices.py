@@ -14,6 +14,11 @@ factor: set it from a measurement of your kernels (e.g. ``benchmarks`` of flash-
 A device may also carry ``kernels:``, measured times of its kernels over shapes (:mod:`simulator.kernels.profiles`,
 written by ``treering calibrate``). A kernel with a profile for the op's dtype takes the profile's interpolated time
 (launch included) instead of the roofline; the others stay on the roofline.
+
+A GPU whose spec names its FlashAttention implementation and the facts it runs on (``attention_kernels``,
+``sm_count``, ``sfu_rate``: the special-function units' exp2 per second) times the attention blocks by their tiles
+(:mod:`simulator.kernels.tiles`, docs/kernels.md) rather than by the roofline. A measured profile comes first, then
+an ``attention_efficiency`` set for the pass (a measurement of the user's kernels), then the tiles.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 from simulator.errors import InputError, excerpt
 from simulator.kernels.profiles import KernelProfile, parse_kernel_profiles
 from simulator.kernels.table import ATTENTION_KERNELS, OPTIONAL_AXES, PROFILE_AXES
+from simulator.kernels.tiles import IMPLEMENTATIONS, attention_time
 from simulator.units import CODE, DTYPE_BYTES, Check, checked_quantity
 
 __all__ = ["ATTENTION_KERNELS", "DeviceSpec", "compute_time", "flops_efficiency", "parse_device_spec",
@@ -45,6 +51,9 @@ class DeviceSpec:
     eff_mem: float = 1.0
     attention_eff: Mapping[str, float] = field(default_factory=dict)  # forward/backward -> fraction of peak
     kernels: Mapping[tuple[str, str], KernelProfile] = field(default_factory=dict)  # (fn, dtype) -> profile
+    sm_count: int = 0  # streaming multiprocessors (0: not given, no tile model)
+    sfu_flops: float = 0.0  # special-function unit results (exp2) per second, whole device
+    attention_kernels: str = ""  # the FlashAttention implementation it runs (simulator.kernels.tiles)
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; an unsupported dtype is an :class:`InputError`."""
@@ -77,10 +86,17 @@ def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, laun
 
 def profiled_time(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]
                   ) -> tuple[float, tuple[str, ...]] | None:
-    """(seconds, axes extrapolated on) of kernel ``fn`` of shape ``dims`` from the device's profile, or None when
-    the device has no profile of ``fn`` in ``dtype`` (or the op carries no shape)."""
+    """(seconds, axes extrapolated on) of kernel ``fn`` of shape ``dims`` from the device's profile, else, for an
+    attention block on a GPU with tile facts and no ``attention_efficiency`` set for its pass, from its tiles
+    (nothing extrapolated); None when neither applies (the op then takes the roofline)."""
     profile = kernel_profile(spec, fn, dtype, dims)
-    return None if profile is None else profile.predict(dims)
+    if profile is not None:
+        return profile.predict(dims)
+    which = ATTENTION_KERNELS.get(fn)
+    if not which or not dims or which in spec.attention_eff:  # a measured efficiency of the pass comes first
+        return None
+    tiled = attention_time(spec, which == "backward", dtype, dims)
+    return None if tiled is None else (tiled, ())
 
 
 def kernel_profile(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]) -> KernelProfile | None:
@@ -89,7 +105,7 @@ def kernel_profile(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...
 
 
 _SPEC_KEYS = {"peak_flops", "mem_bw", "mem", "launch_overhead", "eff_flops", "eff_mem", "attention_efficiency",
-              "kernels"}
+              "kernels", "sm_count", "sfu_rate", "attention_kernels"}
 
 
 def parse_device_spec(name: str, raw: Any, locate: Any, check: Check = CODE) -> DeviceSpec:
@@ -98,7 +114,8 @@ def parse_device_spec(name: str, raw: Any, locate: Any, check: Check = CODE) -> 
 
     ``locate(subpath, err)`` turns an :class:`InputError` into a located one (file, line, field).
     Keys: ``peak_flops`` ({dtype: "989 TFLOP/s"}), ``mem_bw``, ``mem``, ``launch_overhead``, ``eff_flops``,
-    ``eff_mem``, ``attention_efficiency`` ({forward: 0.6, backward: 0.45}).
+    ``eff_mem``, ``attention_efficiency`` ({forward: 0.6, backward: 0.45}), ``sm_count``, ``sfu_rate`` ("3.9
+    TFLOP/s": exp2 per second), ``attention_kernels`` (``flash-attention-2`` or ``-3``).
     """
     if not isinstance(raw, Mapping):
         raise locate((), InputError("device spec must be a mapping"))
@@ -124,7 +141,23 @@ def parse_device_spec(name: str, raw: Any, locate: Any, check: Check = CODE) -> 
         eff_mem=_fraction(raw.get("eff_mem", 1.0), ("eff_mem",), locate),
         attention_eff=_attention_eff(raw.get("attention_efficiency", {}), locate),
         kernels=_kernels(raw.get("kernels", {}), locate),
+        sm_count=_count(raw.get("sm_count", 0), ("sm_count",), locate),
+        sfu_flops=_non_negative("flops", raw.get("sfu_rate", 0), ("sfu_rate",), locate, check),
+        attention_kernels=_implementation(raw.get("attention_kernels", ""), locate),
     )
+
+
+def _count(value: Any, path: tuple[Any, ...], locate: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise locate(path, InputError(f"must be a whole number >= 0, got {excerpt(value)}"))
+    return value
+
+
+def _implementation(value: Any, locate: Any) -> str:
+    if value != "" and value not in IMPLEMENTATIONS:
+        raise locate(("attention_kernels",), InputError(f"unknown implementation {excerpt(value)}; valid: "
+                                                        f"{', '.join(IMPLEMENTATIONS)}"))
+    return str(value)
 
 
 def _kernels(raw: Any, locate: Any) -> dict[tuple[str, str], KernelProfile]:

@@ -80,6 +80,33 @@ class PrefillShape:
         nbytes = 4 * self.q_bytes(nq, h) + 2 * self.row_bytes(nq, h) + 3 * self.kv_bytes(nk, kv)
         return flops, nbytes
 
+    def merge_extra(self, rows: int, first: bool, heads: int | None = None) -> tuple[float, int]:
+        """(bytes, kernels) of folding a ring step's partial output of ``rows`` query rows into the fp32 running
+        state, as ring-flash-attention's ``update_out_and_lse`` does (``ring_flash_attn/utils.py``, one
+        TorchScript-fused kernel): the first step converts (reads the block, writes fp32), the others read the state
+        and the block and write the state; the lse likewise in fp32."""
+        h = self.heads if heads is None else heads
+        elems, lse = self.batch * rows * h * self.head_dim, self.batch * rows * h
+        if first:
+            return float(elems * (self.elem_bytes + 4) + lse * 8), 1
+        return float(elems * (4 + self.elem_bytes + 4) + lse * 12), 1
+
+    def accumulate_extra(self, q_rows: int, kv_rows: int, first: bool) -> tuple[float, int]:
+        """(bytes, kernels) of a ring backward step's gradient accumulation in fp32 (ring-flash-attention's backward:
+        ``dq = block_dq.to(float32)`` first, then ``dq += block_dq``; ``dk``, ``dv`` alike over the keys the launch
+        covers): three kernels."""
+        elems = self.batch * (q_rows * self.heads + 2 * kv_rows * self.kv_heads) * self.head_dim
+        return float(elems * (self.elem_bytes + (4 if first else 8))), 3
+
+    def overlap_sum_extra(self, key_spans: list[int]) -> tuple[float, int]:
+        """(bytes, kernels) of summing the dK, dV that concurrent launches of one rank compute over the keys they
+        share (``allgather``'s chunks: each against the keys up to its end): read both, write one, over the shorter
+        spans; none for one launch."""
+        if len(key_spans) < 2:
+            return 0.0, 0
+        shared = sum(sorted(key_spans)[:-1])
+        return float(3 * self.kv_bytes(shared)), 2
+
     def elementwise_cost(self, elems: float, reads: int = 2, writes: int = 1) -> tuple[float, float]:
         """(FLOPs, bytes) of an elementwise kernel over ``elems`` elements."""
         return float(elems), float((reads + writes) * elems * self.elem_bytes)

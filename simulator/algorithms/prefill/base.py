@@ -4,7 +4,9 @@ Buffers hold *row blocks*: rows of a (b, heads, tokens, head_dim) tensor (q, out
 ``kv``, dK and dV as ``dkv``) with their global positions and head range. The kernels (op ``fn``: ``attn-fwd``,
 ``attn-final``, ``attn-delta``, ``attn-bwd``, ``concat``, ``slice-heads``, ``slice-rows``, ``add``) are in the
 one kernel table (:mod:`simulator.kernels.table`, defined in :mod:`simulator.kernels.prefill`); their costs come from
-:class:`PrefillShape`. ``concat`` is free (the pieces were received into one buffer).
+:class:`PrefillShape` (the roofline) and, for the attention blocks on a GPU with tile facts, from the flash-attention
+launches each block records in its dims (:mod:`simulator.kernels.launches`, priced by
+:mod:`simulator.kernels.tiles`). ``concat`` is free (the pieces were received into one buffer).
 
 Sends carry whole buffers (collectives cut pieces first, as views). ``meta`` carries
 ``shape`` (the :class:`PrefillShape`), ``runs`` (each rank's positions, :mod:`simulator.workloads.layouts`),
@@ -15,12 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from simulator.kernels.tiles import AttentionCall, Launch, call_dims
 from simulator.schedule.core import Schedule
 from simulator.workloads.layouts import Run, layout_runs, pair_count, rank_pairs, run_tokens
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["add_backward_block", "add_concat", "add_delta", "add_final", "add_forward_block", "new_prefill_schedule",
-           "tokens"]
+__all__ = ["add_backward_block", "add_concat", "add_delta", "add_final", "add_forward_block", "attention_dims",
+           "new_prefill_schedule", "tokens"]
+
+Extra = tuple[float, int]  # (bytes, kernels) of the elementwise work a block's op runs after its launches
 
 
 def tokens(sched: Schedule, rank: int) -> int:
@@ -65,11 +70,21 @@ def block_dims(shape: PrefillShape, nq: int, nk: int, pairs: int, heads: int | N
     return float(shape.batch * h * nq), float(nk), float(shape.head_dim), pairs / (nq * nk)
 
 
+def attention_dims(shape: PrefillShape, nq: int, nk: int, pairs: int, launches: Sequence[Launch],
+                   heads: int | None = None, extra: Extra = (0.0, 0)) -> tuple[float, ...]:
+    """An attention block's dims: its profile axes (:func:`block_dims`), then the flash-attention launches it makes
+    and the elementwise work after them, which the tile model prices (:func:`simulator.kernels.tiles.call_dims`)."""
+    h = shape.heads if heads is None else heads
+    call = AttentionCall(shape.head_dim, shape.batch * h, shape.group, tuple(launches), float(extra[0]), int(extra[1]))
+    return call_dims(block_dims(shape, nq, nk, pairs, heads), call)
+
+
 def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: tuple[Run, ...],
-                      k_runs: tuple[Run, ...] | None, kv_buf: str, deps: Iterable[int], *, q_buf: str = "q",
-                      out: str = "acc", first: bool, heads: int | None = None, free: Sequence[str] = (),
-                      pairs: int | None = None) -> int | None:
-    """Forward block of ``q_runs`` against ``k_runs`` (None: the whole sequence); None when fully masked.
+                      k_runs: tuple[Run, ...] | None, kv_buf: str, deps: Iterable[int], *, launches: Sequence[Launch],
+                      q_buf: str = "q", out: str = "acc", first: bool, heads: int | None = None,
+                      free: Sequence[str] = (), pairs: int | None = None, extra: Extra = (0.0, 0)) -> int | None:
+    """Forward block of ``q_runs`` against ``k_runs`` (None: the whole sequence), run as ``launches``
+    (:mod:`simulator.kernels.launches`); None when fully masked.
 
     ``pairs``: the block's unmasked pairs when the caller knows them already."""
     size = _block_size(shape, q_runs, k_runs, pairs)
@@ -78,7 +93,8 @@ def add_forward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: t
     nq, nk, pairs = size
     flops, nbytes = shape.forward_cost(nq, nk, pairs, heads)
     return sched.add_compute(rank, f"attn-fwd[{kv_buf}]", flops=flops, nbytes=nbytes, dtype=shape.dtype, deps=deps,
-                             fn="attn-fwd", out=out, args=(q_buf, kv_buf), dims=block_dims(shape, nq, nk, pairs, heads),
+                             fn="attn-fwd", out=out, args=(q_buf, kv_buf),
+                             dims=attention_dims(shape, nq, nk, pairs, launches, heads, extra),
                              alloc=[(out, shape.state_bytes(nq, heads))] if first else (), free=free)
 
 
@@ -105,16 +121,17 @@ def add_delta(sched: Schedule, shape: PrefillShape, rank: int, nq: int, deps: It
 
 def add_backward_block(sched: Schedule, shape: PrefillShape, rank: int, q_runs: tuple[Run, ...],
                        k_runs: tuple[Run, ...] | None, kv_buf: str, dkv_buf: str, deps: Iterable[int], *,
-                       q_buf: str = "q", dout: str = "dout", dq: str = "dq", alloc_dq: bool,
-                       alloc_dkv: float | None, heads: int | None = None, free: Sequence[str] = (),
-                       pairs: int | None = None) -> int | None:
-    """Backward block: dq += and ``dkv_buf`` += its gradients (``alloc_dkv``: bytes when the block creates it)."""
+                       launches: Sequence[Launch], q_buf: str = "q", dout: str = "dout", dq: str = "dq",
+                       alloc_dq: bool, alloc_dkv: float | None, heads: int | None = None, free: Sequence[str] = (),
+                       pairs: int | None = None, extra: Extra = (0.0, 0)) -> int | None:
+    """Backward block, run as ``launches``: dq += and ``dkv_buf`` += its gradients (``alloc_dkv``: bytes when the
+    block creates it)."""
     size = _block_size(shape, q_runs, k_runs, pairs)
     if size is None:
         return None
     nq, nk, pairs = size
     flops, nbytes = shape.backward_cost(nq, nk, pairs, heads)
-    dims = block_dims(shape, nq, nk, pairs, heads)
+    dims = attention_dims(shape, nq, nk, pairs, launches, heads, extra)
     alloc = [(dq, shape.q_bytes(nq, heads))] if alloc_dq else []
     if alloc_dkv is not None:
         alloc.append((dkv_buf, alloc_dkv))

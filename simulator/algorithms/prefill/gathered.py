@@ -1,9 +1,12 @@
 """``allgather``: Llama 3's context parallelism (Llama Team, arXiv:2407.21783, Sec. 3.3.2).
 
 Forward: all-gather K and V over the group (a ring all-gather of the ranks' shards, any sizes), then each rank
-attends its queries to the keys they may see in one kernel (its pairs: the sum of (position + 1) over its queries,
-causal). The gathered K/V is released after the kernel. Backward: all-gather K and V again, one backward kernel
-gives dQ and every position's partial dK, dV, which a ring reduce-scatter sums onto their owners.
+attends its queries to the keys they may see in one op (its pairs: the sum of (position + 1) over its queries,
+causal), run as Transformer Engine's all-gather context parallelism runs it: each of the rank's chunks its own
+launch against the keys up to its end, the launches on two streams
+(:func:`simulator.kernels.launches.gathered_launches`). The gathered K/V is released after the op. Backward:
+all-gather K and V again, one backward op (the same launches) gives dQ and every position's partial dK, dV (the
+chunks' gradients over the keys both see summed), which a ring reduce-scatter sums onto their owners.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from simulator.algorithms.prefill.base import (
     tokens,
 )
 from simulator.collectives.pieces import ring_allgather_pieces, ring_reduce_scatter_pieces
+from simulator.kernels.launches import gathered_launches
 from simulator.schedule.core import Schedule
 from simulator.workloads.prefill_shape import PrefillShape
 
@@ -42,11 +46,13 @@ def build_prefill_allgather(shape: PrefillShape, layout: Layout) -> Schedule:
         front = ring_allgather_pieces(sched, order, _piece, size, tag=tag, deps=deps)
         return {r: add_concat(sched, r, "kvall", pieces, front[r]) for r in range(p)}
 
+    launches = [gathered_launches(shape.layout, runs[r], runs, shape.sequence, shape.causal) for r in range(p)]
     cat = gather("kv-allgather", {})
     finals = {}
     for r in range(p):
         others = [x for c, x in enumerate(pieces) if c != r]
-        fwd = add_forward_block(sched, shape, r, runs[r], None, "kvall", [cat[r]], first=True, free=others)
+        fwd = add_forward_block(sched, shape, r, runs[r], None, "kvall", [cat[r]], launches=launches[r], first=True,
+                                free=others)
         finals[r] = [add_final(sched, shape, r, tokens(sched, r), [fwd] if fwd is not None else [cat[r]])]
     sched.meta["outputs"] = [(r, "out") for r in range(p)]
     if not shape.backward:
@@ -57,7 +63,8 @@ def build_prefill_allgather(shape: PrefillShape, layout: Layout) -> Schedule:
     for r in range(p):
         others = [x for c, x in enumerate(pieces) if c != r]
         op = add_backward_block(sched, shape, r, runs[r], None, "kvall", "dkvall", [cat[r], *deltas[r]],
-                                alloc_dq=True, alloc_dkv=shape.kv_bytes(shape.sequence), free=others)
+                                launches=launches[r], alloc_dq=True, alloc_dkv=shape.kv_bytes(shape.sequence),
+                                free=others, extra=shape.overlap_sum_extra([lc.nk for lc in launches[r]]))
         bwd[r] = [op] if op is not None else [cat[r]]
     offsets = [0]
     for c in range(p):

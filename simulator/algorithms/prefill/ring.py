@@ -2,8 +2,10 @@
 ``ring_flash_attn_forward``/``backward``), any layout.
 
 Forward: P steps; at step s each rank attends its queries to the K/V shard it holds (its own at step 0), merging
-into its running state, and passes the shard on to the next rank of the ring. A block costs its unmasked pairs
-only; a fully masked block is skipped (the shard is still passed on). Each rank keeps its own K/V (the layer's
+into its running state, and passes the shard on to the next rank of the ring. A block runs the flash-attention
+launch the layout's reference code makes (:mod:`simulator.kernels.launches`: its unmasked pairs, and the tiles
+they fall into), then merges it into the running state; a fully masked block is skipped (the shard is still passed
+on). Each rank keeps its own K/V (the layer's
 cache) and receives into two buffers that alternate.
 
 * ``overlap: true``: the next shard's transfer is posted before the step's attention (double buffering), so the
@@ -21,7 +23,9 @@ import numpy as np
 import pandas as pd
 
 from simulator.algorithms.base import Layout
-from simulator.algorithms.prefill.base import add_delta, add_final, block_dims, new_prefill_schedule, tokens
+from simulator.algorithms.prefill.base import add_delta, add_final, attention_dims, new_prefill_schedule, tokens
+from simulator.kernels.launches import launch_matrix
+from simulator.kernels.tiles import Launch
 from simulator.schedule.core import Schedule
 from simulator.schedule.op import recv_of, transfer_send
 from simulator.schedule.oplist import Indexed
@@ -51,25 +55,30 @@ def _kv_buf(step: int) -> str:
 
 class _Blocks:
     """The attention blocks' kernels (one table for a schedule: name, FLOPs, bytes, dims), by (pass, buffer, queries,
-    keys, unmasked pairs).
+    keys, unmasked pairs, launch).
 
-    The distinct (queries, keys, pairs) of every (rank, shard) are numbered once (``code``); a step's blocks read
-    their kernels off a map from that number to the table (per pass and buffer), and the sizes not seen before are
-    added in their lexicographic order: the table and every block's kernel as numbering each step's distinct sizes
-    in that order would give."""
+    Each block (rank, shard) makes one flash-attention launch (:func:`simulator.kernels.launches.launch_matrix`:
+    the layout's reference kernels). The distinct (queries, keys, pairs, launch) of every (rank, shard) are
+    numbered once (``code``); a step's blocks read their kernels off a map from that number to the table (per pass
+    and buffer: the first step, on the rank's own K/V, starts the running state and the gradient accumulators; the
+    others merge into them), and the sizes not seen before are added in their lexicographic order: the table and
+    every block's kernel as numbering each step's distinct sizes in that order would give."""
 
-    def __init__(self, shape: PrefillShape, tok: np.ndarray, pairs: np.ndarray) -> None:
+    def __init__(self, shape: PrefillShape, tok: np.ndarray, pairs: np.ndarray,
+                 launches: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         self.shape = shape
         self.table: list[tuple[str, float, float, tuple[float, ...]]] = []
-        self.index: dict[tuple[bool, str, int, int, int], int] = {}
-        self.tok, self.pairs = tok, pairs
-        ti, tv = pd.factorize(tok)  # (hashing: no sort of the P x P pairs)
-        pi, pv = pd.factorize(pairs.reshape(-1))
-        code = (ti.reshape(-1, 1) * len(tv) + ti.reshape(1, -1)).reshape(-1) * len(pv) + pi
-        number, distinct = pd.factorize(code)
-        self.code = number.reshape(pairs.shape)
+        self.index: dict[tuple[bool, str, int, int, int, int, int, int], int] = {}
+        self.tok, self.pairs, self.launches = tok, pairs, launches
+        p = len(tok)
+        columns = [np.broadcast_to(tok[:, None], (p, p)), np.broadcast_to(tok[None, :], (p, p)), pairs, *launches]
+        code = np.zeros(p * p, dtype=np.int64)
+        for col in columns:  # one number per distinct tuple, folded a column at a time (hashing: no sort)
+            values, _ = pd.factorize(np.ascontiguousarray(col).reshape(-1))
+            code, _ = pd.factorize(code * (int(values.max()) + 1 if len(values) else 1) + values)
+        self.code = code.reshape(pairs.shape)
         self.kernel: dict[tuple[bool, str], np.ndarray] = {}  # (pass, buffer) -> number -> table index (-1: none)
-        self.distinct = len(distinct)
+        self.distinct = int(code.max()) + 1 if len(code) else 0
 
     def which(self, backward: bool, buf: str, ranks: np.ndarray, shards: np.ndarray) -> np.ndarray:
         """The kernel of each block of ``ranks[k]`` on shard ``shards[k]``, an index into :attr:`table` (its cost
@@ -78,21 +87,29 @@ class _Blocks:
         known = self.kernel.setdefault((backward, buf), np.full(self.distinct, -1, dtype=np.int64))
         ids = known[code]
         if (ids < 0).any():
-            new = {}
+            new: dict[tuple[int, int, int, Launch], int] = {}
             for c in np.unique(code[ids < 0]).tolist():
                 k = int(np.argmax(code == c))  # a block of that size
                 r, j = int(ranks[k]), int(shards[k])
-                new[(int(self.tok[r]), int(self.tok[j]), int(self.pairs[r, j]))] = c
-            for (q, kv, n), c in sorted(new.items()):
-                key = (backward, buf, q, kv, n)
+                launch = Launch(*(int(a[r, j]) for a in self.launches))
+                new[(int(self.tok[r]), int(self.tok[j]), int(self.pairs[r, j]), launch)] = c
+            for (q, kv, n, launch), c in sorted(new.items()):
+                key = (backward, buf, q, kv, n, *launch)
                 if key not in self.index:
                     self.index[key] = len(self.table)
-                    cost = self.shape.backward_cost(q, kv, n) if backward else self.shape.forward_cost(q, kv, n)
-                    name = f"attn-bwd[{buf}]" if backward else f"attn-fwd[{buf}]"
-                    self.table.append((name, *cost, block_dims(self.shape, q, kv, n)))
+                    self.table.append(self._kernel(backward, buf, q, kv, n, launch))
                 known[c] = self.index[key]
             ids = known[code]
         return ids
+
+    def _kernel(self, backward: bool, buf: str, q: int, kv: int, n: int, launch: Launch
+                ) -> tuple[str, float, float, tuple[float, ...]]:
+        shape, first = self.shape, buf == _kv_buf(0)
+        cost = shape.backward_cost(q, kv, n) if backward else shape.forward_cost(q, kv, n)
+        extra = shape.accumulate_extra(launch.nq, launch.nk, first) if backward else \
+            shape.merge_extra(launch.nq, first)
+        name = f"attn-bwd[{buf}]" if backward else f"attn-fwd[{buf}]"
+        return (name, *cost, attention_dims(shape, q, kv, n, (launch,), extra=extra))
 
 
 def _pad(*columns: np.ndarray) -> np.ndarray:
@@ -180,7 +197,8 @@ def build_prefill_ring(shape: PrefillShape, layout: Layout, overlap: bool = True
     p = ring.p
     sched = new_prefill_schedule("ring", shape, p)
     pairs = pair_matrix(sched.meta["runs"], shape.causal)  # (rank, shard) -> unmasked pairs, for both passes
-    blocks = _Blocks(shape, np.array([tokens(sched, r) for r in range(p)], dtype=np.int64), pairs)
+    launches = launch_matrix(shape.layout, sched.meta["runs"], shape.causal)
+    blocks = _Blocks(shape, np.array([tokens(sched, r) for r in range(p)], dtype=np.int64), pairs, launches)
     last = _rotate(sched, shape, ring, overlap, False, np.full(p, -1, dtype=np.int64), blocks, pairs)
     finals = [add_final(sched, shape, r, tokens(sched, r), [int(last[r])] if last[r] >= 0 else [])
               for r in range(p)]

@@ -31,6 +31,7 @@ from simulator.algorithms.prefill.base import (
 )
 from simulator.collectives.alltoall import hierarchical_alltoall, pairwise_alltoall
 from simulator.errors import InputError
+from simulator.kernels.launches import sequence_launch
 from simulator.schedule.core import Schedule
 from simulator.workloads.layouts import Run
 from simulator.workloads.prefill_shape import PrefillShape
@@ -97,13 +98,13 @@ def build_prefill_ulysses(shape: PrefillShape, layout: Layout, alltoall: str = "
     def concat(out: str, prefix: str, front: dict[int, tuple[int, ...]]) -> dict[int, list[int]]:
         return {r: [add_concat(sched, r, out, [f"{prefix}@{s}" for s in order], front[r])] for r in order}
 
-    everything = (Run(0, 1, n),)
+    everything, launches = (Run(0, 1, n),), sequence_launch(n, shape.causal)
     qf = concat("qh", "q", to_heads("q", "q", False, {}, "q-alltoall"))
     kvf = concat("kvh", "kv", to_heads("kv", "kv", True, {}, "kv-alltoall"))
     done: dict[int, list[int]] = {}
     for r in order:
-        fwd = add_forward_block(sched, shape, r, everything, None, "kvh", [*qf[r], *kvf[r]], q_buf="qh", first=True,
-                                heads=hq)
+        fwd = add_forward_block(sched, shape, r, everything, None, "kvh", [*qf[r], *kvf[r]], launches=launches,
+                                q_buf="qh", first=True, heads=hq)
         done[r] = [add_final(sched, shape, r, n, [fwd] if fwd is not None else qf[r], heads=hq)]
     concat("y", "o", to_rows("out", "o", False, done, "out-alltoall"))
     sched.meta["outputs"] = [(r, "y") for r in order]
@@ -113,8 +114,9 @@ def build_prefill_ulysses(shape: PrefillShape, layout: Layout, alltoall: str = "
     bwd: dict[int, list[int]] = {}
     for r in order:
         delta = add_delta(sched, shape, r, n, dof[r], dout="doh", heads=hq)
-        op = add_backward_block(sched, shape, r, everything, None, "kvh", "dkvh", [delta], q_buf="qh", dout="doh",
-                                dq="dqh", alloc_dq=True, alloc_dkv=shape.kv_bytes(n, kvq), heads=hq)
+        op = add_backward_block(sched, shape, r, everything, None, "kvh", "dkvh", [delta], launches=launches,
+                                q_buf="qh", dout="doh", dq="dqh", alloc_dq=True, alloc_dkv=shape.kv_bytes(n, kvq),
+                                heads=hq)
         bwd[r] = [op] if op is not None else [delta]
     concat("dq", "dq", to_rows("dqh", "dq", False, bwd, "dq-alltoall"))
     concat("dkv", "dkv", to_rows("dkvh", "dkv", True, bwd, "dkv-alltoall"))
