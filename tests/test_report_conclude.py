@@ -113,8 +113,7 @@ def test_many_series_colour_is_the_algorithm_style_the_parameter_legend_outside(
     out = _run(tmp_path, MANY_SERIES, "--no-report")
     frame = pd.read_csv(out / "results.csv")
     dims = dims_of(frame)
-    assert (dims.x, dims.col, dims.row, dims.style) == ("ranks", "context", "workload.batch",
-                                                        ("workload.model.heads",))
+    assert (dims.x, dims.col, dims.row, dims.style) == ("ranks", "context", "batch", ("heads",))  # the rows' names
     fig = facet_figure(frame, "latency_s", "decode step latency (ms)", scale=1e3)
     axes = [ax for ax in fig.axes if ax.get_visible()]
     assert len(axes) == 4

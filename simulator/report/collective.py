@@ -23,7 +23,8 @@ from simulator.report.conclude import extreme_row, ordered, point_view, times
 from simulator.report.document import Block, Heading, Image, Items, Para, Table
 from simulator.report.figures import MAX_COLS, plain_tick, png, series_look
 
-__all__ = ["collective_blocks", "collective_conclusions", "collective_table", "flows_blocks", "size_text"]
+__all__ = ["collective_blocks", "collective_conclusions", "collective_overview", "collective_table", "flows_blocks",
+           "size_text"]
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "*", "X")
 _TIE = 1e-9  # relative: times this close are a tie
@@ -91,6 +92,24 @@ def collective_table(frame: pd.DataFrame) -> pd.DataFrame:
         else:
             row["next best"] = "-"
         rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _facet(table: pd.DataFrame) -> str:
+    return "nodes" if "nodes" in table else "ranks"
+
+
+def collective_overview(table: pd.DataFrame) -> pd.DataFrame:
+    """A large sweep's summary of :func:`collective_table`: per node (or rank) count, the points, where each
+    algorithm is fastest (a tie counts for each), and the highest bus bandwidth with the size and what ran."""
+    rows = []
+    for value, part in table.groupby(_facet(table), sort=False):
+        wins = part["fastest"].str.split(" = ").explode().value_counts()
+        top = extreme_row(part, "busbw_GBps", largest=True)
+        rows.append({_facet(table): value, "points": len(part),
+                     "fastest": ", ".join(f"{a} at {c}" for a, c in wins.items()),
+                     "highest busbw_GBps": float(top["busbw_GBps"]),
+                     "at": f"{top.get('bytes', '-')}, {top['ran']}"})
     return pd.DataFrame(rows)
 
 
@@ -178,7 +197,7 @@ def busbw_figure(frame: pd.DataFrame, algorithms: list[str]) -> plt.Figure:
     return fig
 
 
-def collective_blocks(frame: pd.DataFrame, large: int) -> list[Block]:
+def collective_blocks(frame: pd.DataFrame, large: int, link: str = "[results.csv](results.csv)") -> list[Block]:
     """Conclusions, the per-point table (a link to results.csv past ``large`` points), the figure, the busbw
     table."""
     algos = list(dict.fromkeys(frame["algorithm"].astype(str)))
@@ -188,7 +207,8 @@ def collective_blocks(frame: pd.DataFrame, large: int) -> list[Block]:
         blocks += [Para("Per sweep point (a tie is named `a = b`; `ran`: the algorithm and protocol that ran):"),
                    Table(table)]
     else:
-        blocks.append(Para(f"{len(table):,} sweep points: every row is in [results.csv](results.csv)."))
+        blocks += [Para(f"{len(table):,} sweep points: a summary per {_facet(table)} below; every row is in {link}."),
+                   Table(collective_overview(table))]
     blocks += [Heading("Figures"), Image("busbw.png", png(busbw_figure(frame, algos)),
                                          "nccl-tests' bus bandwidth against the per-rank message size; where two "
                                          "algorithms are equal their markers ring each other.")]
@@ -203,7 +223,7 @@ def collective_blocks(frame: pd.DataFrame, large: int) -> list[Block]:
     return blocks
 
 
-def flows_blocks(frame: pd.DataFrame, large: int) -> list[Block]:
+def flows_blocks(frame: pd.DataFrame, large: int, link: str = "[results.csv](results.csv)") -> list[Block]:
     """Flows: when the last one finishes, and each flow's time and achieved rate."""
     done = frame.assign(time_ms=(frame["finish_s"] - frame["start_s"]) * 1e3)
     done["GBps"] = frame["bytes"] / (frame["finish_s"] - frame["start_s"]) / 1e9
@@ -221,5 +241,5 @@ def flows_blocks(frame: pd.DataFrame, large: int) -> list[Block]:
     if len(shown) <= large:
         blocks += [Heading("Flows"), Table(shown)]
     else:
-        blocks.append(Para(f"{len(shown):,} flows: every row is in [results.csv](results.csv)."))
+        blocks.append(Para(f"{len(shown):,} flows: every row is in {link}."))
     return blocks

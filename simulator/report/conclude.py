@@ -9,20 +9,22 @@ per output token (``tpot_s``): there the prefill is shared by every decode sched
 the whole request are stated beside it, never folded into one ratio.
 
 A swept key that only repeats a column of the rows (``topology_params.nodes`` and ``nodes``, ``workload.prompt``
-``32K`` and ``context`` 32768, ``workload.backward`` and ``phase``: :data:`REPEATS`) names its points by that column:
-it is one axis, not two.
+``32K`` and ``context`` 32768, ``workload.backward`` and ``phase``: :data:`REPEATS`; ``workload.layout`` and
+``layout``, equal values under the key's last name) names its points by that column: it is one axis, not two.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from simulator.report.document import plain_number
 
 __all__ = ["LATENCY", "REPEATS", "TPOT", "Measure", "extreme_row", "feasible", "headline", "is_categorical",
            "measure_of", "ordered", "overview", "point_columns", "point_view", "ratio_values", "repeated_columns",
@@ -92,7 +94,9 @@ def _twin_map(frame: pd.DataFrame, column: str, key: str, exact: bool) -> dict[s
 
 def _twin(frame: pd.DataFrame, column: str) -> tuple[str, dict[str, Any]] | None:
     """The column ``column`` repeats, and how its values map onto that column's; None when it repeats none."""
-    candidates = ([(REPEATS[column], False)] if column in REPEATS else []) + [(k, True) for k in _IDENTITY]
+    parts = column.split(".")  # ``workload.layout`` and ``layout``, ``workload.model.heads`` and ``heads``
+    own = [] if any(p.isdigit() for p in parts) else [(parts[-1], True)]  # not a key into a list (flows.1.bytes)
+    candidates = ([(REPEATS[column], False)] if column in REPEATS else []) + own + [(k, True) for k in _IDENTITY]
     for key, exact in candidates:
         if key != column:
             mapping = _twin_map(frame, column, key, exact)
@@ -165,8 +169,13 @@ def feasible(frame: pd.DataFrame) -> pd.Series:
 
 
 def times(ratio: float) -> str:
-    """A ratio as ``23.4x`` or ``4,519x``."""
-    return f"{ratio:,.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
+    """A ratio as ``23.4x`` or ``4,519x``; one within half a percent of 1 with three decimals (``1.004x``), so that
+    a near tie does not read ``1x``."""
+    if ratio >= 100:
+        return f"{ratio:,.0f}x"
+    if ratio != 1 and abs(ratio - 1) < 0.005:
+        return f"{ratio:.3f}x"
+    return f"{ratio:.3g}x"
 
 
 def _duration(seconds: float) -> str:
@@ -175,7 +184,8 @@ def _duration(seconds: float) -> str:
 
 def _bound(row: pd.Series) -> str:
     comm = float(row["comm_s"]) / float(row["latency_s"]) if row["latency_s"] else 0.0
-    return f"communication ({comm:.0%} of the step)" if comm > 0.5 else f"compute ({1 - comm:.0%} of the step)"
+    return f"communication ({comm:.0%} of the latency)" if comm > 0.5 else \
+        f"compute ({1 - comm:.0%} of the latency)"
 
 
 def speedup_column(baseline: str, measure: Measure = LATENCY) -> str:
@@ -367,7 +377,8 @@ def headline(table: pd.DataFrame, frame: pd.DataFrame, target_s: float | None = 
         lines += _by_value(frame, measure)
     if "bound by" in table:
         bound = won["bound by"].str.split(" ").str[0].value_counts()
-        lines.append("The fastest is bound by " + ", ".join(f"{b} at {c}" for b, c in bound.items()) + " points "
+        who = f"`{algos[0]}`" if len(algos) == 1 else "The fastest"
+        lines.append(f"{who} is bound by " + ", ".join(f"{b} at {c}" for b, c in bound.items()) + " points "
                      "(the critical rank's time waiting on transfers vs. in kernels).")
     view, keys = point_view(frame)
     ok = feasible(view)
@@ -384,28 +395,41 @@ def headline(table: pd.DataFrame, frame: pd.DataFrame, target_s: float | None = 
     return lines
 
 
-def overview(table: pd.DataFrame, facets: Sequence[str], top: int = 10) -> dict[str, pd.DataFrame]:
+def overview(table: pd.DataFrame, facets: Sequence[str], top: int = 10, compare: bool = True
+             ) -> dict[str, pd.DataFrame]:
     """A large sweep's summaries from :func:`summary`'s table: per value of the ``facets`` (the figures' panels),
     how many points each algorithm wins and the range of the speedup; and the ``top`` points with the largest and
-    the smallest speedup."""
+    the smallest speedup (``largest``, ``smallest``). Without algorithms to ``compare`` (one algorithm), the range
+    of its value (``latency_ms``, ``tpot_ms``) instead, and the ``top`` slowest and fastest points."""
     column = next((c for c in table.columns if "speedup over " in str(c) and not str(c).startswith("request")), None)
-    sp = ratio_values(table[column]) if column else pd.Series(np.nan, index=table.index)
+    fmt: Callable[[float], str]
+    if not compare or column is None:
+        column = next(c for c in table.columns if str(c).endswith("_ms"))
+        values = pd.to_numeric(table[column], errors="coerce")
+        compare, fmt = False, plain_number
+    else:
+        values, fmt = ratio_values(table[column]), times
+    label = f"{column}: min"
     out: dict[str, pd.DataFrame] = {}
     rows = []
-    for values, part in (table.groupby(list(facets), sort=False) if facets else [((), table)]):
-        vals = values if isinstance(values, tuple) else (values,)
+    for keys, part in (table.groupby(list(facets), sort=False) if facets else [((), table)]):
+        vals = keys if isinstance(keys, tuple) else (keys,)
         row: dict[str, object] = dict(zip(facets, vals, strict=True))
         row["points"] = len(part)
-        row["fastest"] = ", ".join(f"{a} at {c}" for a, c in part["fastest"].value_counts().items())
-        s = sp.loc[part.index]
-        if column and s.notna().any():
-            row[f"{column}: min"] = times(float(s.min()))
-            row["median"] = times(float(np.nanmedian(s.to_numpy(dtype=float))))
-            row["max"] = times(float(s.max()))
+        if compare:
+            row["fastest"] = ", ".join(f"{a} at {c}" for a, c in part["fastest"].value_counts().items())
+        v = values.loc[part.index]
+        if v.notna().any():
+            row[label] = fmt(float(v.min()))
+            row["median"] = fmt(float(np.nanmedian(v.to_numpy(dtype=float))))
+            row["max"] = fmt(float(v.max()))
         rows.append(row)
     out["per facet"] = pd.DataFrame(rows)
-    if column and sp.notna().any():
-        ranked = table.assign(_sp=sp).dropna(subset=["_sp"]).sort_values("_sp", ascending=False, kind="stable")
-        out["largest"] = ranked.head(top).drop(columns="_sp")
-        out["smallest"] = ranked.tail(top).iloc[::-1].drop(columns="_sp")
+    if values.notna().any():
+        ranked = table.assign(_v=values).dropna(subset=["_v"]).sort_values("_v", ascending=False, kind="stable")
+        if not compare:
+            ranked = ranked.drop(columns=[c for c in ranked.columns if c in ("fastest", "next best")
+                                          or "speedup over " in str(c)])
+        out["largest"] = ranked.head(top).drop(columns="_v")
+        out["smallest"] = ranked.tail(top).iloc[::-1].drop(columns="_v")
     return out

@@ -2,20 +2,23 @@
 
 Writing the blocks once and rendering each format directly avoids a Markdown parser: inline ``code`` and links
 (``[results.csv](results.csv)``, to files beside the report) are the only markup in text, tables are plain header +
-rows (no index column), images are embedded in the HTML as base64.
+rows (no index column; a swept key by its last name, ``workload.layout`` as ``layout``; numbers as
+:func:`plain_number` writes them: no exponent for ordinary values), images are embedded in the HTML as base64.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
-__all__ = ["Block", "Code", "Heading", "Image", "Items", "Para", "Table", "to_html", "to_markdown"]
+__all__ = ["Block", "Code", "Heading", "Image", "Items", "Para", "Table", "plain_number", "short_names", "to_html",
+           "to_markdown"]
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,8 @@ class Code:
 
 @dataclass(frozen=True)
 class Table:
-    frame: pd.DataFrame  # rendered without its index; floats with ``floatfmt``
-    floatfmt: str = ".4g"
+    frame: pd.DataFrame  # rendered without its index; floats by :func:`plain_number`, or with ``floatfmt``
+    floatfmt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,18 +57,58 @@ class Image:
 
 Block = Heading | Para | Items | Code | Table | Image
 
+
+def plain_number(value: float) -> str:
+    """Four significant digits without an exponent and without trailing zeros (``0.07595``, ``101.8``, ``1``,
+    ``1031094``, ``0.00006192``); an exponent only for what is not an ordinary magnitude (under 1e-6, as an error,
+    or from 1e15); NaN as ``-``."""
+    if value != value:
+        return "-"
+    if value == 0 or math.isinf(value):
+        return str(value) if value else "0"
+    rounded = float(f"{value:.4g}")  # 0.99996 -> 1 (then printed as one digit, not 1.0000)
+    size = abs(rounded)
+    if size < 1e-6 or size >= 1e15:
+        return f"{value:.3e}"
+    if size >= 1000:
+        return f"{value:.0f}"
+    text = f"{rounded:.{3 - math.floor(math.log10(size))}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def short_names(columns: Iterable[object]) -> dict[str, str]:
+    """Swept keys by their last name (``workload.layout`` -> ``layout``) where no other column has that name; a
+    key into a list keeps its whole name (``workload.flows.1.bytes`` is not the flows' ``bytes``)."""
+    names = [str(c) for c in columns]
+    out = {}
+    for name in names:
+        short = name.split(".")[-1]
+        indexed = any(part.isdigit() for part in name.split("."))
+        if short != name and not indexed and short not in names and \
+                sum(n.split(".")[-1] == short for n in names) == 1:
+            out[name] = short
+    return out
+
+
 _CODE = re.compile(r"`([^`]+)`")
 _LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 
 
-def _cell(value: object, floatfmt: str) -> str:
+def _cell(value: object, floatfmt: str | None) -> str:
     if isinstance(value, float):
-        return "" if value != value else format(value, floatfmt)  # NaN: an empty cell
+        if value != value:
+            return ""  # NaN: an empty cell
+        return plain_number(value) if floatfmt is None else format(value, floatfmt)
     return str(value)
 
 
-def _rows(frame: pd.DataFrame, floatfmt: str) -> list[list[str]]:
+def _rows(frame: pd.DataFrame, floatfmt: str | None) -> list[list[str]]:
     return [[_cell(v, floatfmt) for v in row] for row in frame.itertuples(index=False)]
+
+
+def _header(frame: pd.DataFrame) -> list[str]:
+    names = short_names(frame.columns)
+    return [names.get(str(c), str(c)) for c in frame.columns]
 
 
 def _md_escape(text: str) -> str:
@@ -85,7 +128,7 @@ def to_markdown(blocks: Sequence[Block]) -> str:
         elif isinstance(b, Code):
             out.append(f"```\n{b.text}\n```")
         elif isinstance(b, Table):
-            head = "| " + " | ".join(_md_escape(str(c)) for c in b.frame.columns) + " |"
+            head = "| " + " | ".join(_md_escape(c) for c in _header(b.frame)) + " |"
             rule = "|" + "|".join("---" for _ in b.frame.columns) + "|"
             body = ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in _rows(b.frame, b.floatfmt)]
             out.append("\n".join([head, rule, *body]))
@@ -112,7 +155,7 @@ _NUMBER = re.compile(r"^\(?[-+]?[\d.,]+(e[-+]?\d+)?(x| OOM)?\)?$")  # right-alig
 
 
 def _html_table(t: Table) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in t.frame.columns)
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in _header(t.frame))
     body = "".join("<tr>" + "".join(f'<td{" class=num" if _NUMBER.match(v) else ""}>{html.escape(v)}</td>'
                                     for v in row) + "</tr>"
                    for row in _rows(t.frame, t.floatfmt))

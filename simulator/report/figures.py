@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axis import Axis
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 from PIL import Image
 
 from simulator.report.conclude import feasible, is_categorical, point_view
@@ -45,6 +45,7 @@ MAX_COLS = 4
 MAX_PANELS = 12
 MAX_STYLES = 8
 MAX_WIDTH_PX = 2000
+DENSE = 12  # points per series past which lines and markers are drawn finer
 DPI = 110
 
 
@@ -177,12 +178,14 @@ def _colors(n: int) -> list[Any]:
     return [cmap(i) if n <= 20 else cmap(i / max(n - 1, 1)) for i in range(n)]
 
 
-def series_look(i: int, n: int) -> tuple[float, float]:
+def series_look(i: int, n: int, points: int = 0) -> tuple[float, float]:
     """(line width, marker size) of the ``i``-th of ``n`` series: the first widest, so that a later series drawn
-    over an equal one leaves it visible around it."""
-    if n <= 1:
-        return 1.6, 5.0
-    return 3.2 - 2.0 * i / (n - 1), 8.5 - 4.0 * i / (n - 1)
+    over an equal one leaves it visible around it; thinner and smaller where a series has many ``points`` (more than
+    :data:`DENSE`), so that neighbouring markers do not merge."""
+    width, size = (1.6, 5.0) if n <= 1 else (3.2 - 2.0 * i / (n - 1), 8.5 - 4.0 * i / (n - 1))
+    if points > DENSE:
+        width, size = width * 0.55, size * 0.5
+    return width, size
 
 
 def plain_tick(value: float, _pos: object = None) -> str:
@@ -196,16 +199,25 @@ def plain_tick(value: float, _pos: object = None) -> str:
     return f"$10^{{{power}}}$" if abs(mantissa - 1) < 1e-6 else f"${mantissa:.3g}\\times10^{{{power}}}$"
 
 
-def readable_log_axis(axis: Axis, low: float, high: float) -> None:
-    """Ticks of a log axis spanning [low, high] that can be read: 1, 2, 5 per decade over a few decades (more over
-    one), plain numbers, no minor labels."""
-    decades = math.log10(high / low) if low > 0 and high > low else 0.0
-    subs: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if decades <= 1.3 else \
-        (1.0, 2.0, 5.0) if decades <= 3.2 else (1.0, 3.0) if decades <= 5 else (1.0,)
-    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=12))
+_SUBS: tuple[tuple[float, ...], ...] = ((1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0),
+                                       (1.0, 1.5, 2.0, 3.0, 5.0, 7.0), (1.0, 2.0, 5.0), (1.0, 3.0), (1.0,))
+
+
+def readable_log_axis(axis: Axis, low: float, high: float, most: int = 10) -> None:
+    """Ticks of a log axis spanning [low, high] that can be read: the densest of 1, 1.2, 1.5 ... 9 / 1, 1.5, 2, 3,
+    5, 7 / 1, 2, 5 / 1, 3 / 1 per decade that gives at most about ``most`` ticks (a narrow span, 0.5 to 1.1, still
+    gets six), plain numbers, no minor labels."""
+    decades = max(math.log10(high / low), 0.1) if low > 0 and high > low else 0.1
+    subs = next((s for s in _SUBS if decades * len(s) <= most), _SUBS[-1])
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=most + 2))
     axis.set_major_formatter(FuncFormatter(plain_tick))
     axis.set_minor_locator(NullLocator())
     axis.set_minor_formatter(NullFormatter())
+
+
+def _fits(values: list[float]) -> bool:
+    """Whether a tick at each of ``values`` leaves its label room in a panel (about 36 characters wide)."""
+    return len(values) <= 10 and sum(len(plain_tick(v).replace(",", "")) + 2 for v in values) <= 36
 
 
 def _x_axis(ax: Any, values: pd.Series, x: str) -> None:
@@ -213,15 +225,17 @@ def _x_axis(ax: Any, values: pd.Series, x: str) -> None:
     distinct = sorted(values.unique())
     if lo > 0 and hi / lo >= 8:
         ax.set_xscale("log", base=2 if x == "ranks" else 10)
-        if len(distinct) <= 10:
+        if _fits(distinct):
             ax.xaxis.set_major_locator(FixedLocator(distinct))
             ax.xaxis.set_major_formatter(FuncFormatter(plain_tick))
             ax.xaxis.set_minor_locator(NullLocator())
         else:
-            readable_log_axis(ax.xaxis, lo, hi)
+            readable_log_axis(ax.xaxis, lo, hi, most=5)  # a panel is about 4 inches wide
     else:
-        if len(distinct) <= 10:
+        if _fits(distinct):
             ax.xaxis.set_major_locator(FixedLocator(distinct))
+        else:
+            ax.xaxis.set_major_locator(MaxNLocator(5))
         ax.xaxis.set_major_formatter(FuncFormatter(plain_tick))
 
 
@@ -243,6 +257,7 @@ def facet_figure(frame: pd.DataFrame, column: str, ylabel: str, *, scale: float 
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.9 * ncols, 3.1 * nrows + 0.4), squeeze=False,
                              sharey=True, sharex=True)
     cats = [str(c) for c in _order(view[dims.x])] if dims.categorical else []
+    dense = int(view[dims.x].nunique())  # points a series has at most
     where = {c: i for i, c in enumerate(cats)}
     used, any_oom, ys = set(), False, []
     for panel in panels:
@@ -251,7 +266,7 @@ def facet_figure(frame: pd.DataFrame, column: str, ylabel: str, *, scale: float 
         part = view.loc[panel.index]
         for (name, *style), grp in part.groupby(["algorithm", *dims.style], sort=False):
             algo = str(name)
-            width, size = series_look(drawn.index(algo), len(drawn))
+            width, size = series_look(drawn.index(algo), len(drawn), dense)
             ls, marker = look[tuple(style)]
             if dims.categorical:
                 shift = (drawn.index(algo) - (len(drawn) - 1) / 2) * min(0.08, 0.3 / max(len(drawn), 1))

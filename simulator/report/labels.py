@@ -1,5 +1,6 @@
 """What result rows are and how their quantities read: the workload kind of a results table, axis labels by kind,
-and the printed form of a table (one unit per quantity: times in ms, sizes in GB; plain numbers).
+and the printed form of a table (one unit per quantity: times in ms, sizes in GB; plain numbers; a column that only
+repeats another left out; swept keys by their last name).
 
 Units and meanings come from the kinds' column schemas (:data:`simulator.run.kinds.KINDS`, each column declared
 once with its unit): a column in seconds prints in ms, one in bytes in GB (a message size, ``bytes``, stays a count
@@ -8,15 +9,21 @@ of bytes), and a label such as "time to first token" is its column's meaning.
 
 from __future__ import annotations
 
-import math
+import numbers
 from functools import cache
 
+import numpy as np
 import pandas as pd
 
+from simulator.report.conclude import repeated_columns
+from simulator.report.document import plain_number, short_names
 from simulator.run.kinds import KINDS
 from simulator.run.rows import Column
 
-__all__ = ["column_label", "latency_caption", "latency_label", "plain_number", "printable", "rows_kind", "schema"]
+__all__ = ["BOOKKEEPING", "column_label", "latency_caption", "latency_label", "printable", "printed_table",
+           "rows_kind", "schema"]
+
+BOOKKEEPING = ("scenario", "events", "sim_wall_s", "point")  # in results.csv, not in a printed table
 
 _PHASE_NOUNS = {"prefill": "prefill", "train": "training step", "generate": "request"}  # what latency_s times
 _PHASE_WHAT = {"prefill": "a prefill (forward only)", "train": "a training step's attention (forward + backward)",
@@ -73,21 +80,6 @@ def column_label(name: str) -> str:
     return f"{head} ({unit})" if unit else head
 
 
-def plain_number(value: float) -> str:
-    """Four significant digits without an exponent (``0.07595``, ``101.8``, ``1031094``); an exponent only for what
-    is not an ordinary magnitude (under 1e-4, as an error, or from 1e15); NaN as ``-``."""
-    if value != value:
-        return "-"
-    if value == 0 or math.isinf(value):
-        return str(value) if value else "0"
-    size = abs(value)
-    if size < 1e-4 or size >= 1e15:
-        return f"{value:.3e}"
-    if size >= 1000:
-        return f"{value:.0f}"
-    return f"{value:.{3 - math.floor(math.log10(size))}f}"
-
-
 def _printed_name(name: str, unit: str) -> str:
     if unit == "ms":
         return name.removesuffix("_s") + "_ms"
@@ -109,3 +101,24 @@ def printable(frame: pd.DataFrame) -> pd.DataFrame:
         out[name] = pd.to_numeric(frame[name], errors="coerce") * factor
         renames[name] = _printed_name(name, unit)
     return out.rename(columns=renames)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, bool | np.bool_):
+        return str(bool(value))
+    if isinstance(value, numbers.Integral):
+        return str(value)
+    if isinstance(value, numbers.Real):
+        return plain_number(float(value))
+    return "-" if value is None or value != value else str(value)
+
+
+def printed_table(frame: pd.DataFrame) -> str:
+    """Result rows as a terminal table: without the bookkeeping columns (:data:`BOOKKEEPING`) and the columns that
+    only repeat another (``sequence`` beside ``context``, ``workload.backward`` beside ``phase``), times in ms and
+    sizes in GB (:func:`printable`), numbers as :func:`plain_number` writes them, a missing value as ``-``."""
+    shown = frame.drop(columns=[c for c in BOOKKEEPING if c in frame])
+    shown = printable(shown.drop(columns=repeated_columns(shown)))
+    shown = shown.rename(columns=short_names(shown.columns))
+    text = pd.DataFrame({c: [_cell(v) for v in shown[c].tolist()] for c in shown.columns}, index=shown.index)
+    return text.to_string(index=False)

@@ -14,8 +14,10 @@ the points with the largest and smallest speedups) and links results.csv. Collec
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pandas as pd
 
@@ -32,12 +34,24 @@ from simulator.report.conclude import (
     point_view,
     summary,
 )
-from simulator.report.document import Block, Code, Heading, Image, Items, Para, Table, to_html, to_markdown
+from simulator.report.document import (
+    Block,
+    Code,
+    Heading,
+    Image,
+    Items,
+    Para,
+    Table,
+    plain_number,
+    short_names,
+    to_html,
+    to_markdown,
+)
 from simulator.report.figures import HLine, dims_of, facet_figure, figure_note, png
 from simulator.report.labels import column_label, latency_caption, latency_label, rows_kind
 from simulator.report.timeline import gantt
 from simulator.schedule.memory import usable_bytes
-from simulator.support.files import write_text_atomic
+from simulator.support.files import replace_all, temp_beside, write_text_atomic
 
 __all__ = ["LARGE_POINTS", "META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages",
            "write_report"]
@@ -49,7 +63,7 @@ TOP = 10  # the points with the largest and the smallest speedups that a large s
 _MAX_RATIOS = 5  # beyond this many algorithms the latency table has no baseline/x columns (the speedup figure has)
 
 
-def _cells(frame: pd.DataFrame, column: str, scale: float, baseline: str | None = None, fmt: str = ".4g"
+def _cells(frame: pd.DataFrame, column: str, scale: float, baseline: str | None = None
            ) -> tuple[pd.DataFrame, bool]:
     """``column`` (times ``scale``) by point and algorithm, as text; out-of-memory cells end in ``OOM``; with a
     ``baseline``, its ratio to each other algorithm (``ring/tree``) where both fit. Also: whether a cell is OOM."""
@@ -59,14 +73,14 @@ def _cells(frame: pd.DataFrame, column: str, scale: float, baseline: str | None 
     marked = view.assign(_v=view[column] * scale, _ok=feasible(view))
     table = marked.pivot_table(index=keys, columns="algorithm", values="_v", aggfunc="first", sort=False)[algos]
     ok = marked.pivot_table(index=keys, columns="algorithm", values="_ok", aggfunc="first", sort=False)[algos]
-    text = table.map(lambda v: format(v, fmt) if v == v else "")
+    text = table.map(lambda v: plain_number(v) if v == v else "")
     oom = ~ok.astype(bool) & table.notna()
     text = text.where(~oom, text + " OOM")
     if baseline in algos and len(algos) <= _MAX_RATIOS:
         for algo in [a for a in algos if a != baseline]:
             ratio = table[baseline] / table[algo]
             both = ok[baseline].astype(bool) & ok[algo].astype(bool)
-            text[f"{baseline}/{algo}"] = ratio.map(lambda v: format(v, fmt)).where(both, "")
+            text[f"{baseline}/{algo}"] = ratio.map(plain_number).where(both, "")
     text.columns.name = None
     if "ranks" not in keys:  # the point's GPUs (``single`` uses one of them)
         text.insert(0, "ranks", view.groupby(keys, sort=False)["ranks"].max())
@@ -74,7 +88,8 @@ def _cells(frame: pd.DataFrame, column: str, scale: float, baseline: str | None 
 
 
 def _where(point: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in point.items()) or "the only point"
+    names = short_names(point)
+    return ", ".join(f"{names.get(k, k)}={v}" for k, v in point.items()) or "the only point"
 
 
 def baseline_of(frame: pd.DataFrame, meta: dict[str, Any]) -> str | None:
@@ -165,28 +180,37 @@ def timeline_caption(meta: dict[str, Any]) -> str:
     return text
 
 
-def _large(frame: pd.DataFrame, table: pd.DataFrame) -> list[Block]:
+def _csv_link(results: str) -> str:
+    """A Markdown link to the results file, relative to the report."""
+    return f"[{Path(results).name}]({quote(results)})"
+
+
+def _large(frame: pd.DataFrame, table: pd.DataFrame, measure: Measure, results: str) -> list[Block]:
     """A large sweep's summaries: per panel of the figures, and the points with the largest and smallest
-    speedups; every point is in results.csv."""
+    speedups (with one algorithm: its slowest and fastest points); every point is in the results file."""
     dims = dims_of(frame)
     facets = [k for k in (dims.col, dims.row) if k is not None and k in table]
-    parts = overview(table, facets, TOP)
+    parts = overview(table, facets, TOP, compare=frame["algorithm"].nunique() > 1)
+    compare = "fastest" in parts["per facet"]
     what = ", ".join(f"`{k.split('.')[-1]}`" for k in facets)
+    ranged = "the range of the fastest's speedup" if compare else f"the range of its {measure.noun} (ms)"
     blocks: list[Block] = [
         Para(f"{len(table):,} sweep points: the summaries below, then the figures; every row is in "
-             f"[results.csv](results.csv) ({len(frame):,} rows)."),
+             f"{_csv_link(results)} ({len(frame):,} rows)."),
         Heading("Per panel of the figures" if facets else "Over every point", 3),
-        Para(f"Per value of {what}: the points, where each algorithm is fastest, the range of the fastest's "
-             "speedup." if facets else "The points, where each algorithm is fastest, the range of the speedup."),
+        Para(f"Per value of {what}: the points, {'where each algorithm is fastest, ' if compare else ''}{ranged}."
+             if facets else f"The points, {'where each algorithm is fastest, ' if compare else ''}{ranged}."),
         Table(parts["per facet"])]
     if "largest" in parts:
-        blocks += [Heading(f"The {len(parts['largest'])} points with the largest speedup", 3), Table(parts["largest"]),
-                   Heading(f"The {len(parts['smallest'])} points with the smallest speedup", 3),
-                   Table(parts["smallest"])]
+        most, least = ("largest speedup", "smallest speedup") if compare else \
+            (f"longest {measure.noun}", f"shortest {measure.noun}")
+        blocks += [Heading(f"The {len(parts['largest'])} points with the {most}", 3), Table(parts["largest"]),
+                   Heading(f"The {len(parts['smallest'])} points with the {least}", 3), Table(parts["smallest"])]
     return blocks
 
 
-def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None) -> list[Block]:
+def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, results: str
+                    ) -> list[Block]:
     target = (meta.get("targets") or {}).get("latency_s")
     baseline = baseline_of(frame, meta)
     measure = measure_of(frame)
@@ -194,10 +218,13 @@ def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float |
     large = len(table) > LARGE_POINTS
     blocks: list[Block] = [Heading("Conclusions"), Items(tuple(headline(table, frame, target, measure)))]
     if large:
-        blocks += _large(frame, table)
-    else:
+        blocks += _large(frame, table, measure, results)
+    elif frame["algorithm"].nunique() > 1:
         blocks += [Para("Per sweep point (out-of-memory rows never count as fastest; a speedup is the baseline's "
                         f"{measure.noun} over the fastest's):"), Table(table)]
+    else:  # nothing to compare an algorithm with: no fastest, no speedup, no runner-up
+        blocks += [Para("Per sweep point:"), Table(table.drop(columns=[
+            c for c in table.columns if c in ("fastest", "next best") or "speedup over " in str(c)]))]
     blocks += _figures(frame, meta, capacity, baseline, measure)
     if large:
         return blocks
@@ -214,16 +241,31 @@ def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float |
     return blocks
 
 
+def _data(data: bytes) -> Callable[[Path], object]:
+    return lambda tmp: tmp.write_bytes(data)
+
+
+def _text(text: str) -> Callable[[Path], object]:
+    return lambda tmp: tmp.write_text(text, encoding="utf-8")
+
+
 def write_pages(out: Path, title: str, blocks: list[Block], figures: dict[str, bytes]) -> list[Path]:
-    """``report.md`` and ``report.html`` from ``blocks``, the PNG files beside them; returns the files written."""
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, data in figures.items():
-        (out / name).write_bytes(data)
-        written.append(out / name)
-    write_text_atomic(out / "report.md", to_markdown(blocks))
-    write_text_atomic(out / "report.html", to_html(blocks, title))
-    return [*written, out / "report.md", out / "report.html"]
+    """``report.md`` and ``report.html`` from ``blocks``, the PNG files beside them; returns the files written.
+    Every file is written whole under a temporary name first, then all are renamed into place: a full disk leaves
+    no truncated figure or page (the error names the file that failed, and the temporary files are removed)."""
+    files = {out / name: _data(data) for name, data in figures.items()}
+    files[out / "report.md"] = _text(to_markdown(blocks))
+    files[out / "report.html"] = _text(to_html(blocks, title))
+    done: list[tuple[Path, Path]] = []
+    try:
+        for path, write in files.items():
+            done.append((temp_beside(path, write), path))
+    except BaseException:
+        for tmp, _ in done:
+            tmp.unlink(missing_ok=True)
+        raise
+    replace_all(done)
+    return list(files)
 
 
 def _intro(title: str, meta: dict[str, Any], rows: int) -> list[Block]:
@@ -234,21 +276,26 @@ def _intro(title: str, meta: dict[str, Any], rows: int) -> list[Block]:
 
 
 def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline: pd.DataFrame | None = None,
-                 capacity_bytes: float | None = None) -> list[Path]:
+                 capacity_bytes: float | None = None, results: str = "results.csv") -> list[Path]:
     """Write ``report.md``, ``report.html`` and the figures (PNG) into ``out``; returns the files written. Every
-    kind of rows opens with its conclusions."""
+    kind of rows opens with its conclusions. ``results``: the results file, relative to ``out`` (what a large
+    sweep's report links to)."""
     title = f"treering report: {meta.get('scenario', '?')}"
     blocks = _intro(title, meta, len(frame))
     kind = rows_kind(frame)
+    link = _csv_link(results)
     if kind == "collective" and frame["busbw_GBps"].notna().any():
-        blocks += collective_blocks(frame[frame["busbw_GBps"].notna()], LARGE_POINTS)
+        blocks += collective_blocks(frame[frame["busbw_GBps"].notna()], LARGE_POINTS, link)
     elif kind == "flows" and len(frame):
-        blocks += flows_blocks(frame, LARGE_POINTS * 10)
+        blocks += flows_blocks(frame, LARGE_POINTS * 10, link)
     elif "latency_s" in frame and frame["latency_s"].notna().any():
-        blocks += _latency_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes)
+        blocks += _latency_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes, results)
     else:
-        blocks += [Heading("Conclusions"), Items(("No row has a result to compare (see the `error` column, if any, "
-                                                  "of results.csv).",)), Heading("Results"), Table(frame)]
+        shown = frame.head(LARGE_POINTS)
+        blocks += [Heading("Conclusions"), Items((f"No row has a result to compare (see the `error` column, if any, "
+                                                  f"of {link}).",)),
+                   Heading("Results" if len(shown) == len(frame) else f"The first {len(shown)} of {len(frame)} rows"),
+                   Table(shown)]
     if timeline is not None and len(timeline):
         blocks += [Heading("Timeline"), Image("timeline.png", png(gantt(timeline)), timeline_caption(meta))]
     figures = {b.name: b.data for b in blocks if isinstance(b, Image)}

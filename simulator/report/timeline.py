@@ -7,6 +7,10 @@ with the number of ops simulated.
   a pixel of the figure) are merged into one bar, which says how many ops it covers (``ops``). A rank thus draws
   at most a few thousand bars per kind, however many ops it ran.
 
+* The NVSwitch: where a schedule reduces in the switch (NVLS), the switch joins it as one more rank after the GPUs
+  (``sched.meta["compute_ranks"]`` counts the GPUs). It is always shown, labelled ``NVSwitch`` (column ``switch``),
+  and is not counted among the ranks (``ranks_total``: the GPUs).
+
 The same bounded table is what ``treering run`` writes as ``timeline.csv`` and what the figure draws; a table
 without the ``ops`` / ``critical`` / ``ranks_total`` columns (written by an older version) is bounded on reading.
 """
@@ -30,12 +34,14 @@ from simulator.schedule.core import Schedule
 from simulator.schedule.op import OP_KINDS
 from simulator.support.gcpause import gc_paused
 
-__all__ = ["MAX_RANKS", "RESOLUTION", "TIMELINE_COLUMNS", "bound_timeline", "gantt", "shown_ranks", "timeline_frame"]
+__all__ = ["MAX_RANKS", "RESOLUTION", "SWITCH_LABEL", "TIMELINE_COLUMNS", "bound_timeline", "gantt", "shown_ranks",
+           "timeline_frame"]
 
 MAX_RANKS = 16
 RESOLUTION = 2000  # gaps under makespan / RESOLUTION are merged (the figure is about 1,000 pixels wide)
 TIMELINE_COLUMNS = ["algorithm", "rank", "kind", "name", "start_s", "end_s", "bytes", "ops", "critical",
-                    "ranks_total"]
+                    "ranks_total", "switch"]
+SWITCH_LABEL = "NVSwitch"
 _COLORS = {"compute": "tab:blue", "merge": "tab:green", "send": "tab:orange", "recv": "tab:red", "launch": "tab:gray"}
 _LANES = {"send": 0.3, "recv": 0.6}  # compute, merge and launch on the rank's first lane
 
@@ -57,6 +63,8 @@ def bound_timeline(frame: pd.DataFrame, resolution: int = RESOLUTION) -> pd.Data
 
     ``frame`` has the columns of :data:`TIMELINE_COLUMNS` (``ops`` counts the ops a row already covers).
     """
+    if "switch" not in frame:
+        frame = frame.assign(switch=False)
     if not len(frame):
         return frame.reindex(columns=TIMELINE_COLUMNS)
     df = frame.sort_values(["algorithm", "rank", "kind", "start_s"], kind="stable").reset_index(drop=True)
@@ -71,26 +79,27 @@ def bound_timeline(frame: pd.DataFrame, resolution: int = RESOLUTION) -> pd.Data
     out = df.groupby(bar, sort=False).agg(
         algorithm=("algorithm", "first"), rank=("rank", "first"), kind=("kind", "first"), name=("name", "first"),
         start_s=("start_s", "min"), end_s=("end_s", "max"), bytes=("bytes", "sum"), ops=("ops", "sum"),
-        critical=("critical", "first"), ranks_total=("ranks_total", "first"))
+        critical=("critical", "first"), ranks_total=("ranks_total", "first"), switch=("switch", "first"))
     return out.sort_values(["algorithm", "start_s", "rank"], kind="stable").reset_index(drop=True)
 
 
-def _run_frame(label: str, result: SimResult, limit: int) -> pd.DataFrame:
+def _run_frame(label: str, sched: Schedule, result: SimResult, limit: int) -> pd.DataFrame:
     critical = result.critical_rank()
-    keep = shown_ranks(result.ranks, critical, limit)
+    gpus = min(int(sched.meta.get("compute_ranks", result.ranks)), result.ranks)  # then the switch, if any
+    keep = sorted({*shown_ranks(gpus, min(critical, gpus - 1), limit), *range(gpus, result.ranks)})
     ids = result.ended(ranks=keep)  # the shown ranks' ops, in timeline order
     ranks = result.rank_of[ids]
     return pd.DataFrame({
         "algorithm": label, "rank": ranks, "kind": np.array(OP_KINDS, dtype=object)[result.kind_of[ids]],
         "name": result.ops.field("name", ids), "start_s": result.start[ids], "end_s": result.end[ids],
         "bytes": result.ops.field("nbytes", ids), "ops": 1, "critical": ranks == critical,
-        "ranks_total": result.ranks}, columns=TIMELINE_COLUMNS)
+        "ranks_total": gpus, "switch": ranks >= gpus}, columns=TIMELINE_COLUMNS)
 
 
 def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]], limit: int = MAX_RANKS) -> pd.DataFrame:
     """The bounded timelines of several runs (one per algorithm) as one table of :data:`TIMELINE_COLUMNS`."""
     with gc_paused():  # the runs hold millions of live objects: a collection would walk them all for nothing
-        frames = [_run_frame(label, result, limit) for label, _, result in runs]
+        frames = [_run_frame(label, sched, result, limit) for label, sched, result in runs]
     if not frames:
         return pd.DataFrame(columns=TIMELINE_COLUMNS)
     return bound_timeline(pd.concat(frames, ignore_index=True))
@@ -99,7 +108,7 @@ def timeline_frame(runs: Iterable[tuple[str, Schedule, SimResult]], limit: int =
 def _complete(timeline: pd.DataFrame) -> pd.DataFrame:
     """A table from an older version (one row per op, every rank): the same bounds as a new one."""
     if {"ops", "critical", "ranks_total"} <= set(timeline.columns):
-        return timeline
+        return timeline if "switch" in timeline else timeline.assign(switch=False)
     parts = []
     for algo, part in timeline.groupby("algorithm", sort=False):
         ends = part.groupby("rank")["end_s"].max()
@@ -107,14 +116,22 @@ def _complete(timeline: pd.DataFrame) -> pd.DataFrame:
         total = int(part["rank"].max()) + 1
         keep = shown_ranks(total, critical)
         part = part[part["rank"].isin(keep)]
-        parts.append(part.assign(ops=1, critical=part["rank"] == critical, ranks_total=total, algorithm=algo))
+        parts.append(part.assign(ops=1, critical=part["rank"] == critical, ranks_total=total, algorithm=algo,
+                                 switch=False))
     return bound_timeline(pd.concat(parts, ignore_index=True).reindex(columns=TIMELINE_COLUMNS))
+
+
+def _switches(part: pd.DataFrame) -> set[int]:
+    return set(part.loc[part["switch"].astype(str).str.lower().isin(["true", "1"]), "rank"].astype(int))
 
 
 def _caption(part: pd.DataFrame, ranks: Sequence[int]) -> str:
     total = int(part["ranks_total"].iloc[0])
     crit = part.loc[part["critical"].astype(bool), "rank"]
-    which = "all ranks" if len(ranks) >= total else f"{len(ranks)} of {total} ranks"
+    gpus = len(ranks) - len(_switches(part))
+    which = "all ranks" if gpus >= total else f"{gpus} of {total} ranks"
+    if _switches(part):
+        which += f" + the {SWITCH_LABEL} (NVLS: it reduces in the network; no GPU)"
     note = f"; critical rank {int(crit.iloc[0])} (*)" if len(crit) else ""
     merged = int(part["ops"].sum())
     bars = f"; {merged:,} ops in {len(part):,} bars" if merged > len(part) else ""
@@ -144,9 +161,10 @@ def gantt(timeline: pd.DataFrame) -> plt.Figure:
                                              linewidths=0.3))
             handles.append(Patch(color=color, label=str(kind)))
         ax.autoscale_view()
-        critical = set(part.loc[part["critical"].astype(bool), "rank"])
+        critical, switches = set(part.loc[part["critical"].astype(bool), "rank"]), _switches(part)
         ax.set_yticks([i + 0.3 for i in range(len(ranks))],
-                      [f"{r}*" if r in critical else str(r) for r in ranks], fontsize=7)
+                      [SWITCH_LABEL if r in switches else f"{r}*" if r in critical else str(r) for r in ranks],
+                      fontsize=7)
         ax.set_title(f"{algo}: {_caption(part, ranks)}", fontsize=9)
         ax.set_ylabel("rank")
         ax.invert_yaxis()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from simulator.cluster.bottleneck import whatif_note
 from simulator.cluster.topology import load_topology
 from simulator.errors import InputError, excerpt
 from simulator.models.presets import PRESETS
+from simulator.report.labels import printed_table
 from simulator.report.pages import TIMELINE_FILE, write_report
 from simulator.report.read import read_report_inputs, resumable_rows
 from simulator.report.timeline import timeline_frame
@@ -152,7 +154,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else path.parent
     with claim_output_dir(out):
         frame, meta, timeline = read_report_inputs(path)
-        write_report(frame, out, meta, timeline, meta.get("capacity_bytes"))
+        write_report(frame, out, meta, timeline, meta.get("capacity_bytes"),
+                     results=Path(os.path.relpath(path.resolve(), out.resolve())).as_posix())
     say(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 0
 
@@ -190,20 +193,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def format_table(frame: pd.DataFrame) -> str:
-    """The results as a terminal table (times in ms, bytes in MB for decode rows)."""
-    shown = frame.drop(columns=[c for c in ("scenario", "events", "sim_wall_s", "point") if c in frame],
-                       errors="ignore")
-    twins = [c for i, c in enumerate(shown.columns) if "." in c
-             and any(shown[c].astype(str).equals(shown[o].astype(str)) for o in shown.columns[:i])]
-    shown = shown.drop(columns=twins)  # swept keys that repeat a stable column (nodes, context)
-    if "latency_s" in shown:
-        shown = shown.copy()
-        for col in ("latency_s", "compute_s", "comm_s"):
-            shown[col.replace("_s", "_ms")] = shown.pop(col) * 1e3
-        for col in ("bytes_moved", "peak_mem_bytes"):
-            shown[col.replace("_bytes", "").replace("bytes_", "") + "_MB"] = shown.pop(col) / 1e6
-    with pd.option_context("display.max_rows", 500, "display.width", 200, "display.float_format", "{:.6g}".format):
-        return shown.to_string(index=False)
+    """The results as a terminal table (:func:`simulator.report.labels.printed_table`: times in ms, sizes in GB,
+    plain numbers, no column twice)."""
+    return printed_table(frame)
 
 
 def whatif_notes(topology: str, sets: Sequence[str], base_params: dict[str, Any] | None = None,
