@@ -76,3 +76,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def make_star():
     return star
+
+
+def run_scenario(tmp_path: Path, text: str, *extra: str) -> Path:
+    """``treering run`` of the scenario ``text`` (dedented) in one process; its output folder (the run must pass)."""
+    from simulator.cli import main
+
+    path = tmp_path / "s.yaml"
+    path.write_text(textwrap.dedent(text))
+    out = tmp_path / "o"
+    assert main(["run", str(path), "-o", str(out), "--jobs", "1", *extra]) == 0
+    return out

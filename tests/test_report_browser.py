@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from chromium_cdp import chromium_path, open_page
+from conftest import run_scenario
 from PIL import Image
 
 from simulator.cli import main
@@ -52,14 +53,6 @@ def _assert_clean(path: Path, images: int) -> None:
     for img in page.images:
         assert img["complete"] and img["width"] > 100 and img["height"] > 100, img
         assert img["width"] <= MAX_WIDTH_PX, img
-
-
-def _run(tmp_path: Path, text: str, *extra: str) -> Path:
-    path = tmp_path / "s.yaml"
-    path.write_text(textwrap.dedent(text))
-    out = tmp_path / "o"
-    assert main(["run", str(path), "-o", str(out), "--jobs", "1", *extra]) == 0
-    return out
 
 
 def _sections(md: str) -> list[str]:
@@ -117,7 +110,7 @@ sweep:
 
 
 def test_prefill_report_reads_as_a_prefill(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = _run(tmp_path, PREFILL)
+    out = run_scenario(tmp_path, PREFILL)
     printed = capsys.readouterr().out
     header = printed.splitlines()[0].split()
     assert "latency_ms" in header and "moved_GB" in header and "peak_mem_GB" in header
@@ -144,7 +137,7 @@ sweep:
 
 
 def test_generate_report_gives_ttft_and_tpot_apart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = _run(tmp_path, GENERATE)
+    out = run_scenario(tmp_path, GENERATE)
     header = capsys.readouterr().out.splitlines()[0].split()
     assert {"ttft_ms", "tpot_ms", "latency_ms"} <= set(header) and "ttft_s" not in header
     assert "sequence" not in header and "workload.prompt" not in header
@@ -170,7 +163,7 @@ sweep:
 
 def test_collective_report_concludes_and_labels_the_switch(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    out = _run(tmp_path, COLLECTIVE, "--timeline-point", "1")  # 64 MiB: auto runs NVLS
+    out = run_scenario(tmp_path, COLLECTIVE, "--timeline-point", "1")  # 64 MiB: auto runs NVLS
     printed = capsys.readouterr().out
     header = printed.splitlines()[0].split()
     assert "time_ms" in header and "moved_GB" in header and "workload.bytes" not in header
@@ -204,7 +197,7 @@ def _thousand_points(like: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_a_thousand_point_report_opens_with_summaries_and_stays_small(tmp_path: Path) -> None:
-    small = _run(tmp_path, SCENARIO.replace("[80000, 40000000]", "[80000]").replace("[ring, tree, single]",
+    small = run_scenario(tmp_path, SCENARIO.replace("[80000, 40000000]", "[80000]").replace("[ring, tree, single]",
                                                                                       "[ring, tree]"))
     frame = _thousand_points(pd.read_csv(small / "results.csv"))
     results = tmp_path / "big" / "results.csv"

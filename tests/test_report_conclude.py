@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import run_scenario
 
 from simulator.cli import main
 from simulator.report.conclude import feasible, headline, summary
@@ -40,17 +40,9 @@ sweep:
 """
 
 
-def _run(tmp_path: Path, text: str, *extra: str) -> Path:
-    path = tmp_path / "s.yaml"
-    path.write_text(textwrap.dedent(text))
-    out = tmp_path / "o"
-    assert main(["run", str(path), "-o", str(out), "--jobs", "1", *extra]) == 0
-    return out
-
-
 @pytest.fixture(scope="module")
 def oom_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(tmp_path_factory.mktemp("oom"), OOM_SCENARIO)
+    return run_scenario(tmp_path_factory.mktemp("oom"), OOM_SCENARIO)
 
 
 def test_summary_names_the_fastest_feasible_and_lists_oom(oom_run: Path) -> None:
@@ -110,7 +102,7 @@ def test_oom_points_are_drawn_hollow_and_crossed(oom_run: Path) -> None:
 
 
 def test_many_series_colour_is_the_algorithm_style_the_parameter_legend_outside(tmp_path: Path) -> None:
-    out = _run(tmp_path, MANY_SERIES, "--no-report")
+    out = run_scenario(tmp_path, MANY_SERIES, "--no-report")
     frame = pd.read_csv(out / "results.csv")
     dims = dims_of(frame)
     assert (dims.x, dims.col, dims.row, dims.style) == ("ranks", "context", "batch", ("heads",))  # the rows' names
