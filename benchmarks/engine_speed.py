@@ -47,7 +47,8 @@ import simpy
 from simulator.algorithms import build_schedule, resolve
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
-from simulator.engine.core import load_compiled, simulate
+from simulator.engine.core import simulate
+from simulator.engine.warmup import load_compiled
 from simulator.report.timeline import gantt, timeline_frame
 from simulator.run.prepared import layout_of
 from simulator.run.timing import critical_timing, result_numbers

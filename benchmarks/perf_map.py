@@ -29,7 +29,8 @@ from simulator.algorithms import build_schedule, resolve
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
 from simulator.engine import eventcore, flowcore, netstate
-from simulator.engine.core import _Run, load_compiled
+from simulator.engine.core import _Run
+from simulator.engine.warmup import load_compiled
 from simulator.run.prepared import layout_of
 from simulator.schedule.core import Schedule
 from simulator.support.gcpause import gc_paused

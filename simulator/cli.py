@@ -160,7 +160,7 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
 
 VERBS: dict[str, str] = {
     "run": "simulator.run.commands:cmd_run", "report": "simulator.run.commands:cmd_report",
-    "trace": "simulator.run.commands:cmd_trace", "schema": "simulator.run.commands:cmd_schema",
+    "trace": "simulator.run.commands:cmd_trace", "schema": "simulator.run.schema:cmd_schema",
     "plan": "simulator.plan.cli:cmd_plan", "overlap": "simulator.plan.cli:cmd_overlap",
     "topo": "simulator.cluster.commands:cmd_topo", "validate": "simulator.distributed.commands:cmd_real",
     "calibrate": "simulator.distributed.commands:cmd_real",

@@ -53,7 +53,7 @@ def test_the_graph_sees_function_level_imports():
     """A function-local import is an edge too (the cycles it would hide are cycles), and so is one made only for the
     type checker."""
     graph = import_graph()
-    assert graph.has_edge("simulator.engine.core", "simulator.cluster.topology")  # inside load_compiled
+    assert graph.has_edge("simulator.engine.warmup", "simulator.cluster.routing")  # inside _router
     assert graph.has_edge("simulator", "simulator.schedule.op")  # under TYPE_CHECKING
     assert len(graph.edges) > 300
 
@@ -85,3 +85,19 @@ def test_the_reference_lists_the_result_columns_the_code_declares():
     text = (ROOT / "docs" / "reference.md").read_text()
     section = text.split("<!-- generated from simulator.run.rows: do not edit by hand -->", 1)[1]
     assert columns_markdown({k: kind.columns for k, kind in KINDS.items()}).strip() in section
+
+
+def test_topo_list_and_schema_load_no_heavy_room():
+    """``treering topo list`` and ``treering schema`` (a verb imports what it uses) load no compiled code, no
+    dataframes, plots or graphs, nor the engine, the collectives or the run room's sweep: they answer at once."""
+    import subprocess
+    import sys
+
+    heavy = ("numba", "pandas", "matplotlib", "networkx", "scipy", "simulator.engine", "simulator.collectives",
+             "simulator.cluster.topology", "simulator.run.sweep", "simulator.run.kinds")
+    code = ("import sys, contextlib, io, simulator.cli as c\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert c.main(['topo', 'list']) == 0 and c.main(['schema']) == 0\n"
+            f"print(sorted(m for m in sys.modules if m.startswith({heavy!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

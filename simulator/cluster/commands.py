@@ -5,28 +5,30 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from simulator.cluster.hostgraph import ImportOptions
-from simulator.cluster.importers import import_topology
-from simulator.cluster.summary import summarize
-from simulator.cluster.topology import Cluster, build_cluster, list_presets, load_topology, preset_description
 from simulator.errors import InputError
-from simulator.support.console import say
-from simulator.support.files import write_text_atomic
-from simulator.support.outdir import check_output_file
-from simulator.support.yaml_lines import load_yaml_text, parse_set
-from simulator.units import checked_quantity, user_check
+
+if TYPE_CHECKING:
+    from simulator.cluster.topology import Cluster
 
 __all__ = ["cmd_topo"]
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
-    if args.topo_verb == "list":
+    if args.topo_verb == "list":  # (a light module: the list answers at once)
+        from simulator.cluster.presets import list_presets, preset_description
+
         for name in list_presets():
             print(f"{name:<14} {preset_description(name)}")
         return 0
     if args.topo_verb == "import":
         return _cmd_topo_import(args)
+    from simulator.cluster.summary import summarize
+    from simulator.cluster.topology import load_topology
+    from simulator.support.console import say
+    from simulator.support.yaml_lines import parse_set
+
     params = dict(parse_set(s) for s in args.sets)
     cluster = load_topology(args.topology, params, Path.cwd(), args.force)
     say(summarize(cluster))
@@ -36,6 +38,13 @@ def cmd_topo(args: argparse.Namespace) -> int:
 def _cmd_topo_import(args: argparse.Namespace) -> int:
     """Import, check the topology as ``topo show`` and ``run`` would load it, then write it (atomically): a refused
     import leaves ``--out`` as it was."""
+    from simulator.cluster.hostgraph import ImportOptions
+    from simulator.cluster.importers import import_topology
+    from simulator.cluster.summary import summarize
+    from simulator.support.files import write_text_atomic
+    from simulator.support.outdir import check_output_file
+    from simulator.units import checked_quantity
+
     force = bool(getattr(args, "force", False))
 
     def bandwidth(value: str | None, flag: str) -> float | None:
@@ -65,6 +74,10 @@ def _cmd_topo_import(args: argparse.Namespace) -> int:
 def _loaded(text: str, out: Path, force: bool) -> Cluster:
     """The cluster ``text`` is, loaded as ``treering`` will load the file; a topology that would not load is refused
     with the entry at fault (its comment says where it came from), and nothing is written."""
+    from simulator.cluster.topology import build_cluster
+    from simulator.support.yaml_lines import load_yaml_text
+    from simulator.units import user_check
+
     try:
         return build_cluster(load_yaml_text(text, str(out)), str(out), check=user_check(force))
     except InputError as err:

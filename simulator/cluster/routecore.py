@@ -19,6 +19,7 @@ import numpy as np
 from numba import types
 from numba.typed import Dict, List
 
+from simulator.support.arraycopy import put1
 from simulator.support.jitcache import njit
 
 __all__ = ["Graph", "blake2b_8", "entry_constants", "graph_arrays", "scratch", "two_hop_bounds", "walk_bounded",
@@ -110,11 +111,12 @@ def _rotr(x: np.uint64, n: np.uint64) -> np.uint64:  # pragma: no cover
     return (x >> n) | (x << (_U64 - n))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _compress(h: np.ndarray, m: np.ndarray, t: int, last: bool) -> None:  # pragma: no cover
     v = np.empty(16, dtype=np.uint64)
-    v[:8] = h
-    v[8:] = _IV
+    put1(v, h, 8)
+    for i in range(8):
+        v[8 + i] = _IV[i]
     v[12] ^= np.uint64(t)
     if last:
         v[14] = ~v[14]
@@ -139,7 +141,7 @@ def _compress(h: np.ndarray, m: np.ndarray, t: int, last: bool) -> None:  # prag
         h[i] ^= v[i] ^ v[i + 8]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def blake2b_8(data: np.ndarray, length: int) -> np.uint64:  # pragma: no cover
     """``int.from_bytes(hashlib.blake2b(bytes(data[:length]), digest_size=8).digest(), "little")``."""
     h = _IV.copy()
@@ -156,7 +158,7 @@ def blake2b_8(data: np.ndarray, length: int) -> np.uint64:  # pragma: no cover
     return h[0]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _pick(g: Graph, src: int, dst: int, cur: int, buf: np.ndarray, k: int) -> np.int64:  # pragma: no cover
     """The ECMP pick among ``k`` successors: BLAKE2b of ``src|dst|cur`` (names), modulo k."""
     n = 0
@@ -201,7 +203,7 @@ def two_hop_bounds(g: Graph, srcs: np.ndarray, dsts: np.ndarray) -> np.ndarray: 
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _search(g: Graph, dst: int, limit: float, only: int, base: np.ndarray,
             touched: np.ndarray) -> int:  # pragma: no cover
     """Dijkstra from ``dst`` over the reversed graph: the distances of the nodes within ``limit`` (and, where
@@ -252,7 +254,7 @@ class _Kept(NamedTuple):
     dist: Any  # typed List of their distances
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _new_kept() -> _Kept:  # pragma: no cover
     return _Kept(Dict.empty(key_type=_PAIR, value_type=_PAIR), List.empty_list(types.int64),
                  List.empty_list(types.float64))
@@ -263,7 +265,7 @@ def _on_path(dv: float, w: float, here: float, tol: float) -> bool:  # pragma: n
     return abs(dv + w - here) <= tol and dv < here
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _scan(g: Graph, cur: int, here: float, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray,
           cand: np.ndarray, cand_d: np.ndarray, kept: _Kept, cls: int, grp: int, touched: np.ndarray, nt: int
           ) -> int:  # pragma: no cover
@@ -316,17 +318,17 @@ def _scan(g: Graph, cur: int, here: float, base: np.ndarray, rows_t: np.ndarray,
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _room(a: np.ndarray, used: int, need: int) -> np.ndarray:  # pragma: no cover
     """``a``, or a copy of its first ``used`` entries in an array twice as long where ``need`` do not fit."""
     if need <= len(a):
         return a
     grown = np.empty(2 * need + 16, dtype=a.dtype)
-    grown[:used] = a[:used]
+    put1(grown, a, used)
     return grown
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray,
           buf: np.ndarray, cand: np.ndarray, cand_d: np.ndarray, kept: _Kept, cls: int, touched: np.ndarray, nt: int,
           out: np.ndarray, n_out: int) -> tuple[int, float, np.ndarray, int]:  # pragma: no cover
@@ -352,7 +354,7 @@ def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, ri
     return 0, latency, out, n_out
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _walk_sources(g: Graph, dst: int, first: int, src_ptr: np.ndarray, srcs: np.ndarray, base: np.ndarray,
                   rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray, buf: np.ndarray, cand: np.ndarray,
                   cand_d: np.ndarray, kept: _Kept, cls: int, touched: np.ndarray, nt: int, status: np.ndarray,
@@ -367,7 +369,7 @@ def _walk_sources(g: Graph, dst: int, first: int, src_ptr: np.ndarray, srcs: np.
     return out, n_out
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _outputs(g: Graph, pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                             _Kept]:  # pragma: no cover
     """A batch's status, latency, starts and link ids (grown as needed); room for one node's successors on shortest
@@ -376,34 +378,16 @@ def _outputs(g: Graph, pairs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
             np.empty(4 * pairs + 16, dtype=np.int64), np.empty(g.most, dtype=np.int64), np.empty(g.most), _new_kept())
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _no_entries(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """The entry terms of a walk over one array of distances: none."""
     return np.empty((len(g.s_ptr) - 1, 0)), np.empty(0, dtype=np.int64), np.empty(0)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _reset(base: np.ndarray, touched: np.ndarray, nt: int) -> None:  # pragma: no cover
     for t in range(nt):
         base[touched[t]] = _INF
-
-
-@njit(cache=True)
-def walk_bounded(g: Graph, dsts: np.ndarray, limits: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
-                 buf: np.ndarray, base: np.ndarray, touched: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """Routes to each destination ``dsts[i]`` from ``srcs[src_ptr[i]:src_ptr[i + 1]]`` over a search bounded by
-    ``limits[i]``: (status, latency, starts, link ids) per pair, in ``srcs``' order (``base``, ``touched``:
-    :func:`scratch`'s, left as they came)."""
-    status, latency, starts, out, cand, cand_d, kept = _outputs(g, len(srcs))
-    n_out = 0
-    no_rows, no_rix, no_cs = _no_entries(g)
-    for i in range(len(dsts)):
-        nt = _search(g, dsts[i], limits[i], -1, base, touched)
-        out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, base, no_rows, no_rix, no_cs, buf, cand,
-                                   cand_d, kept, -1, touched, nt, status, latency, starts, out, n_out)
-        _reset(base, touched, nt)
-    return status, latency, starts, out[:n_out]
 
 
 @njit(cache=True)
@@ -451,7 +435,7 @@ def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int
     return ok, x_ptr, xs[:n_x], cs[:n_x]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _class_of(rix: np.ndarray, cs: np.ndarray, classes: Any, class_rix: Any, class_cs: Any) -> int:  # pragma: no cover
     """An id shared by the destinations whose entry nodes and constants are these (in any order); -1 where its
     hash names another class (nothing kept for it then)."""
@@ -475,38 +459,71 @@ def _class_of(rix: np.ndarray, cs: np.ndarray, classes: Any, class_rix: Any, cla
     return cls if same else -1
 
 
-@njit(cache=True)
-def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray, cs: np.ndarray,
-                  rows_t: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray, buf: np.ndarray, base: np.ndarray,
-                  touched: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """Routes over distances composed from the destination's group (a search inside it) and its entry nodes'
-    rows: ``d(v) = min(d_group(v), min_x rows_t[v, x] + cs[x])``. As :func:`walk_bounded`."""
-    status, latency, starts, out, cand, cand_d, kept = _outputs(g, len(srcs))
-    n_out = 0
-    classes = Dict.empty(key_type=types.int64, value_type=types.int64)
-    class_rix = List.empty_list(types.int64[:])
-    class_cs = List.empty_list(types.float64[:])
-    for i in range(len(dsts)):
-        nt = _search(g, dsts[i], _INF, g.group[dsts[i]], base, touched)
-        lo, hi = x_ptr[i], x_ptr[i + 1]
-        cls = _class_of(rix[lo:hi], cs[lo:hi], classes, class_rix, class_cs)
-        out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, base, rows_t, rix[lo:hi], cs[lo:hi], buf,
-                                   cand, cand_d, kept, cls, touched, nt, status, latency, starts, out, n_out)
-        _reset(base, touched, nt)
-    return status, latency, starts, out[:n_out]
+BOUNDED, COMPOSED, ROWS = range(3)  # how _walks finds a destination's distances
 
 
 @njit(cache=True)
-def walk_rows(g: Graph, dsts: np.ndarray, rows: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
-              buf: np.ndarray, base: np.ndarray, touched: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """Routes over whole-graph distances: ``rows[i]`` to ``dsts[i]``. As :func:`walk_bounded` (the scratch
-    unused)."""
+def _walks(g: Graph, mode: int, dsts: np.ndarray, limits: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray,
+           cs: np.ndarray, rows_t: np.ndarray, rows: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
+           buf: np.ndarray, base: np.ndarray, touched: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """The three walks (:func:`walk_bounded`, :func:`walk_composed`, :func:`walk_rows`) as one compiled function
+    (compiled once, not three times: what a fresh install compiles on its first run), ``mode`` choosing where each
+    destination's distances come from; the arguments another mode reads are empty."""
     status, latency, starts, out, cand, cand_d, kept = _outputs(g, len(srcs))
     n_out = 0
     no_rows, no_rix, no_cs = _no_entries(g)
     no_touched = np.empty(0, dtype=np.int64)
+    classes = Dict.empty(key_type=types.int64, value_type=types.int64)
+    class_rix = List.empty_list(types.int64[:])
+    class_cs = List.empty_list(types.float64[:])
     for i in range(len(dsts)):
-        out, n_out = _walk_sources(g, dsts[i], i, src_ptr, srcs, rows[i], no_rows, no_rix, no_cs, buf, cand,
-                                   cand_d, kept, -1, no_touched, 0, status, latency, starts, out, n_out)
+        dst = dsts[i]
+        if mode == ROWS:  # whole-graph distances
+            dist, entry_rows, entry_rix, entry_cs, cls, hit, nt = rows[i], no_rows, no_rix, no_cs, -1, no_touched, 0
+        elif mode == BOUNDED:  # a search bounded by limits[i]
+            nt = _search(g, dst, limits[i], -1, base, touched)
+            dist, entry_rows, entry_rix, entry_cs, cls, hit = base, no_rows, no_rix, no_cs, -1, touched
+        else:  # composed: a search inside the destination's group and its entry nodes' rows
+            nt = _search(g, dst, _INF, g.group[dst], base, touched)
+            lo, hi = x_ptr[i], x_ptr[i + 1]
+            cls = _class_of(rix[lo:hi], cs[lo:hi], classes, class_rix, class_cs)
+            dist, entry_rows, entry_rix, entry_cs, hit = base, rows_t, rix[lo:hi], cs[lo:hi], touched
+        out, n_out = _walk_sources(g, dst, i, src_ptr, srcs, dist, entry_rows, entry_rix, entry_cs, buf, cand,
+                                   cand_d, kept, cls, hit, nt, status, latency, starts, out, n_out)
+        if mode != ROWS:
+            _reset(base, touched, nt)
     return status, latency, starts, out[:n_out]
+
+
+_NO_INTS = np.empty(0, dtype=np.int64)
+_NO_FLOATS = np.empty(0)
+_NO_TABLE = np.empty((0, 0))
+
+
+def walk_bounded(g: Graph, dsts: np.ndarray, limits: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
+                 buf: np.ndarray, base: np.ndarray, touched: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Routes to each destination ``dsts[i]`` from ``srcs[src_ptr[i]:src_ptr[i + 1]]`` over a search bounded by
+    ``limits[i]``: (status, latency, starts, link ids) per pair, in ``srcs``' order (``base``, ``touched``:
+    :func:`scratch`'s, left as they came)."""
+    return _walks(g, BOUNDED, dsts, limits, _NO_INTS, _NO_INTS, _NO_FLOATS, _NO_TABLE, _NO_TABLE, src_ptr, srcs,  # type: ignore[no-any-return]
+                  buf, base, touched)
+
+
+def walk_composed(g: Graph, dsts: np.ndarray, x_ptr: np.ndarray, rix: np.ndarray, cs: np.ndarray,
+                  rows_t: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray, buf: np.ndarray, base: np.ndarray,
+                  touched: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Routes over distances composed from the destination's group (a search inside it) and its entry nodes'
+    rows: ``d(v) = min(d_group(v), min_x rows_t[v, x] + cs[x])``. As :func:`walk_bounded`."""
+    return _walks(g, COMPOSED, dsts, _NO_FLOATS, x_ptr, rix, cs, rows_t, _NO_TABLE, src_ptr, srcs, buf, base,  # type: ignore[no-any-return]
+                  touched)
+
+
+def walk_rows(g: Graph, dsts: np.ndarray, rows: np.ndarray, src_ptr: np.ndarray, srcs: np.ndarray,
+              buf: np.ndarray, base: np.ndarray, touched: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Routes over whole-graph distances: ``rows[i]`` to ``dsts[i]``. As :func:`walk_bounded` (the scratch
+    unused)."""
+    return _walks(g, ROWS, dsts, _NO_FLOATS, _NO_INTS, _NO_INTS, _NO_FLOATS, _NO_TABLE, rows, src_ptr, srcs, buf,  # type: ignore[no-any-return]
+                  base, touched)

@@ -30,6 +30,7 @@ import numpy as np
 from simulator.cluster.builders import expand_preset
 from simulator.cluster.devices import DeviceSpec, parse_device_spec
 from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency_key
+from simulator.cluster.presets import DEVICE_LIBRARY, list_presets, preset_description
 from simulator.cluster.routing import Edge, Router
 from simulator.cluster.size_curve import SizeCurve, parse_size_curve
 from simulator.errors import InputError, excerpt
@@ -41,7 +42,6 @@ __all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topol
            "preset_description"]
 
 NODE_KINDS = ("gpu", "cpu", "switch", "nic")
-DEVICE_LIBRARY = "devices.yaml"
 
 
 @dataclass(frozen=True)
@@ -113,22 +113,6 @@ class Cluster:
     @property
     def num_hosts(self) -> int:
         return len(set(self.host_indices(self.ranks)))
-
-
-def list_presets() -> list[str]:
-    """Names of the preset topologies shipped in ``topologies/``."""
-    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml") if p.name != DEVICE_LIBRARY)
-
-
-def preset_description(name: str) -> str:
-    """The first sentence of a preset's leading comment (its description)."""
-    lines = []
-    for line in (TOPOLOGY_DIR / f"{name}.yaml").read_text(encoding="utf-8").splitlines():
-        if not line.startswith("#"):
-            break
-        lines.append(line.lstrip("# ").strip())
-    text = " ".join(lines)
-    return text.split(". ")[0].rstrip(".") if text else ""
 
 
 def device_library() -> dict[str, DeviceSpec]:

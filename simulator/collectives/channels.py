@@ -43,10 +43,10 @@ from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_redu
 from simulator.collectives.trees import recursive_doubling_allreduce
 from simulator.errors import InputError
 from simulator.schedule.core import Schedule
+from simulator.workloads.collective import OPERATIONS
 
 __all__ = ["OPERATIONS", "SUPPORTED", "Choice", "build", "choice_wire", "protocol_family"]
 
-OPERATIONS = ("allreduce", "allgather", "reduce-scatter", "alltoall", "broadcast", "reduce")
 SUPPORTED: dict[str, tuple[str, ...]] = {  # operation -> algorithms (NCCL: tree and NVLS for allreduce only here)
     "allreduce": ("ring", "tree", "hierarchical", "recursive-doubling", "nvls"),
     "allgather": ("ring",), "reduce-scatter": ("ring",), "broadcast": ("ring",), "reduce": ("ring",),

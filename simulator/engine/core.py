@@ -41,7 +41,6 @@ show.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -71,7 +70,7 @@ from simulator.schedule.oplist import KIND_INDEX as _KIND_INDEX
 from simulator.schedule.oplist import Columns, OpList
 from simulator.support.gcpause import gc_paused
 
-__all__ = ["Record", "SimResult", "load_compiled", "simulate"]
+__all__ = ["Record", "SimResult", "simulate"]
 
 _new = tuple.__new__  # a Record from its fields in order, without Record.__new__'s Python-level call
 _NBYTES = itemgetter(6)  # Op.nbytes
@@ -428,40 +427,3 @@ def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -
     """
     with gc_paused():
         return _Run(schedule, cluster, record_links).run()
-
-
-def load_compiled() -> float:
-    """Load the compiled engine, flow network and router into this process (numba's cache; on a fresh install they
-    are compiled and cached first, a minute or two): run before forking a pool, so that its workers inherit them or
-    read the cache rather than each compile them. Returns the seconds it took."""
-    import networkx as nx
-
-    from simulator.cluster.routing import Router
-    from simulator.cluster.topology import build_cluster
-    from simulator.engine.network import FlowNetwork
-
-    t0 = time.perf_counter()
-    net = FlowNetwork([1.0] * 9)  # its Python face's calls, each compiled on first use
-    net.add(0, (0, 1), 1.0, 0.0, cap=0.5)
-    net.add(1, (1,), 1.0, 0.0, weights=(2.0,))
-    net.add(2, tuple(range(9)), 1.0, 0.0)  # a route wider than the first arrays: their re-layout
-    net.allocate(0.0)
-    net.load(1)
-    net.rate(1)
-    assert net.capacity
-    net.remove(0)
-    net.next_finish()
-    cluster = build_cluster({"devices": {"d": {"peak_flops": {"fp32": "1 TFLOP/s"}, "mem_bw": "1 GB/s", "mem": "1 GB"}},
-                             "nodes": [{"name": f"h{i}", "kind": "gpu", "device": "d"} for i in (0, 1)],
-                             "links": [{"a": "h0", "b": "h1", "bandwidth": "1 GB/s"}]}, "<load_compiled>")
-    sched = Schedule(2)
-    k = sched.add_compute(0, "k", nbytes=1e3)
-    sched.add_transfer(0, 1, 1e3, "x", send_deps=(k,))
-    sched.add_transfers([1], [0], [1e3], ["y"], [(k + 1,)], [()])  # a block of transfers (simulator.schedule.colpass)
-    simulate(sched, cluster, record_links=True)
-    graph = nx.DiGraph()  # the router's compiled searches and walks (simulator.cluster.routecore), each kind
-    for u, v in [("a.x", "a.y"), ("a.x", "s"), ("s", "b.x"), ("s", "t0"), ("t0", "t")]:
-        graph.add_edge(u, v, latency=1e-6)
-        graph.add_edge(v, u, latency=1e-6)
-    Router(graph).prepare([("a.x", "a.y"), ("a.y", "b.x"), ("a.y", "t")])  # near, composed, whole-graph
-    return time.perf_counter() - t0

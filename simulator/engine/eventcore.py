@@ -24,6 +24,12 @@ The state's arrays are read through :func:`~simulator.engine.borrow.borrow` (``_
 reference counts, so that the loop does not spend its time on numba's atomic increments and decrements (a quarter of
 it before, in ``perf``); the calendar's and the frames' arrays, which grow, are borrowed only until the next call
 that may replace them.
+
+What a fresh install compiles (issue 41): numba compiles every compiled function it keeps apart with all it calls
+(and re-optimizes them), so the helpers of one caller are inlined into it (``inline="always"``) and only the loop,
+``_ready``, ``_done`` and ``_at`` are kept apart; each is compiled once (:class:`~simulator.support.jitcache.
+OneSignature`, op ids read as int64); and the state's type is declared (:data:`STATE`), so that the loop compiles
+(:mod:`simulator.engine.warmup`) without a state made first, beside the rest in another process.
 """
 
 from __future__ import annotations
@@ -36,9 +42,10 @@ from numba.experimental import structref
 
 from simulator.engine import netstate as ns
 from simulator.engine.borrow import borrow as _b
+from simulator.support.arraycopy import put1, put2
 from simulator.support.jitcache import njit
 
-__all__ = ["EngineState", "new_state", "records", "results", "run", "seed"]
+__all__ = ["NEW_STATE_ARGS", "STATE", "EngineState", "new_state", "records", "results", "run", "seed"]
 
 # callbacks
 READY, DONE, LAUNCHED, INJECT, FINISH, DRAINED = range(6)
@@ -63,25 +70,38 @@ class EngineState(structref.StructRefProxy):
         def __setattr__(self, name: str, value: Any) -> None: ...
 
 
-_FIELDS = (
+_I, _F, _B, _I32, _U8 = types.int64, types.float64, types.boolean, types.int32, types.uint8
+_I1, _F1, _I2, _F2, _I32_1, _U8_1 = _I[::1], _F[::1], _I[:, ::1], _F[:, ::1], _I32[::1], _U8[::1]  # contiguous arrays
+_FIELDS: tuple[tuple[str, types.Type], ...] = (  # declared: compiled code can be compiled for the state's type ahead
     # per op (ids): kind, rank, match (-1), route index (sends; -1), weights row (sends; -1: none), host kernel row
     # (kernels on shared host cores; -1), in a collective (1/0), pending dependencies, flags, flow slot
-    "kind", "rank", "match", "path", "wrow", "hrow", "coll", "pending", "flag", "slot",
+    ("kind", _U8_1), ("rank", _I32_1), ("match", _I32_1), ("path", _I32_1), ("wrow", _I32_1), ("hrow", _I32_1),
+    ("coll", _U8_1), ("pending", _I32_1), ("flag", _U8_1), ("slot", _I32_1),
     # per op (seconds, bytes): duration (kernels; a launch's fixed time), not_before_s, floor_s, nbytes, rate_cap,
     # start and end (NaN until then)
-    "dur", "not_before", "floor", "nbytes", "rate_cap", "start", "end",
-    "kids", "first_kid",  # dependents as CSR: op d's are kids[first_kid[d]:first_kid[d + 1]]
-    "prog", "prog_start", "cursor", "stream_free",  # per rank: program order (host threads), compute stream
-    "plinks", "plen", "plat",  # routes (link ids, then host copy links), their lengths and latencies
-    "wtab",  # weights rows: per link of a route
-    "hlinks", "hlen", "hwork", "hwts", "hweighted",  # host kernels: links, size, weights
-    "net",  # the flow network
-    "ct", "cs", "cy", "ca", "csize", "cseq",  # the calendar: time, order, callback, argument; its size and count
-    "frames", "fpos",  # the stack of ending ops (op, issue flag) and each one's next dependent
-    "now", "last", "msg_s", "comm_s", "in_order", "dirty", "generation", "events", "instants",
-    "record", "nedges", "rec_t", "rec_l", "rec_v", "nrec",  # link loads recorded: (time, link, bytes/s)
+    ("dur", _F1), ("not_before", _F1), ("floor", _F1), ("nbytes", _F1), ("rate_cap", _F1), ("start", _F1),
+    ("end", _F1),
+    ("kids", _I32_1), ("first_kid", _I1),  # dependents as CSR: op d's are kids[first_kid[d]:first_kid[d + 1]]
+    # per rank: program order (host threads), compute stream
+    ("prog", _I1), ("prog_start", _I1), ("cursor", _I1), ("stream_free", _F1),
+    ("plinks", _I2), ("plen", _I1), ("plat", _F1),  # routes (link ids, then host copy links), lengths, latencies
+    ("wtab", _F2),  # weights rows: per link of a route
+    ("hlinks", _I2), ("hlen", _I1), ("hwork", _F1), ("hwts", _F2), ("hweighted", _U8_1),  # host kernels
+    ("net", ns.NET_STATE),  # the flow network
+    # the calendar: time, order, callback, argument; its size and count
+    ("ct", _F1), ("cs", _I1), ("cy", _I1), ("ca", _I1), ("csize", _I), ("cseq", _I),
+    ("frames", _I2), ("fpos", _I1),  # the stack of ending ops (op, issue flag) and each one's next dependent
+    ("now", _F), ("last", _F), ("msg_s", _F), ("comm_s", _F), ("in_order", _B), ("dirty", _B), ("generation", _I),
+    ("events", _I), ("instants", _I),
+    ("record", _B), ("nedges", _I), ("rec_t", _F1), ("rec_l", _I1), ("rec_v", _F1), ("nrec", _I),  # link loads
 )
-structref.define_proxy(EngineState, EngineStateType, list(_FIELDS))
+structref.define_proxy(EngineState, EngineStateType, [name for name, _ in _FIELDS])
+STATE = EngineStateType(_FIELDS)  # the type new_state returns (a test holds them equal)
+_COLUMNS = ("kind", "rank", "match", "path", "wrow", "hrow", "coll", "pending", "dur", "not_before", "floor",
+            "nbytes", "rate_cap", "kids", "first_kid", "prog", "prog_start", "plinks", "plen", "plat", "wtab",
+            "hlinks", "hlen", "hwork", "hwts", "hweighted")
+# new_state's argument types: the schedule's columns as simulator.engine.core makes them, the links' capacities, ...
+NEW_STATE_ARGS = (*(dict(_FIELDS)[name] for name in _COLUMNS), _F1, _F, _F, _B, _B, _I)
 
 
 @njit(cache=True)
@@ -117,10 +137,10 @@ def _at(s: EngineState, delay: float, callback: int, arg: int) -> None:
     if n == len(s.ct):
         ct, cs, cy, ca = np.zeros(2 * n), np.zeros(2 * n, np.int64), np.zeros(2 * n, np.int64), \
             np.zeros(2 * n, np.int64)
-        ct[:n] = s.ct
-        cs[:n] = s.cs
-        cy[:n] = s.cy
-        ca[:n] = s.ca
+        put1(ct, s.ct, n)
+        put1(cs, s.cs, n)
+        put1(cy, s.cy, n)
+        put1(ca, s.ca, n)
         s.ct, s.cs, s.cy, s.ca = ct, cs, cy, ca
     ct, cs, cy, ca = _b(s.ct), _b(s.cs), _b(s.cy), _b(s.ca)
     seq = s.cseq
@@ -136,7 +156,7 @@ def _at(s: EngineState, delay: float, callback: int, arg: int) -> None:
     s.csize = n + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _pop(s: EngineState) -> tuple[float, int, int]:
     """The earliest callback (time, callback, argument), taken off the calendar."""
     ct, cs, cy, ca = _b(s.ct), _b(s.cs), _b(s.cy), _b(s.ca)
@@ -167,7 +187,7 @@ def _thread(s: EngineState, rank: int) -> bool:
     return _b(s.prog_start)[rank + 1] > _b(s.prog_start)[rank]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _issued(s: EngineState, rank: int) -> None:
     """A host thread is done issuing its current op: its next op in program order may start once it is ready."""
     cur = _b(s.cursor)[rank] + 1
@@ -180,7 +200,7 @@ def _issued(s: EngineState, rank: int) -> None:
             _at(s, 0.0, READY, nxt)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _start_transfer(s: EngineState, send: int, recv: int) -> None:
     now = s.now
     _b(s.start)[send] = now
@@ -200,10 +220,10 @@ def _start_transfer(s: EngineState, send: int, recv: int) -> None:
         _at(s, delay, INJECT, send)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _posted(s: EngineState, op: int, kind: int) -> None:
     """A send or receive is posted (ready): once both ends are, the transfer starts."""
-    m = _b(s.match)[op]
+    m = np.int64(_b(s.match)[op])  # (the int32 columns' ids read as int64: one signature per function)
     if _b(s.flag)[m] & F_READY:
         if kind == K_SEND:
             _start_transfer(s, op, m)
@@ -211,7 +231,7 @@ def _posted(s: EngineState, op: int, kind: int) -> None:
             _start_transfer(s, m, op)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _start_kernel(s: EngineState, op: int) -> int:
     """A kernel of a host thread starts: work drained over its host's cores. Returns ``op`` if it has no duration
     (it ends at once: the caller ends it), else -1."""
@@ -225,7 +245,7 @@ def _start_kernel(s: EngineState, op: int) -> int:
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ready_in_order(s: EngineState, op: int) -> int:
     """An op of a host thread: it waits for its turn in program order. Returns a kernel that ended at once, or -1."""
     rank = _b(s.rank)[op]
@@ -275,13 +295,13 @@ def _ready(s: EngineState, op: int) -> int:
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _push_frame(s: EngineState, top: int, op: int, issue: int) -> None:
     if top == s.frames.shape[1]:
         frames = np.zeros((2, 2 * top), np.int64)
-        frames[:, :top] = s.frames
+        put2(frames, s.frames)
         fpos = np.zeros(2 * top, np.int64)
-        fpos[:top] = s.fpos
+        put1(fpos, s.fpos, top)
         s.frames, s.fpos = frames, fpos
     _b(s.end)[op] = s.now
     _b(s.frames)[0, top] = op
@@ -302,7 +322,7 @@ def _done(s: EngineState, op: int, issue: bool) -> None:
         pos = _b(s.fpos)[f]
         if pos < first[o + 1]:
             _b(s.fpos)[f] = pos + 1
-            child = kids[pos]
+            child = np.int64(kids[pos])
             left = pending[child] - 1
             pending[child] = left
             if left == 0:
@@ -316,7 +336,7 @@ def _done(s: EngineState, op: int, issue: bool) -> None:
                 _issued(s, _b(s.rank)[o])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ended_transfer_end(s: EngineState, op: int) -> None:
     """One end of a drained transfer ends (its end recorded alone where no op depends on it: most sends)."""
     if _b(s.first_kid)[op] == _b(s.first_kid)[op + 1]:
@@ -325,37 +345,43 @@ def _ended_transfer_end(s: EngineState, op: int) -> None:
         _done(s, op, False)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _drained(s: EngineState, generation: int) -> None:
     if generation != s.generation:
         return  # rates changed since this finish was predicted
     due = s.net.due
     for i in range(len(due)):
         flow = due[i]
-        ns.net_remove(s.net, _b(s.slot)[flow])
+        ns.net_remove(s.net, np.int64(_b(s.slot)[flow]))
         if _b(s.kind)[flow] == K_SEND:
             _ended_transfer_end(s, flow)
-            _ended_transfer_end(s, _b(s.match)[flow])
+            _ended_transfer_end(s, np.int64(_b(s.match)[flow]))
         else:  # a kernel on shared host cores
             _done(s, flow, True)
     s.dirty = True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _reallocate(s: EngineState) -> None:
     s.dirty = False
     s.events += 1
     now = s.now
     did, changed = ns.net_allocate(s.net, now, s.record)
     if s.record and did and len(changed):
-        links = np.unique(changed)
+        links = np.sort(changed)  # distinct (np.unique's answer; the sort is compiled for the flows due anyway)
+        k = 0
+        for i in range(len(links)):
+            if k == 0 or links[i] != links[k - 1]:
+                links[k] = links[i]
+                k += 1
+        links = links[:k]
         need = s.nrec + len(links)
         if need > len(s.rec_t):
             size = max(2 * len(s.rec_t), need, 64)
             rt, rl, rv = np.zeros(size), np.zeros(size, np.int64), np.zeros(size)
-            rt[:s.nrec] = s.rec_t[:s.nrec]
-            rl[:s.nrec] = s.rec_l[:s.nrec]
-            rv[:s.nrec] = s.rec_v[:s.nrec]
+            put1(rt, s.rec_t, s.nrec)
+            put1(rl, s.rec_l, s.nrec)
+            put1(rv, s.rec_v, s.nrec)
             s.rec_t, s.rec_l, s.rec_v = rt, rl, rv
         for link in links:
             if link < s.nedges:  # not a virtual core or memory link
@@ -370,7 +396,7 @@ def _reallocate(s: EngineState) -> None:
         _at(s, when - now, DRAINED, s.generation)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _callback(s: EngineState, callback: int, arg: int) -> None:
     if callback == READY:
         z = _ready(s, arg)
@@ -389,7 +415,7 @@ def _callback(s: EngineState, callback: int, arg: int) -> None:
         s.dirty = True  # rates are recomputed once every other callback of this instant has run
     elif callback == FINISH:
         _done(s, arg, False)
-        _done(s, _b(s.match)[arg], False)
+        _done(s, np.int64(_b(s.match)[arg]), False)
     else:
         _drained(s, arg)
 

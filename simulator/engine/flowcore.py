@@ -402,7 +402,7 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
             break
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def work_size(li: np.ndarray, si: np.ndarray, inc: np.ndarray, ek: np.ndarray) -> tuple[int, int]:
     """The scratch room :func:`allocate` needs, (int64s, float64s): its lists of flows and links, a component's
     heap, and :func:`next_finish`'s (which needs the last ``2 len(ek) + 1`` of the int64s)."""
@@ -507,7 +507,7 @@ def _place(now: float, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.nd
     return nsolo, total
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.ndarray,
              route: np.ndarray, wts: np.ndarray, inc: np.ndarray, marks: np.ndarray, fresh: np.ndarray,
              ek: np.ndarray, ev: np.ndarray, es: np.ndarray, sc: np.ndarray, work: np.ndarray, fwork: np.ndarray

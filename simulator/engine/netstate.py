@@ -18,10 +18,11 @@ from numba.experimental import structref
 
 from simulator.engine import flowcore as fc
 from simulator.engine.borrow import borrow as _b
+from simulator.support.arraycopy import put1, put2
 from simulator.support.jitcache import njit
 
-__all__ = ["NetState", "net_add", "net_allocate", "net_allocations", "net_capacity", "net_load", "net_new", "net_next",
-           "net_rate", "net_remove"]
+__all__ = ["NET_STATE", "NetState", "net_add", "net_allocate", "net_allocations", "net_capacity", "net_load",
+           "net_new", "net_next", "net_rate", "net_remove"]
 
 
 @structref.register
@@ -39,18 +40,22 @@ class NetState(structref.StructRefProxy):
         def __setattr__(self, name: str, value: Any) -> None: ...
 
 
-_FIELDS = (
-    "li", "lf", "marks", "si", "sf", "route", "wts", "inc", "fresh", "ek", "ev", "es", "sc",  # flowcore's arrays
-    "free", "nfree",  # a stack of free slots (the lowest on top at first)
-    "spare", "nspare",  # a stack of private cap links no flow holds
-    "nlinks", "added", "eta_size", "dirty", "has_next", "active", "allocations",
-    "next_when", "due", "unweighted",
-    "work", "fwork",  # scratch room for the allocations (flowcore.work_size), kept between them
+_I, _F, _B = types.int64, types.float64, types.boolean
+_I1, _F1, _I2, _F2 = _I[::1], _F[::1], _I[:, ::1], _F[:, ::1]  # contiguous arrays, 1 and 2 dimensions
+_FIELDS: tuple[tuple[str, types.Type], ...] = (  # declared: compiled code can be compiled for the state's type ahead
+    ("li", _I2), ("lf", _F2), ("marks", _I2), ("si", _I2), ("sf", _F2), ("route", _I2), ("wts", _F2),  # flowcore's
+    ("inc", _I2), ("fresh", _I1), ("ek", _F1), ("ev", _I1), ("es", _I1), ("sc", _I1),  # arrays
+    ("free", _I1), ("nfree", _I),  # a stack of free slots (the lowest on top at first)
+    ("spare", _I1), ("nspare", _I),  # a stack of private cap links no flow holds
+    ("nlinks", _I), ("added", _I), ("eta_size", _I), ("dirty", _B), ("has_next", _B), ("active", _I),
+    ("allocations", _I), ("next_when", _F), ("due", _I1), ("unweighted", _F1),
+    ("work", _I1), ("fwork", _F1),  # scratch room for the allocations (flowcore.work_size), kept between them
 )
-structref.define_proxy(NetState, NetStateType, list(_FIELDS))
+structref.define_proxy(NetState, NetStateType, [name for name, _ in _FIELDS])
+NET_STATE = NetStateType(_FIELDS)  # the type net_new returns (a test holds them equal)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _new_links(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     li = np.zeros((fc.NLI, size), np.int64)
     li[fc.HEAD, :] = -1
@@ -63,7 +68,7 @@ def net_new(capacity: np.ndarray) -> NetState:
     """A network of ``len(capacity)`` links (bytes/s each) and no flow."""
     n = len(capacity)
     li, lf, marks = _new_links(max(64, 2 * n))
-    lf[fc.CAP, :n] = capacity
+    put1(lf[fc.CAP], capacity, n)
     maxr = 8
     net = NetState(li, lf, marks, np.zeros((fc.NSI, 0), np.int64), np.zeros((fc.NSF, 0)),
                    np.zeros((0, maxr), np.int64), np.ones((0, maxr)), np.full((2, 0), -1, np.int64),
@@ -75,60 +80,59 @@ def net_new(capacity: np.ndarray) -> NetState:
     return net
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _grow_links(net: NetState, size: int) -> None:
-    old = net.li.shape[1]
     li, lf, marks = _new_links(size)
-    li[:, :old] = net.li
-    lf[:, :old] = net.lf
-    marks[:, :old] = net.marks
+    put2(li, net.li)
+    put2(lf, net.lf)
+    put2(marks, net.marks)
     net.li, net.lf, net.marks = li, lf, marks
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _grow_slots(net: NetState, size: int) -> None:
     old = net.si.shape[1]
     maxr = net.route.shape[1]
     si = np.zeros((fc.NSI, size), np.int64)
-    si[:, :old] = net.si
+    put2(si, net.si)
     sf = np.zeros((fc.NSF, size))
-    sf[:, :old] = net.sf
+    put2(sf, net.sf)
     route = np.zeros((size, maxr), np.int64)
-    route[:old] = net.route
+    put2(route, net.route)
     wts = np.ones((size, maxr))
-    wts[:old] = net.wts
+    put2(wts, net.wts)
     inc = np.full((2, size * maxr), -1, np.int64)
-    inc[:, :old * maxr] = net.inc
+    put2(inc, net.inc)
     fresh = np.zeros(max(size + 1, len(net.fresh)), np.int64)
-    fresh[:len(net.fresh)] = net.fresh
+    put1(fresh, net.fresh, len(net.fresh))
     net.si, net.sf, net.route, net.wts, net.inc, net.fresh = si, sf, route, wts, inc, fresh
     free = np.zeros(net.nfree + size - old, np.int64)
-    free[:net.nfree] = net.free[:net.nfree]
+    put1(free, net.free, net.nfree)
     for i in range(size - old):  # popped from the top: the lowest new slot first
         free[net.nfree + i] = size - 1 - i
     net.free = free
     net.nfree += size - old
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _grow_route(net: NetState, length: int) -> None:
     maxr = net.route.shape[1]
     new = max(length, 2 * maxr)
     net.inc = fc.relayout(net.li, net.inc, maxr, new)
     route = np.zeros((net.route.shape[0], new), np.int64)
-    route[:, :maxr] = net.route
+    put2(route, net.route)
     wts = np.ones((net.wts.shape[0], new))
-    wts[:, :maxr] = net.wts
+    put2(wts, net.wts)
     net.route, net.wts = route, wts
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _grow_eta(net: NetState, size: int) -> None:
     old = len(net.ek)
     ek, ev, es = np.zeros(size), np.zeros(size, np.int64), np.zeros(size, np.int64)
-    ek[:old] = net.ek
-    ev[:old] = net.ev
-    es[:old] = net.es
+    put1(ek, net.ek, old)
+    put1(ev, net.ev, old)
+    put1(es, net.es, old)
     net.ek, net.ev, net.es = ek, ev, es
 
 
@@ -162,7 +166,7 @@ def net_add(net: NetState, key: int, links: np.ndarray, weights: np.ndarray, wei
     net.added += 1
     if net.added >= len(net.fresh):  # (a slot may be listed again after a reuse)
         fresh = np.zeros(2 * len(net.fresh), np.int64)
-        fresh[:len(net.fresh)] = net.fresh
+        put1(fresh, net.fresh, len(net.fresh))
         net.fresh = fresh
     fc.add(slot, _b(links), _b(weights), private, kind, key, nbytes, now, cap, _b(net.li), _b(net.lf), _b(net.si),
            _b(net.sf), _b(net.route), _b(net.wts), _b(net.inc), _b(net.marks), _b(net.fresh), _b(net.sc))
@@ -180,7 +184,7 @@ def net_remove(net: NetState, slot: int) -> None:
     fc.remove(slot, _b(net.li), _b(net.lf), _b(net.si), _b(net.sf), _b(route), _b(net.inc), _b(net.marks), _b(net.sc))
     if net.nfree >= len(net.free):
         free = np.zeros(2 * len(net.free) + 16, np.int64)
-        free[:net.nfree] = net.free[:net.nfree]
+        put1(free, net.free, net.nfree)
         net.free = free
     net.free[net.nfree] = slot
     net.nfree += 1
@@ -190,13 +194,13 @@ def net_remove(net: NetState, slot: int) -> None:
     if private >= 0:
         if net.nspare >= len(net.spare):
             spare = np.zeros(2 * len(net.spare), np.int64)
-            spare[:net.nspare] = net.spare[:net.nspare]
+            put1(spare, net.spare, net.nspare)
             net.spare = spare
         net.spare[net.nspare] = private
         net.nspare += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _work(net: NetState) -> None:
     """Scratch room for an allocation (or a finish prediction) as the arrays are now (grown by half again)."""
     ints, floats = fc.work_size(net.li, net.si, net.inc, net.ek)

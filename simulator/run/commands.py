@@ -1,6 +1,6 @@
 """The run room's verbs: ``treering run`` (a scenario or sweep: a table, results files, a report), ``report`` (a
-results file's report, again), ``trace`` (a Perfetto trace of one point) and ``schema`` (the scenario files' JSON
-Schema, or the result columns of every workload kind)."""
+results file's report, again) and ``trace`` (a Perfetto trace of one point); ``schema`` is
+:mod:`simulator.run.schema`'s."""
 
 from __future__ import annotations
 
@@ -18,26 +18,24 @@ import pandas as pd
 from simulator import __version__
 from simulator.cluster.bottleneck import whatif_note
 from simulator.cluster.topology import load_topology
-from simulator.errors import InputError, excerpt
+from simulator.errors import InputError
 from simulator.models.presets import PRESETS
 from simulator.report.labels import printed_table
 from simulator.report.pages import TIMELINE_FILE, write_report
 from simulator.report.read import read_report_inputs, resumable_rows
 from simulator.report.timeline import timeline_frame
 from simulator.report.trace import chrome_trace, describe_cut, parse_ranks, parse_window
-from simulator.run.kinds import KINDS
 from simulator.run.prepare import check_points, point_runs, prepare_point
 from simulator.run.prepared import PreparedPoint
 from simulator.run.resolved import header, resolved
-from simulator.run.rows import columns_markdown
-from simulator.run.scenario import Point, Scenario, load_scenario
+from simulator.run.scenario import Point, load_scenario
 from simulator.run.sweep import run_sweep
 from simulator.support.console import say
 from simulator.support.files import write_csv_atomic, write_text_atomic
 from simulator.support.outdir import check_output_file, claim_output_dir
 from simulator.support.yaml_lines import parse_set
 
-__all__ = ["cmd_report", "cmd_run", "cmd_schema", "cmd_trace", "format_table", "whatif_notes"]
+__all__ = ["cmd_report", "cmd_run", "cmd_trace", "format_table", "whatif_notes"]
 
 
 def _out_dir(arg: str | None, name: str) -> Path:
@@ -133,16 +131,6 @@ def _topology_label(points: list[Point]) -> str:
 def _capacity(prepared: list[PreparedPoint]) -> float | None:
     caps = {spec.mem_bytes for p in prepared for spec in p.cluster.specs.values()}
     return min(caps) if caps else None
-
-
-def cmd_schema(args: argparse.Namespace) -> int:
-    if args.columns is None:
-        say(json.dumps(Scenario.model_json_schema(), indent=2))
-        return 0
-    if args.columns != "all" and args.columns not in KINDS:
-        raise InputError(f"unknown workload kind {excerpt(args.columns)}; valid: {', '.join(KINDS)}", field="--columns")
-    say(columns_markdown({k: kind.columns for k, kind in KINDS.items() if args.columns in ("all", k)}))
-    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

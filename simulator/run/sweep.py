@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from simulator.engine.core import load_compiled
+from simulator.engine.warmup import load_compiled
 from simulator.errors import InputError
 from simulator.report.read import resumable_rows
 from simulator.report.timeline import timeline_frame
@@ -205,11 +205,13 @@ def _stop_workers() -> None:
 
 def _process_pool(todo: Sequence[tuple[int, PreparedPoint]], jobs: int, keep: int | None
                   ) -> Iterator[_Done]:
+    # the compiled code loaded first: pool workers inherit it (fork) or read numba's cache (fork server), none
+    # compiles it; on a fresh install it is compiled in parallel processes, this one waiting (an interrupt lands)
+    load_compiled()
     if jobs <= 1 or len(todo) <= 1:
         for index, point in todo:
             yield _run_one(index, point, index == keep)
         return
-    load_compiled()  # the workers inherit it (fork) or read numba's cache (fork server), none compiles it
     ctx, direct = _pool_context()
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx, initializer=_die_with_parent,
                                initargs=(os.getpid(), direct))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.support.arraycopy import put1
 from simulator.support.jitcache import njit
 
 __all__ = ["dependents", "distinct_codes", "fill_transfers", "first_of", "group_max", "ordered_sum", "spans",
@@ -79,7 +80,7 @@ def first_of(code: np.ndarray, k: int) -> np.ndarray:
     compiled pass."""
     if len(code) and int(code.max()) >= k:
         raise ValueError(f"codes outside 0..{k - 1}")
-    return _firsts(code, k)
+    return _firsts(code.astype(np.int64, copy=False), k)  # (one compiled signature)
 
 
 def distinct_codes(code: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -141,7 +142,7 @@ def _ties_by_rank(order: np.ndarray, keys: np.ndarray, ranks: np.ndarray, p: int
                     order[i + count[ranks[o]]] = o
                     count[ranks[o]] += 1
             else:
-                order[i:j] = run[np.argsort(ranks[run], kind="mergesort")]
+                put1(order[i:j], run[np.argsort(ranks[run], kind="mergesort")], j - i)
         i = j
 
 

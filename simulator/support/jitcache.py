@@ -14,6 +14,10 @@ them is defined; when the package folders are not writable (and the user set no 
 The compiled code a read-only install carries (its ``__pycache__``, warmed by whoever installed it) is copied into
 that folder once, so a user does not compile it again; numba checks each entry against its source's hash as usual.
 A writable install is left exactly as numba sets it (the code beside the modules).
+
+:func:`njit` compiles each function once per argument types (:class:`OneSignature`: not once per constant it is
+called with from compiled code), and :func:`is_cached` says whether the cache holds a function's code already (what
+:mod:`simulator.engine.warmup` plans a first run's compiling by).
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from numba import njit
+from numba.core import config, types
+from numba.core.registry import CPUDispatcher
 
-__all__ = ["CACHE_DIR", "COMPILED_FOLDERS", "cache_subpath", "configure", "njit"]
+from simulator.support.compiling import listen
+
+__all__ = ["CACHE_DIR", "COMPILED_FOLDERS", "OneSignature", "cache_subpath", "configure", "is_cached", "njit"]
 
 _PACKAGE = Path(os.path.abspath(__file__)).parents[1]
 # the folders of the modules with cache=True functions (tests/test_untrusted_inputs.py checks the list is whole)
@@ -111,3 +119,44 @@ def configure() -> Path | None:
 
 
 CACHE_DIR = configure()
+
+
+class OneSignature(CPUDispatcher):
+    """A compiled function called from compiled code with literal arguments (``_at(s, 0.0, READY, op)``, ``issue``
+    ``True``) compiled once for their types (int64, bool), not once per constant: numba's own dispatcher compiles a
+    specialization per literal it is called with (eleven of the event loop's ``_at`` on a fresh install, each a
+    full compile of the function and everything it calls). Calls from Python already pass types, not literals."""
+
+    def get_call_template(self, args: Any, kws: Any) -> Any:
+        return super().get_call_template(tuple(types.unliteral(a) for a in args),
+                                         {k: types.unliteral(v) for k, v in kws.items()})
+
+
+def njit(*, cache: bool = False, **options: Any) -> Any:
+    """``numba.njit(cache=..., **options)`` for the package's compiled functions (keyword arguments only), with
+    :class:`OneSignature`'s dispatcher: one specialization per argument types."""
+    def wrap(func: Any) -> Any:
+        if config.DISABLE_JIT:  # type: ignore[attr-defined]
+            return func
+        disp = OneSignature(py_func=func, locals={}, targetoptions={**options, "nopython": True, "boundscheck": None})
+        if cache:
+            disp.enable_caching()
+        return disp
+
+    return wrap
+
+
+def is_cached(disp: Any) -> bool:
+    """Whether numba's cache holds ``disp``'s compiled code for its current source on this machine (any signature):
+    loading it takes milliseconds, compiling it seconds. (Read off numba's cache index; where numba's internals are
+    not as expected, ``True``: nothing is compiled ahead, the run compiles what it lacks as it goes.)"""
+    try:
+        cache = disp._cache
+        index = cache._cache_file._load_index()
+        codegen = disp.targetctx.codegen()
+        return any(key == cache._index_key(key[0], codegen) for key in index)
+    except Exception:  # numba's internals: any failure means "do not plan around it"
+        return True
+
+
+listen()  # a first run says what it compiles (simulator.support.compiling)

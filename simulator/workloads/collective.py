@@ -11,13 +11,16 @@ from typing import Any, Literal
 
 from pydantic import field_validator
 
-from simulator.collectives.channels import OPERATIONS
 from simulator.errors import excerpt
 from simulator.support.limits import MAX_COUNT
 from simulator.units import parse_bytes
 from simulator.workloads.base import Strict, unit_value
 
-__all__ = ["CollectiveWorkload"]
+__all__ = ["OPERATIONS", "CollectiveWorkload"]
+
+# the operations a collective workload may run (simulator.collectives.channels builds each; named here, where the
+# scenario's models read them without loading the collectives: `treering schema` answers at once)
+OPERATIONS = ("allreduce", "allgather", "reduce-scatter", "alltoall", "broadcast", "reduce")
 
 
 class CollectiveWorkload(Strict):

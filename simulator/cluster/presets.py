@@ -1,0 +1,26 @@
+"""The preset topologies shipped in ``topologies/``: their names and descriptions (``treering topo list``), read
+without loading a topology (this module imports nothing heavy)."""
+
+from __future__ import annotations
+
+from simulator.support.paths import TOPOLOGY_DIR
+
+__all__ = ["DEVICE_LIBRARY", "list_presets", "preset_description"]
+
+DEVICE_LIBRARY = "devices.yaml"  # the named device specs, beside the presets (not a topology)
+
+
+def list_presets() -> list[str]:
+    """Names of the preset topologies shipped in ``topologies/``."""
+    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml") if p.name != DEVICE_LIBRARY)
+
+
+def preset_description(name: str) -> str:
+    """The first sentence of a preset's leading comment (its description)."""
+    lines = []
+    for line in (TOPOLOGY_DIR / f"{name}.yaml").read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").strip())
+    text = " ".join(lines)
+    return text.split(". ")[0].rstrip(".") if text else ""
