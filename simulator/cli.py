@@ -42,7 +42,8 @@ def _count(minimum: int) -> Any:
     return parse
 
 
-_FORCE_HELP = "run work that is over the size limits (sweep points, topology, schedule ops) anyway"
+_FORCE_HELP = ("run work that is over the size limits (sweep points, topology, schedule ops) anyway, and take "
+               "implausible values (a bandwidth or time far outside what hardware has) as written")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -156,6 +157,9 @@ def _add_import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nic-bandwidth", default=None, help="NIC port speed, e.g. 400Gb/s (default: the file's)")
     p.add_argument("--smp-bandwidth", default="40 GB/s", help="CPU socket to socket (default 40 GB/s, assumed)")
     p.add_argument("--nics", default=None, help="comma-separated NIC names joining the fabric (default: all)")
+    p.add_argument("--force", action="store_true",
+                   help="take implausible bandwidths (given or read from the files) as written, and import past the "
+                        "size limits")
 
 
 VERBS: dict[str, str] = {

@@ -194,3 +194,46 @@ def test_published_flashattention_tables_within_ten_percent():
     rel = sorted(abs(model / published - 1) for _key, _n, published, model in errors())
     assert len(rel) == 72
     assert float(np.median(rel)) <= 0.10
+
+
+@settings(max_examples=40, deadline=None)
+@given(launches=st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 3000), st.integers(-3000, 3000)),
+                         min_size=1, max_size=3),
+       rows=st.integers(1, 40), backward=st.booleans(), impl=st.sampled_from([FLASH_ATTENTION_2, FLASH_ATTENTION_3]),
+       tail=st.sampled_from([5, 64, 10**9]))
+def test_a_large_grid_walked_in_chunks_takes_the_time_of_the_whole_grid(launches, rows, backward, impl, tail):
+    """Over :data:`EXACT_GRID` CTAs the grid is never built: summed in chunks, its tail scheduled by index. Forced
+    on small grids (tiny chunks, any tail), it gives the whole grid's time."""
+    import simulator.kernels.tiles as tiles
+
+    spec = parse_device_spec("g", {**SPEC, "attention_kernels": impl.name}, _locate)
+    calls = [Launch(*launch) for launch in launches]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tiles, "EXACT_TAIL", tail)
+        whole = kernel_time(spec, impl, backward, "bf16", 128, rows, calls)
+        m.setattr(tiles, "EXACT_GRID", 0)
+        m.setattr(tiles, "_CHUNK", 7)
+        chunked = kernel_time(spec, impl, backward, "bf16", 128, rows, calls)
+    assert chunked == pytest.approx(whole, rel=1e-12)
+
+
+def test_a_billion_token_kernel_stays_small_in_memory():
+    """One causal forward over 2^30 queries (8M CTAs per head, 32 heads): the grid would be 2 GB of floats; walked
+    in chunks it takes a few tens of MB, and the time is the work spread over the SMs (the tail is a rounding)."""
+    import tracemalloc
+
+    spec = parse_device_spec("g", {**SPEC, "attention_kernels": "flash-attention-3"}, _locate)
+    launch = causal_launch(2**30, 2**30)
+    tracemalloc.start()
+    try:
+        got = kernel_time(spec, FLASH_ATTENTION_3, False, "bf16", 128, 32, [launch])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200e6, peak
+    t_clean, t_masked = tile_seconds(spec, FLASH_ATTENTION_3, False, "bf16", 128, 128, 128)
+    blocks = 2**30 // 128
+    tiles_ = blocks * (blocks + 1) // 2  # causal, 128 x 128 tiles: the diagonal ones masked
+    io = 2 * 128 * 128 * 2 / (1e12 * 0.5 / 4)
+    work = 32 * ((tiles_ - blocks) * t_clean + blocks * t_masked + blocks * (t_clean + io))
+    assert got == pytest.approx(2e-6 + work / 4, rel=1e-6)

@@ -620,3 +620,47 @@ def test_fuzz_plan_ttft_options(previous, options):
     event(f"exit {rc}")  # --hypothesis-show-statistics: how many ran, how many were refused
     if rc == 2:
         assert out.read_text() == "previous\n"
+
+
+@pytest.mark.parametrize(("kind", "field", "extra"), [
+    ("prefill", "sequence", ""),
+    ("generate", "prompt", ", new_tokens: 1"),
+])
+def test_a_sequence_past_two_to_the_31_is_refused_at_its_line(tmp_path, capsys, kind, field, extra):
+    """1e12 tokens overflowed the 64-bit pair counts (every block looked empty: a latency with no attention in it);
+    1e11 took the tile model past the memory. Both are refused where they are written; 2^31 is accepted."""
+    out = tmp_path / "out"
+    for tokens in (10**12, 10**11, 2**31 + 1):
+        text = (f"name: big\ntopology: dgx-h100\ntopology_params: {{nodes: 1}}\n"
+                f"workload: {{kind: {kind}, model: {{heads: 32, kv_heads: 8, head_dim: 128}}, {field}: {tokens}"
+                f"{extra}}}\nalgorithms: [ring]\n")
+        scenario = _write(tmp_path, "big.yaml", text)
+        err = _refused(["run", scenario, "-o", str(out), "--no-report"], capsys)
+        assert f"{scenario}:4: workload.{field}: must be at most 2,147,483,648 tokens (2^31)" in err, err
+        assert not out.exists()
+
+
+def test_force_is_an_option_wherever_a_refusal_offers_it(tmp_path, capsys):
+    """The refusal of an implausible value says `--force uses it anyway`: topo import, validate and calibrate take
+    it (they refused it as an unknown option)."""
+    out = tmp_path / "t.yaml"
+    argv = ["topo", "import", str(NVSMI), "-o", str(out), "--nic-bandwidth", "400 B/s"]
+    assert "--force uses it anyway" in _refused(argv, capsys) and not out.exists()
+    assert main([*argv, "--force"]) == 0 and out.exists()
+    capsys.readouterr()
+    # a topology file with an implausible link: refused with the hint, then taken with --force
+    bad = _write(tmp_path, "slow.yaml", out.read_text().replace("bandwidth: 300 GB/s", "bandwidth: 300 B/s", 1))
+    for verb in (["validate", "--nccl-tests", str(ALLREDUCE), "--topology", bad, "-o", str(tmp_path / "v")],
+                 ["calibrate", "--from-nccl-tests", str(ALLREDUCE), "--topology", bad, "-o",
+                  str(tmp_path / "fitted.yaml")]):
+        err = _refused(verb, capsys)
+        assert "--force uses it anyway" in err, err
+        assert "unrecognized arguments" not in _refused([*verb, "--force"], capsys)  # taken; refused for another cause
+
+
+def test_validate_nccl_tests_leaves_no_folder_when_refused(tmp_path, capsys):
+    out = tmp_path / "new" / "v"
+    zero = _write(tmp_path, "zero.log", _all_rows(ALLREDUCE.read_text(), {7: "0.00", 11: "0.00"}))
+    _refused(["validate", "--nccl-tests", zero, "--topology", "dgx-h100", "--set", "topology_params.nodes=2", "-o",
+              str(out)], capsys)
+    assert not out.exists()

@@ -296,7 +296,8 @@ def _profiles(args: argparse.Namespace, device: torch.device) -> list[KernelProf
     run so."""
     copies = 1 if device.type == "cuda" else min(int(os.environ.get("WORLD_SIZE", "1")), os.cpu_count() or 1)
     opts = ProfileOptions(max_ci=args.max_ci, visits=getattr(args, "visits", VISITS))
-    source = load_topology(args.kernels_from) if args.kernels_from else None
+    source = load_topology(args.kernels_from, force=bool(getattr(args, "force", False))) if args.kernels_from \
+        else None
     reused = [] if source is None else list(source.specs[source.ranks[0]].kernels.values())
     if source is not None and not _alone_to_time(reused, copies):
         return reused  # nothing to time: no process loads the host

@@ -27,7 +27,7 @@ def check_scenario(args: argparse.Namespace) -> list[PreparedPoint]:
     """Load and check the scenario (decode and prefill workloads) before any rank starts. With ``--random N``,
     the scenario's first point gives the topology and algorithms, and N random shapes replace its workload
     (:mod:`simulator.distributed.random_shapes`)."""
-    points = load_scenario(args.scenario, args.sets)
+    points = load_scenario(args.scenario, args.sets, bool(getattr(args, "force", False)))
     for point in points:
         if point.scenario.workload.kind not in REAL_KINDS:
             raise InputError("validate needs a decode or prefill workload", file=point.source,

@@ -15,6 +15,9 @@ def _common(p: argparse.ArgumentParser,
     p.add_argument("--backend", choices=["gloo", "nccl"], default="gloo",
                    help="gloo (CPU tensors) or nccl (one CUDA device per rank)")
     p.add_argument("--timeout", type=float, default=300.0, help=timeout_help)
+    p.add_argument("--force", action="store_true",
+                   help="take implausible values of a topology (a bandwidth or time far outside what hardware has) "
+                        "as written, and run past the size limits")
 
 
 def add_validate_args(p: argparse.ArgumentParser) -> None:

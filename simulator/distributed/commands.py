@@ -23,7 +23,7 @@ from simulator.nccl.validate import summary_lines as nccl_summary_lines
 from simulator.nccl.validate import validate_nccl_tests
 from simulator.support.console import say
 from simulator.support.files import write_csv_atomic, write_text_atomic
-from simulator.support.outdir import check_output_dir, output_lock
+from simulator.support.outdir import claim_output_dir
 
 __all__ = ["cmd_real"]
 
@@ -33,7 +33,8 @@ def cmd_real(args: argparse.Namespace) -> int:
     if args.verb == "validate" and args.nccl_tests:
         return _cmd_validate_nccl_tests(args)
     if args.verb == "calibrate" and args.from_nccl_tests:
-        return calibrate_from_nccl_tests(args.from_nccl_tests, args.out, args.topology, args.hold_out, args.argv, say)
+        return calibrate_from_nccl_tests(args.from_nccl_tests, args.out, args.topology, args.hold_out, args.argv, say,
+                                         force=args.force)
     if args.procs < 1:
         raise InputError(f"must be at least 1, got {args.procs}", field="--procs")
     if args.verb == "validate":
@@ -42,12 +43,12 @@ def cmd_real(args: argparse.Namespace) -> int:
                              "against --topology)", field="validate")
         check_scenario(args)
         if args.topology:
-            load_topology(args.topology)
+            load_topology(args.topology, force=args.force)
     elif args.procs < 2:
         raise InputError(f"calibrate needs at least 2 ranks, got {args.procs}", field="--procs")
     else:
         if args.kernels_from:
-            cluster = load_topology(args.kernels_from)
+            cluster = load_topology(args.kernels_from, force=args.force)
             if not cluster.ranks or not cluster.specs[cluster.ranks[0]].kernels:
                 raise InputError("has no kernel profiles (kernels: under its device)", file=args.kernels_from,
                                  field="--kernels-from")
@@ -85,12 +86,11 @@ def _cmd_validate_nccl_tests(args: argparse.Namespace) -> int:
     if args.scenario:
         raise InputError("give a scenario or --nccl-tests, not both", field="--nccl-tests")
     out = Path(args.out) if args.out else Path("out") / "nccl-tests-validation"
-    check_output_dir(out)
-    frame = validate_nccl_tests(args.nccl_tests, args.topology, args.sets)
-    if not len(frame):
-        raise InputError("no sizes to compare in the logs", file=args.nccl_tests[0], field="--nccl-tests")
-    command = shlex.join(["treering", *args.argv])
-    with output_lock(out):
+    with claim_output_dir(out):  # a folder this command creates is removed again when it is refused
+        frame = validate_nccl_tests(args.nccl_tests, args.topology, args.sets, force=args.force)
+        if not len(frame):
+            raise InputError("no sizes to compare in the logs", file=args.nccl_tests[0], field="--nccl-tests")
+        command = shlex.join(["treering", *args.argv])
         write_csv_atomic(frame, out / "nccl_validation.csv")
         write_text_atomic(out / "summary.md", nccl_summary(frame, command))
     shown = frame.drop(columns=["log", "measured_time_s", "predicted_time_s"])

@@ -55,8 +55,9 @@ PER_ALGORITHM = ["grad_max_abs_err"]  # prefill: dQ, dK, dV against torch autogr
 
 def _cluster(args: argparse.Namespace, point: Point, ranks: int) -> Cluster:
     sc = point.scenario
-    cluster = (load_topology(args.topology) if args.topology
-               else load_topology(sc.topology, sc.topology_params, point.base_dir))
+    force = bool(getattr(args, "force", False))
+    cluster = (load_topology(args.topology, force=force) if args.topology
+               else load_topology(sc.topology, sc.topology_params, point.base_dir, force))
     if len(cluster.ranks) < ranks:
         raise InputError(f"the topology has {len(cluster.ranks)} ranks; this run has {ranks}",
                          file=args.topology or point.source, field="topology")

@@ -39,9 +39,10 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-__all__ = ["EXACT_TAIL", "FLASH_ATTENTION_2", "FLASH_ATTENTION_3", "IMPLEMENTATIONS", "PROFILE_DIMS", "AttentionCall",
-           "Implementation", "Launch", "TiledDevice", "attention_time", "call_dims", "call_of", "causal_launch",
-           "cta_tiles", "full_launch", "implementation_of", "kernel_time", "launch_pairs", "makespan", "tile_seconds"]
+__all__ = ["EXACT_GRID", "EXACT_TAIL", "FLASH_ATTENTION_2", "FLASH_ATTENTION_3", "IMPLEMENTATIONS", "PROFILE_DIMS",
+           "AttentionCall", "Implementation", "Launch", "TiledDevice", "attention_time", "call_dims", "call_of",
+           "causal_launch", "cta_tiles", "full_launch", "implementation_of", "kernel_time", "launch_pairs", "makespan",
+           "tile_seconds"]
 
 PROFILE_DIMS = 4  # the leading dims of an attention op: its profile axes (row_heads, span, head_dim, density)
 EXACT_TAIL = 4096  # CTAs scheduled one by one at the end of a grid (the rest spread evenly: module docstring)
@@ -214,21 +215,25 @@ def tile_seconds(spec: TiledDevice, impl: Implementation, backward: bool, dtype:
     return combine(soft), combine(soft + mask)
 
 
-def cta_tiles(launch: Launch, backward: bool, br: int, bc: int) -> tuple[np.ndarray, np.ndarray]:
+def cta_tiles(launch: Launch, backward: bool, br: int, bc: int, blocks: np.ndarray | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
     """(tiles no mask crosses, tiles it crosses) of each CTA of one (batch, head), in launch order: row blocks
     forward, walking column tiles; column blocks backward, walking row tiles. A tile the causal mask hides entirely
-    is skipped; the ragged last tile of the walk is masked (its out-of-range elements)."""
+    is skipped; the ragged last tile of the walk is masked (its out-of-range elements). ``blocks``: the CTAs' indices
+    to count (all of them by default)."""
     nq, nk, off = launch
     rb, cb = -(-nq // br), -(-nk // bc)
     if not backward:
-        lo = np.arange(rb, dtype=np.int64) * br  # first query of each row block
+        idx = np.arange(rb, dtype=np.int64) if blocks is None else blocks.astype(np.int64)
+        lo = idx * br  # first query of each row block
         hi = np.minimum(lo + br, nq) - 1
         need = np.clip(np.minimum(nk - 1, hi + off) // bc + 1, 0, cb)  # column tiles its last query sees
         clean = np.clip((lo + off + 1) // bc, 0, need)  # column tiles its first query sees whole
         if nk % bc:
             clean = np.minimum(clean, cb - 1)
         return clean, need - clean
-    lo = np.arange(cb, dtype=np.int64) * bc  # first key of each column block
+    idx = np.arange(cb, dtype=np.int64) if blocks is None else blocks.astype(np.int64)
+    lo = idx * bc  # first key of each column block
     hi = np.minimum(lo + bc, nk) - 1
     first = np.where(lo - off > nq - 1, rb, np.clip((lo - off) // br, 0, rb))  # first row tile seeing key lo
     whole = np.clip(-((off - hi) // br), first, rb)  # first row tile whose first query sees key hi
@@ -253,13 +258,36 @@ def makespan(durations: np.ndarray, sms: int) -> float:
     return max(free)
 
 
+EXACT_GRID = 1 << 22  # CTAs of a pass held in one array; a larger grid is walked in chunks (:func:`kernel_time`)
+_CHUNK = 1 << 20  # CTAs counted at once on a large grid
+
+
+class _Walk(NamedTuple):
+    """One launch of a pass as its CTAs see it: how many per (batch, head), and the costs that make one CTA's
+    seconds (:meth:`durations`)."""
+
+    launch: Launch
+    blocks: int
+    br: int
+    bc: int
+    fixed: float  # a CTA's pipeline fill and its own tiles' HBM traffic
+    t_clean: float
+    t_masked: float
+
+    def durations(self, backward: bool, blocks: np.ndarray | None = None) -> np.ndarray:
+        clean, crossed = cta_tiles(self.launch, backward, self.br, self.bc, blocks)
+        return self.fixed + clean * self.t_clean + crossed * self.t_masked
+
+
 def kernel_time(spec: TiledDevice, impl: Implementation, backward: bool, dtype: str, head_dim: int, rows: int,
                 launches: Sequence[Launch]) -> float | None:
     """Seconds of the launches (run concurrently) of one pass: a launch overhead each, their CTAs over the SMs;
-    None beyond the implementation's head dimensions."""
+    None beyond the implementation's head dimensions. A grid over :data:`EXACT_GRID` CTAs is never held whole: its
+    CTAs' seconds are summed in chunks and only its tail is scheduled CTA by CTA (:func:`makespan`, which spreads
+    the rest evenly), so memory stays bounded whatever the sequence."""
     per_sm_bw = spec.mem_bw_Bps * spec.eff_mem / spec.sm_count
     elem = 2 if dtype in ("bf16", "fp16") else 1
-    durations = []
+    walks = []
     for launch in launches:
         masked = launch.off < launch.nk - 1 or launch.nq == 0
         tiles = impl.tiles(backward, head_dim, masked)
@@ -268,11 +296,40 @@ def kernel_time(spec: TiledDevice, impl: Implementation, backward: bool, dtype: 
         br, bc = tiles
         t_clean, t_masked = tile_seconds(spec, impl, backward, dtype, head_dim, br, bc)
         own = (4 * bc if backward else 2 * br) * head_dim * elem  # K, V, dK, dV tiles / Q, O tiles
-        clean, crossed = cta_tiles(launch, backward, br, bc)
-        per_cta = t_clean + own / per_sm_bw + clean * t_clean + crossed * t_masked
-        durations.append(np.tile(per_cta, rows))
-    grid = np.concatenate(durations) if durations else np.zeros(0)
-    return len(launches) * spec.launch_s + makespan(grid, spec.sm_count)
+        blocks = -(-launch.nk // bc) if backward else -(-launch.nq // br)
+        walks.append(_Walk(launch, blocks, br, bc, t_clean + own / per_sm_bw, t_clean, t_masked))
+    overhead = len(launches) * spec.launch_s
+    if sum(w.blocks for w in walks) * rows <= EXACT_GRID:
+        grid = np.concatenate([np.tile(w.durations(backward), rows) for w in walks]) if walks else np.zeros(0)
+        return overhead + makespan(grid, spec.sm_count)
+    return overhead + _large_makespan(walks, backward, rows, spec.sm_count)
+
+
+def _large_makespan(walks: Sequence[_Walk], backward: bool, rows: int, sms: int) -> float:
+    """:func:`makespan` of the grid ``rows`` copies of each walk's CTAs, in order, without building it: the sum of
+    every CTA's seconds in chunks of :data:`_CHUNK`, the last :data:`EXACT_TAIL` (rounded as makespan rounds) by
+    index."""
+    total = 0.0
+    for w in walks:
+        per_head = sum(float(w.durations(backward, np.arange(s, min(s + _CHUNK, w.blocks))).sum())
+                       for s in range(0, w.blocks, _CHUNK))
+        total += rows * per_head
+    n = sum(w.blocks for w in walks) * rows
+    head = max(0, (n - EXACT_TAIL) // sms * sms)
+    tail: list[np.ndarray] = []
+    left = n - head  # CTAs of the tail, taken from the end of the grid backwards
+    for w in reversed(walks):
+        take = min(left, w.blocks * rows)
+        if take <= 0:
+            break
+        idx = np.arange(w.blocks * rows - take, w.blocks * rows, dtype=np.int64) % w.blocks
+        tail.insert(0, w.durations(backward, idx))
+        left -= take
+    last = np.concatenate(tail)
+    free = [max(0.0, total - float(last.sum())) / sms] * sms
+    for d in last.tolist():
+        heapq.heapreplace(free, free[0] + d)
+    return max(free)
 
 
 def _side_kernels(spec: TiledDevice, impl: Implementation, backward: bool, dtype: str, call: AttentionCall

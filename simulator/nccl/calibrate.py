@@ -48,12 +48,13 @@ def score_line(name: str, sc: dict[str, float]) -> str:
 
 
 def calibrate_from_nccl_tests(logs: Sequence[str], out: str, topology: str | None, hold_out: str = HOLD_OUT,
-                              argv: Sequence[str] = (), say: Callable[[str], None] = print) -> int:
+                              argv: Sequence[str] = (), say: Callable[[str], None] = print, force: bool = False
+                              ) -> int:
     """The command (module docstring); :class:`simulator.errors.InputError` on bad input or a refused fit."""
     path = Path(out)
     check_output_file(path)
     samples, runs = read_samples(logs)
-    base, how = base_topology(logs, runs, topology)
+    base, how = base_topology(logs, runs, topology, force)
     train, test = split(samples, hold_out)
     lines = [f"base topology: {how}"]
     check = ""

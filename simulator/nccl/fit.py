@@ -129,7 +129,8 @@ def read_samples(logs: Sequence[str]) -> tuple[list[Sample], list[NcclTestsRun]]
     return samples, runs
 
 
-def base_topology(logs: Sequence[str], runs: Sequence[NcclTestsRun], topology: str | None) -> tuple[Cluster, str]:
+def base_topology(logs: Sequence[str], runs: Sequence[NcclTestsRun], topology: str | None, force: bool = False
+                  ) -> tuple[Cluster, str]:
     """The cluster the logs ran on, sized to their rank count, and how it was chosen.
 
     ``topology``: a preset name or file (a parametric one gets ``nodes`` = ranks / GPUs per node); None: the DGX-style
@@ -137,14 +138,14 @@ def base_topology(logs: Sequence[str], runs: Sequence[NcclTestsRun], topology: s
     ranks = runs[0].ranks
     if topology is None:
         name, params, how = _inferred(logs, ranks)
-        return load_topology(name, params), how
-    cluster = load_topology(topology)
+        return load_topology(name, params, force=force), how
+    cluster = load_topology(topology, force=force)
     per_node = len(cluster.ranks) // max(1, cluster.num_hosts)
     if len(cluster.ranks) != ranks:
         sized = None
         if ranks % per_node == 0:
             try:
-                sized = load_topology(topology, {"nodes": ranks // per_node})
+                sized = load_topology(topology, {"nodes": ranks // per_node}, force=force)
             except InputError:
                 sized = None
         if sized is None or len(sized.ranks) != ranks:

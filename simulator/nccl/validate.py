@@ -50,12 +50,12 @@ def usable(row: NcclTestsRow) -> bool:
     return row.nbytes > 0 and math.isfinite(row.out_of_place.busbw_Bps) and row.out_of_place.busbw_Bps > 0
 
 
-def _predict(run: NcclTestsRun, nbytes: int, dtype: str, topology: str, sets: Sequence[str], base: Path
-             ) -> dict[str, Any]:
+def _predict(run: NcclTestsRun, nbytes: int, dtype: str, topology: str, sets: Sequence[str], base: Path,
+             force: bool = False) -> dict[str, Any]:
     tree = {"name": "nccl-tests", "topology": topology,
             "workload": {"kind": "collective", "collective": run.collective, "bytes": float(nbytes), "dtype": dtype},
             "algorithms": ["auto"]}
-    point = scenario_points(tree, "--topology", base, sets)[0]
+    point = scenario_points(tree, "--topology", base, sets, force)[0]
     prep = prepare_point(point)
     ranks = len(prep.cluster.ranks)
     if ranks != run.ranks:
@@ -66,7 +66,7 @@ def _predict(run: NcclTestsRun, nbytes: int, dtype: str, topology: str, sets: Se
 
 
 def validate_nccl_tests(logs: Sequence[str], topology: str, sets: Sequence[str] = (),
-                        base: Path | None = None) -> pd.DataFrame:
+                        base: Path | None = None, force: bool = False) -> pd.DataFrame:
     """One row per (run, size) of the logs: measured and predicted bus bandwidth (GB/s) and the error (%)."""
     rows = []
     read: list[tuple[str, list[NcclTestsRun]]] = []
@@ -90,7 +90,7 @@ def validate_nccl_tests(logs: Sequence[str], topology: str, sets: Sequence[str] 
             for row in run.rows:
                 if row.nbytes <= 0 or not math.isfinite(row.out_of_place.busbw_Bps):
                     continue
-                pred = _predict(run, row.nbytes, dtype, topology, sets, base or Path.cwd())
+                pred = _predict(run, row.nbytes, dtype, topology, sets, base or Path.cwd(), force)
                 measured = row.out_of_place.busbw_Bps / 1e9
                 predicted = float(pred["busbw_GBps"])
                 rows.append({"log": Path(log).name, "collective": run.collective, "ranks": run.ranks,

@@ -25,11 +25,12 @@ from typing import Any
 from simulator.errors import InputError
 
 __all__ = ["BYTES_PER_GRAPH_ELEMENT", "BYTES_PER_OP", "MAX_COUNT", "MAX_GRAPH_ELEMENTS", "MAX_SCHEDULE_OPS",
-           "MAX_SIMULATED_OPS", "MAX_SWEEP_POINTS", "SECONDS_PER_OP", "builder_elements", "check_builder",
-           "check_collective", "check_graph", "check_schedule", "check_simulated", "check_sweep", "collective_ops",
-           "schedule_ops"]
+           "MAX_SEQUENCE", "MAX_SIMULATED_OPS", "MAX_SWEEP_POINTS", "SECONDS_PER_OP", "builder_elements",
+           "check_builder", "check_collective", "check_graph", "check_schedule", "check_simulated", "check_sweep",
+           "collective_ops", "schedule_ops"]
 
 MAX_COUNT = 2**53  # any count: integers a float still counts exactly
+MAX_SEQUENCE = 2**31  # a sequence attending to itself: its (query, key) pairs, ~2^61, still fit an int64
 MAX_SWEEP_POINTS = 10_000
 MAX_GRAPH_ELEMENTS = 500_000
 MAX_SCHEDULE_OPS = 10_000_000  # ~9 GB of ops and records (ring decode on 1,024 GPUs: 3.1M ops, 2.8 GB)

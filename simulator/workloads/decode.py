@@ -8,12 +8,13 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, model_va
 
 from simulator.errors import InputError, excerpt
 from simulator.models.presets import PRESETS, ModelPreset, custom_model
-from simulator.support.limits import MAX_COUNT
+from simulator.support.limits import MAX_COUNT, MAX_SEQUENCE
 from simulator.units import parse_tokens
 from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["DType", "DecodeWorkload", "ModelRef", "Tokens", "check_scope", "heads_kv", "token_fields", "whole_model"]
+__all__ = ["DType", "DecodeWorkload", "ModelRef", "SequenceTokens", "Tokens", "check_scope", "heads_kv", "token_fields",
+           "whole_model"]
 
 DType = Literal["fp64", "fp32", "bf16", "fp16", "fp8"]
 
@@ -26,6 +27,18 @@ def _tokens(v: Any) -> int:
 
 
 Tokens = Annotated[int, BeforeValidator(_tokens), Field(ge=1, le=MAX_COUNT)]  # 1048576, "128K", "1M" (K = 1024)
+
+
+def _sequence(v: int) -> int:
+    if v > MAX_SEQUENCE:
+        raise ValueError(f"must be at most {MAX_SEQUENCE:,} tokens (2^31) for a sequence that attends to itself "
+                         f"(its (query, key) pairs are counted in 64-bit integers; a thousand times the longest "
+                         f"context of any model)")
+    return v
+
+
+# a prefill's sequence or a generate's prompt: every token attends to the ones before it
+SequenceTokens = Annotated[int, BeforeValidator(_tokens), Field(ge=1), AfterValidator(_sequence)]
 
 
 def token_fields(model: type[BaseModel]) -> list[str]:

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from simulator.models.presets import ModelPreset
 from simulator.workloads.base import Count, SmallCount, Strict
-from simulator.workloads.decode import DType, ModelRef, Tokens, whole_model
+from simulator.workloads.decode import DType, ModelRef, SequenceTokens, whole_model
 from simulator.workloads.prefill import check_phase_scope, model_dims
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
@@ -30,7 +30,7 @@ class GenerateWorkload(Strict):
         "attention", description="attention: one attention layer; model: every layer's dense part too, and the LM head")
     tp: SmallCount = Field(1, description="tensor-parallel degree (scope: model)")
     batch: Count = 1
-    prompt: Tokens = Field(description="prompt tokens, e.g. 32768, '32K' or '1M' (K = 2^10, M = 2^20)")
+    prompt: SequenceTokens = Field(description="prompt tokens, e.g. 32768, '32K' or '1M' (K = 2^10, M = 2^20)")
     new_tokens: Count = 1
     prefill: str | dict[str, Any] = "ring"
     layout: Literal["contiguous", "zigzag", "striped"] = "zigzag"

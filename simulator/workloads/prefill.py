@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from simulator.models.presets import PRESETS, ModelPreset
 from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
-from simulator.workloads.decode import DType, ModelRef, Tokens, check_scope, whole_model
+from simulator.workloads.decode import DType, ModelRef, SequenceTokens, check_scope, whole_model
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["PrefillWorkload", "check_phase_scope", "model_dims"]
@@ -47,7 +47,8 @@ class PrefillWorkload(Strict):
         "attention", description="attention: one attention layer; model: every layer's dense part too, and the LM head")
     tp: SmallCount = Field(1, description="tensor-parallel degree (scope: model)")
     batch: Count = 1
-    sequence: Tokens = Field(description="tokens per sequence, e.g. 131072, '128K' or '1M' (K = 2^10, M = 2^20)")
+    sequence: SequenceTokens = Field(description="tokens per sequence, e.g. 131072, '128K' or '1M' (K = 2^10, "
+                                                 "M = 2^20)")
     dtype: DType = "bf16"
     causal: bool = True
     layout: Literal["contiguous", "zigzag", "striped"] = "zigzag"
