@@ -279,14 +279,19 @@ class _Predictor:
 def choose(operation: str, ranks: Sequence[int], n: int, fabric: Fabric, *, algo: str = "auto",
            protocol: str = "auto", channels: int | None = None, elem_bytes: int = 1, dtype: str = "fp32",
            root: int | None = None, switch: bool = True) -> Choice:
-    """The fastest candidate (the first in NCCL's order on ties); a single candidate is not simulated."""
+    """The fastest candidate (the first in NCCL's order on ties); a single candidate is not simulated. Kept per
+    fabric and question (a whole model's step asks the same one for every layer's allreduce)."""
     if len(ranks) < 2:  # nothing moves: no prediction needed
         return Choice(SUPPORTED[operation][0] if algo == "auto" else algo, "Simple" if protocol == "auto" else protocol,
                       channels or 1)
+    key = ("tuner.choose", operation, tuple(ranks), n, algo, protocol, channels, elem_bytes, dtype, root, switch)
+    hit: Choice | None = fabric.memo.get(key)
+    if hit is not None:
+        return hit
     options = candidates(operation, algo, protocol, ranks, fabric, channels, n * elem_bytes, switch=switch)
     if not options:
         raise ValueError(f"no algorithm for {operation} with algo={algo!r}, protocol={protocol!r}")
-    if len(options) == 1:
-        return options[0]
-    return min(options, key=lambda c: predict(operation, ranks, n, c, fabric, elem_bytes=elem_bytes, dtype=dtype,
-                                                      root=root))
+    best = options[0] if len(options) == 1 else min(
+        options, key=lambda c: predict(operation, ranks, n, c, fabric, elem_bytes=elem_bytes, dtype=dtype, root=root))
+    fabric.memo[key] = best
+    return best
