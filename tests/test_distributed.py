@@ -76,11 +76,14 @@ def test_fp64_decomposed_equals_dense_and_is_bitwise_equal_to_numeric(procs, tmp
 
 def test_fp32_native_collectives(tmp_path, capsys):
     out = tmp_path / "o"
-    rc = main(["validate", scenario(tmp_path, "fp32", context=1000), "--procs", "2", "--iters", "2",
+    rc = main(["validate", scenario(tmp_path, "fp32", context=1000), "--procs", "2", "--iters", "4",
                "--warmup", "1", "-o", str(out), "--timeout", "120"])
     assert rc == 0, capsys.readouterr().err
     df = pd.read_csv(out / "validation.csv").set_index("algorithm")
     assert (df["max_abs_err"] < 1e-5).all()
+    # four iterations: two identical runs of two, their difference beside every error
+    assert (df["floor_pct"] >= 0).all() and "- floor of identical runs (the two halves" in \
+        (out / "summary.md").read_text()
     # no collective in these: the same merge order as numeric mode, so the same bits
     assert df.loc[["ring", "ring[overlap=False]", "ring-q", "tree-p2p"], "bitwise_equal_to_sim"].all()
 

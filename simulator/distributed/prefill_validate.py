@@ -16,7 +16,6 @@ schedule's own sends, whatever ``--collectives`` says. Inputs are float64 for ``
 from __future__ import annotations
 
 import argparse
-import statistics
 from typing import Any
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from simulator.algorithms.prefill import build_prefill
 from simulator.distributed.common import rank_layout, timed_iterations
 from simulator.distributed.drift import drift_before
+from simulator.distributed.floor import timing
 from simulator.distributed.prefill_run import check_outputs, gather_results, to_torch
 from simulator.distributed.runner import PrefillRankRunner
 from simulator.engine.core import simulate
@@ -107,8 +107,8 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
         results = gather_results(sched, bufs)
         if results is None:
             continue
-        measured = statistics.median(times)
-        q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (measured,) * 3
+        stats = timing(times)
+        measured = stats["measured_s"]
         ref = reference_by_blocks(np_inp) if ref is None else ref
         check = check_outputs(sched, results, ref)
         result = simulate(sched, cluster)
@@ -117,7 +117,7 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
             "algorithm": algo.label, "ranks": sched.ranks, "context": shape.sequence,
             "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
             "max_abs_err": check.max_abs_err, "bitwise_equal_to_sim": _bitwise(sched, cpu_inp, results),
-            "measured_q1_s": q1, "measured_q3_s": q3, "grad_max_abs_err": check.grad_max_abs_err,
+            **stats, "grad_max_abs_err": check.grad_max_abs_err,
             "phase": "train" if shape.backward else "prefill", "layout": shape.layout,
             "extrapolated": extrapolated_text(result.extrapolated), "drift": drift, **dict(point.swept),
         })

@@ -12,7 +12,6 @@ the same schedule on the topology (``predicted_s``) and writes ``validation.csv`
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,6 +25,7 @@ from simulator.cluster.topology import Cluster, load_topology
 from simulator.distributed.checks import check_scenario, out_dir
 from simulator.distributed.common import device_for, init_group, rank_layout, timed_iterations
 from simulator.distributed.drift import drift_before
+from simulator.distributed.floor import FLOOR_COLUMN, floor_lines, timing
 from simulator.distributed.prefill_validate import prefill_point_rows
 from simulator.distributed.runner import RankRunner
 from simulator.engine.core import simulate
@@ -44,7 +44,9 @@ __all__ = ["COLUMNS", "drift_lines", "run_rank", "summarize", "summary_lines"]
 
 COLUMNS = ["algorithm", "ranks", "context", "measured_s", "predicted_s", "error_pct", "max_abs_err",
            "bitwise_equal_to_sim"]
-SPREAD = ["measured_q1_s", "measured_q3_s"]  # quartiles of the per-iteration times (measured_s is their median)
+# quartiles of the per-iteration times (measured_s is their median), and the floor of identical runs
+# (simulator.distributed.floor)
+SPREAD = ["measured_q1_s", "measured_q3_s", FLOOR_COLUMN]
 # kernels the prediction timed beyond their profiled shapes (and on which axes); the machine's speed against its
 # calibration right before the runs (simulator.distributed.drift)
 EXTRA = ["extrapolated", "drift"]
@@ -89,8 +91,8 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
         sched = build_schedule(algo.name, algo.params, shape, layout)
         drift = drift_before(sched, cluster, layout, device, not args.no_drift)
         times, bufs = _time_runs(args, sched, inp, shape, device)
-        measured = statistics.median(times)
-        q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (measured,) * 3
+        stats = timing(times)
+        measured = stats["measured_s"]
         mine = {r: bufs[b].cpu() for r, b in sched.meta["outputs"] if r == rank}
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
@@ -106,7 +108,7 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
             "algorithm": algo.label, "ranks": sched.ranks, "context": shape.context,
             "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
             "max_abs_err": max_abs_error([o.double() for o in outputs.values()], dense_attention(np_inputs)),
-            "bitwise_equal_to_sim": bitwise, "measured_q1_s": q1, "measured_q3_s": q3,
+            "bitwise_equal_to_sim": bitwise, **stats,
             "extrapolated": extrapolated_text(result.extrapolated), "drift": drift,
             **dict(point.swept),
         })
@@ -181,6 +183,7 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         *per_algorithm(frame),
         faster,
         f"- predictions with a kernel timed beyond its profiled shapes: {extrapolated} of {len(frame)}",
+        *floor_lines(frame),
         *drift_lines(frame),
         f"- max abs error against single-device attention: {frame['max_abs_err'].max():.3g}",
         f"- bitwise equal to the simulator's numeric mode: {int(frame['bitwise_equal_to_sim'].sum())} of {len(frame)}",
