@@ -42,3 +42,17 @@ def test_the_summary_gives_the_error_in_multiples_of_the_floor_and_the_target():
     assert floor_lines(_frame([20.0], [2.0]))[1].endswith("= 10.0 %: not met")
     assert floor_lines(_frame([20.0], [math.nan])) == [
         "- floor of identical runs: not measured (it needs --iters >= 4)"]
+
+
+def test_a_calibration_noisier_than_ten_percent_is_refused_unless_forced():
+    from types import SimpleNamespace
+
+    from simulator.distributed.calibrate import PoorFit, check_spread
+
+    quiet = [SimpleNamespace(spread=(0.02, 0.05, 0.3)), SimpleNamespace(spread=(0.08,))]  # median 6.5 %
+    noisy = [SimpleNamespace(spread=(0.12, 0.2, 0.05))]  # median 12 %
+    check_spread(quiet, force=False)  # type: ignore[arg-type]
+    with pytest.raises(PoorFit, match=r"spread 12\.0% .* over the 10% a calibration may carry"):
+        check_spread(noisy, force=False)  # type: ignore[arg-type]
+    check_spread(noisy, force=True)  # type: ignore[arg-type]
+    check_spread([], force=False)  # profiles taken from an earlier calibration: nothing measured here

@@ -79,7 +79,7 @@ from simulator.merge import PartialState, finalize, merge, partial_attention, re
 from simulator.support.files import write_text_atomic
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["PoorFit", "fit_linear", "run_rank", "stall_of"]
+__all__ = ["MAX_SPREAD", "PoorFit", "check_spread", "fit_linear", "run_rank", "stall_of"]
 
 PINGPONG_SIZES = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB
 SHARDS = [256, 1024, 4096, 16384, 65536]
@@ -88,6 +88,22 @@ LARGE_MESSAGE = 2**20  # ping-pong sizes from here on set the per-flow bandwidth
 
 class PoorFit(RuntimeError):
     """A fit too poor to write: the message says which and why."""
+
+
+MAX_SPREAD = 0.10  # a calibration whose kernel points' runs spread more than this (median) is not written
+
+
+def check_spread(profiles: list[KernelProfile], force: bool) -> None:
+    """Refuse (:class:`PoorFit`) kernel profiles whose points' runs spread more than :data:`MAX_SPREAD` (the median
+    over every point of interquartile range / median): a calibration that noisy is no better than its noise."""
+    spreads = [s for p in profiles for s in p.spread]
+    if not spreads or force:
+        return
+    median = statistics.median(spreads)
+    if median > MAX_SPREAD:
+        raise PoorFit(f"the kernel profiles' runs spread {median:.1%} (median interquartile range / median over "
+                      f"{len(spreads)} points), over the {MAX_SPREAD:.0%} a calibration may carry: the machine was "
+                      "too busy; nothing written, rerun when it is quiet (or --force writes it anyway)")
 
 
 def fit_linear(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float]:
@@ -537,6 +553,7 @@ def _topology(args: argparse.Namespace, world: int, pp: list[tuple[int, float]],
                       f"--min-r2; largest "
                       f"relative residual {res_p2p:.0%}): the machine was too busy; nothing written, rerun when it is "
                       "quiet")
+    check_spread(profiles if not args.kernels_from else [], bool(getattr(args, "force", False)))
     cores = os.cpu_count() or 1
     large_x = [(world * n, w, c) for n, w, c in exchanges if n >= SLOPE_FROM]  # bytes all ranks send at once
     wall_slope = _slope([x for x, _, _ in large_x], [w for _, w, _ in large_x])
