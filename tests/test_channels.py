@@ -25,7 +25,9 @@ BW = 50e9  # bytes/s per link direction
 
 
 def mesh(p: int, bw: str = "50 GB/s", lat: str = "0 s", pairs: list[tuple[int, int]] | None = None) -> Cluster:
-    """``p`` GPUs of one server (n0.gpu*), a direct full-duplex link between every pair (or only ``pairs``)."""
+    """``p`` GPUs of one server (n0.gpu*), a direct full-duplex link between every pair (or only ``pairs``, and a
+    slow host joining the GPUs, as no route passes through a GPU: no ring over the pairs takes it)."""
+    host = pairs is not None
     pairs = pairs if pairs is not None else [(a, b) for a in range(p) for b in range(a + 1, p)]
     raw: dict[str, Any] = {
         "devices": {"zero": ZERO_COMPUTE}, "name": "mesh",
@@ -33,6 +35,10 @@ def mesh(p: int, bw: str = "50 GB/s", lat: str = "0 s", pairs: list[tuple[int, i
         "links": [{"a": f"n0.gpu{a}", "b": f"n0.gpu{b}", "bandwidth": bw, "latency": lat, "class": "nvlink"}
                   for a, b in pairs],
     }
+    if host:
+        raw["nodes"].append({"name": "n0.host", "kind": "cpu"})
+        raw["links"] += [{"a": f"n0.gpu{i}", "b": "n0.host", "bandwidth": "1 GB/s", "latency": "1 ms",
+                          "class": "pcie"} for i in range(p)]
     return build_cluster(raw, "<mesh>")
 
 

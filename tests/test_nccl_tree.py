@@ -27,12 +27,16 @@ MiB = 1 << 20
 
 def line(bws: list[float], device: dict[str, Any] | None = None, lat: str = "0 s",
          overhead: str = "0 s") -> Cluster:
-    """GPUs of one server in a line, a full-duplex link of ``bws[i]`` bytes/s between GPU i and i + 1 only."""
+    """GPUs of one server in a line, a full-duplex link of ``bws[i]`` bytes/s between GPU i and i + 1 (and, as no
+    route passes through a GPU, a slow host that joins the others: no route of the tree takes it)."""
     raw: dict[str, Any] = {
         "devices": {"gpu": device or ZERO_COMPUTE}, "name": "line", "message_overhead": overhead,
-        "nodes": [{"name": f"n0.gpu{i}", "kind": "gpu", "device": "gpu"} for i in range(len(bws) + 1)],
-        "links": [{"a": f"n0.gpu{i}", "b": f"n0.gpu{i + 1}", "bandwidth": bw, "latency": lat, "class": "nvlink"}
-                  for i, bw in enumerate(bws)],
+        "nodes": [*({"name": f"n0.gpu{i}", "kind": "gpu", "device": "gpu"} for i in range(len(bws) + 1)),
+                  {"name": "n0.host", "kind": "cpu"}],
+        "links": [*({"a": f"n0.gpu{i}", "b": f"n0.gpu{i + 1}", "bandwidth": bw, "latency": lat, "class": "nvlink"}
+                    for i, bw in enumerate(bws)),
+                  *({"a": f"n0.gpu{i}", "b": "n0.host", "bandwidth": "1 GB/s", "latency": "1 ms", "class": "pcie"}
+                    for i in range(len(bws) + 1))],
     }
     return build_cluster(raw, "<line>")
 

@@ -91,8 +91,9 @@ def test_nvsmi_dgx1_older_format_direct_nvlink_pairs():
     nvlinks = {tuple(sorted((u, v))): d["bandwidth"] for u, v, d in c.graph.edges(data=True) if d["cls"] == "nvlink"}
     assert len(nvlinks) == 16 and sorted(set(nvlinks.values())) == [25e9, 50e9]  # NV1, NV2 x NVLink2
     assert nvlinks[("n0.gpu0", "n0.gpu3")] == 50e9 and ("n0.gpu0", "n0.gpu5") not in nvlinks
-    # no NVLink between them: two NVLink hops, not PCIe across the sockets
-    assert [c.graph.edges[e]["cls"] for e in c.route("n0.gpu0", "n0.gpu5")] == ["nvlink", "nvlink"]
+    # no NVLink between them: PCIe and the sockets' link (CUDA peer-to-peer), not through a third GPU's NVLinks
+    assert [c.graph.edges[e]["cls"] for e in c.route("n0.gpu0", "n0.gpu5")] == ["pcie", "pcie", "smp", "pcie",
+                                                                                  "pcie"]
     assert kinds(c)["cpu"] == 2 and kinds(c)["switch"] == 4  # CPU affinity groups; GPU pairs + NIC per PCIe switch
     assert bws(c, "pcie") == {15_750}
 

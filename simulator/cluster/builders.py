@@ -9,10 +9,13 @@ Node names: ``n{i}.gpu{j}``, ``n{i}.nvswitch`` (intra ``switch``), ``n{i}.host``
 
 Intra-node: ``switch`` (every GPU has one link of ``intra_bandwidth`` to the node switch), ``mesh`` (a link of
 ``intra_bandwidth`` between every GPU pair), ``pcie-host`` (each GPU has a PCIe link to the host; no peer-to-peer,
-so GPU-to-GPU traffic is routed, i.e. staged, through the host). NIC ``k`` hangs off GPU ``k * G // nics`` over
-PCIe (the host for ``pcie-host``). Inter-node (only when ``nodes > 1``): ``fat-tree`` (leaves of
-``nodes_per_leaf`` nodes, ``spines`` spines, uplinks sized by ``oversubscription``), ``rail`` (NIC ``k`` of every
-node on rail switch ``k``; spines join the rails, non-blocking), ``single-switch``.
+so GPU-to-GPU traffic is routed, i.e. staged, through the host). With a NIC per GPU or more, NIC ``k`` hangs off
+GPU ``k * G // nics`` over PCIe; with fewer, NIC ``k`` and the GPUs ``j`` with ``j * nics // G == k`` share a PCIe
+switch ``n{i}.pcie{k}`` (as a DGX's GPUs share theirs with their NIC: no route passes through a GPU, so a NIC
+reaches its GPUs over PCIe, not through one of them); for ``pcie-host`` every NIC hangs off the host.
+Inter-node (only when ``nodes > 1``): ``fat-tree`` (leaves of ``nodes_per_leaf`` nodes, ``spines`` spines, uplinks
+sized by ``oversubscription``), ``rail`` (NIC ``k`` of every node on rail switch ``k``; spines join the rails,
+non-blocking), ``single-switch``.
 """
 
 from __future__ import annotations
@@ -174,11 +177,16 @@ def expand_preset(raw: Mapping[str, Any], src: str, overrides: dict[str, Any], f
         _intra(i, g, p, nodes, links)
         if n_nodes > 1:
             anchor = f"n{i}.host" if p["intra"] == "pcie-host" else None
+            shared = anchor is None and nics < g  # GPUs share their NIC's PCIe switch
             for k in range(nics):
                 nic = f"n{i}.nic{k}"
                 nodes.append({"name": nic, "kind": "nic"})
-                links.append(_link(nic, anchor or f"n{i}.gpu{k * g // nics}", p["pcie_bandwidth"],
-                                   p["pcie_latency"], "pcie"))
+                up = anchor or (f"n{i}.pcie{k}" if shared else f"n{i}.gpu{k * g // nics}")
+                if shared:
+                    nodes.append({"name": up, "kind": "switch"})
+                    links.extend(_link(f"n{i}.gpu{j}", up, p["pcie_bandwidth"], p["pcie_latency"], "pcie")
+                                 for j in range(g) if j * nics // g == k)
+                links.append(_link(nic, up, p["pcie_bandwidth"], p["pcie_latency"], "pcie"))
     if n_nodes > 1:
         _inter(n_nodes, nics, p, nodes, links)
     out: dict[str, Any] = {"name": raw.get("name", "cluster"), "nodes": nodes, "links": links,

@@ -8,6 +8,10 @@ A walk's distances to its destination are ``min(base[v], min_j rows_t[v, rix[j]]
 group-local search written into ``base`` (the entry terms empty for a bounded search), or a whole-graph search's
 row. Each function returns every pair's route as edge ids (the graph's edge order; CSR), its latency (the links'
 latencies added in route order, as ``sum`` adds them) and a status: 0 a route, 2 no route.
+
+A node marked ``stop`` (a GPU) is a route's end, never a hop in its middle: the searches do not relax the links
+into it but from its destination, and the walks step onto it only as the destination (a GPU does not forward what
+it receives; :class:`simulator.cluster.routing.Router`).
 """
 
 from __future__ import annotations
@@ -49,12 +53,14 @@ class Graph(NamedTuple):
     most: int  # the largest out-degree
     n_ptr: np.ndarray  # name of node v: n_bytes[n_ptr[v]:n_ptr[v + 1]] (UTF-8)
     n_bytes: np.ndarray
+    stop: np.ndarray  # 1 where node v may end a route but not be passed through (a GPU), else 0
 
 
 def graph_arrays(names: list[str], eu: np.ndarray, ev: np.ndarray, lat: np.ndarray, weight: np.ndarray,
-                 group: list[int]) -> Graph:
+                 group: list[int], stop: np.ndarray | None = None) -> Graph:
     """The CSR arrays of a graph given as its links ``eu[e] -> ev[e]`` (link id ``e``: the graph's edge order),
-    their latencies and their weights in the searches."""
+    their latencies and their weights in the searches; ``stop``: the nodes no route passes through (none if not
+    given)."""
     n = len(names)
     rank = np.empty(n, dtype=np.int64)  # each node's place in name order
     rank[sorted(range(n), key=names.__getitem__)] = np.arange(n)
@@ -74,7 +80,8 @@ def graph_arrays(names: list[str], eu: np.ndarray, ev: np.ndarray, lat: np.ndarr
     return Graph(s_ptr, s_idx, weight[s_order], s_order.astype(np.int64), lat[s_order], p_ptr, eu[p_order],
                  weight[p_order], s_idx[order], order.astype(np.int64), groups,
                  np.bincount(groups[groups >= 0], minlength=max(group, default=-1) + 1),
-                 int(max(1, np.diff(s_ptr).max(initial=0))), n_ptr, n_bytes)
+                 int(max(1, np.diff(s_ptr).max(initial=0))), n_ptr, n_bytes,
+                 np.zeros(n, dtype=np.uint8) if stop is None else np.asarray(stop, dtype=np.uint8))
 
 
 def scratch(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -190,12 +197,15 @@ def _weight(g: Graph, u: int, v: int) -> float:  # pragma: no cover
 
 @njit(cache=True)
 def two_hop_bounds(g: Graph, srcs: np.ndarray, dsts: np.ndarray) -> np.ndarray:  # pragma: no cover
-    """Latency of the best path of at most two links from each source to its destination (inf if none)."""
+    """Latency of the best path of at most two links from each source to its destination (inf if none; the middle
+    node not a stop node)."""
     out = np.empty(len(srcs))
     for k in range(len(srcs)):
         s, d = srcs[k], dsts[k]
         best = _weight(g, s, d)
         for e in range(g.s_ptr[s], g.s_ptr[s + 1]):
+            if g.stop[g.s_idx[e]]:
+                continue
             w2 = _weight(g, g.s_idx[e], d)
             if w2 < _INF and g.s_w[e] + w2 < best:
                 best = g.s_w[e] + w2
@@ -208,7 +218,7 @@ def _search(g: Graph, dst: int, limit: float, only: int, base: np.ndarray,
             touched: np.ndarray) -> int:  # pragma: no cover
     """Dijkstra from ``dst`` over the reversed graph: the distances of the nodes within ``limit`` (and, where
     ``only`` >= 0, inside group ``only``) written into ``base`` (inf elsewhere), their nodes into ``touched``;
-    returns how many."""
+    returns how many. A stop node other than ``dst`` gets its distance but passes none on (no route through it)."""
     nt = 0
     heap = [(0.0, dst)]
     while heap:
@@ -218,6 +228,8 @@ def _search(g: Graph, dst: int, limit: float, only: int, base: np.ndarray,
         base[v] = d
         touched[nt] = v
         nt += 1
+        if g.stop[v] and v != dst:
+            continue
         for e in range(g.p_ptr[v], g.p_ptr[v + 1]):
             u = g.p_idx[e]
             if only >= 0 and g.group[u] != only:
@@ -266,18 +278,20 @@ def _on_path(dv: float, w: float, here: float, tol: float) -> bool:  # pragma: n
 
 
 @njit(cache=True, inline="always")
-def _scan(g: Graph, cur: int, here: float, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray, cs: np.ndarray,
-          cand: np.ndarray, cand_d: np.ndarray, kept: _Kept, cls: int, grp: int, touched: np.ndarray, nt: int
-          ) -> int:  # pragma: no cover
-    """The successors of ``cur`` on shortest paths (positions into ``cand`` in name order, distances into
-    ``cand_d``); how many. With ``cls`` >= 0, a wide node outside group ``grp`` reads them from ``kept``: those of
-    its class, less the group's nodes (``touched``: their distances are not the class's), plus the group's nodes
-    that are."""
+def _scan(g: Graph, cur: int, dst: int, here: float, base: np.ndarray, rows_t: np.ndarray, rix: np.ndarray,
+          cs: np.ndarray, cand: np.ndarray, cand_d: np.ndarray, kept: _Kept, cls: int, grp: int, touched: np.ndarray,
+          nt: int) -> int:  # pragma: no cover
+    """The successors of ``cur`` on shortest paths to ``dst`` (positions into ``cand`` in name order, distances
+    into ``cand_d``; a stop node only where it is ``dst``); how many. With ``cls`` >= 0, a wide node outside group
+    ``grp`` reads them from ``kept``: those of its class, less the group's nodes (``touched``: their distances are
+    not the class's), plus the group's nodes that are."""
     tol = 1e-12 * here
     lo, hi = g.s_ptr[cur], g.s_ptr[cur + 1]
     if cls < 0 or hi - lo <= _KEEP_DEGREE or g.group[cur] == grp:
         k = 0
         for e in range(lo, hi):
+            if g.stop[g.s_idx[e]] and g.s_idx[e] != dst:
+                continue
             dv = _dist(g.s_idx[e], base, rows_t, rix, cs)
             if _on_path(dv, g.s_w[e], here, tol):
                 cand[k] = e
@@ -288,6 +302,8 @@ def _scan(g: Graph, cur: int, here: float, base: np.ndarray, rows_t: np.ndarray,
     if key not in kept.where:
         first = len(kept.pos)
         for e in range(lo, hi):
+            if g.stop[g.s_idx[e]]:  # outside the group: not the destination
+                continue
             dv = _via(g.s_idx[e], rows_t, rix, cs)
             if _on_path(dv, g.s_w[e], here, tol):
                 kept.pos.append(e)
@@ -303,7 +319,7 @@ def _scan(g: Graph, cur: int, here: float, base: np.ndarray, rows_t: np.ndarray,
             k += 1
     for t in range(nt):  # the group's nodes among cur's successors, each in its place
         e = _position(g, cur, touched[t])
-        if e < 0:
+        if e < 0 or (g.stop[touched[t]] and touched[t] != dst):
             continue
         dv = _dist(touched[t], base, rows_t, rix, cs)
         if _on_path(dv, g.s_w[e], here, tol):
@@ -341,7 +357,7 @@ def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, ri
     latency = 0.0
     grp = g.group[dst]
     while cur != dst:
-        k = _scan(g, cur, here, base, rows_t, rix, cs, cand, cand_d, kept, cls, grp, touched, nt)
+        k = _scan(g, cur, dst, here, base, rows_t, rix, cs, cand, cand_d, kept, cls, grp, touched, nt)
         if k == 0:  # cannot happen on true distances: a node on a shortest path has a successor on one
             raise AssertionError("a route walk found no successor on a shortest path")
         pick = 0 if k == 1 else _pick(g, src, dst, cur, buf, k)
@@ -396,8 +412,9 @@ def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """Per destination in a group of at most ``group_max`` nodes: each entry node x (outside the group, with a
     link into it) and ``w(x, y) + d_group(y, dst)``, the best over its links into the group (a path into the group
-    enters it for the last time over such a link). (ok, x_ptr, xs, cs): not ok where the destination has no group,
-    its group is larger or entered from more than ``entries_max`` nodes."""
+    enters it for the last time over such a link, at the destination or at a node that is not a stop node).
+    (ok, x_ptr, xs, cs): not ok where the destination has no group, its group is larger or entered from more than
+    ``entries_max`` nodes, or from a stop node (a path through it would pass through a stop node)."""
     ok = np.zeros(len(dsts), dtype=np.bool_)
     x_ptr = np.zeros(len(dsts) + 1, dtype=np.int64)
     xs = np.empty(0, dtype=np.int64)
@@ -411,9 +428,13 @@ def entry_constants(g: Graph, dsts: np.ndarray, group_max: int, entries_max: int
             ok[i] = True
             for t in range(nt):
                 y = touched[t]
+                if g.stop[y] and y != dsts[i]:
+                    continue
                 for e in range(g.p_ptr[y], g.p_ptr[y + 1]):
                     x = g.p_idx[e]
                     if g.group[x] != grp:
+                        if g.stop[x]:
+                            ok[i] = False
                         c = g.p_w[e] + base[y]
                         if c < best[x]:
                             if best[x] == _INF:

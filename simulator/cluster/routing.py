@@ -1,6 +1,9 @@
 """Deterministic routes: shortest by total latency, then fewest hops, ECMP ties broken by a stable hash.
 
-Each link weighs ``latency + HOP_EPSILON`` so that, among paths of equal latency, the one with fewer hops is shorter.
+Each link weighs ``latency + HOP_EPSILON`` so that, among paths of equal latency, the one with fewer hops is shorter;
+a link into a CPU node weighs :data:`HOST_EPSILON` more, so that, before that, the path through fewer CPUs (host
+bridges) is: of a GPU's NICs at the same latency, the one behind its PCIe switch before the one behind the host
+bridge, as NCCL ranks paths (``PIX``/``PXB`` before ``PHB`` before ``SYS``, ``src/graph/paths.cc``).
 The route walks from the source, at each node choosing among the successors that lie on a shortest path to the
 destination; when there are several, a hash (BLAKE2b of ``src|dst|hop``) picks one, so that different pairs spread
 over equal-cost paths as ECMP does while the same pair always takes the same path, in every run and process.
@@ -17,6 +20,13 @@ same routes: ``tests/test_topology.py`` compares routes of the shipped topologie
   the entry nodes ``x`` (the fabric switches, a handful shared by every server) are computed once per router, and
   a destination costs a Dijkstra inside its group;
 * otherwise scipy's compiled Dijkstra from the destination over the whole reversed graph, batched.
+
+A GPU (a node of kind ``gpu``) is a route's end and never a hop in its middle: CUDA peer-to-peer copies go over a
+direct NVLink or over PCIe and the host, and no GPU forwards what it receives (NCCL chains through a GPU only as
+an explicit step of its ring, a kernel that receives and sends: a schedule's step, not a route). The searches give a
+GPU its distance to the destination but pass it on to no other node, the walks step onto a GPU only where it is
+the destination, and scipy's search runs on a copy of the reversed graph in which the links into each GPU leave
+from a node of their own (the GPU's "arrival" node, where a search to that GPU starts).
 
 The searches (but scipy's) and the walks run compiled (:mod:`simulator.cluster.routecore`, numba), a batch of pairs
 grouped by destination: a destination's search is done once for all its sources in the batch. :meth:`Router._walk`
@@ -46,10 +56,12 @@ from simulator.cluster.routecore import (
 )
 from simulator.schedule.colpass import spans
 
-__all__ = ["HOP_EPSILON", "Router"]
+__all__ = ["HOP_EPSILON", "HOST_EPSILON", "Router"]
 
 Edge = tuple[str, str]
 HOP_EPSILON = 1e-15  # seconds added per hop: breaks latency ties in favour of fewer hops
+HOST_EPSILON = 1e-13  # seconds added per link into a CPU node (more than HOP_EPSILON x any route's hops): breaks
+# latency ties in favour of fewer host bridges first
 _BATCH = 128  # destinations per compiled Dijkstra call (memory: batch x nodes floats)
 _VECTOR_DEGREE = 32  # scan successors with numpy above this out-degree
 _GROUP_MAX = 512  # a group larger than this is searched as a whole graph
@@ -76,13 +88,21 @@ class Router:
         eu = np.fromiter((index[u] for u, _, _ in edges), dtype=np.int64, count=len(edges))
         ev = np.fromiter((index[v] for _, v, _ in edges), dtype=np.int64, count=len(edges))
         lat = np.fromiter((w for _, _, w in edges), dtype=np.float64, count=len(edges))
-        weight = lat + HOP_EPSILON
-        self._reversed = csr_matrix((weight, (ev, eu)), shape=(n, n))  # distances *to* a destination
+        kinds = [graph.nodes[name].get("kind") for name in self._names]
+        host = np.fromiter((k == "cpu" for k in kinds), dtype=bool, count=n)
+        weight = lat + HOP_EPSILON + np.where(host[ev], HOST_EPSILON, 0.0)
+        stop = np.fromiter((k == "gpu" for k in kinds), dtype=bool, count=n)
+        # distances *to* a destination: the reversed graph, the links into a GPU leaving from its arrival node
+        # (n + its place among the GPUs), so that a search reaches a GPU but never goes on through it
+        arrival = np.full(n, -1, dtype=np.int64)
+        arrival[stop] = n + np.arange(int(stop.sum()))
+        self._start = np.where(stop, arrival, np.arange(n))  # where a search to each node starts
+        self._reversed = csr_matrix((weight, (self._start[ev], eu)), shape=(n + int(stop.sum()),) * 2)
         self._ends = (eu, ev)  # each link's (u, v)
         group_of: dict[str, int] = {}
         group = [group_of.setdefault(name.split(".", 1)[0], len(group_of)) if "." in name else -1
                  for name in self._names]
-        self._graph = graph_arrays(self._names, eu, ev, lat, weight, group)
+        self._graph = graph_arrays(self._names, eu, ev, lat, weight, group, stop)
         self._buf = np.zeros(3 * int(np.diff(self._graph.n_ptr).max(initial=0)) + 2, dtype=np.uint8)
         self._row_of = np.full(n, -1, dtype=np.int64)  # entry node -> its column in self._rows_t, -1: none
         self._rows_t = np.zeros((n, 0))  # distances to each entry node from every node (a column per entry node)
@@ -138,7 +158,7 @@ class Router:
         for start in range(0, len(whole), _BATCH):
             batch = np.zeros(len(dsts), dtype=bool)
             batch[whole[start:start + _BATCH]] = True
-            dist = dijkstra(self._reversed, directed=True, indices=dsts[batch])
+            dist = self._search_rows(dsts[batch])
             self._store(by_dst, batch, walk_rows, dist)
 
     def _store(self, by_dst: tuple[np.ndarray, ...], which: np.ndarray, walk: Callable[..., Walked],
@@ -172,6 +192,14 @@ class Router:
         self._latency[first:rows] = latency
         self._ids[n_ids:more] = ids
         self._rows_used, self._ids_used = rows, more
+
+    def _search_rows(self, dsts: np.ndarray) -> np.ndarray:
+        """Distances to each of ``dsts`` from every node (a row per destination), no route passing through a GPU:
+        scipy's Dijkstra from the destination's start node over the reversed graph (:meth:`__init__`)."""
+        n = len(self._names)
+        dist = np.ascontiguousarray(dijkstra(self._reversed, directed=True, indices=self._start[dsts])[:, :n])
+        dist[np.arange(len(dsts)), dsts] = 0.0
+        return dist
 
     def _compiled(self, fn: Callable[..., Any], *args: object) -> Any:
         """``fn(*args)``, a compiled search or walk; where it raises, the scratch arrays it may have left written
@@ -213,7 +241,7 @@ class Router:
         room = _ROW_FLOATS_MAX // max(1, n) - self._rows_t.shape[1]
         if not len(new) or len(new) > room:
             return
-        dist = dijkstra(self._reversed, directed=True, indices=new)
+        dist = self._search_rows(new)
         self._row_of[new] = self._rows_t.shape[1] + np.arange(len(new))
         self._rows_t = np.ascontiguousarray(np.hstack([self._rows_t, dist.T]))
 
@@ -233,11 +261,11 @@ class Router:
                 nxt = []
                 for v, w in zip(idx.tolist(), ws.tolist(), strict=True):
                     dv = float(dist[v])
-                    if abs(dv + w - here) <= tol and dv < here:
+                    if abs(dv + w - here) <= tol and dv < here and (v == goal or not g.stop[v]):
                         nxt.append((v, dv))
             else:
                 dvs = dist[idx]
-                keep = (np.abs(dvs + ws - here) <= tol) & (dvs < here)
+                keep = (np.abs(dvs + ws - here) <= tol) & (dvs < here) & ((idx == goal) | (g.stop[idx] == 0))
                 nxt = list(zip(idx[keep].tolist(), dvs[keep].tolist(), strict=True))
             pick = nxt[_stable_hash(f"{src}|{dst}|{names[cur]}") % len(nxt)] if len(nxt) > 1 else nxt[0]
             edges.append((names[cur], names[pick[0]]))
@@ -245,7 +273,8 @@ class Router:
         return tuple(edges)
 
     def route(self, src: str, dst: str) -> tuple[Edge, ...]:
-        """Directed edges from ``src`` to ``dst``; empty when ``src == dst``. Raises KeyError if unreachable."""
+        """Directed edges from ``src`` to ``dst``; empty when ``src == dst``. Raises KeyError if unreachable (without
+        passing through a GPU)."""
         if src == dst:
             return ()
         hit = self._routes.get((src, dst))
@@ -267,5 +296,5 @@ class Router:
         takes (the definition, for tests)."""
         if src == dst:
             return ()
-        row = dijkstra(self._reversed, directed=True, indices=[self._index[dst]])[0]
+        row = self._search_rows(np.array([self._index[dst]]))[0]
         return self._walk(src, dst, row)

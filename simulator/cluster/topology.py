@@ -26,11 +26,13 @@ from typing import Any
 
 import networkx as nx
 import numpy as np
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import connected_components
 
 from simulator.cluster.builders import expand_preset
 from simulator.cluster.devices import DeviceSpec, parse_device_spec
 from simulator.cluster.nccl_keys import ALGOS, LATENCY_KINDS, PROTOCOLS, latency_key
-from simulator.cluster.presets import DEVICE_LIBRARY, list_presets, preset_description
+from simulator.cluster.presets import DEVICE_LIBRARY, NOT_PRESETS, list_presets, preset_description
 from simulator.cluster.routing import Edge, Router
 from simulator.cluster.size_curve import SizeCurve, parse_size_curve
 from simulator.errors import InputError, excerpt
@@ -174,7 +176,7 @@ def _resolve(ref: str, base_dir: Path | None) -> Path:
             raise InputError(f"topology file {excerpt(ref)} not found", field="topology")
         return path
     preset = TOPOLOGY_DIR / f"{ref}.yaml"
-    if ref == Path(DEVICE_LIBRARY).stem or not preset.exists():
+    if ref in {Path(name).stem for name in NOT_PRESETS} or not preset.exists():
         raise InputError(f"unknown topology preset {excerpt(ref)}; presets: {', '.join(list_presets())}",
                          field="topology")
     return preset
@@ -381,13 +383,41 @@ def _quantity(kind: str, value: Any, locate: Callable[[tuple[Any, ...], InputErr
 
 
 def _check_reachable(graph: nx.DiGraph, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> None:
-    devices = [n for n, k in graph.nodes(data="kind") if k in ("gpu", "cpu")]
-    comp_of: dict[str, int] = {}
-    for i, comp in enumerate(nx.strongly_connected_components(graph)):
-        for n in comp:
-            comp_of[n] = i
-    first = devices[0]
-    for d in devices[1:]:
-        if comp_of[d] != comp_of[first]:
-            a, b = (first, d) if not nx.has_path(graph, first, d) else (d, first)
-            raise locate(("links",), InputError(f"device {b} is unreachable from {a}"))
+    """Every device (GPU or CPU) reaches every other by a route, no route passing through a GPU
+    (:mod:`simulator.cluster.routing`): from ``a`` to ``b`` over a direct link, or from a node after ``a`` to one
+    before ``b`` through nodes that are not GPUs. The nodes every device reaches that way (its non-GPU successors
+    and what they reach) are found per strongly connected component of the graph without its GPUs; a device entered
+    from one of the components all devices reach is reached by all, the others are checked pair by pair."""
+    kind = dict(graph.nodes(data="kind"))
+    devices = [n for n, k in kind.items() if k in ("gpu", "cpu")]
+    rest = [n for n, k in kind.items() if k != "gpu"]
+    index = {n: i for i, n in enumerate(rest)}
+    ends = np.array([(index[u], index[v]) for u, v in graph.edges if u in index and v in index],
+                    dtype=np.int64).reshape(-1, 2)
+    adjacency = csr_matrix((np.ones(len(ends)), (ends[:, 0], ends[:, 1])), shape=(len(rest), len(rest)))
+    _, labels = connected_components(adjacency, directed=True, connection="strong")
+    comp = dict(zip(rest, labels.tolist(), strict=True))
+    cond = nx.DiGraph()
+    cond.add_nodes_from(set(comp.values()))
+    cond.add_edges_from({(int(a), int(b)) for a, b in zip(labels[ends[:, 0]], labels[ends[:, 1]], strict=True)
+                         if a != b})
+    below: dict[int, frozenset[int]] = {}  # each component and those it reaches
+    for c in reversed(list(nx.topological_sort(cond))):
+        below[c] = frozenset({c}).union(*(below[x] for x in cond.successors(c)))
+
+    def reach(d: str) -> frozenset[int]:  # components a route from d reaches without passing through a GPU
+        return frozenset().union(*(below[comp[v]] for v in (d, *graph.successors(d)) if v in comp))
+
+    def entered(d: str) -> set[int]:  # components a route into d comes from
+        return {comp[v] for v in (d, *graph.predecessors(d)) if v in comp}
+
+    reached = {d: reach(d) for d in devices}
+    common = frozenset.intersection(*reached.values()) if reached else frozenset()
+    for b in devices:
+        into = entered(b)
+        if into & common:
+            continue
+        for a in devices:
+            if a != b and not graph.has_edge(a, b) and not reached[a] & into:
+                raise locate(("links",), InputError(f"device {b} is unreachable from {a} (a route may not pass "
+                                                    "through a GPU)"))

@@ -6,9 +6,15 @@ share links: across servers one ring per NIC rail (the ring enters and leaves ea
 index, so a rail-optimised fabric carries each channel on its own rail), inside a server one ring per set of
 distinct GPU-to-GPU links. We follow that rule on the cluster graph:
 
-* several servers: one channel per NIC of a server (``rails``); channel ``c`` enters server ``i`` at the GPU of NIC
-  ``c`` and leaves it at its neighbour, servers visited as a snake so that every server-to-server hop joins GPUs of
-  the same local index (one rail);
+* several servers: one channel per NIC of a server that NCCL would use (``rails``); channel ``c`` enters server
+  ``i`` at a GPU nearest NIC ``c`` and leaves it at its neighbour, servers visited as a snake so that every
+  server-to-server hop joins GPUs of the same local index (one rail). A GPU's nearest NIC is the one its route to
+  the next server leaves by: routes pass through no GPU, so that is over PCIe, and of equal latencies through the
+  fewest host bridges, as NCCL ranks paths (``PIX``/``PXB`` before ``PHB`` before ``SYS``, ``src/graph/paths.cc``);
+  a NIC that is no GPU's nearest carries no channel (a storage NIC behind the host bridge). Where two neighbours
+  share a NIC (a PCIe switch with two GPUs and their NIC) the channel enters at the second and leaves at the first,
+  so that it goes on to the next server by the NIC it came in by (NCCL's rings leave a server by the NIC they
+  entered it by where they can, ``src/graph/search.cc``) and every NIC carries its channel;
 * one server whose GPUs are all directly linked (a mesh: MI300X's Infinity Fabric): rings of pairwise distinct
   directed links, as many as the links allow (:func:`mesh_rings`: 7 rings on 8 GPUs, every xGMI link used once in
   each direction);
@@ -42,7 +48,8 @@ class Fabric:
     """The collective-relevant view of a cluster, per rank (index into ``cluster.ranks``).
 
     ``hosts[r]``: server index; ``local[r]``: index among its server's GPUs; ``rails``: NICs per server (0 on one
-    server); ``nic_gpu[k]``: local index of the GPU NIC ``k`` hangs off (its rail's entry); ``intra``: NCCL's
+    server); ``nic_gpu[k]``: local index of the GPU where a channel on NIC ``k`` enters a server (its rail's entry:
+    a GPU nearest the NIC, module docstring); ``intra``: NCCL's
     hardware class inside a server (``nvlink`` or ``pci``); ``mesh``: every GPU pair of a server directly linked;
     ``nvls``: the server's GPUs share an NVSwitch with NVLink SHARP; ``switch``: that switch's node name per host;
     ``device``: the GPUs' device name; ``link_class``: the class of a server's GPU-to-GPU (or GPU-to-switch) links
@@ -183,10 +190,10 @@ def fabric_of(cluster: Cluster) -> Fabric:
     gpus = [n for n in cluster.ranks if cluster.host_of(n) == first_host]
     nics = sorted((n for n, k in graph.nodes(data="kind") if k == "nic" and cluster.host_of(n) == first_host),
                   key=_natural)
-    nic_gpu = []
-    for nic in nics:
-        near = [gpus.index(v) for v in graph.successors(nic) if v in gpus]
-        nic_gpu.append(near[0] if near else 0)
+    nic_gpu: list[int] = []
+    if len(host_index) > 1:
+        second = next(h for h in host_index if h != first_host)
+        nics, nic_gpu = _rails(cluster, gpus, [n for n in cluster.ranks if cluster.host_of(n) == second], nics)
     classes = {graph.edges[u, v].get("cls", "") for u in gpus for v in graph.successors(u)
                if graph.nodes[v].get("kind") != "nic"}
     intra = "nvlink" if classes & set(_NVLINK_CLASSES) else "pci"
@@ -206,6 +213,30 @@ def fabric_of(cluster: Cluster) -> Fabric:
     return Fabric(tuple(hosts), tuple(local), rails=len(nics) if len(host_index) > 1 else 0,
                   nic_gpu=tuple(nic_gpu), intra=intra, mesh=mesh, nvls=nvls, switch=tuple(switch), device=device,
                   link_class=link_class, cluster=cluster)
+
+
+def _rails(cluster: Cluster, gpus: list[str], peers: list[str], nics: list[str]) -> tuple[list[str], list[int]]:
+    """The NICs of a server that channels run on, and where a channel on each enters the server (local GPU index):
+    each GPU leaves the server by the NIC its route to its peer (the GPU of its local index on the next server)
+    takes, its nearest (no route passes through a GPU; of equal latencies, the fewest host bridges); the NICs some
+    GPU leaves by carry the channels, in name order; a channel on NIC ``k`` enters at a GPU that leaves by ``k``:
+    of two neighbours ``j - 1, j`` that both do, ``j``, so that the ring, which leaves the server at ``j - 1``,
+    goes on by the NIC it came in by. Where no route takes a NIC (GPUs on the fabric itself), every NIC, entered at
+    the GPU it hangs off."""
+    pairs = list(zip(gpus, peers, strict=False))
+    cluster.prepare_routes(pairs)
+    first = set(nics)
+    leaves = [next((v for _, v in cluster.route(a, b) if v in first), None) for a, b in pairs]
+    used = [nic for nic in nics if nic in leaves]
+    if not used:
+        graph = cluster.graph
+        return nics, [next((gpus.index(v) for v in graph.successors(nic) if v in gpus), 0) for nic in nics]
+    entries = []
+    for nic in used:
+        by = [j for j, v in enumerate(leaves) if v == nic]
+        pair = [j for j in by if (j - 1) % len(leaves) != j and (j - 1) % len(leaves) in by]
+        entries.append(pair[0] if pair else by[0])
+    return used, entries
 
 
 def _natural(name: str) -> tuple[str, int]:

@@ -13,7 +13,10 @@ estimates are pure functions of the inputs (no graph, no schedule is built):
   channel (about 5 P ops per rank and channel, measured on allreduce), NCCL's tree pipelines about 250 per rank and
   channel, an all-to-all sends 2 P per rank: whatever the algorithm, the largest of them;
 * the ops one point simulates one after another (:func:`check_simulated`): a generate point runs ``new_tokens``
-  decode steps per schedule, each a schedule of its own, about :data:`SECONDS_PER_OP` each.
+  decode steps per schedule, each a schedule of its own, about :data:`SECONDS_PER_OP` each;
+* a scenario's ``variability:`` (:func:`check_trials`): at most :data:`MAX_TRIALS` trials, and the trials of a
+  point's schedules at most :data:`MAX_TRIAL_OPS` ops in all (a varied trial costs about
+  :data:`SECONDS_PER_TRIAL_OP` per op).
 """
 
 from __future__ import annotations
@@ -25,13 +28,17 @@ from typing import Any
 from simulator.errors import InputError
 
 __all__ = ["BYTES_PER_GRAPH_ELEMENT", "BYTES_PER_OP", "MAX_COUNT", "MAX_GRAPH_ELEMENTS", "MAX_SCHEDULE_OPS",
-           "MAX_SEQUENCE", "MAX_SIMULATED_OPS", "MAX_SWEEP_POINTS", "SECONDS_PER_OP", "builder_elements",
-           "check_builder", "check_collective", "check_graph", "check_schedule", "check_simulated", "check_sweep",
-           "collective_ops", "schedule_ops"]
+           "MAX_SEQUENCE", "MAX_SIMULATED_OPS", "MAX_SWEEP_POINTS", "MAX_TRIALS", "MAX_TRIAL_OPS",
+           "SECONDS_PER_OP", "SECONDS_PER_TRIAL_OP", "builder_elements", "check_builder", "check_collective",
+           "check_graph", "check_schedule", "check_simulated", "check_sweep", "check_trials", "collective_ops",
+           "schedule_ops"]
 
 MAX_COUNT = 2**53  # any count: integers a float still counts exactly
 MAX_SEQUENCE = 2**31  # a sequence attending to itself: its (query, key) pairs, ~2^61, still fit an int64
 MAX_SWEEP_POINTS = 10_000
+MAX_TRIALS = 10_000  # simulations of one schedule with varied durations (variability.trials)
+MAX_TRIAL_OPS = 200_000_000  # ops simulated over a point's trials: about 2 min of CPU
+SECONDS_PER_TRIAL_OP = 5e-7  # measured: a varied trial of ring decode at P = 256, 196,352 ops, 0.1 s of CPU
 MAX_GRAPH_ELEMENTS = 500_000
 MAX_SCHEDULE_OPS = 10_000_000  # ~9 GB of ops and records (ring decode on 1,024 GPUs: 3.1M ops, 2.8 GB)
 BYTES_PER_GRAPH_ELEMENT = 1_000
@@ -46,6 +53,9 @@ _OPS_PER_RANK: dict[str, Callable[[int], float]] = {
     "ring": lambda p: 3.0 * p + 8, "single": lambda p: 2.0,
     "prefill:ring": lambda p: 8.0 * p + 16, "prefill:allgather": lambda p: 4.0 * p + 16,
     "prefill:ulysses": lambda p: 4.0 * p + 16, "prefill:single": lambda p: 4.0,
+    "prefill:usp": lambda p: 8.0 * p + 16,  # at most ring's (a ring over fewer ranks, all-to-alls inside a server)
+    "prefill:ring-q": lambda p: 11.0 * p + 16,  # per step a query send/recv, a block, a partial's send/recv and
+    # merge (forward); a bundle's send/recv, a block, a dQ send/recv (backward): 11.2M ops at P = 1024
 }
 
 
@@ -69,8 +79,9 @@ def builder_elements(p: Mapping[str, Any]) -> float:
     intra_links = g * (g - 1) / 2 if p.get("intra") == "mesh" else g
     leaves = nics if p.get("inter") == "rail" else math.ceil(n / float(p.get("nodes_per_leaf") or 1))
     spines = float(p.get("spines") or 1) if n > 1 else 0.0
-    nodes = n * (g + 1 + nics) + leaves + spines
-    links = n * (intra_links + 2 * nics) + leaves * spines
+    shared = nics if 0 < nics < g and p.get("intra") != "pcie-host" else 0.0  # PCIe switches GPUs share with NICs
+    nodes = n * (g + 1 + nics + shared) + leaves + spines
+    links = n * (intra_links + 2 * nics + (g if shared else 0.0)) + leaves * spines
     return nodes + 2 * links
 
 
@@ -124,3 +135,15 @@ def check_simulated(ops: float, what: str, field: str | None, force: bool = Fals
         minutes = ops * SECONDS_PER_OP / 60
         raise InputError(f"{what} would simulate about {ops:.3g} ops (limit {MAX_SIMULATED_OPS:,}; about "
                          f"{minutes:,.0f} min); {FORCE_HINT}", field=field)
+
+
+def check_trials(trials: int, ops: float, field: str | None, force: bool = False) -> None:
+    """Refuse more than :data:`MAX_TRIALS` trials, or trials of a point's schedules (``ops`` in all, each simulated
+    once more per trial) over :data:`MAX_TRIAL_OPS` ops in all."""
+    if trials > MAX_TRIALS and not force:
+        raise InputError(f"{trials:,} trials (limit {MAX_TRIALS:,}); {FORCE_HINT}", field=field)
+    if trials * ops > MAX_TRIAL_OPS and not force:
+        minutes = trials * ops * SECONDS_PER_TRIAL_OP / 60
+        raise InputError(f"{trials:,} trials of schedules of about {ops:.3g} ops would simulate about "
+                         f"{trials * ops:.3g} ops (limit {MAX_TRIAL_OPS:,}; about {minutes:,.0f} min of CPU); "
+                         f"{FORCE_HINT}", field=field)
