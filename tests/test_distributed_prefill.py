@@ -21,7 +21,8 @@ from simulator.numeric.prefill import PrefillExecutor, make_prefill_inputs  # no
 from simulator.workloads.layouts import LAYOUTS, positions  # noqa: E402
 from simulator.workloads.prefill_shape import PrefillShape  # noqa: E402
 
-ALGORITHMS = [("ring", {}), ("ring", {"overlap": False}), ("allgather", {}), ("ulysses", {})]
+ALGORITHMS = [("ring", {}), ("ring", {"overlap": False}), ("ring-q", {}), ("allgather", {}), ("ulysses", {}),
+              ("usp", {})]
 
 
 def _arrays(value: object) -> list[tuple[int, ...]]:

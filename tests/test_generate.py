@@ -58,7 +58,8 @@ def test_generate_rows_add_up(tmp_path):
 
 @pytest.mark.parametrize(("change", "expected"), [
     (("prefill: {name: ring, overlap: true}", "prefill: tree"),
-     "g.yaml:9: workload.prefill: unknown algorithm 'tree'; valid: ring, allgather, ulysses, single"),
+     "g.yaml:9: workload.prefill: unknown algorithm 'tree'; valid: ring, ring-q, allgather, ulysses, usp, single, "
+     "auto"),
     (("algorithms: [ring, tree]", "algorithms: [ring, ulysses]"),
      "g.yaml:11: algorithms.1: unknown algorithm 'ulysses'; valid: ring, ring-q, tree"),
     (("prompt: 8K", "prompt: 4"), "g.yaml:7: workload.prompt: the prompt (4 tokens) must have at least one token"),

@@ -15,8 +15,8 @@ def test_every_record_is_whole():
         assert callable(k.run) and callable(k.writes), k.name
         assert (k.profile is None) == (not k.axes), k.name
         assert k.optional_axes < max(1, len(k.axes)), k.name
-        assert (k.cost is None) == (k.name in ("attn-fwd", "attn-final", "attn-delta", "attn-bwd", "concat",
-                                               "slice-heads", "slice-rows", "add")), k.name
+        assert (k.cost is None) == (k.name in ("attn-fwd", "attn-merge", "attn-final", "attn-delta", "attn-bwd",
+                                               "concat", "slice-heads", "slice-rows", "add")), k.name
     assert PROFILE_AXES == {"attend": ("kv_bytes", "head_dim", "group", "rows"), "merge": ("elems",),
                             "rescale": ("elems",), "finalize": ("elems",), "finalize-flat": ("elems",),
                             "attn-fwd": ("row_heads", "span", "head_dim", "density"),

@@ -73,8 +73,8 @@ def test_prefill_numeric(tmp_path):
      "p.yaml:7: workload.model.heads: ulysses splits the 12 heads over the 8 ranks"),
     (("heads: 8, head_dim: 64, kv_heads: 2", "heads: 24, head_dim: 64, kv_heads: 3"),
      "p.yaml:7: workload.model.kv_heads: ulysses with 3 KV heads on 8 ranks"),
-    (("single]", "tree]"), "p.yaml:11: algorithms.4: unknown algorithm 'tree'; valid: ring, allgather, ulysses, "
-                           "single"),
+    (("single]", "tree]"), "p.yaml:11: algorithms.4: unknown algorithm 'tree'; valid: ring, ring-q, allgather, "
+                           "ulysses, usp, single, auto"),
     (("overlap: false", "overlap: 2"), "p.yaml:11: algorithms.1.overlap: must be true or false"),
 ])
 def test_prefill_errors_are_located(change, expected, tmp_path, capsys):

@@ -94,7 +94,7 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
     shape, layout = wl.shape(), rank_layout()
     dtype = np.float64 if shape.dtype == "fp64" else np.float32
     np_inp = make_prefill_inputs(np.random.default_rng(args.seed), shape.batch, shape.heads, shape.kv_heads,
-                                 shape.head_dim, shape.sequence, shape.causal, dtype)
+                                 shape.head_dim, shape.keys, shape.causal, dtype)  # a cached prefix's too
     inp = to_torch(np_inp, device)
     cpu_inp = to_torch(np_inp, torch.device("cpu"))
     ref: tuple[np.ndarray, ...] | None = None

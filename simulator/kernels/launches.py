@@ -20,6 +20,13 @@ Ring steps (rank r attends shard j; github.com/zhuzilin/ring-flash-attention @ 8
 The reference code needs equal shards; with uneven ones the launches keep the shapes and offsets the positions need
 (striped: the keys of a later shard that some query sees).
 
+On a cached prefix (rank j's keys: its cached positions, then its new ones, in that order) every query sees all of
+a shard's cached keys: a block is the layout's launch over the new keys with the cached keys in front of them, one
+launch when the layout's launch covers every query of the rank (or, ``striped``, all but the first: the shifted
+diagonal moves by the cached keys), else (a ``zigzag`` later shard: only the second chunk of queries sees its new
+keys) two: every query against the cached keys, unmasked, then the layout's launch
+(:func:`prefix_launch_matrix`). ``single`` is one bottom-right causal launch of the new queries against every key.
+
 ``allgather`` (Transformer Engine's ``AttnFuncWithCPAndKVAllGather``, Llama 3's load-balanced context parallelism,
 arXiv:2407.21783 Sec. 3.3.2): each of the rank's runs (its two chunks under ``zigzag``) against the keys up to its
 end, causal from the bottom right, the launches on separate streams (concurrent); under ``striped`` (no reference
@@ -36,7 +43,7 @@ import numpy as np
 from simulator.kernels.tiles import Launch, causal_launch, full_launch
 from simulator.workloads.layouts import Run, run_tokens
 
-__all__ = ["block_launches", "gathered_launches", "launch_matrix", "sequence_launch"]
+__all__ = ["block_launches", "gathered_launches", "launch_matrix", "prefix_launch_matrix", "sequence_launch"]
 
 
 def _full(nq: int, nk: int) -> tuple[Launch, ...]:
@@ -103,6 +110,32 @@ def launch_matrix(layout: str, runs: Sequence[Sequence[Run]], causal: bool
     return nq.astype(np.int64), np.asarray(nk, dtype=np.int64), np.asarray(off, dtype=np.int64)
 
 
+def prefix_launch_matrix(layout: str, runs: Sequence[Sequence[Run]], kv_runs: Sequence[Sequence[Run]],
+                         causal: bool) -> tuple[np.ndarray, ...]:
+    """(nq, nk, off) of the first and of the second launch of every ring block on a cached prefix (six int64 arrays,
+    P x P; a second launch's nq is 0 where there is none): queries ``runs`` (new positions), keys ``kv_runs``
+    (cached then new), module docstring."""
+    nq, nk, off = launch_matrix(layout, runs, causal)
+    tq = np.array([run_tokens(rr) for rr in runs], dtype=np.int64)
+    cj = np.array([run_tokens(k) for k in kv_runs], dtype=np.int64) - tq  # each shard's cached keys
+    p = len(runs)
+    tqm, cjm = np.broadcast_to(tq[:, None], (p, p)), np.broadcast_to(cj[None, :], (p, p))
+    zero = np.zeros((p, p), dtype=np.int64)
+    if not causal:  # every key visible: one unmasked launch
+        return tqm.copy(), cjm + nk, cjm + nk - 1, zero, zero.copy(), zero.copy()
+    # one launch: the layout's over the last nq queries, the cached keys in front (its offset moves by them, and
+    # by the queries in front of its own)
+    single = (nq == tqm) | ((layout == "striped") & (nq > 0)) | (nq == 0) | (cjm == 0)
+    one = (np.where(cjm == 0, nq, tqm), np.where(cjm == 0, nk, cjm + np.where(nq == 0, 0, nk)),
+           np.where(cjm == 0, off, np.where(nq == 0, cjm - 1, cjm + off - (tqm - nq))))
+    nq1 = np.where(single, one[0], tqm)
+    nk1 = np.where(single, one[1], cjm)
+    off1 = np.where(single, one[2], cjm - 1)
+    nq2 = np.where(single, 0, nq)
+    return (nq1.astype(np.int64), nk1.astype(np.int64), off1.astype(np.int64), nq2.astype(np.int64),
+            np.where(single, 0, nk).astype(np.int64), np.where(single, 0, off).astype(np.int64))
+
+
 def gathered_launches(layout: str, q_runs: Sequence[Run], shards: Sequence[Sequence[Run]], n: int,
                       causal: bool) -> tuple[Launch, ...]:
     """The launches of ``allgather``'s block: the rank's queries against the gathered sequence of ``n`` tokens
@@ -118,6 +151,7 @@ def gathered_launches(layout: str, q_runs: Sequence[Run], shards: Sequence[Seque
     return tuple(causal_launch(r.size, r.start + r.size) for r in q_runs if r.size)
 
 
-def sequence_launch(n: int, causal: bool) -> tuple[Launch, ...]:
-    """``single`` and ``ulysses``: the whole sequence, one launch."""
-    return (causal_launch(n, n),) if causal else _full(n, n)
+def sequence_launch(n: int, causal: bool, cached: int = 0) -> tuple[Launch, ...]:
+    """``single`` and ``ulysses``: the whole sequence, one launch (on a cached prefix, the ``n`` new queries against
+    every key, causal from the bottom right)."""
+    return (causal_launch(n, cached + n),) if causal else _full(n, cached + n)

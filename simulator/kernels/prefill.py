@@ -8,6 +8,8 @@ head of the whole model).
 
 ==============  ===================================================================================================
 ``attn-fwd``    ``out = merge(out, partial_attention(q, kv))``; args (q, kv)
+``attn-merge``  ``out = merge(out, args[0])``: a partial state (o, l, m) of the same rows folded in (pass-Q); args
+                (partial,)
 ``attn-final``  ``out = finalize(state)`` and ``lse = log_sum_exp(state)``; args (state,)
 ``attn-delta``  ``out = rowsum(o * do)``; args (o, do)
 ``attn-bwd``    ``out (dq) += dq_blk``, ``args[5] (dkv) += (dk_blk, dv_blk)``; args (q, kv, lse, delta, do, dkv)
@@ -57,8 +59,9 @@ from simulator.workloads.layouts import Run, positions, run_tokens
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["PREFILL_HEADS", "PrefillBuffers", "Rows", "StateRows", "add", "attn_bwd_call", "attn_fwd_call", "bwd",
-           "concat", "cut_runs", "delta", "final", "fwd", "initial_descriptors", "rows_shapes", "slice_heads",
-           "slice_rows", "w_add", "w_bwd", "w_concat", "w_delta", "w_final", "w_fwd", "w_slice_heads", "w_slice_rows"]
+           "concat", "cut_runs", "delta", "final", "fwd", "initial_descriptors", "merge_state", "rows_shapes",
+           "slice_heads", "slice_rows", "w_add", "w_bwd", "w_concat", "w_delta", "w_final", "w_fwd", "w_merge",
+           "w_slice_heads", "w_slice_rows"]
 
 Descriptor = tuple[Any, ...]
 
@@ -152,6 +155,15 @@ def fwd(ex_: Any, op: Op) -> None:
     b[op.out] = StateRows(part if prev is None else merge(prev.state, part), q.pos, q.h0)
 
 
+def merge_state(ex: Any, op: Op) -> None:
+    b = _ctx(ex).buf[op.rank]
+    got = b.pop(op.args[0])
+    prev = b.get(op.out)
+    if prev is not None and not np.array_equal(prev.pos, got.pos):
+        raise ValueError(f"op #{op.id}: merging states of different positions")
+    b[op.out] = got if prev is None else StateRows(merge(prev.state, got.state), prev.pos, prev.h0)
+
+
 def final(ex: Any, op: Op) -> None:
     b = _ctx(ex).buf[op.rank]
     st = b.pop(op.args[0])
@@ -232,13 +244,14 @@ def initial_descriptors(sched: Schedule, shape: PrefillShape) -> list[dict[str, 
     """What every rank starts with: q and dO (its rows, every head), K and V (``kv...``: every KV head)."""
     held: list[dict[str, Descriptor]] = [{} for _ in range(sched.ranks)]
     b, d = shape.batch, shape.head_dim
+    keys = sched.meta.get("kv_runs", sched.meta["runs"])  # a cached prefix: the cached then the new positions
     for rank, names in sched.initial.items():
         runs = tuple(sched.meta["runs"][rank])
         for name in names:
             if name in ("q", "dout"):
                 held[rank][name] = ("rows", 1, b, shape.heads, 0, runs, d)
             elif name.startswith("kv"):
-                held[rank][name] = ("rows", 2, b, shape.kv_heads, 0, runs, d)
+                held[rank][name] = ("rows", 2, b, shape.kv_heads, 0, tuple(keys[rank]), d)
             else:
                 raise ValueError(f"rank {rank}: no descriptor for initial buffer {name!r}")
     return held
@@ -258,6 +271,10 @@ def _desc(held: Held, op: Op, i: int) -> Descriptor:
 def w_fwd(op: Op, held: Held, shape: PrefillShape) -> Writes:
     _, _, b, h, h0, runs, d = _desc(held, op, 0)
     return {op.out: ("state-rows", b, h, h0, runs, d)}
+
+
+def w_merge(op: Op, held: Held, shape: PrefillShape) -> Writes:
+    return {op.out: _desc(held, op, 0)}
 
 
 def w_final(op: Op, held: Held, shape: PrefillShape) -> Writes:

@@ -85,6 +85,7 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (
     _decode("reduce-max", dk.reduce_max, dk.in_place, dk.elementwise),
     _decode("copy", dk.copy, dk.same_as_arg, dk.kv_copy),
     Kernel("attn-fwd", pk.fwd, pk.w_fwd, axes=_BLOCK_AXES, profile=pk.attn_fwd_call, efficiency="forward"),
+    Kernel("attn-merge", pk.merge_state, pk.w_merge),
     Kernel("attn-final", pk.final, pk.w_final),
     Kernel("attn-delta", pk.delta, pk.w_delta),
     Kernel("attn-bwd", pk.bwd, pk.w_bwd, axes=_BLOCK_AXES, profile=pk.attn_bwd_call, efficiency="backward"),

@@ -59,17 +59,19 @@ class PrefillExecutor(Executor):
         self.inp = inp
         self.scale, self.causal = inp.scale, inp.causal
         self.group = inp.q.shape[1] // inp.k.shape[1]
+        keys = sched.meta.get("kv_runs", sched.meta["runs"])  # a cached prefix: the cached then the new positions
         for rank, names in sched.initial.items():
             if only is not None and rank != only:
                 continue
             pos = positions(sched.meta["runs"][rank])
+            kpos = positions(keys[rank])
             for name in names:
                 if name == "q":
                     self.buf[rank][name] = Rows((inp.q[:, :, pos],), pos, 0)
                 elif name == "dout":
                     self.buf[rank][name] = Rows((inp.dout[:, :, pos],), pos, 0)
                 elif name.startswith("kv"):
-                    self.buf[rank][name] = Rows((inp.k[:, :, pos], inp.v[:, :, pos]), pos, 0)
+                    self.buf[rank][name] = Rows((inp.k[:, :, kpos], inp.v[:, :, kpos]), kpos, 0)
                 else:
                     raise ValueError(f"rank {rank}: no numeric value for initial buffer {name!r}")
 
@@ -96,15 +98,20 @@ def block_error(got: Rows, ref: np.ndarray, which: int = 0) -> float:
 
 
 def run_prefill_numeric(sched: Schedule, inp: PrefillInputs) -> PrefillResult:
-    """Execute ``sched``; the largest deviation of every output row (and gradient) from dense attention."""
+    """Execute ``sched``; the largest deviation of every output row (and gradient) from dense attention.
+
+    On a cached prefix (``meta['shape'].cached`` C) the inputs hold every position, cached ones first (the queries
+    of the cached positions are not used), and the outputs are the rows of the new positions C.."""
     ex = PrefillExecutor(sched, inp)
     ex.run(sched)
     n = inp.q.shape[2]
+    shape = sched.meta.get("shape")
+    cached = int(getattr(shape, "cached", 0) or 0)
     pos = np.arange(n)
     mask = visible(pos, pos, inp.causal)[None, None]
     out_ref, _ = dense_forward(inp.q, inp.k, inp.v, inp.scale, mask)
     err = max(block_error(ex.buf[r][name], out_ref) for r, name in sched.meta["outputs"])
-    check_cover([ex.buf[r][name] for r, name in sched.meta["outputs"]], n, inp.q.shape[1])
+    check_cover([ex.buf[r][name] for r, name in sched.meta["outputs"]], n, inp.q.shape[1], start=cached)
     grad_err = 0.0
     if sched.meta.get("grads"):
         dq_ref, dk_ref, dv_ref = dense_backward(inp.q, inp.k, inp.v, inp.scale, mask, inp.dout)
@@ -117,8 +124,8 @@ def run_prefill_numeric(sched: Schedule, inp: PrefillInputs) -> PrefillResult:
     return PrefillResult(err, grad_err)
 
 
-def check_cover(blocks: list[Rows], n: int, heads: int) -> None:
-    """The blocks hold every position once, with every head."""
-    if sorted(int(x) for blk in blocks for x in blk.pos) != list(range(n)) or any(
+def check_cover(blocks: list[Rows], n: int, heads: int, start: int = 0) -> None:
+    """The blocks hold every position from ``start`` to ``n`` once, with every head."""
+    if sorted(int(x) for blk in blocks for x in blk.pos) != list(range(start, n)) or any(
             blk.h0 != 0 or blk.heads != heads for blk in blocks):
         raise ValueError("the outputs do not hold every position and head exactly once")

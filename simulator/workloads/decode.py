@@ -7,16 +7,36 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, model_validator
 
 from simulator.errors import InputError, excerpt
+from simulator.models.precision import WeightPrecision, weight_precision
 from simulator.models.presets import PRESETS, ModelPreset, custom_model
 from simulator.support.limits import MAX_COUNT, MAX_SEQUENCE
 from simulator.units import parse_tokens
 from simulator.workloads.base import Count, ModelShape, SmallCount, Strict
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["DType", "DecodeWorkload", "ModelRef", "SequenceTokens", "Tokens", "check_scope", "heads_kv", "token_fields",
-           "whole_model"]
+__all__ = ["DType", "DecodeWorkload", "ModelRef", "PartDTypes", "SequenceTokens", "Tokens", "WeightDType",
+           "check_scope", "heads_kv", "token_fields", "weights_of", "whole_model"]
 
 DType = Literal["fp64", "fp32", "bf16", "fp16", "fp8"]
+
+
+class PartDTypes(Strict):
+    """``weight_dtype`` per part of the weights (:mod:`simulator.models.precision`); a part left out takes
+    ``dtype``."""
+
+    attention: DType | None = Field(None, description="the Q, K, V and O projections")
+    mlp: DType | None = Field(None, description="the gated MLP")
+    head: DType | None = Field(None, description="the embedding and the LM head")
+
+
+WeightDType = DType | PartDTypes  # one element type for every weight, or one per part
+
+
+def weights_of(weight_dtype: WeightDType | None, dtype: str) -> WeightPrecision:
+    """The element type of each part of the weights (default: ``dtype``)."""
+    if isinstance(weight_dtype, PartDTypes):
+        return weight_precision(weight_dtype.model_dump(), dtype)
+    return weight_precision(weight_dtype, dtype)
 
 
 def _tokens(v: Any) -> int:
@@ -93,8 +113,9 @@ class DecodeWorkload(Strict):
     preset name (``llama-3.1-8b``...). ``scope: attention`` simulates one attention layer; ``scope: model`` (a
     preset or a whole model) a whole decode step: every layer's projections and MLP on the roofline, its attention
     schedule, and the LM head; memory then holds the weights and every layer's KV cache. ``context`` takes token
-    counts such as ``1M`` or ``128K`` (K = 1024). ``weight_dtype`` and ``kv_dtype`` (default: ``dtype``) set the
-    bytes per weight and per cached K/V element; kernels run at ``dtype``'s FLOP rate.
+    counts such as ``1M`` or ``128K`` (K = 1024). ``weight_dtype`` (one type, or per part ``{attention: bf16, mlp:
+    fp8}``) and ``kv_dtype`` (default: ``dtype``) set the bytes per weight and per cached K/V element; attention
+    runs at ``dtype``'s FLOP rate, a matmul with FP8 weights at the FP8 rate (:mod:`simulator.models.precision`).
     ``tp`` splits heads and weights over groups of ``tp`` consecutive GPUs (tensor parallelism, with two
     allreduces per layer); the context is sharded over the ``GPUs / tp`` groups (context parallelism).
     """
@@ -106,13 +127,17 @@ class DecodeWorkload(Strict):
     batch: Count = 1
     context: Tokens
     dtype: DType = "bf16"
-    weight_dtype: DType | None = None
+    weight_dtype: WeightDType | None = None
     kv_dtype: DType | None = None
 
     @model_validator(mode="after")
     def _scope(self) -> DecodeWorkload:
         check_scope(self.scope, self.model, self.tp)
         return self
+
+    def weights(self) -> WeightPrecision:
+        """The element type of each part of the weights."""
+        return weights_of(self.weight_dtype, self.dtype)
 
     def heads_kv(self) -> tuple[int, int]:
         """(query heads, KV heads) of the whole model."""

@@ -9,6 +9,10 @@ Layouts (docs/reference.md, ``workload.layout``), n tokens over P ranks, uneven 
 Every rank's positions are a few arithmetic runs (:class:`Run`) of one stride (1, or P for striped), so the number
 of unmasked (query, key) pairs of a block has a closed form (:func:`pair_count`, O(runs^2)): with a causal mask
 by global position, key ``c + s j`` is visible to query ``a + s i`` iff ``j <= i + floor((a - c) / s)``.
+On a cached prefix (:func:`prefix_runs`) the C cached tokens were laid out by the same layout when they were
+prefilled, so rank r holds the cache of its share of positions 0..C-1 (``layout_runs(layout, C, P)``), and the
+n new tokens (positions C..C+n-1) are laid out again over the P ranks (``layout_runs(layout, n, P)`` shifted by
+C): rank r's queries are its new positions, its keys its cached then its new positions (in that storage order).
 Pure: numpy only for positions.
 """
 
@@ -21,8 +25,8 @@ import numpy as np
 
 from simulator.workloads.shape import shard_bounds
 
-__all__ = ["LAYOUTS", "Run", "imbalance", "layout_runs", "pair_count", "pair_matrix", "positions", "rank_pairs",
-           "run_tokens"]
+__all__ = ["LAYOUTS", "Run", "imbalance", "layout_runs", "pair_count", "pair_matrix", "positions", "prefix_runs",
+           "rank_pairs", "run_tokens"]
 
 LAYOUTS = ("contiguous", "zigzag", "striped")
 
@@ -45,6 +49,19 @@ def layout_runs(layout: str, n: int, p: int) -> list[tuple[Run, ...]]:
     if layout == "striped":
         return [(Run(r, p, len(range(r, n, p))),) for r in range(p)]
     raise ValueError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+
+
+def prefix_runs(layout: str, cached: int, n: int, p: int) -> tuple[list[tuple[Run, ...]], list[tuple[Run, ...]]]:
+    """(queries, keys) of each of ``p`` ranks on a cached prefix of ``cached`` tokens: its new positions (``n`` new
+    tokens after the prefix), and its cached positions then its new ones (module docstring). Without a prefix
+    both are ``layout_runs(layout, n, p)``."""
+    new = layout_runs(layout, n, p)
+    if cached == 0:
+        return new, new
+    shifted = [tuple(Run(r.start + cached, r.step, r.size) for r in rr) for rr in new]
+    old = layout_runs(layout, cached, p)
+    keys = [tuple(r for r in o if r.size) + q for o, q in zip(old, shifted, strict=True)]
+    return shifted, keys
 
 
 def positions(runs: Sequence[Run]) -> np.ndarray:
@@ -85,22 +102,30 @@ def pair_count(q: Sequence[Run], k: Sequence[Run], causal: bool) -> int:
     return sum(_run_pairs(a, c) for a in q for c in k)
 
 
-def pair_matrix(runs: Sequence[Sequence[Run]], causal: bool) -> np.ndarray:
-    """``pair_count(runs[i], runs[j], causal)`` for every pair of ranks (an int64 array, P x P), by arrays: the same
-    closed forms over every pair of runs at once."""
-    p, width = len(runs), max([1, *map(len, runs)])
-    start, step, size = (np.zeros((p, width), dtype=np.int64) for _ in range(3))
-    for r, rr in enumerate(runs):
-        for j, run in enumerate(rr):
-            start[r, j], step[r, j], size[r, j] = run
+def pair_matrix(runs: Sequence[Sequence[Run]], causal: bool,
+                k_runs: Sequence[Sequence[Run]] | None = None) -> np.ndarray:
+    """``pair_count(runs[i], k_runs[j], causal)`` (``k_runs`` default ``runs``) for every pair of ranks (an int64
+    array, P x P), by arrays: the same closed forms over every pair of runs at once."""
+    keys = runs if k_runs is None else k_runs
+    p = len(runs)
+
+    def columns(rr_all: Sequence[Sequence[Run]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        width = max([1, *map(len, rr_all)])
+        start, step, size = (np.zeros((p, width), dtype=np.int64) for _ in range(3))
+        for r, rr in enumerate(rr_all):
+            for j, run in enumerate(rr):
+                start[r, j], step[r, j], size[r, j] = run
+        return start, step, size
+
+    qcol = columns(runs)
+    kcol = qcol if k_runs is None else columns(keys)
     if not causal:
-        tokens = size.sum(axis=1)
-        return np.outer(tokens, tokens)
+        return np.outer(qcol[2].sum(axis=1), kcol[2].sum(axis=1))
     out = np.zeros((p, p), dtype=np.int64)
-    for a in range(width):  # the queries' run a against the keys' run c
-        for c in range(width):
-            qs, qst, qn = start[:, a, None], step[:, a, None], size[:, a, None]
-            ks, kst, kn = start[None, :, c], step[None, :, c], size[None, :, c]
+    for a in range(qcol[0].shape[1]):  # the queries' run a against the keys' run c
+        for c in range(kcol[0].shape[1]):
+            qs, qst, qn = qcol[0][:, a, None], qcol[1][:, a, None], qcol[2][:, a, None]
+            ks, kst, kn = kcol[0][None, :, c], kcol[1][None, :, c], kcol[2][None, :, c]
             if ((kn > 1) & (qn > 1) & (qst != kst)).any():
                 raise ValueError("runs of different strides")
             stride = np.where(kn > 1, kst, qst)

@@ -11,6 +11,10 @@ fully masked blocks cost nothing, partially masked ones their exact count.
   writes dQ, dK and dV.
 
 Model FLOPs (for ``tflops_per_gpu``) count the pairs the mask keeps: n(n+1)/2 per head causal, n^2 full.
+
+On a cached prefix (``cached`` C tokens already in the KV cache, ``sequence`` n new tokens at positions C..C+n-1)
+the queries are the n new tokens and the keys all C + n: n C + n(n+1)/2 pairs per head causal, n (C + n) full.
+K and V (the cache) are ``kv_dtype`` elements (default: ``dtype``): stored, sent and read at that size.
 """
 
 from __future__ import annotations
@@ -37,10 +41,21 @@ class PrefillShape:
     causal: bool = True
     layout: str = "zigzag"
     backward: bool = False
+    kv_dtype: str | None = None  # the KV cache's element type (default: dtype)
+    cached: int = 0  # tokens already in the KV cache, before the sequence's (positions 0..cached-1)
 
     @property
     def elem_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_elem_bytes(self) -> int:
+        return DTYPE_BYTES[self.kv_dtype or self.dtype]
+
+    @property
+    def keys(self) -> int:
+        """Tokens every query may attend to: the cached prefix and the sequence."""
+        return self.cached + self.sequence
 
     @property
     def group(self) -> int:
@@ -53,9 +68,9 @@ class PrefillShape:
                      * self.elem_bytes)
 
     def kv_bytes(self, tokens: int, kv_heads: int | None = None) -> float:
-        """K and V (or dK and dV) of ``tokens`` rows: 2 b t kv_heads head_dim elements."""
+        """K and V (or dK and dV) of ``tokens`` rows: 2 b t kv_heads head_dim elements of ``kv_dtype``."""
         return 2.0 * self.batch * tokens * (self.kv_heads if kv_heads is None else kv_heads) * self.head_dim \
-            * self.elem_bytes
+            * self.kv_elem_bytes
 
     def row_bytes(self, tokens: int, heads: int | None = None) -> float:
         """One value per query row and head (lse, or delta): b t heads elements."""
@@ -113,8 +128,11 @@ class PrefillShape:
 
     @property
     def total_pairs(self) -> int:
-        """Unmasked (query, key) pairs of one head of one sequence."""
-        n = self.sequence
+        """Unmasked (query, key) pairs of one head of one sequence (its new tokens against the cached prefix and
+        themselves)."""
+        n, c = self.sequence, self.cached
+        if c:
+            return n * c + n * (n + 1) // 2 if self.causal else n * (c + n)
         return n * (n + 1) // 2 if self.causal else n * n
 
     @property

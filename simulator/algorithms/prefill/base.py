@@ -10,7 +10,9 @@ launches each block records in its dims (:mod:`simulator.kernels.launches`, pric
 
 Sends carry whole buffers (collectives cut pieces first, as views). ``meta`` carries
 ``shape`` (the :class:`PrefillShape`), ``runs`` (each rank's positions, :mod:`simulator.workloads.layouts`),
-``outputs`` [(rank, out buffer)] and, with a backward, ``grads`` [(rank, dq buffer, dkv buffer)].
+``outputs`` [(rank, out buffer)] and, with a backward, ``grads`` [(rank, dq buffer, dkv buffer)]. On a cached
+prefix (``shape.cached``) ``runs`` are each rank's new positions (its queries) and ``kv_runs`` its cached then new
+positions (its K and V: :func:`simulator.workloads.layouts.prefix_runs`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from collections.abc import Iterable, Sequence
 
 from simulator.kernels.tiles import AttentionCall, Launch, call_dims
 from simulator.schedule.core import Schedule
-from simulator.workloads.layouts import Run, layout_runs, pair_count, rank_pairs, run_tokens
+from simulator.workloads.layouts import Run, pair_count, prefix_runs, rank_pairs, run_tokens
 from simulator.workloads.prefill_shape import PrefillShape
 
 __all__ = ["add_backward_block", "add_concat", "add_delta", "add_final", "add_forward_block", "attention_dims",
-           "new_prefill_schedule", "tokens"]
+           "kv_runs", "kv_tokens", "new_prefill_schedule", "tokens"]
 
 Extra = tuple[float, int]  # (bytes, kernels) of the elementwise work a block's op runs after its launches
 
@@ -36,21 +38,38 @@ def tokens(sched: Schedule, rank: int) -> int:
     return int(cache[rank])
 
 
+def kv_runs(sched: Schedule) -> list[tuple[Run, ...]]:
+    """Each rank's K and V positions: its cached then new ones (``meta['kv_runs']``), else its positions."""
+    return list(sched.meta.get("kv_runs", sched.meta["runs"]))
+
+
+def kv_tokens(sched: Schedule, rank: int) -> int:
+    """Tokens of K and V rank ``rank`` holds (cached in ``meta['kv_tokens']``)."""
+    cache = sched.meta.get("kv_tokens")
+    if cache is None:
+        cache = sched.meta["kv_tokens"] = [run_tokens(rr) for rr in kv_runs(sched)]
+    return int(cache[rank])
+
+
 def new_prefill_schedule(name: str, shape: PrefillShape, ranks: int, kv_name: str = "kv") -> Schedule:
-    """Rank r starts with its q, its K and V (``kv_name``) and, with a backward, dO, for its positions."""
-    runs = layout_runs(shape.layout, shape.sequence, ranks)
-    sched = Schedule(ranks, name=name, meta={"shape": shape, "runs": runs, "outputs": [], "grads": []})
+    """Rank r starts with its q, its K and V (``kv_name``: its cached prefix too) and, with a backward, dO, for its
+    positions."""
+    runs, keys = prefix_runs(shape.layout, shape.cached, shape.sequence, ranks)
+    meta = {"shape": shape, "runs": runs, "outputs": [], "grads": []}
+    if shape.cached:
+        meta["kv_runs"] = keys
+    sched = Schedule(ranks, name=name, meta=meta)
     for r, rr in enumerate(runs):
         t = run_tokens(rr)
-        sched.initial[r] = {"q": shape.q_bytes(t), kv_name.format(r=r): shape.kv_bytes(t)}
+        sched.initial[r] = {"q": shape.q_bytes(t), kv_name.format(r=r): shape.kv_bytes(run_tokens(keys[r]))}
         if shape.backward:
             sched.initial[r]["dout"] = shape.q_bytes(t)
     return sched
 
 
 def _pairs(shape: PrefillShape, q: tuple[Run, ...], k: tuple[Run, ...] | None) -> int:
-    """Unmasked pairs of queries ``q`` against keys ``k`` (None: the whole sequence)."""
-    return rank_pairs(q, shape.sequence, shape.causal) if k is None else pair_count(q, k, shape.causal)
+    """Unmasked pairs of queries ``q`` against keys ``k`` (None: the whole sequence, its cached prefix too)."""
+    return rank_pairs(q, shape.keys, shape.causal) if k is None else pair_count(q, k, shape.causal)
 
 
 def _block_size(shape: PrefillShape, q_runs: tuple[Run, ...], k_runs: tuple[Run, ...] | None,
@@ -59,7 +78,7 @@ def _block_size(shape: PrefillShape, q_runs: tuple[Run, ...], k_runs: tuple[Run,
     pairs = _pairs(shape, q_runs, k_runs) if pairs is None else pairs
     if pairs == 0:
         return None
-    return run_tokens(q_runs), shape.sequence if k_runs is None else run_tokens(k_runs), pairs
+    return run_tokens(q_runs), shape.keys if k_runs is None else run_tokens(k_runs), pairs
 
 
 def block_dims(shape: PrefillShape, nq: int, nk: int, pairs: int, heads: int | None = None) -> tuple[float, ...]:

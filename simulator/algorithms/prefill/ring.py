@@ -15,16 +15,31 @@ cache) and receives into two buffers that alternate.
 Backward (``backward: true``, after the forward): the K/V shards go round again; dQ accumulates locally while each
 shard's dK, dV travel with it (sent after the block that adds to them) and, after the last step, one hop more
 brings them back to their owner: P - 1 K/V transfers and P dK/dV transfers per rank.
+
+On a cached prefix (``shape.cached``, forward only) each rank's K/V shard is its cached then its new positions
+(:func:`simulator.workloads.layouts.prefix_runs`) and goes round whole: each rank sends (P - 1) shards, (P - 1)
+times the cache and the new tokens' K and V over the group; a block's launches are
+:func:`simulator.kernels.launches.prefix_launch_matrix`'s.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from simulator.algorithms.base import Layout
-from simulator.algorithms.prefill.base import add_delta, add_final, attention_dims, new_prefill_schedule, tokens
-from simulator.kernels.launches import launch_matrix
+from simulator.algorithms.prefill.base import (
+    add_delta,
+    add_final,
+    attention_dims,
+    kv_runs,
+    kv_tokens,
+    new_prefill_schedule,
+    tokens,
+)
+from simulator.kernels.launches import launch_matrix, prefix_launch_matrix
 from simulator.kernels.tiles import Launch
 from simulator.schedule.core import Schedule
 from simulator.schedule.op import recv_of, transfer_send
@@ -65,13 +80,15 @@ class _Blocks:
     every block's kernel as numbering each step's distinct sizes in that order would give."""
 
     def __init__(self, shape: PrefillShape, tok: np.ndarray, pairs: np.ndarray,
-                 launches: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+                 launches: tuple[np.ndarray, ...], ktok: np.ndarray | None = None) -> None:
         self.shape = shape
         self.table: list[tuple[str, float, float, tuple[float, ...]]] = []
-        self.index: dict[tuple[bool, str, int, int, int, int, int, int], int] = {}
+        self.index: dict[tuple[Any, ...], int] = {}
         self.tok, self.pairs, self.launches = tok, pairs, launches
+        self.ktok = tok if ktok is None else ktok  # keys of each shard (a cached prefix's too)
         p = len(tok)
-        columns = [np.broadcast_to(tok[:, None], (p, p)), np.broadcast_to(tok[None, :], (p, p)), pairs, *launches]
+        columns = [np.broadcast_to(tok[:, None], (p, p)), np.broadcast_to(self.ktok[None, :], (p, p)), pairs,
+                   *launches]
         code = np.zeros(p * p, dtype=np.int64)
         for col in columns:  # one number per distinct tuple, folded a column at a time (hashing: no sort)
             values, _ = pd.factorize(np.ascontiguousarray(col).reshape(-1))
@@ -87,29 +104,38 @@ class _Blocks:
         known = self.kernel.setdefault((backward, buf), np.full(self.distinct, -1, dtype=np.int64))
         ids = known[code]
         if (ids < 0).any():
-            new: dict[tuple[int, int, int, Launch], int] = {}
+            new: dict[tuple[int, int, int, tuple[Launch, ...]], int] = {}
             for c in np.unique(code[ids < 0]).tolist():
                 k = int(np.argmax(code == c))  # a block of that size
                 r, j = int(ranks[k]), int(shards[k])
-                launch = Launch(*(int(a[r, j]) for a in self.launches))
-                new[(int(self.tok[r]), int(self.tok[j]), int(self.pairs[r, j]), launch)] = c
-            for (q, kv, n, launch), c in sorted(new.items()):
-                key = (backward, buf, q, kv, n, *launch)
+                new[(int(self.tok[r]), int(self.ktok[j]), int(self.pairs[r, j]), self._launches(r, j))] = c
+            for (q, kv, n, launches), c in sorted(new.items()):
+                key = (backward, buf, q, kv, n, *(x for launch in launches for x in launch))
                 if key not in self.index:
                     self.index[key] = len(self.table)
-                    self.table.append(self._kernel(backward, buf, q, kv, n, launch))
+                    self.table.append(self._kernel(backward, buf, q, kv, n, launches))
                 known[c] = self.index[key]
             ids = known[code]
         return ids
 
-    def _kernel(self, backward: bool, buf: str, q: int, kv: int, n: int, launch: Launch
+    def _launches(self, r: int, j: int) -> tuple[Launch, ...]:
+        """The launches of block (r, j): the first, then any other whose queries are not none (a cached prefix)."""
+        arrays = self.launches
+        launches = [Launch(*(int(a[r, j]) for a in arrays[i:i + 3])) for i in range(0, len(arrays), 3)]
+        return (launches[0], *(x for x in launches[1:] if x.nq > 0))
+
+    def _kernel(self, backward: bool, buf: str, q: int, kv: int, n: int, launches: tuple[Launch, ...]
                 ) -> tuple[str, float, float, tuple[float, ...]]:
         shape, first = self.shape, buf == _kv_buf(0)
         cost = shape.backward_cost(q, kv, n) if backward else shape.forward_cost(q, kv, n)
+        launch = launches[0]
         extra = shape.accumulate_extra(launch.nq, launch.nk, first) if backward else \
             shape.merge_extra(launch.nq, first)
+        for more in launches[1:]:  # a cached prefix's second launch (forward only), merged after the first
+            b, k = shape.merge_extra(more.nq, False)
+            extra = (extra[0] + b, extra[1] + k)
         name = f"attn-bwd[{buf}]" if backward else f"attn-fwd[{buf}]"
-        return (name, *cost, attention_dims(shape, q, kv, n, (launch,), extra=extra))
+        return (name, *cost, attention_dims(shape, q, kv, n, launches, extra=extra))
 
 
 def _pad(*columns: np.ndarray) -> np.ndarray:
@@ -138,8 +164,8 @@ def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, ba
     (one block of the schedule per kind), in rank order: the ops of one call per rank."""
     p = ring.p
     tok = np.array([tokens(sched, r) for r in range(p)], dtype=np.int64)
-    kv_size = np.array([shape.kv_bytes(int(t)) for t in tok], dtype=float)
-    max_kv = max(shape.kv_bytes(tokens(sched, r)) for r in range(p))
+    kv_size = np.array([shape.kv_bytes(kv_tokens(sched, r)) for r in range(p)], dtype=float)
+    max_kv = max(shape.kv_bytes(kv_tokens(sched, r)) for r in range(p))
     kv_names, dkv_names = [f"kv[{s}]" for s in range(p)], [f"dkv[{s}]" for s in range(p)]
     ranks = np.arange(p, dtype=np.int64)
     none = np.full(p, -1, dtype=np.int64)
@@ -196,9 +222,17 @@ def build_prefill_ring(shape: PrefillShape, layout: Layout, overlap: bool = True
     ring = _Ring(layout)
     p = ring.p
     sched = new_prefill_schedule("ring", shape, p)
-    pairs = pair_matrix(sched.meta["runs"], shape.causal)  # (rank, shard) -> unmasked pairs, for both passes
-    launches = launch_matrix(shape.layout, sched.meta["runs"], shape.causal)
-    blocks = _Blocks(shape, np.array([tokens(sched, r) for r in range(p)], dtype=np.int64), pairs, launches)
+    runs = sched.meta["runs"]
+    tok = np.array([tokens(sched, r) for r in range(p)], dtype=np.int64)
+    if shape.cached:  # queries: the new positions; keys: the cached then the new (base.kv_runs)
+        pairs = pair_matrix(runs, shape.causal, kv_runs(sched))
+        launches: tuple[np.ndarray, ...] = prefix_launch_matrix(shape.layout, runs, kv_runs(sched), shape.causal)
+        ktok = np.array([kv_tokens(sched, r) for r in range(p)], dtype=np.int64)
+        blocks = _Blocks(shape, tok, pairs, launches, ktok)
+    else:
+        pairs = pair_matrix(runs, shape.causal)  # (rank, shard) -> unmasked pairs, for both passes
+        launches = launch_matrix(shape.layout, runs, shape.causal)
+        blocks = _Blocks(shape, tok, pairs, launches)
     last = _rotate(sched, shape, ring, overlap, False, np.full(p, -1, dtype=np.int64), blocks, pairs)
     finals = [add_final(sched, shape, r, tokens(sched, r), [int(last[r])] if last[r] >= 0 else [])
               for r in range(p)]

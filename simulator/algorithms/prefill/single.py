@@ -22,7 +22,7 @@ def build_prefill_single(shape: PrefillShape, layout: Layout) -> Schedule:
     del layout  # one rank, whatever the cluster
     sched = new_prefill_schedule("single", shape, 1)
     runs, n = sched.meta["runs"][0], shape.sequence
-    launches = sequence_launch(n, shape.causal)
+    launches = sequence_launch(n, shape.causal, shape.cached)  # the new queries against the cached keys too
     fwd = add_forward_block(sched, shape, 0, runs, None, "kv", [], launches=launches, first=True)
     final = add_final(sched, shape, 0, n, [fwd] if fwd is not None else [])
     sched.meta["outputs"] = [(0, "out")]

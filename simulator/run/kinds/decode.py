@@ -19,6 +19,7 @@ from simulator.algorithms import AlgorithmSpec, build_schedule, label, resolve
 from simulator.cluster.topology import Cluster
 from simulator.engine import simulate
 from simulator.errors import InputError
+from simulator.models.precision import PARTS
 from simulator.models.step import attention_layer, model_step
 from simulator.numeric.decode import make_inputs, run_numeric
 from simulator.run.prepared import Algorithm, Kind, PreparedPoint, Run, layout_of
@@ -28,10 +29,10 @@ from simulator.run.timing import result_numbers
 from simulator.schedule.core import Schedule
 from simulator.schedule.memory import out_of_memory
 from simulator.support.limits import check_schedule
-from simulator.workloads.decode import DecodeWorkload
+from simulator.workloads.decode import DecodeWorkload, weights_of
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["COLUMNS", "KIND", "NUMERIC_MAX_ELEMS", "algorithms_of"]
+__all__ = ["COLUMNS", "KIND", "NUMERIC_MAX_ELEMS", "algorithms_of", "check_weight_rates"]
 
 NUMERIC_MAX_ELEMS = 200_000_000  # numeric mode holds q, K and V in memory
 
@@ -59,6 +60,20 @@ def algorithms_of(point: Point, registry: Mapping[str, AlgorithmSpec] | None = N
     return tuple(algos)
 
 
+def check_weight_rates(weight_dtype: Any, dtype: str, cluster: Cluster) -> None:
+    """A part with FP8 weights runs FP8 matmuls: every GPU kind must have an FP8 rate (an error located at the
+    part, e.g. ``workload.weight_dtype.mlp``)."""
+    prec = weights_of(weight_dtype, dtype)
+    parts = [p for p in PARTS if prec.of(p) == "fp8"]
+    if not parts or dtype == "fp8":  # fp8 activations are checked as the workload's dtype
+        return
+    for spec in {cluster.specs[n].name: cluster.specs[n] for n in cluster.ranks}.values():
+        if "fp8" not in spec.peak_flops:
+            where = "workload.weight_dtype" if isinstance(weight_dtype, str) else f"workload.weight_dtype.{parts[0]}"
+            raise InputError(f"FP8 weights run FP8 matmuls, and device {spec.name!r} has no FP8 rate (has: "
+                             f"{', '.join(sorted(spec.peak_flops))}); use bf16 weights on it", field=where)
+
+
 def _prepare(point: Point, cluster: Cluster, numeric: bool) -> PreparedPoint:
     wl = point.scenario.workload
     assert isinstance(wl, DecodeWorkload)
@@ -71,6 +86,7 @@ def _prepare(point: Point, cluster: Cluster, numeric: bool) -> PreparedPoint:
                 spec.flops_for(wl.dtype)
             except InputError as err:
                 raise err.located(field="workload.dtype") from None
+        check_weight_rates(wl.weight_dtype, wl.dtype, cluster)
         shape = wl.shape()
         _check(wl, shape, cluster, numeric)
     except InputError as err:
@@ -110,7 +126,7 @@ def _row(prep: PreparedPoint, algo: Algorithm) -> tuple[dict[str, Any], Run | No
               "dtype": shape.dtype}
     if wl.scope == "model":
         t0 = time.perf_counter()
-        step = model_step(wl.model_preset(), algo.name, algo.params, shape, wl.tp, cluster, wl.weight_dtype)
+        step = model_step(wl.model_preset(), algo.name, algo.params, shape, wl.tp, cluster, wl.weights())
         wall = time.perf_counter() - t0
         values = {**common, "ranks": len(cluster.ranks), "nodes": cluster.num_hosts, "latency_s": step.latency_s,
                   "compute_s": step.compute_s, "comm_s": step.latency_s - step.compute_s,

@@ -21,13 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from simulator.algorithms.prefill import PREFILL_REGISTRY, build_prefill, check_ulysses
+from simulator.algorithms import Layout, resolve
+from simulator.algorithms.prefill import PREFILL_REGISTRY, build_prefill, check_prefill, check_ulysses, usp_degrees
+from simulator.algorithms.prefill.rule import AUTO_CANDIDATES
 from simulator.cluster.topology import Cluster
 from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.models.step import attention_layer, prefill_model, prefill_model_flops, tp_shape
 from simulator.numeric.prefill import make_prefill_inputs, run_prefill_numeric
-from simulator.run.kinds.decode import algorithms_of
+from simulator.run.kinds.decode import algorithms_of, check_weight_rates
 from simulator.run.prepared import Algorithm, Kind, PreparedPoint, Run, layout_of
 from simulator.run.rows import STABLE, Column, make_row, pick
 from simulator.run.scenario import Point
@@ -37,7 +39,7 @@ from simulator.schedule.memory import out_of_memory, timeline_peaks
 from simulator.support.limits import check_schedule
 from simulator.workloads.prefill import PrefillWorkload
 
-__all__ = ["COLUMNS", "KIND", "NUMERIC_MAX_SCORES", "PHASE_COLUMNS"]
+__all__ = ["COLUMNS", "KIND", "NUMERIC_MAX_SCORES", "PHASE_COLUMNS", "candidates", "cp_layout"]
 
 NUMERIC_MAX_SCORES = 50_000_000  # the dense reference holds batch x heads x sequence^2 scores
 
@@ -57,6 +59,11 @@ COLUMNS: tuple[Column, ...] = (
     *pick(*STABLE), *PHASE_COLUMNS, *pick("scope", "model", "tp", "max_abs_err"),
     Column("max_grad_err", "", "--numeric with backward: largest |difference| of dQ, dK, dV from dense attention's",
            required=False),
+    Column("cached", "tokens", "tokens already in the KV cache before the sequence (a prefill on a cached prefix)",
+           required=False),
+    Column("chosen", "", "auto: the schedule it ran, the faster by simulation of ring (pass-KV) and ring-q (pass-Q)",
+           required=False),
+    Column("degrees", "", "usp: its Ulysses degree (GPUs of a group) x ring degree (groups)", required=False),
 )
 
 
@@ -76,13 +83,20 @@ def _prepare(point: Point, cluster: Cluster, numeric: bool) -> PreparedPoint:
         if shape.sequence < p:
             raise InputError(f"the sequence ({shape.sequence} tokens) must have at least one token per rank ({p} "
                              f"ranks)", field="workload.sequence")
+        if wl.scope == "model":
+            check_weight_rates(wl.weight_dtype, wl.dtype, cluster)
         for i, algo in enumerate(algos):
             if algo.name == "ulysses":
                 check_ulysses(tp_shape(shape, wl.tp), p)
+            check_prefill(algo.name, shape)
+            if algo.name == "usp":
+                usp_degrees(tp_shape(shape, wl.tp), cp_layout(cluster, wl.tp), algo.params["ulysses"],
+                            f"algorithms.{i}")
             check_schedule(f"prefill:{algo.name}", p, f"algorithms.{i}", point.force)
-        scores = shape.batch * shape.heads * shape.sequence ** 2
+        scores = shape.batch * shape.heads * shape.keys ** 2
         if numeric and scores > NUMERIC_MAX_SCORES:
-            raise InputError(f"--numeric checks against dense attention: batch x heads x sequence^2 = {scores:.3g} "
+            raise InputError(f"--numeric checks against dense attention: batch x heads x (cached + sequence)^2 = "
+                             f"{scores:.3g} "
                              f"scores is over {NUMERIC_MAX_SCORES:.0e}; shrink it, e.g. --set workload.sequence=1024",
                              field="workload.sequence")
     except InputError as err:
@@ -98,12 +112,24 @@ def _schedule(prep: PreparedPoint, algo: Algorithm) -> Schedule:
         raise prep.point.locate(err) from None
 
 
+def candidates(algo: Algorithm) -> list[Algorithm]:
+    """The schedules a row simulates for ``algo``: itself, or for ``auto`` pass-KV and pass-Q
+    (:data:`~simulator.algorithms.prefill.rule.AUTO_CANDIDATES`, their default parameters)."""
+    if algo.name != "auto":
+        return [algo]
+    return [Algorithm(*resolve(name, registry=PREFILL_REGISTRY), name) for name in AUTO_CANDIDATES]
+
+
 def _attention_row(prep: PreparedPoint, algo: Algorithm) -> tuple[dict[str, Any], Run]:
     cluster, shape = prep.cluster, prep.shape
-    sched = _schedule(prep, algo)
-    t0 = time.perf_counter()
-    result = simulate(sched, cluster)
-    wall = time.perf_counter() - t0
+    wall, tried = 0.0, []
+    for cand in candidates(algo):  # auto: the faster of pass-KV and pass-Q, by simulation
+        sched = _schedule(prep, cand)
+        t0 = time.perf_counter()
+        result = simulate(sched, cluster)
+        wall += time.perf_counter() - t0
+        tried.append((result.makespan, cand.name, sched, result))
+    _, chosen, sched, result = min(tried, key=lambda t: t[0])
     peaks = timeline_peaks(sched, result)
     place = sched.placement_on(cluster.ranks)
     timing = critical_timing(result, sched.ranks)
@@ -118,11 +144,12 @@ def _attention_row(prep: PreparedPoint, algo: Algorithm) -> tuple[dict[str, Any]
         "phase": "train" if shape.backward else "prefill", "sequence": shape.sequence, "layout": shape.layout,
         "tflops_per_gpu": shape.model_flops / result.makespan / sched.ranks / 1e12 if result.makespan else 0.0,
         "comm_hidden_frac": timing["comm_hidden_frac"], "imbalance": timing["imbalance"], "scope": "attention",
+        **_extra(prep, algo, chosen),
     }
     if prep.numeric:
         dtype = np.float64 if shape.dtype == "fp64" else np.float32
         inp = make_prefill_inputs(np.random.default_rng(0), shape.batch, shape.heads, shape.kv_heads,
-                                  shape.head_dim, shape.sequence, shape.causal, dtype)
+                                  shape.head_dim, shape.keys, shape.causal, dtype)  # a cached prefix's too
         res = run_prefill_numeric(sched, inp)
         values["max_abs_err"] = res.max_abs_err
         if shape.backward:
@@ -135,8 +162,10 @@ def _model_row(prep: PreparedPoint, algo: Algorithm) -> dict[str, Any]:
     wl, cluster, shape, layout = prep.workload, prep.cluster, prep.shape, prep.layout
     assert layout is not None
     t0 = time.perf_counter()
-    try:
-        step = prefill_model(wl.model_preset(), algo.name, algo.params, shape, wl.tp, cluster, layout.fabric)
+    try:  # auto: the faster whole prefill of pass-KV and pass-Q
+        step, chosen = min(((prefill_model(wl.model_preset(), cand.name, cand.params, shape, wl.tp, cluster,
+                                           layout.fabric, wl.weights()), cand.name) for cand in candidates(algo)),
+                           key=lambda t: t[0].latency_s)
     except InputError as err:
         raise prep.point.locate(err) from None
     wall = time.perf_counter() - t0
@@ -152,9 +181,26 @@ def _model_row(prep: PreparedPoint, algo: Algorithm) -> dict[str, Any]:
         "sim_wall_s": wall, "phase": "prefill", "sequence": shape.sequence, "layout": shape.layout,
         "tflops_per_gpu": prefill_model_flops(wl.model_preset(), shape) / step.latency_s / p / 1e12,
         "comm_hidden_frac": timing["comm_hidden_frac"], "imbalance": timing["imbalance"], "scope": "model",
-        "model": wl.model if isinstance(wl.model, str) else "custom", "tp": wl.tp,
+        "model": wl.model if isinstance(wl.model, str) else "custom", "tp": wl.tp, **_extra(prep, algo, chosen),
     }
     return make_row("prefill", COLUMNS, values, prep.point.columns())
+
+
+def _extra(prep: PreparedPoint, algo: Algorithm, chosen: str) -> dict[str, Any]:
+    """The optional columns: a cached prefix's tokens, what ``auto`` chose, ``usp``'s degrees."""
+    shape, wl = prep.shape, prep.workload
+    out: dict[str, Any] = {"cached": shape.cached} if shape.cached else {}
+    if algo.name == "auto":
+        out["chosen"] = chosen
+    if algo.name == "usp":
+        u, r = usp_degrees(tp_shape(shape, wl.tp), cp_layout(prep.cluster, wl.tp), algo.params["ulysses"])
+        out["degrees"] = f"ulysses {u} x ring {r}"
+    return out
+
+
+def cp_layout(cluster: Cluster, tp: int) -> Layout:
+    """The layout of one context-parallel group: GPU 0 of every group of ``tp`` (the cluster's, with ``tp`` 1)."""
+    return Layout(cluster.host_indices(cluster.ranks[::tp]))
 
 
 def _simulate(prep: PreparedPoint, keep_runs: bool) -> tuple[list[dict[str, Any]], list[Run] | None]:
@@ -172,12 +218,17 @@ def _runs(prep: PreparedPoint, record_links: bool) -> list[Run]:
     assert layout is not None
     runs = []
     for algo in prep.algorithms:
-        if wl.scope == "model":
-            sched = attention_layer(algo.name, algo.params, prep.shape, wl.tp, prep.cluster, build=build_prefill,
-                                    fabric=layout.fabric)
-        else:
-            sched = _schedule(prep, algo)
-        runs.append((algo.label, sched, simulate(sched, prep.cluster, record_links)))
+        tried = []
+        for cand in candidates(algo):  # auto: the faster one's
+            if wl.scope == "model":
+                sched = attention_layer(cand.name, cand.params, prep.shape, wl.tp, prep.cluster, build=build_prefill,
+                                        fabric=layout.fabric)
+            else:
+                sched = _schedule(prep, cand)
+            result = simulate(sched, prep.cluster, record_links)
+            tried.append((result.makespan, sched, result))
+        _, sched, result = min(tried, key=lambda t: t[0])
+        runs.append((algo.label, sched, result))
     return runs
 
 
