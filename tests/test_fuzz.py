@@ -32,7 +32,8 @@ from simulator.units import LIMITS, checked_quantity
 
 ROOT = Path(__file__).parents[1]
 SCENARIOS = {p.name: p.read_text() for p in sorted((ROOT / "scenarios").glob("*.yaml"))}
-TOPOLOGIES = {p.name: p.read_text() for p in sorted((ROOT / "topologies").glob("*.yaml")) if p.name != "devices.yaml"}
+TOPOLOGIES = {p.name: p.read_text() for p in sorted((ROOT / "topologies").glob("*.yaml"))
+              if p.name not in ("devices.yaml", "prices.yaml")}
 BUDGET_S = 60.0  # per case: generous on a loaded CI machine; a hang is minutes
 
 

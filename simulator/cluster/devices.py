@@ -4,7 +4,9 @@ An op with ``flops`` floating-point operations touching ``nbytes`` bytes of memo
 
     launch_s + max(flops / (peak_flops[dtype] * eff), nbytes / (mem_bw_Bps * eff_mem))
 
-where ``eff`` is ``eff_flops``, except for attention kernels (the ops whose ``fn`` is in
+times the device's ``slowdown`` (1 but on a straggler named by a scenario's ``faults:``,
+:mod:`simulator.cluster.faults`; a profiled or tiled time is multiplied by it too), where ``eff`` is ``eff_flops``,
+except for attention kernels (the ops whose ``fn`` is in
 :data:`simulator.kernels.table.ATTENTION_KERNELS`: the prefill forward and backward block kernels), which take the
 device's ``attention_efficiency`` (forward, backward) when given: FlashAttention kernels reach well below dense
 matmul peak (FlashAttention-2, arXiv:2307.08691, reports 50-73 % of A100 peak forward). The YAML key is
@@ -54,6 +56,7 @@ class DeviceSpec:
     sm_count: int = 0  # streaming multiprocessors (0: not given, no tile model)
     sfu_flops: float = 0.0  # special-function unit results (exp2) per second, whole device
     attention_kernels: str = ""  # the FlashAttention implementation it runs (simulator.kernels.tiles)
+    slowdown: float = 1.0  # every kernel takes this many times longer (a straggler: simulator.cluster.faults)
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype``; an unsupported dtype is an :class:`InputError`."""
@@ -81,7 +84,7 @@ def roofline(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, fn: str 
 def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, launch: bool = True,
                  fn: str = "") -> float:
     """Roofline time of one kernel ``fn`` in seconds (launch overhead included unless ``launch`` is False)."""
-    return (spec.launch_s if launch else 0.0) + max(roofline(spec, flops, nbytes, dtype, fn))
+    return ((spec.launch_s if launch else 0.0) + max(roofline(spec, flops, nbytes, dtype, fn))) * spec.slowdown
 
 
 def profiled_time(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]
@@ -91,12 +94,13 @@ def profiled_time(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]
     (nothing extrapolated); None when neither applies (the op then takes the roofline)."""
     profile = kernel_profile(spec, fn, dtype, dims)
     if profile is not None:
-        return profile.predict(dims)
+        hit, outside = profile.predict(dims)
+        return hit * spec.slowdown, outside
     which = ATTENTION_KERNELS.get(fn)
     if not which or not dims or which in spec.attention_eff:  # a measured efficiency of the pass comes first
         return None
     tiled = attention_time(spec, which == "backward", dtype, dims)
-    return None if tiled is None else (tiled, ())
+    return None if tiled is None else (tiled * spec.slowdown, ())
 
 
 def kernel_profile(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]) -> KernelProfile | None:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from simulator.support.paths import TOPOLOGY_DIR
 
-__all__ = ["DEVICE_LIBRARY", "list_presets", "preset_description"]
+__all__ = ["DEVICE_LIBRARY", "NOT_PRESETS", "PRICE_TABLE", "list_presets", "preset_description"]
 
 DEVICE_LIBRARY = "devices.yaml"  # the named device specs, beside the presets (not a topology)
+PRICE_TABLE = "prices.yaml"  # what a GPU-hour costs, by offer (simulator.cluster.prices; not a topology)
+NOT_PRESETS = (DEVICE_LIBRARY, PRICE_TABLE)
 
 
 def list_presets() -> list[str]:
     """Names of the preset topologies shipped in ``topologies/``."""
-    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml") if p.name != DEVICE_LIBRARY)
+    return sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml") if p.name not in NOT_PRESETS)
 
 
 def preset_description(name: str) -> str:

@@ -386,15 +386,24 @@ class _Run:
                 self.hwts[i, :len(weights)] = weights
                 self.hweighted[i] = 1
 
-    def run(self) -> SimResult:
-        ops = self.ops
+    def state(self, dur: np.ndarray | None = None, nbytes: np.ndarray | None = None,
+              pending: np.ndarray | None = None) -> Any:
+        """A compiled loop's state over these columns (``dur``, ``nbytes``, ``pending``: others in their place, of
+        the same shapes and types: a trial with varied durations, :mod:`simulator.engine.trials`; the loop counts
+        ``pending`` down), seeded with the roots."""
         state = eventcore.new_state(
             self.kind_of, self.ranks, self.match, self.path, self.wrow, self.hrow, self.coll,
-            self.pending, self.dur, self.not_before, self.floor, self.nbytes, self.rate_cap, self.kids, self.first_kid,
+            self.pending if pending is None else pending, self.dur if dur is None else dur, self.not_before,
+            self.floor, self.nbytes if nbytes is None else nbytes, self.rate_cap, self.kids, self.first_kid,
             self.prog, self.prog_start, self.plinks, self.plen, self.plat, self.wtab, self.hlinks, self.hlen,
             self.hwork, self.hwts, self.hweighted, self.capacity, self.cluster.message_overhead_s,
             self.cluster.comm_overhead_s, self.in_order, self.record_links, len(self.edge_names))
         eventcore.seed(state, self.roots)
+        return state
+
+    def run(self) -> SimResult:
+        ops = self.ops
+        state = self.state()
         send_bytes = self.nbytes  # kept by the result (bytes_sent)
         for name in _COLUMNS:  # held by the state now: freed with it, before the results' arrays are made
             delattr(self, name)

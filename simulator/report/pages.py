@@ -119,6 +119,8 @@ def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, 
         blocks.append(_image("latency.png", frame, "latency_s", f"{latency_label(frame)} (ms)",
                              latency_caption(frame) + (f" Target {target * 1e3:g} ms drawn." if target else ""),
                              scale=1e3, lines=lat_lines, algorithms=algos))
+    if "p99_s" in frame and frame["p99_s"].notna().any():
+        blocks.append(_tail_image(frame, algos))
     if baseline is not None and baseline in algos and len(algos) > 1:
         sp = _with_speedup(frame, baseline, measure.column)
         sp = sp[sp["algorithm"] != baseline]
@@ -153,6 +155,22 @@ def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, 
         blocks.append(_image("bytes.png", moved, "bytes_moved", "bytes moved, all ranks (GB)",
                              "Bytes sent by all ranks together, in GB.", scale=1e-9, algorithms=algos))
     return blocks
+
+
+def _tail_image(frame: pd.DataFrame, algos: list[str]) -> Image:
+    """With a scenario's ``variability:`` (simulator.run.whatif): each algorithm's latency over the trials, its
+    median, 99th percentile and largest value, one line each."""
+    rows = frame[frame["p99_s"].notna()]
+    stats = (("p50_s", "p50"), ("p99_s", "p99"), ("max_s", "max"))
+    parts = [rows.assign(algorithm=rows["algorithm"].astype(str) + f" {name}", tail=rows[column])
+             for column, name in stats]
+    stacked = pd.concat(parts, ignore_index=True)
+    labels = [f"{a} {name}" for a in algos for _, name in stats]
+    trials = int(rows["trials"].max())
+    return _image("tail.png", stacked, "tail", "latency over the trials (ms)",
+                  f"Latency over {trials} trials with varied kernel and transfer durations: the median (p50), the "
+                  "99th percentile and the largest, per algorithm (results.csv: p50_s, p90_s, p99_s, max_s).",
+                  scale=1e3, algorithms=labels)
 
 
 def _with_speedup(frame: pd.DataFrame, baseline: str, column: str = "latency_s") -> pd.DataFrame:
