@@ -22,6 +22,10 @@ SHRINK = {  # keep every scenario small in the test suite
     "generate": ["--set", "sweep={topology_params.nodes: [1, 2]}", "--set", "workload.new_tokens=2"],
     "cp-strategies": ["--set", "sweep={workload.backward: [false, true], zip: [{topology_params.nodes: [1, 2], "
                       "workload.model: [llama-3.1-8b, llama-3.1-70b]}]}", "--set", "workload.sequence=64K"],
+    "straggler": ["--set", "sweep={topology_params.nodes: [2], faults.0.slowdown: [1.0, 1.2]}"],
+    "cost": ["--set", "sweep={workload.context: [128K]}"],
+    "prefix-cache": ["--set", "sweep={zip: [{workload.scope: [model, attention], workload.tp: [8, 1]}, "
+                     "{workload.sequence: [1311, 131072], workload.cached: [129761, 0]}]}"],
 }
 
 
@@ -77,7 +81,8 @@ def test_single_runs_out_of_memory_first(tmp_path):
     (("kv_heads: 2", "kv_heads: 3"), "d.yaml:6: workload.model: heads (8) must be a multiple of kv_heads (3)"),
     (("context: 4096", "context: -5"), "d.yaml:7: workload.context: must be a positive integer, got -5"),
     (("kind: decode", "kind: prefil"),
-     "d.yaml:5: workload.kind: must be one of 'decode', 'flows', 'collective', 'prefill', 'generate', got 'prefil'"),
+     "d.yaml:5: workload.kind: must be one of 'decode', 'flows', 'collective', 'prefill', 'generate', 'train', "
+     "got 'prefil'"),
 ])
 def test_decode_errors_are_located(change, expected, tmp_path, capsys):
     path = write(tmp_path, DECODE.replace(*change))

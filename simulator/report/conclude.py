@@ -31,12 +31,14 @@ __all__ = ["LATENCY", "REPEATS", "TPOT", "Measure", "extreme_row", "feasible", "
            "speedup_column", "summary", "swept_keys", "times"]
 
 _IDENTITY = ("ranks", "nodes", "context")
+_WHOLE_KEYS = ("faults",)  # top-level scenario keys that a sweep may vary whole (their column has no dot)
 
 # a column -> the column of the rows it can only repeat (each value of one names one value of the other)
 REPEATS: dict[str, str] = {
     "topology_params.nodes": "nodes", "topology_params.gpus": "ranks", "workload.context": "context",
     "workload.prompt": "context", "workload.sequence": "context", "workload.backward": "phase",
     "workload.bytes": "bytes", "sequence": "context",
+    "faults": "faults_applied",  # a swept fault list, named by what it did (simulator.run.whatif)
 }
 
 
@@ -107,7 +109,8 @@ def _twin(frame: pd.DataFrame, column: str) -> tuple[str, dict[str, Any]] | None
 
 def _swept(frame: pd.DataFrame) -> dict[str, tuple[str, dict[str, Any]] | None]:
     """Each varying swept column (dotted key) -> the column it repeats (and the map onto it), or None."""
-    return {c: _twin(frame, c) for c in frame.columns if "." in c and frame[c].nunique() > 1}
+    return {c: _twin(frame, c) for c in frame.columns
+            if ("." in c or c in _WHOLE_KEYS) and frame[c].nunique() > 1}
 
 
 def repeated_columns(frame: pd.DataFrame) -> list[str]:
@@ -380,6 +383,11 @@ def headline(table: pd.DataFrame, frame: pd.DataFrame, target_s: float | None = 
         who = f"`{algos[0]}`" if len(algos) == 1 else "The fastest"
         lines.append(f"{who} is bound by " + ", ".join(f"{b} at {c}" for b, c in bound.items()) + " points "
                      "(the critical rank's time waiting on transfers vs. in kernels).")
+    if "binding" in frame:  # training steps: what costs the step most besides compute
+        bind = frame["binding"].dropna().astype(str).value_counts()
+        lines.append("Besides compute, the step is bound by " + ", ".join(f"`{b}` at {c}" for b, c in bind.items())
+                     + " points (the parallel dimension whose communication costs the step most, its `*_exposed_s`,"
+                     " or the pipeline `bubble`).")
     view, keys = point_view(frame)
     ok = feasible(view)
     oom = view[~ok & view["latency_s"].notna()]
@@ -392,7 +400,25 @@ def headline(table: pd.DataFrame, frame: pd.DataFrame, target_s: float | None = 
     if target_s is not None:
         met = (table[f"target {target_s * 1e3:g} ms"] == "met").sum()
         lines.append(f"Latency target {target_s * 1e3:g} ms: met at {met} of {n} points.")
+    lines += _cost_line(frame, keys, target_s)
     return lines
+
+
+def _cost_line(frame: pd.DataFrame, keys: Sequence[str], target_s: float | None) -> list[str]:
+    """With a scenario's ``cost:`` (simulator.run.whatif): the cheapest row per million tokens that fits (and meets
+    the latency target, when there is one)."""
+    if "usd_per_m_tokens" not in frame or not frame["usd_per_m_tokens"].notna().any():
+        return []
+    view = point_view(frame)[0]
+    ok = view[view["usd_per_m_tokens"].notna() & ~view["oom"].astype(bool)]
+    if target_s is not None and "latency_s" in ok:
+        ok = ok[ok["latency_s"] <= target_s]
+    if not len(ok):
+        return ["No row that fits" + (" and meets the target" if target_s is not None else "") + " has a cost."]
+    best = ok.iloc[int(ok["usd_per_m_tokens"].to_numpy().argmin())]
+    return [f"Cheapest per million tokens{' meeting the target' if target_s is not None else ''}: `{best['algorithm']}`"
+            f" at {_where(best, keys)}: ${best['usd_per_m_tokens']:.4g} per million tokens "
+            f"(${best['usd_per_hour']:.4g} an hour)."]
 
 
 def overview(table: pd.DataFrame, facets: Sequence[str], top: int = 10, compare: bool = True

@@ -18,16 +18,18 @@ import pandas as pd
 from simulator.report.conclude import repeated_columns
 from simulator.report.document import plain_number, short_names
 from simulator.run.kinds import KINDS
-from simulator.run.rows import Column
+from simulator.run.rows import WHATIF_COLUMNS, Column
 
 __all__ = ["BOOKKEEPING", "column_label", "latency_caption", "latency_label", "printable", "printed_table",
            "rows_kind", "schema"]
 
 BOOKKEEPING = ("scenario", "events", "sim_wall_s", "point")  # in results.csv, not in a printed table
 
-_PHASE_NOUNS = {"prefill": "prefill", "train": "training step", "generate": "request"}  # what latency_s times
+_PHASE_NOUNS = {"prefill": "prefill", "train": "training step", "generate": "request",
+                "train-step": "training step"}  # what latency_s times
 _PHASE_WHAT = {"prefill": "a prefill (forward only)", "train": "a training step's attention (forward + backward)",
-               "generate": "a whole request (the prefill and every decode step)"}
+               "generate": "a whole request (the prefill and every decode step)",
+               "train-step": "a whole training step (every micro-batch, DP gradients, optimizer)"}
 _DISPLAY = {"s": ("ms", 1e3), "bytes": ("GB", 1e-9)}  # a unit -> the unit it prints in, and the factor
 
 
@@ -38,6 +40,8 @@ def schema() -> dict[str, Column]:
     for kind in KINDS.values():
         for column in kind.columns:
             out.setdefault(column.name, column)
+    for column in WHATIF_COLUMNS:  # a scenario's faults, variability (simulator.run.whatif)
+        out.setdefault(column.name, column)
     return out
 
 
@@ -98,6 +102,9 @@ def printable(frame: pd.DataFrame) -> pd.DataFrame:
         if column is None or column.unit not in _DISPLAY or name == "bytes":
             continue
         unit, factor = _DISPLAY[column.unit]
+        if _printed_name(name, unit) in frame.columns:  # the row has it already (a train row's peak_mem_GB)
+            out = out.drop(columns=[name])
+            continue
         out[name] = pd.to_numeric(frame[name], errors="coerce") * factor
         renames[name] = _printed_name(name, unit)
     return out.rename(columns=renames)

@@ -8,12 +8,13 @@ model in :mod:`simulator.workloads`, and one entry below; the CLI, the sweep, ``
 from __future__ import annotations
 
 from simulator.errors import InputError
-from simulator.run.kinds import collective, decode, flows, generate, prefill
+from simulator.run.kinds import collective, decode, flows, generate, prefill, train
 from simulator.run.prepared import Kind
 
 __all__ = ["KINDS", "kind_of"]
 
-KINDS: dict[str, Kind] = {k.name: k for k in (decode.KIND, prefill.KIND, generate.KIND, collective.KIND, flows.KIND)}
+KINDS: dict[str, Kind] = {k.name: k for k in (decode.KIND, prefill.KIND, generate.KIND, collective.KIND, flows.KIND,
+                                              train.KIND)}
 
 
 def kind_of(name: str) -> Kind:
