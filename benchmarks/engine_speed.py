@@ -25,6 +25,16 @@ change the shape: a larger state makes the tree's allreduces run on more channel
 GPUs.
 
     python benchmarks/engine_speed.py prefill [--cases 8 64 256 1024] [--sequence 1048576] [--repeat 3]
+                                              [--algorithms ring ring-q usp]
+
+    python benchmarks/engine_speed.py train [--cases 405b-128k 405b-8k] [--repeat 3]
+
+``train``: one training step of Llama 3.1 405B (kind: train, simulator.training.step.train_step) on dgx-h100:
+``405b-128k`` TP8 CP16 PP16 DP8 on 16,384 GPUs, 128K tokens per sequence, 16M tokens per step; ``405b-8k`` TP8
+PP16 DP64 on 8,192 GPUs, 8K tokens, 16M tokens per step (ZeRO 1, full recomputation, sequence parallelism, ring
+attention). Per case: the topology's load seconds, the step's build + simulate seconds (every piece simulated on
+the engine, the pipeline and DP composed), their sum, peak RSS, engine events and the step's simulated seconds.
+The target is under 10 s for load + step on 2 cores.
 
 ``prefill``: ring attention, causal, zigzag, forward + backward (32 heads, 8 KV heads, head_dim 128, bf16, b = 1,
 1M tokens) on dgx-h100 with P GPUs: the same columns.
@@ -54,8 +64,10 @@ from simulator.run.prepared import layout_of
 from simulator.run.timing import critical_timing, result_numbers
 from simulator.schedule.core import Schedule
 from simulator.support.gcpause import gc_paused
+from simulator.training.step import train_step
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
+from simulator.workloads.train import TrainWorkload, train_checks
 
 TOPO = {"nodes": 16, "gpus_per_node": 8, "inter": "fat-tree", "nodes_per_leaf": 4, "spines": 4,
         "oversubscription": 2}
@@ -180,12 +192,12 @@ def bench_decode(cases: list[str], context: int, repeat: int, batch: int = 1, he
         print(_line(case, _median(runs), "ms"), flush=True)
 
 
-def _prefill_case(p: int, sequence: int) -> Case:
+def _prefill_case(p: int, sequence: int, algo: str = "ring") -> Case:
     shape = PrefillShape(batch=1, heads=32, head_dim=128, kv_heads=8, sequence=sequence, dtype="bf16", causal=True,
                          layout="zigzag", backward=True)
     cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
     t0 = time.perf_counter()
-    sched = build_prefill("ring", {"overlap": True}, shape, layout_of(cluster, p))
+    sched = build_prefill(algo, {"overlap": True}, shape, layout_of(cluster, p))
     t1 = time.perf_counter()
     res = simulate(sched, cluster)
     t2 = time.perf_counter()
@@ -198,14 +210,49 @@ def _prefill_case(p: int, sequence: int) -> Case:
             "raw": raw_simpy(res.events), "latency": numbers["latency_s"]}
 
 
-def bench_prefill(ranks: list[int], sequence: int, repeat: int) -> None:
+def bench_prefill(ranks: list[int], sequence: int, repeat: int, algorithms: tuple[str, ...] = ("ring",)) -> None:
     _warm_matplotlib()
     _warm_engine()
-    print(f"ring prefill, causal zigzag, forward + backward, {sequence:,} tokens; medians of {repeat}")
+    print(f"{', '.join(algorithms)} prefill, causal zigzag, forward + backward, {sequence:,} tokens; medians of "
+          f"{repeat}")
     print(HEADER)
-    for p in ranks:
-        runs = [_in_child(_prefill_case, p, sequence) for _ in range(repeat)]
-        print(_line(f"ring:{p}", _median(runs), "ms"), flush=True)
+    for algo in algorithms:
+        for p in ranks:
+            runs = [_in_child(_prefill_case, p, sequence, algo) for _ in range(repeat)]
+            print(_line(f"{algo}:{p}", _median(runs), "ms"), flush=True)
+
+
+TRAIN_CASES = {  # name: (servers, parallel layout, sequence)
+    "405b-128k": (2048, {"tp": 8, "cp": 16, "pp": 16, "dp": 8}, 128 * 1024),
+    "405b-8k": (1024, {"tp": 8, "pp": 16, "dp": 64}, 8 * 1024),
+}
+
+
+def _train_case(name: str) -> Case:
+    nodes, parallel, sequence = TRAIN_CASES[name]
+    t0 = time.perf_counter()
+    cluster = load_topology("dgx-h100", {"nodes": nodes})
+    t1 = time.perf_counter()
+    wl = TrainWorkload.model_validate({
+        "kind": "train", "model": "llama-3.1-405b", "sequence": sequence, "global_batch": 16 * 2**20,
+        "parallel": {**parallel, "sequence_parallel": True}, "zero": 1, "recompute": "full"})
+    train_checks(wl, len(cluster.ranks))
+    step = train_step(wl, cluster)
+    t2 = time.perf_counter()
+    return {"load": t1 - t0, "step": t2 - t1, "events": step.events, "latency": step.step_s,
+            "gpus": len(cluster.ranks)}
+
+
+def bench_train(cases: list[str], repeat: int) -> None:
+    _warm_engine()
+    print(f"training step of llama-3.1-405b on dgx-h100; medians of {repeat}")
+    print(f"{'case':>10} {'GPUs':>6} {'load s':>7} {'step s':>7} {'total s':>8} {'RSS':>8} {'events':>8} "
+          f"{'step_s':>8}")
+    for name in cases:
+        runs = [_in_child(_train_case, name) for _ in range(repeat)]
+        c = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        print(f"{name:>10} {int(c['gpus']):>6} {c['load']:>7.2f} {c['step']:>7.2f} {c['load'] + c['step']:>8.2f} "
+              f"{c['rss'] / 2**20:>6.0f}MB {int(c['events']):>8} {c['latency']:>8.3f}", flush=True)
 
 
 def main() -> None:
@@ -228,9 +275,16 @@ def main() -> None:
     prefill.add_argument("--cases", type=int, nargs="+", default=[8, 64, 256, 1024])
     prefill.add_argument("--sequence", type=int, default=1 << 20)
     prefill.add_argument("--repeat", type=int, default=3)
+    prefill.add_argument("--algorithms", nargs="+", default=["ring"], help="prefill schedules (e.g. ring ring-q)")
+    train = sub.add_parser("train")
+    train.add_argument("--cases", nargs="+", choices=list(TRAIN_CASES), default=list(TRAIN_CASES))
+    train.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    if args.what == "train":
+        bench_train(args.cases, args.repeat)
+        return
     if args.what == "prefill":
-        bench_prefill(args.cases, args.sequence, args.repeat)
+        bench_prefill(args.cases, args.sequence, args.repeat, tuple(args.algorithms))
         return
     if args.what == "decode":
         bench_decode(args.cases, args.context, args.repeat, args.batch, args.heads, args.kv_heads)

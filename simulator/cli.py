@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
                                            "the result columns of every workload kind")
     schema.add_argument("--columns", nargs="?", const="all", default=None, metavar="KIND",
                         help="print the result columns (name, unit, meaning) of one workload kind (decode, prefill, "
-                             "generate, collective, flows), or of all")
+                             "generate, collective, flows, train), or of all")
     pl = sub.add_parser("plan", help="smallest cluster whose decode step meets a time-between-tokens target, or "
                                      "whose prefill (generate) meets a time-to-first-token target (SCENARIO --ttft)")
     pl.add_argument("scenario", nargs="?", default=None,
@@ -98,7 +98,14 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--model", default=None, help=f"model preset: {', '.join(PRESETS)} (decode plan)")
     pl.add_argument("--context", default=None, help="tokens of context: 1048576, 128K, 1M (K = 1024) (decode plan)")
     pl.add_argument("--tbt", default=None, help="time-between-tokens target with its unit, e.g. 50ms")
-    pl.add_argument("--topology", default="dgx-h100", help="parametric preset or topology file (default dgx-h100)")
+    pl.add_argument("--topology", default="dgx-h100", help="parametric preset or topology file (default dgx-h100); "
+                                                           "with --objective cost, several, comma-separated")
+    pl.add_argument("--objective", default="gpus", choices=("gpus", "cost"),
+                    help="gpus: the fewest GPUs meeting the target (default); cost: the cheapest across --topology's "
+                         "presets, each priced at an offer of topologies/prices.yaml (docs/whatifs.md)")
+    pl.add_argument("--offers", default=None, metavar="NAME,...",
+                    help="--objective cost: the offers pricing the topologies' GPUs (default: the cheapest listed "
+                         "for each device)")
     pl.add_argument("--algorithms", default="ring,tree,tree-p2p", help="comma-separated (default ring,tree,tree-p2p)")
     pl.add_argument("--batch", type=_count(1), default=1, help="sequences decoded together (default 1)")
     pl.add_argument("--dtype", default="bf16", help="activations' dtype, and the kernels' FLOP rate (default bf16)")
@@ -117,6 +124,15 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("-o", "--out", default=None, metavar="PATH",
                     help="also write the plan: PATH.csv, PATH.json, or a folder (report.md, report.html, plan.csv)")
     pl.add_argument("--force", action="store_true", help=_FORCE_HELP)
+    pl.add_argument("--train", action="store_true", help="plan a training step: the fastest TP x CP x PP x DP layout "
+                                                         "(--model --sequence --global-batch --gpus; docs/training.md)")
+    pl.add_argument("--sequence", default=None, help="--train: tokens per sequence, e.g. 128K")
+    pl.add_argument("--global-batch", default=None, help="--train: tokens per step, e.g. 16M")
+    pl.add_argument("--gpus", type=_count(1), default=None, help="--train: the GPUs, whole servers")
+    pl.add_argument("--max-gpus", type=_count(1), default=None,
+                    help="--train: search whole servers doubling up to this many GPUs (instead of --gpus)")
+    pl.add_argument("--step-time", default=None, help="--train with --max-gpus: the fewest GPUs meeting this step "
+                                                      "time, e.g. 30s")
     pl.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                     help="what-if, e.g. --set topology_params.nic_bandwidth=800Gb/s or "
                          "--set devices.h100-sxm.eff_mem=0.8")
@@ -129,6 +145,16 @@ def _parser() -> argparse.ArgumentParser:
     ov.add_argument("--dtype", default="bf16", help="the attention's dtype (default bf16)")
     ov.add_argument("--set", dest="sets", action="append", default=[], metavar="PARAM=VALUE",
                     help="a parameter of a parametric preset, e.g. --set nodes=4")
+    sens = sub.add_parser("sensitivity", help="vary one input at a time around a scenario's point: a tornado chart "
+                                              "and whether the ranking of the algorithms flips (docs/whatifs.md)")
+    sens.add_argument("scenario", help="scenario YAML (one point: no sweep)")
+    sens.add_argument("--vary", action="append", required=True, metavar="KEY=V1,V2",
+                      help="an input and its values, e.g. nic_bandwidth=0.5x,2x or eff_mem=0.8,1.0 (repeatable)")
+    sens.add_argument("--metric", default=None, help="the outcome column (default: latency_s; collectives: time_s)")
+    sens.add_argument("-o", "--out", default=None, help="output folder (default: out/<scenario name>-sensitivity)")
+    sens.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a dotted key of the scenario first")
+    sens.add_argument("--force", action="store_true", help=_FORCE_HELP)
     topo = sub.add_parser("topo", help="inspect topologies")
     topo_sub = topo.add_subparsers(dest="topo_verb", required=True, parser_class=_Parser)
     show = topo_sub.add_parser("show", help="print a summary of a preset or topology file")
@@ -168,6 +194,7 @@ VERBS: dict[str, str] = {
     "plan": "simulator.plan.cli:cmd_plan", "overlap": "simulator.plan.cli:cmd_overlap",
     "topo": "simulator.cluster.commands:cmd_topo", "validate": "simulator.distributed.commands:cmd_real",
     "calibrate": "simulator.distributed.commands:cmd_real",
+    "sensitivity": "simulator.run.sensitivity:cmd_sensitivity",
 }  # every verb of the parser, and the function that runs it (returns the exit status), imported when it runs
 
 

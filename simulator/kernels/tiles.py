@@ -353,9 +353,26 @@ def _side_kernels(spec: TiledDevice, impl: Implementation, backward: bool, dtype
     return kernels, nbytes
 
 
+_TIMES: dict[tuple[int, bool, str, tuple[float, ...]], tuple[TiledDevice, float | None]] = {}
+_TIMES_MAX = 1 << 14  # entries kept (then started again): a plan or sweep asks for the same blocks many times
+
+
 def attention_time(spec: TiledDevice, backward: bool, dtype: str, dims: Sequence[float]) -> float | None:
     """Seconds of an attention op on ``spec`` by the tile model, or None where it does not apply (the device lacks
-    the facts, the dtype or head dimension is not the implementation's, the op carries no launches)."""
+    the facts, the dtype or head dimension is not the implementation's, the op carries no launches). Kept per
+    device (by identity: specs are frozen) and shape: the same op asked again costs a lookup."""
+    key = (id(spec), backward, dtype, tuple(dims))
+    hit = _TIMES.get(key)
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    if len(_TIMES) >= _TIMES_MAX:
+        _TIMES.clear()
+    t = _attention_time(spec, backward, dtype, dims)
+    _TIMES[key] = (spec, t)
+    return t
+
+
+def _attention_time(spec: TiledDevice, backward: bool, dtype: str, dims: Sequence[float]) -> float | None:
     impl = implementation_of(spec, dtype)
     call = call_of(dims) if impl is not None else None
     if impl is None or call is None:

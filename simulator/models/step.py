@@ -17,22 +17,28 @@ RMSNorms fused with their residual adds, RoPE on q and k, SiLU-and-mul of the ML
 negligible beside its weight reads), the attention layer runs the prefill schedule, and the LM head computes the
 logits of each sequence's last token on the group holding it. Memory adds, per rank, the residual stream of its
 rows and, outside attention, the MLP's transient activations: ``peak = weights / tp + (layers - 1) x KV shard +
-max(attention's peak, KV shard + rows (hidden + 2 intermediate / tp)) + rows hidden`` (x dtype bytes).
+max(attention's peak, KV shard + rows (hidden + 2 intermediate / tp)) + rows hidden`` (x dtype bytes); on a cached
+prefix the rows are the new tokens and the KV shard holds the group's share of the cache too. Weights in their own
+precision (per part, FP8 at the FP8 rate with row-wise scales): :mod:`simulator.models.precision`.
 Model FLOPs (:func:`prefill_model_flops`) count the matmuls only: ``2 x`` weights per token for every layer,
 attention's unmasked pairs, and the LM head of the last tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from simulator.algorithms import Layout, build_schedule
 from simulator.algorithms.prefill import build_prefill
+from simulator.cluster.symmetry import server_size
 from simulator.cluster.topology import Cluster
 from simulator.collectives import Fabric, allreduce, fabric_of
 from simulator.engine.core import SimResult, simulate
+from simulator.models.precision import SCALE_BYTES, WeightPrecision, gemm_dtype, weight_bytes, weight_precision
 from simulator.models.presets import ModelPreset
 from simulator.schedule.core import Schedule
 from simulator.schedule.memory import timeline_peaks
@@ -41,8 +47,8 @@ from simulator.workloads.layouts import layout_runs, run_tokens
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["StepResult", "attention_layer", "dense_layer", "model_step", "prefill_model", "prefill_model_flops",
-           "tp_shape"]
+__all__ = ["StepResult", "attention_layer", "dense_layer", "dense_on_one_server", "model_step", "prefill_model",
+           "prefill_model_flops", "tp_shape"]
 
 Shape = DecodeShape | PrefillShape
 Builder = Callable[[str, Mapping[str, Any], Any, Layout], Schedule]  # build_schedule or build_prefill
@@ -64,10 +70,13 @@ def attention_layer(name: str, params: Mapping[str, Any], shape: Shape, tp: int,
     cp = len(ranks) // tp
     part_shape = tp_shape(shape, tp)
     parts = []
+    built: dict[tuple[int, ...], Schedule] = {}  # head groups on the same servers: one schedule, built once
     for j in range(tp):
         nodes = [ranks[g * tp + j] for g in range(cp)]
-        layout = Layout(cluster.host_indices(nodes), fabric if tp == 1 else None)
-        sched = build(name, params, part_shape, layout)
+        hosts = cluster.host_indices(nodes)
+        sched = built.get(hosts)
+        if sched is None:
+            sched = built[hosts] = build(name, params, part_shape, Layout(hosts, fabric if tp == 1 else None))
         parts.append((sched, nodes[: sched.ranks]))
     return Schedule.combine(parts, name=name) if tp > 1 else _placed(parts[0])
 
@@ -78,39 +87,143 @@ def _placed(part: tuple[Schedule, Sequence[str]]) -> Schedule:
     return sched
 
 
-def dense_layer(model: ModelPreset, shape: Shape, tp: int, cluster: Cluster, weight_dtype: str | None = None, *,
-                rows: Sequence[int] | None = None, elementwise: bool = False) -> Schedule:
+_ONE_SERVER: ContextVar[dict[Any, Any] | None] = ContextVar("dense_on_one_server", default=None)
+
+
+@contextlib.contextmanager
+def dense_on_one_server(memo: dict[Any, Any] | None = None) -> Iterator[None]:
+    """Inside: a dense layer (:func:`dense_layer`) on servers that are all alike
+    (:func:`simulator.cluster.symmetry.server_size`), whose tensor-parallel groups stay inside a server and whose
+    ranks transform the same rows on every server, is built on the first server only. Every server then runs the
+    first's timeline (the same floats): the layer's makespan, its critical rank (the lowest of the last to finish)
+    and that rank's compute are the whole layer's; its bytes and events are one server's. For the planners
+    (:mod:`simulator.plan`), which read latencies, compute and memory only. ``memo`` (a dict the caller keeps
+    across calls): a whole step's dense layer is built and simulated once per cluster and arguments (the same
+    schedule for every attention schedule and layout of a prefill on that cluster)."""
+    token = _ONE_SERVER.set({} if memo is None else memo)
+    try:
+        yield
+    finally:
+        _ONE_SERVER.reset(token)
+
+
+# what a dense layer never reads of its shape (attention's: its context, a prefill's sequence and layout come in as
+# rows): steps and layouts that differ only there share one (tests/test_plan_speed.py holds dense_layer to it)
+_DENSE_BLIND = frozenset({"context", "sequence", "layout"})
+
+
+def _dense(model: ModelPreset, shape: Shape, tp: int, cluster: Cluster, prec: WeightPrecision,
+           rows: Sequence[int] | None = None, elementwise: bool = False) -> Schedule:
+    """:func:`dense_layer`, kept in :func:`dense_on_one_server`'s memo by its arguments (the cluster by identity)."""
+    memo = _ONE_SERVER.get()
+    seen = tuple((f.name, getattr(shape, f.name)) for f in dataclasses.fields(shape) if f.name not in _DENSE_BLIND)
+    key = ("dense", model, type(shape), seen, tp, id(cluster), prec, None if rows is None else tuple(rows),
+           elementwise)
+    try:
+        hit = None if memo is None else memo.get(key)
+    except TypeError:  # an argument that cannot be a key
+        memo = None
+        hit = None
+    if hit is None or hit[0] is not cluster:
+        hit = (cluster, dense_layer(model, shape, tp, cluster, prec, rows=rows, elementwise=elementwise))
+        if memo is not None:
+            memo[key] = hit
+    return hit[1]
+
+
+def _simulated(sched: Schedule, cluster: Cluster) -> SimResult:
+    """``simulate(sched, cluster)``, kept in :func:`dense_on_one_server`'s memo for the schedule and cluster (by
+    identity: the memo holds both)."""
+    memo = _ONE_SERVER.get()
+    if memo is None:
+        return simulate(sched, cluster)
+    key = ("run", id(sched), id(cluster))
+    hit = memo.get(key)
+    if hit is None or hit[0] is not sched or hit[1] is not cluster:
+        hit = memo[key] = (sched, cluster, simulate(sched, cluster))
+    return hit[2]
+
+
+def _dense_ranks(cluster: Cluster, tp: int, n_rows: Sequence[int]) -> int:
+    """How many ranks (the first) a dense layer builds: all, or inside :func:`dense_on_one_server` where it
+    applies, the first server's."""
+    p = len(n_rows)
+    if _ONE_SERVER.get() is None:
+        return p
+    gpn = server_size(cluster)
+    if gpn is None or gpn % tp or any(n_rows[r] != n_rows[r % gpn] for r in range(p)):
+        return p
+    return gpn
+
+
+def dense_layer(model: ModelPreset, shape: Shape, tp: int, cluster: Cluster,
+                weight_dtype: str | WeightPrecision | None = None, *, rows: Sequence[int] | None = None,
+                elementwise: bool = False) -> Schedule:
     """One layer outside attention on every rank: QKV, O projection + allreduce, MLP + allreduce.
 
-    Weights are ``weight_dtype`` elements (default: the activations' ``shape.dtype``). ``rows[r]``: the rows of the
-    hidden state rank r transforms (default ``shape.batch``: one decode token per sequence); the ranks of a tensor
-    parallel group must have the same. ``elementwise`` adds the kernels outside the matmuls (:data:`__doc__`)."""
+    Weights are ``weight_dtype`` elements (one type, or one per part: :mod:`simulator.models.precision`; default:
+    the activations' ``shape.dtype``); a stage whose weights are FP8 runs at the FP8 rate and reads its row-wise
+    scales. ``rows[r]``: the rows of the hidden state rank r transforms (default ``shape.batch``: one decode token
+    per sequence); the ranks of a tensor parallel group must have the same. ``elementwise`` adds the kernels outside
+    the matmuls (:data:`__doc__`), and an FP8 stage's quantization of its inputs."""
     p = len(cluster.ranks)
     sched = Schedule(p, placement=tuple(cluster.ranks), name="dense")
     h, eb = model.hidden, shape.elem_bytes
     n_rows = list(rows) if rows is not None else [shape.batch] * p
-    wb = DTYPE_BYTES[weight_dtype or shape.dtype]
+    prec = weight_precision(weight_dtype, shape.dtype)
     qkv = h * (model.heads + 2 * model.kv_heads) * model.head_dim // tp
     o_proj = model.heads * model.head_dim * h // tp
     mlp = 3 * h * model.intermediate // tp
     hosts = cluster.host_indices(cluster.ranks)
     fabric = fabric_of(cluster)
+    built = range(_dense_ranks(cluster, tp, n_rows))
     extra = _elementwise(model, tp) if elementwise else {}
-    last = {r: _kernels(sched, r, "qkv", 2 * n_rows[r] * qkv, qkv * wb + 2 * n_rows[r] * h * eb, shape.dtype,
-                        (), n_rows[r], extra.get("qkv", ()), eb) for r in range(p)}
+    quant = _quantized(model, tp, eb, prec) if elementwise else {}
+    gemm = {stage: _gemm(model, stage, weights, tp, prec, shape.dtype)
+            for stage, weights in (("qkv", qkv), ("o-proj", o_proj), ("mlp", mlp))}
+    last = {r: _kernels(sched, r, "qkv", 2 * n_rows[r] * qkv, gemm["qkv"][1] + 2 * n_rows[r] * h * eb,
+                        gemm["qkv"][0], (), n_rows[r], extra.get("qkv", ()), eb, quant.get("qkv"), shape.dtype)
+            for r in built}
     for stage, weights in (("o-proj", o_proj), ("mlp", mlp)):
         front: dict[int, tuple[int, ...]] = {
-            r: (_kernels(sched, r, stage, 2 * n_rows[r] * weights, weights * wb + 2 * n_rows[r] * h * eb,
-                         shape.dtype, [last[r]], n_rows[r], extra.get(stage, ()), eb),) for r in range(p)}
+            r: (_kernels(sched, r, stage, 2 * n_rows[r] * weights, gemm[stage][1] + 2 * n_rows[r] * h * eb,
+                         gemm[stage][0], [last[r]], n_rows[r], extra.get(stage, ()), eb, quant.get(stage),
+                         shape.dtype),)
+            for r in built}
         if tp > 1:
-            for g in range(p // tp):
+            for g in range(len(built) // tp):
                 group = list(range(g * tp, (g + 1) * tp))
                 front.update(allreduce(sched, group, hosts, f"h.{stage}", n_rows[group[0]] * h, op="sum",
                                        algo="auto", fabric=fabric, elem_bytes=eb, dtype=shape.dtype,
                                        tag=f"{stage}.allreduce", deps={r: front[r] for r in group}))
         last = {r: sched.add_compute(r, f"{stage}.done", dtype=shape.dtype, deps=front[r], fused=True)
-                for r in range(p)}
+                for r in built}
     return sched
+
+
+_STAGE_PART = {"qkv": "attention", "o-proj": "attention", "mlp": "mlp"}
+
+
+def _gemm(model: ModelPreset, stage: str, weights: int, tp: int, prec: WeightPrecision, act: str
+          ) -> tuple[str, float]:
+    """(the dtype a stage's matmul runs at, the bytes of weights it reads: its weights at their type and, FP8,
+    one FP32 scale per output row)."""
+    part = prec.of(_STAGE_PART[stage])
+    nbytes: float = weights * DTYPE_BYTES[part]
+    if part == "fp8":
+        rows = {"qkv": (model.heads + 2 * model.kv_heads) * model.head_dim, "o-proj": model.hidden,
+                "mlp": 2 * model.intermediate + model.hidden}[stage]
+        nbytes += rows * SCALE_BYTES / tp
+    return gemm_dtype(part, act), nbytes
+
+
+def _quantized(model: ModelPreset, tp: int, eb: int, prec: WeightPrecision) -> dict[str, tuple[float, float]]:
+    """(FLOPs, bytes) per row of quantizing the inputs of each FP8 stage's matmuls to FP8, one FP32 scale per row:
+    read the input at the activations' size, write it in one byte (max, divide, convert: 3 FLOPs an element)."""
+    inputs = {"qkv": (model.hidden,), "o-proj": (model.heads * model.head_dim // tp,),
+              "mlp": (model.hidden, model.intermediate // tp)}
+    return {stage: (sum(3.0 * x for x in widths), sum(x * (eb + 1.0) + SCALE_BYTES for x in widths))
+            for stage, widths in inputs.items() if prec.of(_STAGE_PART[stage]) == "fp8"}
 
 
 # elementwise kernels of each stage (name, FLOPs per row, elements read + written per row), run in sequence with
@@ -125,23 +238,35 @@ def _elementwise(model: ModelPreset, tp: int) -> dict[str, tuple[tuple[str, floa
 
 
 def _kernels(sched: Schedule, r: int, stage: str, flops: float, nbytes: float, dtype: str, deps: Sequence[int],
-             n_rows: int, elementwise: Sequence[tuple[str, float, float]], eb: int) -> int:
-    """A stage's elementwise kernels (if any), then its matmul; returns the matmul's op id."""
+             n_rows: int, elementwise: Sequence[tuple[str, float, float]], eb: int,
+             quantize: tuple[float, float] | None = None, act: str | None = None) -> int:
+    """A stage's elementwise kernels (if any, at the activations' ``act``, default ``dtype``; ``quantize``: FLOPs
+    and bytes per row of its FP8 input quantization), then its matmul (at ``dtype``'s rate); returns the matmul's
+    op id."""
+    act = act or dtype
     prev = list(deps)
     for name, per_row_flops, per_row_elems in elementwise:
         prev = [sched.add_compute(r, f"{stage}.{name}", flops=per_row_flops * n_rows,
-                                  nbytes=per_row_elems * n_rows * eb, dtype=dtype, deps=prev)]
+                                  nbytes=per_row_elems * n_rows * eb, dtype=act, deps=prev)]
+    if quantize is not None:
+        prev = [sched.add_compute(r, f"{stage}.quantize", flops=quantize[0] * n_rows, nbytes=quantize[1] * n_rows,
+                                  dtype=act, deps=prev)]
     return sched.add_compute(r, stage, flops=flops, nbytes=nbytes, dtype=dtype, deps=prev)
 
 
-def _head(model: ModelPreset, shape: Shape, tp: int, cluster: Cluster, weight_bytes: int,
+def _head(model: ModelPreset, shape: Shape, tp: int, cluster: Cluster, weight: str,
           ranks: Sequence[int] | None = None) -> Schedule:
-    """The LM head of ``shape.batch`` tokens on ``ranks`` (default: every rank), each with 1/tp of its weights."""
+    """The LM head of ``shape.batch`` tokens on ``ranks`` (default: every rank), each with 1/tp of its weights of
+    element type ``weight`` (FP8: at the FP8 rate, its row-wise scales read too)."""
     p = len(cluster.ranks)
     sched = Schedule(p, placement=tuple(cluster.ranks), name="lm-head")
     w = model.head_weights // tp
+    nbytes: float = w * DTYPE_BYTES[weight]
+    if weight == "fp8":
+        nbytes += model.vocab * SCALE_BYTES / tp
     for r in range(p) if ranks is None else ranks:
-        sched.add_compute(r, "lm-head", flops=2 * shape.batch * w, nbytes=w * weight_bytes, dtype=shape.dtype)
+        sched.add_compute(r, "lm-head", flops=2 * shape.batch * w, nbytes=nbytes,
+                          dtype=gemm_dtype(weight, shape.dtype))
     return sched
 
 
@@ -168,7 +293,7 @@ def _compose(model: ModelPreset, dense: Schedule, attn: Schedule, head: Schedule
     """Simulate one layer's dense part and attention, and the LM head; ``layers x (dense + attention) + head``.
 
     Per GPU: ``weights + (layers - 1) x kv + max(attention's peak, outside) + resident`` bytes."""
-    runs = [simulate(s, cluster) for s in (dense, attn)]
+    runs = [_simulated(dense, cluster), simulate(attn, cluster)]  # a dense layer shared by steps: simulated once
     head_run = simulate(head, cluster)
     layer = sum(r.makespan for r in runs)
     place = attn.placement_on(cluster.ranks)
@@ -191,14 +316,15 @@ def _compose(model: ModelPreset, dense: Schedule, attn: Schedule, head: Schedule
 
 
 def model_step(model: ModelPreset, name: str, params: dict[str, Any], shape: DecodeShape, tp: int,
-               cluster: Cluster, weight_dtype: str | None = None) -> StepResult:
-    """Simulate one layer's dense part and attention, and the LM head; compose the decode step."""
-    wb = DTYPE_BYTES[weight_dtype or shape.dtype]
+               cluster: Cluster, weight_dtype: str | WeightPrecision | None = None) -> StepResult:
+    """Simulate one layer's dense part and attention, and the LM head; compose the decode step (weights as
+    ``weight_dtype`` says: :mod:`simulator.models.precision`)."""
+    prec = weight_precision(weight_dtype, shape.dtype)
     attn = attention_layer(name, params, shape, tp, cluster)
     place = attn.placement_on(cluster.ranks)
     kv = {place[r]: bufs.get("kv0", 0.0) for r, bufs in attn.initial.items()}
-    return _compose(model, dense_layer(model, shape, tp, cluster, weight_dtype), attn,
-                    _head(model, shape, tp, cluster, wb), cluster, model.params / tp * wb, kv)
+    return _compose(model, _dense(model, shape, tp, cluster, prec), attn,
+                    _head(model, shape, tp, cluster, prec.head), cluster, weight_bytes(model, prec, tp), kv)
 
 
 def group_tokens(shape: PrefillShape, groups: int) -> list[int]:
@@ -217,29 +343,33 @@ def _last_group(shape: PrefillShape, groups: int) -> int:
 
 
 def prefill_model(model: ModelPreset, name: str, params: Mapping[str, Any], shape: PrefillShape, tp: int,
-                  cluster: Cluster, fabric: Fabric | None = None, weight_dtype: str | None = None) -> StepResult:
+                  cluster: Cluster, fabric: Fabric | None = None,
+                  weight_dtype: str | WeightPrecision | None = None) -> StepResult:
     """Simulate one layer's dense part (elementwise kernels too) and its attention (the prefill schedule), and the
     LM head of the last tokens; compose the whole prefill (module docstring, memory included)."""
     p = len(cluster.ranks)
     cp, eb = p // tp, shape.elem_bytes
-    wb = DTYPE_BYTES[weight_dtype or shape.dtype]
+    prec = weight_precision(weight_dtype, shape.dtype)
     per_group = group_tokens(shape, cp)
     rows = [shape.batch * per_group[r // tp] for r in range(p)]
     attn = attention_layer(name, params, shape, tp, cluster, build=build_prefill, fabric=fabric)
     part = tp_shape(shape, tp)
     last = _last_group(shape, cp)
-    kv = {n: part.kv_bytes(per_group[r // tp]) for r, n in enumerate(cluster.ranks)}
+    cached = [run_tokens(runs) for runs in layout_runs(shape.layout, shape.cached, cp)] if shape.cached else \
+        [0] * cp  # each group's share of a cached prefix (docs/serving.md), held for every layer
+    kv = {n: part.kv_bytes(cached[r // tp] + per_group[r // tp]) for r, n in enumerate(cluster.ranks)}
     outside = {n: kv[n] + rows[r] * (model.hidden + 2 * (model.intermediate // tp)) * eb
                for r, n in enumerate(cluster.ranks)}
     resident = {n: rows[r] * model.hidden * eb for r, n in enumerate(cluster.ranks)}
-    dense = dense_layer(model, shape, tp, cluster, weight_dtype, rows=rows, elementwise=True)
-    head = _head(model, shape, tp, cluster, wb, ranks=range(last * tp, (last + 1) * tp))
-    return _compose(model, dense, attn, head, cluster, model.params / tp * wb, kv, outside, resident)
+    dense = _dense(model, shape, tp, cluster, prec, rows=rows, elementwise=True)
+    head = _head(model, shape, tp, cluster, prec.head, ranks=range(last * tp, (last + 1) * tp))
+    return _compose(model, dense, attn, head, cluster, weight_bytes(model, prec, tp), kv, outside, resident)
 
 
 def prefill_model_flops(model: ModelPreset, shape: PrefillShape) -> float:
-    """Model FLOPs of a whole prefill: every layer's matmuls (2 per weight per token) and attention (unmasked
-    pairs only), and the LM head of each sequence's last token."""
+    """Model FLOPs of a whole prefill: every layer's matmuls (2 per weight per new token: a cached prefix's tokens
+    are not transformed again) and attention (unmasked pairs only), and the LM head of each sequence's last
+    token."""
     tokens = shape.batch * shape.sequence
     return model.layers * (2.0 * tokens * model.layer_weights + shape.model_flops) \
         + 2.0 * shape.batch * model.head_weights

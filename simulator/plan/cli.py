@@ -23,9 +23,8 @@ from simulator.errors import InputError, excerpt
 from simulator.models.presets import PRESETS
 from simulator.plan.decode import PlanRequest, PlanRow, ms, plan
 from simulator.plan.overlap import find_overlap, overlap_shape
+from simulator.plan.train_cli import cmd_plan_train
 from simulator.plan.ttft import Config, TtftPlan, TtftRequest, plan_ttft, seconds
-from simulator.report.plan_report import write_plan_report
-from simulator.run.commands import whatif_notes
 from simulator.run.prepared import layout_of
 from simulator.support.console import say
 from simulator.support.files import write_csv_atomic, write_text_atomic
@@ -139,7 +138,9 @@ def _plan_ttft(args: argparse.Namespace, req: TtftRequest, say: Callable[[str], 
             say(frame.drop(columns=["usable_mem_GB", "oom"]).to_string(index=False))
     if result.reproduce:
         say("reproduce: " + shlex.join(result.reproduce))
-    say(f"({result.evaluated} configurations simulated)")
+    runs = result.evaluated - result.prefills  # a generate request's: its best prefill run whole, with its decode
+    say(f"(simulated {result.prefills:,} of {result.space:,} configurations"
+        + (f", {runs:,} of them run whole with their decode)" if runs else ")"))
     if args.out:
         _write(Path(args.out), frame, result, req, args)
     return 0
@@ -158,6 +159,8 @@ def _write(out: Path, frame: pd.DataFrame, result: TtftPlan, req: TtftRequest, a
         meta = {"model": result.model, "ttft_s": req.ttft_s, "target_s": req.tbt_s, "topology": result.topology,
                 "command": shlex.join(["treering", *args.argv]), "version": __version__, "sets": list(req.sets),
                 "reproduce": shlex.join(result.reproduce)}
+        from simulator.report.plan_report import write_plan_report  # matplotlib: only for a report
+
         write_plan_report(frame.assign(binding=[result.binding] + [""] * (len(frame) - 1)), out, meta)
         print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'plan.csv'}")
         return
@@ -165,6 +168,8 @@ def _write(out: Path, frame: pd.DataFrame, result: TtftPlan, req: TtftRequest, a
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if getattr(args, "train", False):
+        return cmd_plan_train(args)
     if args.scenario is not None or args.ttft is not None:
         return cmd_plan_ttft(args, say)
     for flag, value in (("--model", args.model), ("--context", args.context), ("--tbt", args.tbt)):
@@ -187,13 +192,57 @@ def cmd_plan(args: argparse.Namespace) -> int:
     algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     if not algorithms:
         raise InputError(f"needs at least one algorithm name, got {excerpt(args.algorithms)}", field="--algorithms")
-    req = PlanRequest(model=args.model, context=context, tbt_s=tbt, topology=args.topology,
+    topologies = [t.strip() for t in args.topology.split(",") if t.strip()]
+    if getattr(args, "objective", "gpus") != "cost" and len(topologies) > 1:
+        raise InputError("one topology (several need --objective cost)", field="--topology")
+    if not topologies:
+        raise InputError(f"needs a topology, got {excerpt(args.topology)}", field="--topology")
+    req = PlanRequest(model=args.model, context=context, tbt_s=tbt, topology=topologies[0],
                       algorithms=algorithms, batch=args.batch,
                       dtype=args.dtype, weight_dtype=args.weight_dtype, kv_dtype=args.kv_dtype, tp=args.tp,
                       max_nodes=args.max_nodes, mem_fraction=args.mem_fraction, eff_mem=args.eff_mem,
                       eff_flops=args.eff_flops, sets=args.sets, force=args.force)
+    if getattr(args, "objective", "gpus") == "cost":
+        if args.out and Path(args.out).suffix != ".csv":
+            raise InputError("--objective cost writes a .csv", field="-o")
+        with _claimed(args.out):
+            return _plan_cost(args, req, topologies)
     with _claimed(args.out):
         return _plan_decode(args, req)
+
+
+def _plan_cost(args: argparse.Namespace, req: PlanRequest, topologies: list[str]) -> int:
+    """The cheapest configuration meeting the target across ``topologies`` (:mod:`simulator.plan.cost`)."""
+    from simulator.plan.cost import cost_frame, plan_cost
+
+    named = [o.strip() for o in (args.offers or "").split(",") if o.strip()]
+    say(f"{args.model}, context {req.context:,} tokens, target {req.tbt_s * 1e3:g} ms between tokens, the cheapest "
+        f"on {', '.join(topologies)}, up to {req.max_nodes} nodes" + (f" ({', '.join(args.sets)})" if args.sets
+                                                                    else ""))
+    try:
+        with progress_line("plan") as progress:
+            priced = plan_cost(req, topologies, named, progress)
+    except InputError as err:
+        raise _plan_flag(err) from None
+    for p in priced:
+        how = "given" if named else "the cheapest rented offer listed for it"
+        say(f"{p.topology}: {p.device} at ${p.offer.usd_per_gpu_hour:.4g}/GPU-hour ({p.offer.name}, {how}; "
+            f"{p.offer.date})")
+    table = cost_frame(priced, req)
+    if len(table) and bool(table["met"].iloc[0]):
+        top = table.iloc[0]
+        say(f"answer: {top['algorithm']} on {top['topology']}, {int(top['gpus'])} GPUs (tp {int(top['tp'])}), "
+            f"{top['tbt_ms']:.4g} ms between tokens, ${top['usd_per_hour']:.4g}/hour, "
+            f"${top['usd_per_m_tokens']:.4g} per million tokens")
+    else:
+        say("not met on any topology")
+    with pd.option_context("display.width", 250, "display.max_colwidth", 80, "display.float_format",
+                           "{:.4g}".format):
+        say(table.drop(columns=["binding"]).to_string(index=False))
+    if args.out:
+        write_csv_atomic(table, Path(args.out))
+        print(f"wrote {args.out}")
+    return 0
 
 
 def _plan_decode(args: argparse.Namespace, req: PlanRequest) -> int:
@@ -206,19 +255,25 @@ def _plan_decode(args: argparse.Namespace, req: PlanRequest) -> int:
             rows = plan(req, progress)
     except InputError as err:
         raise _plan_flag(err) from None
-    for note in whatif_notes(args.topology, args.sets):
-        print(f"treering: note: {note}", file=sys.stderr)
+    if args.sets:
+        from simulator.run.commands import whatif_notes  # the run verbs' module (matplotlib): only when asked
+
+        for note in whatif_notes(args.topology, args.sets):
+            print(f"treering: note: {note}", file=sys.stderr)
     table = plan_frame(rows, req)
     shown = table.drop(columns=["usable_mem_GB", "bottleneck", "evaluated"])
     with pd.option_context("display.width", 250, "display.max_colwidth", 200, "display.float_format",
                            "{:.4g}".format):
         say(shown.to_string(index=False))
+    say(f"(simulated {sum(r.evaluated for r in rows):,} of {sum(r.space for r in rows):,} configurations)")
     if args.out:
         out = Path(args.out)
         if out.suffix not in (".csv", ".json"):  # a folder: the plan's report
             meta = {"model": args.model, "context": req.context, "target_s": tbt, "topology": args.topology,
                     "command": shlex.join(["treering", *args.argv]), "version": __version__,
                     "sets": list(args.sets), "mem_fraction": req.mem_fraction}
+            from simulator.report.plan_report import write_plan_report  # matplotlib: only for a report
+
             write_plan_report(table, out, meta)
             print(f"wrote {out / 'report.md'}, {out / 'report.html'} and {out / 'plan.csv'}")
             return 0

@@ -13,7 +13,10 @@ For each algorithm and ``tp`` the search covers every node count up to ``max_nod
 2. latency: the smallest fitting count is simulated; if it misses the target, the counts ``n, 2n, 4n, ...,
    max_nodes`` are. Where those latencies are monotone the answer (or the best) is found by bisection between two
    of them, assuming latency is monotone between them too; where they are not, every count is simulated, in
-   order, until the target is met.
+   order, until the target is met;
+3. the largest tp is searched first: once a configuration meets the target on G GPUs, the search of another tp
+   stops where all it would go on to find is on more GPUs (its memory bound, its smallest fitting count, or the
+   count its bisection would find is over G's), having evaluated the same points until then: the same answer.
 
 The answer per algorithm is the fitting configuration that meets the target on the fewest GPUs (then the lowest
 latency); when none does, the fastest fitting one is shown with what bounds it (``cannot go below 14.6 ms:
@@ -31,14 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from simulator.errors import InputError
-from simulator.models.step import model_step
+from simulator.models.precision import weight_bytes
+from simulator.models.step import dense_on_one_server, model_step
 from simulator.plan.verdict import Targets, met
 from simulator.run.prepare import prepare_point
 from simulator.run.prepared import PreparedPoint, cluster_for
 from simulator.run.scenario import DecodeWorkload, Point, scenario_points
 from simulator.schedule.memory import out_of_memory
 from simulator.support.limits import check_graph, check_schedule
-from simulator.units import DTYPE_BYTES
 
 __all__ = ["Evaluation", "PlanRequest", "PlanRow", "memory_lower_bound", "ms", "plan", "tp_candidates"]
 
@@ -119,6 +122,7 @@ class PlanRow:
     best: Evaluation | None
     binding: str
     evaluated: int
+    space: int = 0  # the configurations it could have simulated: tp candidates x node counts
 
 
 def tp_candidates(gpus_per_node: int, heads: int, kv_heads: int) -> list[int]:
@@ -133,7 +137,7 @@ def memory_lower_bound(wl: DecodeWorkload, tp: int, gpus: int) -> float:
     model, shape = wl.model_preset(), wl.shape()
     part = dataclasses.replace(shape, heads=shape.heads // tp, kv_heads=max(1, shape.kv_heads // tp))
     shard = math.ceil(shape.context / (gpus // tp))
-    return model.params / tp * DTYPE_BYTES[wl.weight_dtype or wl.dtype] + model.layers * part.kv_bytes(shard)
+    return weight_bytes(model, wl.weights(), tp) + model.layers * part.kv_bytes(shard)
 
 
 class _Search:
@@ -181,7 +185,8 @@ class _Search:
         assert isinstance(wl, DecodeWorkload) and prep.shape is not None
         if self.progress:
             self.progress(f"{algorithm}: tp {tp}, {nodes} node(s) ({len(self.cache) + 1} simulated)")
-        step = model_step(wl.model_preset(), algo.name, algo.params, prep.shape, tp, cluster, wl.weight_dtype)
+        with dense_on_one_server():  # alike servers: one's dense layer is every one's (latency, memory exact)
+            step = model_step(wl.model_preset(), algo.name, algo.params, prep.shape, tp, cluster, wl.weights())
         intra = {d["cls"] for u, v, d in cluster.graph.edges(data=True)
                  if cluster.host_of(u) == cluster.host_of(v) and "gpu" in (cluster.graph.nodes[u]["kind"],
                                                                           cluster.graph.nodes[v]["kind"])}
@@ -195,18 +200,21 @@ class _Search:
         return ev
 
 
-def _smallest_fit(s: _Search, algorithm: str, tp: int, lo: int, hi: int) -> int | None:
-    """The smallest node count in [lo, hi] that fits (memory is monotone): gallop from lo, then bisect."""
+def _smallest_fit(s: _Search, algorithm: str, tp: int, lo: int, hi: int, cap: int | None = None) -> int | None:
+    """The smallest node count in [lo, hi] that fits (memory is monotone): gallop from lo, then bisect. With
+    ``cap``: None as soon as the count found would be over ``cap`` (the same points evaluated until then)."""
     step, prev = 1, lo - 1
     n = lo
     while True:
         if s.evaluate(algorithm, tp, n).fits:
             break
-        if n == hi:
+        if n == hi or (cap is not None and n >= cap):  # the count found will be over n
             return None
         prev, n, step = n, min(hi, n + step), step * 2
     a, b = prev + 1, n  # fits at b, not at prev
     while a < b:
+        if cap is not None and a > cap:  # the count found is at least a
+            return None
         mid = (a + b) // 2
         if s.evaluate(algorithm, tp, mid).fits:
             b = mid
@@ -219,17 +227,24 @@ def _monotone(values: Sequence[float]) -> bool:
     return all(x >= y for x, y in itertools.pairwise(values)) or all(x <= y for x, y in itertools.pairwise(values))
 
 
-def _search_tp(s: _Search, algorithm: str, tp: int, gpn: int) -> tuple[list[Evaluation], int | None]:
-    """(the evaluations that matter, the smallest fitting node count) for one algorithm and tp."""
+def _search_tp(s: _Search, algorithm: str, tp: int, gpn: int, most_gpus: float = math.inf
+               ) -> tuple[list[Evaluation], int | None]:
+    """(the evaluations that matter, the smallest fitting node count) for one algorithm and tp.
+
+    ``most_gpus``: a configuration of another tp met the target on that many GPUs, so that only configurations on
+    as many or fewer can be the answer: the search stops where every configuration it would go on to find is on
+    more (the memory bound, or the smallest fitting count, over them), having evaluated the same points until
+    then; ([], None) then."""
     req = s.req
     prep = s.prepare(algorithm, tp, 1)
     wl = prep.workload
     assert isinstance(wl, DecodeWorkload)
     usable = max(prep.capacity(n) for n in prep.cluster.ranks)  # the bound must hold on some GPU
     lo = next((n for n in range(1, req.max_nodes + 1) if memory_lower_bound(wl, tp, n * gpn) <= usable), None)
-    if lo is None:
+    cap = None if math.isinf(most_gpus) else int(most_gpus) // gpn  # the most nodes a better answer may have
+    if lo is None or (cap is not None and lo > cap):
         return [], None
-    n_fit = _smallest_fit(s, algorithm, tp, lo, req.max_nodes)
+    n_fit = _smallest_fit(s, algorithm, tp, lo, req.max_nodes, cap)
     if n_fit is None:
         return [], None
     first = s.evaluate(algorithm, tp, n_fit)
@@ -246,6 +261,8 @@ def _search_tp(s: _Search, algorithm: str, tp: int, gpn: int) -> tuple[list[Eval
             return evs, n_fit
         a, b = probes[hit - 1] + 1, probes[hit]  # bisection: meets at b, not at a - 1
         while a < b:
+            if cap is not None and a > cap:  # the count it finds is over cap: not the answer
+                return evs, n_fit
             mid = (a + b) // 2
             if s.evaluate(algorithm, tp, mid).meets(req.targets):
                 b = mid
@@ -253,7 +270,8 @@ def _search_tp(s: _Search, algorithm: str, tp: int, gpn: int) -> tuple[list[Eval
                 a = mid + 1
         return [*evs, s.evaluate(algorithm, tp, b)], n_fit
     scanned = []
-    for n in range(n_fit, req.max_nodes + 1):  # not monotone: every count, until one meets the target
+    for n in range(n_fit, req.max_nodes + 1 if cap is None else min(req.max_nodes, cap) + 1):
+        # not monotone: every count, until one meets the target (up to cap: beyond, none can be the answer)
         ev = s.evaluate(algorithm, tp, n)
         scanned.append(ev)
         if ev.meets(req.targets):
@@ -284,14 +302,18 @@ def plan(req: PlanRequest, progress: Progress | None = None) -> list[PlanRow]:
     rows = []
     for algorithm in req.algorithms:
         before = len(s.cache)
-        found: list[Evaluation] = []
+        by_tp: dict[int, list[Evaluation]] = {}
         fit_at: dict[int, int] = {}
-        for tp in tps:
-            evs, n_fit = _search_tp(s, algorithm, tp, gpn)
-            found.extend(evs)
+        most_gpus = math.inf  # the fewest GPUs a configuration found met the target on
+        for tp in sorted(tps, reverse=True):  # the largest tp fits on the fewest nodes: its answer bounds the rest
+            evs, n_fit = _search_tp(s, algorithm, tp, gpn, most_gpus)
+            by_tp[tp] = evs
             if n_fit is not None:
                 fit_at[tp] = n_fit
-        rows.append(_row(algorithm, found, fit_at, req, len(s.cache) - before))
+            most_gpus = min([most_gpus, *(e.gpus for e in evs if e.meets(req.targets))])
+        found = [e for tp in tps for e in by_tp[tp]]  # in the order of tps, as ties are broken
+        rows.append(dataclasses.replace(_row(algorithm, found, fit_at, req, len(s.cache) - before),
+                                        space=len(tps) * req.max_nodes))
     return rows
 
 

@@ -13,11 +13,16 @@ from typing import Any
 from simulator.algorithms import label, resolve
 from simulator.algorithms.prefill import PREFILL_REGISTRY
 from simulator.errors import InputError
+from simulator.models.precision import weight_bytes, weight_precision
+from simulator.models.step import dense_on_one_server, group_tokens, tp_shape
 from simulator.plan.decode import ms
 from simulator.plan.verdict import Targets, Values, met
 from simulator.run.prepare import prepare_point, simulate_point
+from simulator.run.prepared import PointOutcome, PreparedPoint, cluster_for
 from simulator.run.scenario import Point, scenario_points
+from simulator.schedule.memory import usable_bytes
 from simulator.workloads.generate import GenerateWorkload
+from simulator.workloads.layouts import layout_runs, run_tokens
 from simulator.workloads.prefill import PrefillWorkload
 
 __all__ = ["LAYOUTS", "STRATEGIES", "Config", "Progress", "Search", "TtftRequest", "seconds"]
@@ -102,6 +107,8 @@ class Search:
         self.prefills: dict[tuple[int, int, str, str], Config | InputError] = {}
         self.generates: dict[tuple[int, int], list[Config]] = {}
         self.count = 0
+        self.memo: dict[Any, Any] = {}  # dense layers built and simulated once (_simulated)
+        self.met_tp: int | None = None  # the tp of the last count meets_at found to meet (tried first)
 
     def strategies(self) -> list[tuple[str, Any]]:
         """(label, YAML entry) of each prefill strategy to try."""
@@ -159,7 +166,7 @@ class Search:
             self.count += 1
             if self.progress:
                 self.progress(f"{nodes} node(s), tp {tp}, {strategy} {layout} ({self.count} simulated)")
-            row = simulate_point(prep).rows[0]
+            row = _simulated(prep, self.memo).rows[0]
             usable = min(prep.capacity(n) for n in prep.cluster.ranks)
             self.prefills[key] = Config(nodes, len(prep.cluster.ranks), tp, strategy, layout, row["latency_s"],
                                         row["compute_s"], row["peak_mem_bytes"], usable, bool(row["oom"]),
@@ -182,7 +189,7 @@ class Search:
             sets = self._sets(best.nodes, best.tp, entry, best.layout)
             prep = prepare_point(self._point(sets))
             self.count += 1
-            rows = simulate_point(prep).rows
+            rows = _simulated(prep, self.memo).rows
             self.generates[key] = [Config(best.nodes, best.gpus, best.tp, best.strategy, best.layout, r["ttft_s"],
                                           best.compute_s, r["peak_mem_bytes"], best.usable_mem_bytes, bool(r["oom"]),
                                           r["algorithm"], r["tpot_s"], best.sets) for r in rows]
@@ -191,24 +198,74 @@ class Search:
     def at(self, nodes: int, tps: Sequence[int]) -> list[Config]:
         """Every configuration on ``nodes`` nodes: each (tp, strategy, layout)'s prefill; for generate, each tp's
         fastest fitting prefill with every decode schedule."""
-        out: list[Config] = []
-        for tp in tps:
-            found = [c for s, e in self.strategies() for lay in self.layouts()
-                     for c in [self.prefill(nodes, tp, s, e, lay)] if isinstance(c, Config)]
-            if self.kind == "prefill":
-                out += found
-                continue
-            fitting = [c for c in found if c.fits]
-            if not fitting:
-                out += found
-                continue
-            best = min(fitting, key=lambda c: c.ttft_s)
-            decoded = self.generate(best)
-            out += decoded + [_with_decode(c, decoded) for c in found if c is not best]
-        return out
+        return [c for tp in tps for c in self._at_tp(nodes, tp)]
+
+    def _at_tp(self, nodes: int, tp: int) -> list[Config]:
+        """:meth:`at`'s configurations of one tp."""
+        found = [c for s, e in self.strategies() for lay in self.layouts()
+                 for c in [self.prefill(nodes, tp, s, e, lay)] if isinstance(c, Config)]
+        if self.kind == "prefill":
+            return found
+        fitting = [c for c in found if c.fits]
+        if not fitting:
+            return found
+        best = min(fitting, key=lambda c: c.ttft_s)
+        decoded = self.generate(best)
+        return decoded + [_with_decode(c, decoded) for c in found if c is not best]
+
+    def meets_at(self, nodes: int, tps: Sequence[int]) -> bool:
+        """Whether a configuration on ``nodes`` nodes meets the targets (``any`` of :meth:`at`'s), simulating tp
+        after tp until one does (the last to meet first), and none of a tp whose every prefill is out of memory
+        (:meth:`cannot_fit`)."""
+        first = [tp for tp in tps if tp == self.met_tp]  # the tp that met last: likely to meet on a near count
+        for tp in first + [tp for tp in tps if tp != self.met_tp]:
+            if not self.cannot_fit(nodes, tp) and any(map(self.meets, self._at_tp(nodes, tp))):
+                self.met_tp = tp
+                return True
+        return False
+
+    def cannot_fit(self, nodes: int, tp: int) -> bool:
+        """Every prefill of ``tp`` on ``nodes`` nodes is out of memory, by a lower bound of
+        :func:`simulator.models.step.prefill_model`'s peak (``scope: model``): every GPU holds its 1/tp of the
+        weights and, for every layer, the KV cache of its context-parallel group's tokens (a cached prefix's share
+        too), over the most memory any of its GPUs may use, on every layout."""
+        if self.wl.scope != "model" or not self.strategies():
+            return False
+        entry = self.strategies()[0][1]
+        for layout in self.layouts():
+            try:
+                point = self._point(self._sets(nodes, tp, entry, layout), "prefill")
+            except InputError:  # not a configuration: prefill() says why
+                return False
+            wl = point.scenario.workload
+            cluster = cluster_for(point)
+            if not isinstance(wl, PrefillWorkload) or len(cluster.ranks) % tp:
+                return False
+            cp = len(cluster.ranks) // tp
+            shape = wl.shape()
+            part = tp_shape(shape, tp)
+            cached = [run_tokens(runs) for runs in layout_runs(shape.layout, shape.cached, cp)] if shape.cached \
+                else [0] * cp
+            least = min(part.kv_bytes(c + t) for c, t in zip(cached, group_tokens(shape, cp), strict=True))
+            usable = max(usable_bytes(cluster.specs[n].mem_bytes, point.scenario.mem_fraction)
+                         for n in cluster.ranks)
+            weights = weight_bytes(wl.model_preset(), weight_precision(wl.weights(), shape.dtype), tp)
+            if weights + wl.model_preset().layers * least <= usable:
+                return False
+        return True
 
     def meets(self, c: Config) -> bool:
         return c.meets(self.req.targets)
+
+
+def _simulated(prep: PreparedPoint, memo: dict[Any, Any]) -> PointOutcome:
+    """The point simulated for its latencies, compute and memory: a dense layer on alike servers built on one, and
+    once per cluster and arguments while ``memo`` lives (:func:`simulator.models.step.dense_on_one_server`: the
+    same floats; bytes and events are not read here)."""
+    if prep.point.scenario.variability is not None:  # varied durations: no two servers alike
+        return simulate_point(prep)
+    with dense_on_one_server(memo):
+        return simulate_point(prep)
 
 
 def _name(entry: Any) -> Any:

@@ -16,13 +16,16 @@ A configuration *fits* when no GPU's peak (the prefill's, and for generate the d
 ``mem_fraction`` of its memory, and *meets* when it fits, its TTFT is at most ``ttft_s`` and (with ``tbt_s``) its
 TPOT at most ``tbt_s``. Node counts ``1, 2, 4, ..., max_nodes`` are simulated until one meets; the answer is then
 bisected between it and the previous one, assuming "meets" is monotone between them (:mod:`simulator.plan.decode` does
-the same for decode). At the answer's node count every strategy's best configuration is listed: the answer
-first (fewest GPUs, then lowest TTFT), the runner-up second. When no count meets, the configuration with the lowest
-TTFT that fits is shown with what bounds it.
+the same for decode). Whether a count meets is settled tp after tp (:meth:`Search.meets_at`: a tp out of memory by
+a lower bound is not simulated); only the answer's count and the one below it are simulated whole. At the answer's
+node count every strategy's best configuration is listed: the answer first (fewest GPUs, then lowest TTFT), the
+runner-up second. When no count meets, the configuration with the lowest TTFT that fits is shown with what bounds
+it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +62,8 @@ class TtftPlan:
     topology: str = ""
     targets: Targets = field(default_factory=Targets)  # what every row's verdict is judged by (plan.verdict)
     tokens: int = 0  # the prompt (prefill: the sequence) in tokens, as resolved ("256K": 262,144)
+    prefills: int = 0  # of the evaluated: configurations' prefills (the rest: generate requests run whole)
+    space: int = 0  # the configurations the search could have simulated: node counts x tp x strategies x layouts
 
     @property
     def met(self) -> bool:
@@ -113,19 +118,19 @@ def plan_ttft(req: TtftRequest, progress: Progress | None = None) -> TtftPlan:
     else:
         tps = [wl.tp]
     _check_size(s, cluster, gpn // min(tps), req)
-    found: dict[int, list[Config]] = {}
+    met: dict[int, bool] = {}  # by node count, in the order searched
 
     def met_at(n: int) -> bool:
-        if n not in found:
-            found[n] = s.at(n, tps)
-        return any(s.meets(c) for c in found[n])
+        if n not in met:
+            met[n] = s.meets_at(n, tps)
+        return met[n]
 
     probes = [1]
     while probes[-1] < req.max_nodes:
         probes.append(min(req.max_nodes, probes[-1] * 2))
     hit = next((i for i, n in enumerate(probes) if met_at(n)), None)
     if hit is None:
-        return _unmet(s, found, req)
+        return _counted(s, tps, _unmet(s, {n: s.at(n, tps) for n in met}, req))
     a, b = (probes[hit - 1] + 1, probes[hit]) if hit else (1, 1)
     while a < b:
         mid = (a + b) // 2
@@ -133,10 +138,17 @@ def plan_ttft(req: TtftRequest, progress: Progress | None = None) -> TtftPlan:
             b = mid
         else:
             a = mid + 1
-    rows = _per_strategy(found[b], s)
-    smaller = [n for n in found if n < b]
-    why = _binding(s, found[max(smaller)], max(smaller)) if smaller else "none: one node is enough"
-    return TtftPlan(rows, why, s.count, s.kind, _reproduce(req, rows[0]), *_names(s))
+    rows = _per_strategy(s.at(b, tps), s)  # every configuration of the answer's count and of the one below
+    smaller = [n for n in met if n < b]
+    why = _binding(s, s.at(max(smaller), tps), max(smaller)) if smaller else "none: one node is enough"
+    return _counted(s, tps, TtftPlan(rows, why, s.count, s.kind, _reproduce(req, rows[0]), *_names(s)))
+
+
+def _counted(s: Search, tps: list[int], result: TtftPlan) -> TtftPlan:
+    """``result`` with how many configurations' prefills were simulated, of how many the search could have."""
+    prefills = sum(isinstance(c, Config) for c in s.prefills.values())
+    space = s.req.max_nodes * len(tps) * len(s.strategies()) * len(s.layouts())
+    return dataclasses.replace(result, prefills=prefills, space=space)
 
 
 def _check_size(s: Search, cluster: Cluster, groups_per_node: int, req: TtftRequest) -> None:

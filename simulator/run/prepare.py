@@ -16,6 +16,7 @@ from simulator.errors import InputError
 from simulator.run.kinds import kind_of
 from simulator.run.prepared import PointOutcome, PreparedPoint, Run, cluster_for
 from simulator.run.scenario import Point
+from simulator.run.whatif import check_whatifs, whatif_rows
 
 __all__ = ["check_points", "point_runs", "prepare_point", "run_point", "simulate_point"]
 
@@ -29,7 +30,12 @@ def prepare_point(point: Point, numeric: bool = False) -> PreparedPoint:
             raise InputError(kind.numeric, field="workload.kind")
     except InputError as err:
         raise point.locate(err) from None
-    return kind.prepare(point, cluster, numeric)  # located there
+    prep = kind.prepare(point, cluster, numeric)  # located there
+    try:
+        check_whatifs(prep)
+    except InputError as err:
+        raise point.locate(err) from None
+    return prep
 
 
 def check_points(points: Sequence[Point], numeric: bool = False) -> list[PreparedPoint]:
@@ -40,8 +46,9 @@ def check_points(points: Sequence[Point], numeric: bool = False) -> list[Prepare
 def simulate_point(prep: PreparedPoint, keep_runs: bool = False) -> PointOutcome:
     """Simulate every algorithm of one prepared point once: its rows (one extra column per swept key) and, with
     ``keep_runs``, the simulated schedules they came from (for ``scope: model``, one layer's attention)."""
-    rows, runs = kind_of(prep.kind).simulate(prep, keep_runs)
-    return PointOutcome(rows, runs)
+    varied = prep.point.scenario.variability is not None  # trials of each row's schedule (run.whatif)
+    rows, runs = kind_of(prep.kind).simulate(prep, keep_runs or varied)
+    return PointOutcome(whatif_rows(prep, rows, runs), runs if keep_runs else None)
 
 
 def run_point(point: Point, numeric: bool = False) -> list[dict[str, Any]]:

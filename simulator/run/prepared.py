@@ -19,6 +19,7 @@ from typing import Any
 
 from simulator.algorithms import Layout
 from simulator.cluster import Cluster, load_topology
+from simulator.cluster.faults import apply_faults
 from simulator.cluster.topology import override_devices
 from simulator.collectives.fabric import fabric_of
 from simulator.engine import SimResult
@@ -29,11 +30,13 @@ from simulator.schedule.core import Schedule
 from simulator.schedule.memory import usable_bytes
 from simulator.support.yaml_lines import load_yaml
 
-__all__ = ["Algorithm", "Kind", "PointOutcome", "PreparedPoint", "Run", "cluster_for", "layout_of", "topology_params"]
+__all__ = ["Algorithm", "Kind", "PointOutcome", "PreparedPoint", "Run", "cluster_for", "faults_applied", "layout_of",
+           "topology_params"]
 
 Run = tuple[str, Schedule, SimResult]  # (label, schedule, its simulation)
 
-_CLUSTERS: dict[tuple[str, str, str, str], Cluster] = {}
+_CLUSTERS: dict[tuple[str, str, str, str, str], Cluster] = {}
+_FAULTS: dict[tuple[str, str, str, str, str], str] = {}  # the same key -> what its faults did (faults_applied)
 
 
 def topology_params(point: Point) -> dict[str, Any]:
@@ -61,25 +64,34 @@ def _explicit(ref: str, base_dir: Path) -> bool:
     return isinstance(raw, Mapping) and "builder" not in raw
 
 
-def _cluster_key(point: Point) -> tuple[str, str, str, str]:
+def _cluster_key(point: Point) -> tuple[str, str, str, str, str]:
     sc = point.scenario
     devices = {name: o.model_dump(exclude_none=True) for name, o in sc.devices.items()}
+    faults = [f.model_dump(exclude_none=True) for f in sc.faults or ()]
     return (sc.topology, json.dumps(topology_params(point), sort_keys=True), str(point.base_dir),
-            json.dumps(devices, sort_keys=True))  # plain scalars: never repr() an unbounded value
+            json.dumps(devices, sort_keys=True), json.dumps(faults))  # plain scalars: never repr() an unbounded value
 
 
 def cluster_for(point: Point) -> Cluster:
-    """The point's cluster (cached per topology and parameters); errors located in the scenario file."""
+    """The point's cluster (cached per topology, parameters and faults: :mod:`simulator.cluster.faults`); errors
+    located in the scenario file."""
     key = _cluster_key(point)
     if key not in _CLUSTERS:
         sc = point.scenario
         devices = {name: o.model_dump(exclude_none=True) for name, o in sc.devices.items()}
         try:
-            _CLUSTERS[key] = override_devices(load_topology(sc.topology, topology_params(point), point.base_dir,
-                                                            point.force), devices)
+            cluster = override_devices(load_topology(sc.topology, topology_params(point), point.base_dir,
+                                                     point.force), devices)
+            _CLUSTERS[key], _FAULTS[key] = apply_faults(cluster, [f.fault() for f in sc.faults or ()])
         except InputError as err:
             raise point.locate(err) from None
     return _CLUSTERS[key]
+
+
+def faults_applied(point: Point) -> str:
+    """What the point's ``faults:`` did to its cluster, in words (``none`` for none: the rows' ``faults_applied``)."""
+    cluster_for(point)
+    return _FAULTS[_cluster_key(point)]
 
 
 def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:

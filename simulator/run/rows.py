@@ -5,7 +5,8 @@ A kind's schema (:attr:`simulator.run.prepared.Kind.columns`) lists its *stable*
 that order, then its *optional* columns (``required=False``: ``max_abs_err`` with ``--numeric``, ``model`` and
 ``tp`` with ``scope: model``...), present where they apply, in the order the kind gives them; then one column per
 swept key. :func:`make_row` refuses a row with a stable column missing or a column its kind does not declare, so a
-column cannot exist without its meaning. The sweep adds :data:`SWEEP_COLUMNS`. ``treering schema --columns`` and
+column cannot exist without its meaning. The sweep adds :data:`SWEEP_COLUMNS`, a
+scenario's what-ifs :data:`WHATIF_COLUMNS` (before the swept keys). ``treering schema --columns`` and
 docs/reference.md ("Result columns") are printed from the same schemas (:func:`columns_markdown`).
 """
 
@@ -15,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SHARED", "STABLE", "SWEEP_COLUMNS", "Column", "columns_markdown", "make_row", "names", "pick"]
+__all__ = ["SHARED", "STABLE", "SWEEP_COLUMNS", "WHATIF_COLUMNS", "Column", "columns_markdown", "make_row", "names",
+           "pick"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,25 @@ SHARED: dict[str, Column] = {c.name: c for c in (
 STABLE = ("scenario", "algorithm", "topology", "ranks", "nodes", "context", "batch", "heads", "head_dim", "dtype",
           "latency_s", "compute_s", "comm_s", "bytes_moved", "peak_mem_bytes", "oom", "events", "sim_wall_s")
 
+# what a scenario's what-ifs add to any kind's rows, after its own columns (simulator.run.whatif; docs/whatifs.md)
+WHATIF_COLUMNS = (
+    _c("faults_applied", "", "faults: what the scenario's faults did to the cluster (none: a healthy run)",
+       required=False),
+    _c("trials", "", "variability: simulations of the schedule with durations drawn anew", required=False),
+    _c("p50_s", "s", "variability: median of the latency (decode, prefill: latency_s; collective: time_s) over "
+                     "the trials", required=False),
+    _c("p90_s", "s", "variability: its 90th percentile (numpy's linear interpolation)", required=False),
+    _c("p99_s", "s", "variability: its 99th percentile", required=False),
+    _c("max_s", "s", "variability: its largest value over the trials", required=False),
+    _c("usd_per_hour", "$/h", "cost: every GPU of the cluster (after its faults) at the price per GPU-hour",
+       required=False),
+    _c("usd_per_m_tokens", "$", "cost: dollars per million tokens, of a whole model (scope: model): generate per "
+                                "output token (from tpot_s and the batch), decode per generated token (batch tokens "
+                                "per step), prefill per prompt token", required=False),
+    _c("usd_per_request", "$", "cost: scope: model: generate: one request of the batch (its whole latency); "
+                               "prefill: one prompt", required=False),
+)
+
 SWEEP_COLUMNS = (
     _c("point", "", "the sweep point (0-based index into the sweep's cartesian product)"),
     _c("error", "", "why the point failed (its other columns are then the swept keys only)", required=False),
@@ -99,7 +120,8 @@ def make_row(kind: str, columns: Sequence[Column], values: Mapping[str, Any],
 def columns_markdown(schemas: Mapping[str, Sequence[Column]]) -> str:
     """The schemas as Markdown: one table per kind (name, unit, meaning; optional columns marked), then the sweep's."""
     out = []
-    for kind, columns in (*schemas.items(), ("every sweep", SWEEP_COLUMNS)):
+    for kind, columns in (*schemas.items(), ("what-ifs (faults, variability, cost)", WHATIF_COLUMNS),
+                          ("every sweep", SWEEP_COLUMNS)):
         out += [f"### {kind}", "", "| column | unit | meaning |", "|---|---|---|"]
         out += [f"| `{c.name}` | {c.unit or '-'} | {c.meaning}{'' if c.required else ' (optional)'} |"
                 for c in columns]

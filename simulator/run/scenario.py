@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator
 
 from simulator.errors import InputError, excerpt
+from simulator.run.whatif_models import Cost, FaultEntry, Variability
 from simulator.support.limits import check_sweep
 from simulator.support.yaml_lines import LineDict, LineList, line_of, load_yaml, parse_set
 from simulator.units import parse_time
@@ -31,12 +32,14 @@ from simulator.workloads.decode import DecodeWorkload
 from simulator.workloads.flows import FlowSpec, FlowsWorkload
 from simulator.workloads.generate import GenerateWorkload
 from simulator.workloads.prefill import PrefillWorkload
+from simulator.workloads.train import TrainWorkload
 
 __all__ = ["DecodeWorkload", "DeviceOverride", "FlowSpec", "FlowsWorkload", "ModelShape", "Point", "Scenario",
            "Targets", "Workload", "expand", "load_scenario", "parse_set", "scenario_points"]
 
 # the workload kinds' models, told apart by ``kind`` (a new kind: one member more here, and one in run.kinds.KINDS)
-Workload = Annotated[DecodeWorkload | FlowsWorkload | CollectiveWorkload | PrefillWorkload | GenerateWorkload,
+Workload = Annotated[DecodeWorkload | FlowsWorkload | CollectiveWorkload | PrefillWorkload | GenerateWorkload
+                     | TrainWorkload,
                      Field(discriminator="kind")]
 
 
@@ -101,6 +104,14 @@ class Scenario(Strict):
         "dotted key -> list of values (cartesian product); zip: [{key: [...], key2: [...]}] varies keys together"))
     targets: Targets = Field(default_factory=lambda: Targets(latency=None),
                              description="optional targets, e.g. {latency: 50 ms}")
+    faults: list[FaultEntry] | None = Field(None, max_length=100, description=(
+        "what is wrong with the cluster (docs/whatifs.md): [{device: n3.gpu5, slowdown: 1.1}, {link: n2.nic0-*, "
+        "bandwidth_factor: 0.5}, {link: spine0-*, down: true}, {node: n7, down: true}]"))
+    variability: Variability | None = Field(None, description=(
+        "run-to-run variability (docs/whatifs.md): {kernel_cv: 0.03, link_cv: 0.05, seed: 1, trials: 100}"))
+    cost: Cost | None = Field(None, description=(
+        "what the GPUs cost (docs/whatifs.md): {offer: aws-p5-on-demand} (topologies/prices.yaml), "
+        "{usd_per_gpu_hour: 2.5} or {owned: {usd_per_gpu, years, tdp_watts, pue, usd_per_kwh}}"))
 
     @field_validator("name")
     @classmethod
@@ -203,6 +214,8 @@ def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
         model = members[0]
         if parts and isinstance(parts[0], str) and ("[" in parts[0] or parts[0] == model.__name__):
             parts.pop(0)  # the name pydantic gives a union's member (ModelShape, function-after[...])
+        if parts and isinstance(parts[0], int):
+            parts.pop(0)  # a list's item (faults: [...])
     return model
 
 
@@ -232,7 +245,7 @@ def _validate(tree: Any, source: str, origins: Mapping[str, _Origin]) -> Scenari
         err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = tuple(err["loc"])
         if loc[:1] == ("workload",) and len(loc) > 1 and loc[1] in ("decode", "flows", "collective", "prefill",
-                                                                    "generate"):
+                                                                    "generate", "train"):
             loc = (loc[0], *loc[2:])  # drop pydantic's discriminator tag
         # and the names of union members (``ModelShape``, ``str``, ``function-after[...]``), which are not keys
         loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("ModelShape", "str", "int"))))

@@ -340,12 +340,7 @@ class Schedule:
         for sched, place in parts:
             if len(place) != sched.ranks:
                 raise ValueError(f"placement of {len(place)} nodes for a schedule of {sched.ranks} ranks")
-            for op in sched.ops:
-                out.ops.append(op._replace(
-                    id=op.id + id_off, rank=op.rank + rank_off, deps=tuple(d + id_off for d in op.deps),
-                    peer=None if op.peer is None else op.peer + rank_off,
-                    root=None if op.root is None else op.root + rank_off,
-                    match=None if op.match is None else op.match + id_off))
+            out.ops.append_shifted(sched.ops, id_off, rank_off)  # ids, deps, matches, ranks, peers, roots moved
             for r, bufs in sched.initial.items():
                 out.initial[r + rank_off] = dict(bufs)
             outputs += [(r + rank_off, b) for r, b in sched.meta.get("outputs", [])]

@@ -12,6 +12,7 @@ iteration, :meth:`OpList.take`): a block's ops are made on demand, the ops the o
 
 from __future__ import annotations
 
+import dataclasses
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -198,6 +199,11 @@ class ComputeBlock:
         costs = cols.costs_of(self.kernels, self.dtype, self.fused, self.fn)
         cols.cost[ids] = costs[self.which]
 
+    def shifted(self, ids: int, ranks: int) -> ComputeBlock:
+        """The block with its op ids (its own and its deps') moved up by ``ids`` and its ranks by ``ranks``
+        (:meth:`~simulator.schedule.core.Schedule.combine`); its tables are shared."""
+        return dataclasses.replace(self, first=self.first + ids, rank=self.rank + ranks, dep_flat=self.dep_flat + ids)
+
     def holders(self) -> np.ndarray:
         held = np.array([bool(a) for a in self.allocs], dtype=bool)
         which = np.zeros(len(self), dtype=np.int64) if self.alloc_which is None else self.alloc_which
@@ -265,6 +271,11 @@ class TransferBlock:
                        cols.parents, cols.cost, _SEND, _RECV)
         if self.coll:
             cols.coll[self.first:self.first + len(self):2] = True
+
+    def shifted(self, ids: int, ranks: int) -> TransferBlock:
+        """The block with its op ids (its own and its deps') moved up by ``ids`` and its ranks by ``ranks``."""
+        return dataclasses.replace(self, first=self.first + ids, src=self.src + ranks, dst=self.dst + ranks,
+                                   send_flat=self.send_flat + ids, recv_flat=self.recv_flat + ids)
 
     def holders(self) -> np.ndarray:
         return (recv_of(transfer_send(self.first, np.arange(len(self) // 2, dtype=np.int64))) if self.alloc
@@ -387,6 +398,15 @@ class OpBlock:
         new[1:] = group[1:] > np.maximum.accumulate(group)[:-1]
         return comp[new], group
 
+    def shifted(self, ids: int, ranks: int) -> OpBlock:
+        """The block with its op ids (its own, its deps' and its ends' matches) moved up by ``ids`` and its ranks
+        (a rooted collective's ``root`` too) by ``ranks``."""
+        fields = dict(self.fields)
+        if fields.get("root") is not None:
+            fields["root"] = _shift_root(fields["root"], ranks)
+        return OpBlock(self.first + ids, self.kind, self.rank + ranks, self.dep_start, self.dep_flat + ids,
+                       np.where(self.match >= 0, self.match + ids, self.match), fields)
+
     def holders(self) -> np.ndarray:
         js = np.arange(len(self))
         held = [bool(a) or bool(f) for a, f in zip(self.field("alloc", js), self.field("free", js), strict=True)]
@@ -431,6 +451,30 @@ class OpBlock:
 
 
 Block = ComputeBlock | TransferBlock | OpBlock
+
+
+def _shift_root(value: Any, ranks: int) -> Any:
+    """An OpBlock's ``root`` field (one rank for all, one per op, or one of a table; None where not rooted) with
+    its ranks moved up by ``ranks``."""
+    def one(r: Any) -> Any:
+        return None if r is None else r + ranks
+    if isinstance(value, Indexed):
+        return Indexed([one(r) for r in value.table], value.which)
+    if isinstance(value, np.ndarray):
+        return value + ranks if value.dtype.kind in "iu" else np.array([one(r) for r in value.tolist()],
+                                                                        dtype=value.dtype)
+    return one(value)
+
+
+def _shifted_ops(ops: list[Op], ids: int, ranks: int) -> list[Op]:
+    """Op tuples with their ids (their own, their deps' and matches) moved up by ``ids`` and their ranks (peers and
+    roots too) by ``ranks``: ``op._replace`` of each, without its keyword machinery."""
+    new = tuple.__new__
+    return [new(Op, (op[0] + ids, op[1] + ranks, op[2], op[3], tuple([d + ids for d in op[4]]) if op[4] else (),
+                     op[5], op[6], op[7], None if op[8] is None else op[8] + ranks,
+                     None if op[9] is None else op[9] + ids, *op[10:20], None if op[20] is None else op[20] + ranks,
+                     *op[21:]))
+            for op in ops]
 
 
 def _list_fill(ops: list[Op], first: int, cols: Columns, at: int, deps_of: list[tuple[int, ...]]) -> None:
@@ -603,6 +647,19 @@ class OpList(Sequence[Op]):
         if not isinstance(seg, list):  # a block's ops become tuples to change one
             seg = self._segs[s] = seg.take(np.arange(len(seg)))
         seg[j] = op
+
+    def append_shifted(self, other: OpList, ids: int, ranks: int) -> None:
+        """Append ``other``'s ops with their ids moved up by ``ids`` (``len(self)``: they follow on) and their ranks
+        by ``ranks``: each block shifted as columns, each run of tuples op by op (what ``Schedule.combine`` does)."""
+        if ids != self._n:
+            raise ValueError(f"ops moved to ids from {ids}, where the next id is {self._n}")
+        for seg in other._segs:
+            if isinstance(seg, list):
+                self.extend(seg if ids == ranks == 0 else _shifted_ops(seg, ids, ranks))
+            elif len(seg):
+                self._segs.append(seg if ids == ranks == 0 else seg.shifted(ids, ranks))
+                self._starts.append(self._n)
+                self._n += len(seg)
 
     def __iter__(self) -> Iterator[Op]:
         for seg in self._segs:
