@@ -71,6 +71,28 @@ def test_a_generate_row_costs_its_gpus_for_its_time_per_output_token(tmp_path: P
     assert own["usd_per_hour"] == 16.0 and own["tpot_s"] == tpot
 
 
+TRAIN = """
+    name: tc
+    topology: dgx-h100
+    topology_params: {nodes: 2}
+    workload:
+      kind: train
+      model: llama-3.1-8b
+      sequence: 8K
+      global_batch: 256K
+      parallel: {tp: 8, cp: 1, pp: 1, dp: 2}
+    cost: {usd_per_gpu_hour: 3}
+    """
+
+
+def test_a_training_step_costs_its_gpus_for_its_step(tmp_path: Path) -> None:
+    (row,) = _rows(tmp_path, TRAIN)
+    step, tokens = row["step_s"], row["tokens_per_s"] * row["step_s"]  # type: ignore[operator]
+    assert row["usd_per_hour"] == 48.0 and tokens == pytest.approx(256 * 1024, rel=1e-12)
+    assert row["usd_per_step"] == pytest.approx(48.0 * step / 3600, rel=1e-12)  # type: ignore[operator]
+    assert row["usd_per_m_tokens"] == pytest.approx(48.0 * step / 3600 / tokens * 1e6, rel=1e-12)  # type: ignore
+
+
 def test_attention_rows_get_a_price_per_hour_only_and_faults_change_what_is_paid(tmp_path: Path) -> None:
     text = """
         name: d

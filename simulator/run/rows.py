@@ -81,9 +81,10 @@ WHATIF_COLUMNS = (
        required=False),
     _c("usd_per_m_tokens", "$", "cost: dollars per million tokens, of a whole model (scope: model): generate per "
                                 "output token (from tpot_s and the batch), decode per generated token (batch tokens "
-                                "per step), prefill per prompt token", required=False),
+                                "per step), prefill per prompt token; train: per token trained", required=False),
     _c("usd_per_request", "$", "cost: scope: model: generate: one request of the batch (its whole latency); "
                                "prefill: one prompt", required=False),
+    _c("usd_per_step", "$", "cost: train: one training step (step_s on every GPU of the cluster)", required=False),
 )
 
 SWEEP_COLUMNS = (

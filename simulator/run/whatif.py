@@ -127,4 +127,7 @@ def cost_columns(prep: PreparedPoint, row: dict[str, Any], usd_per_hour: float) 
     elif prep.kind == "prefill" and scope == "model" and row.get("phase") == "prefill":
         out["usd_per_m_tokens"] = usd_per_m_tokens(usd_per_hour, row["latency_s"], batch * row["context"])
         out["usd_per_request"] = usd_per_hour * row["latency_s"] / 3600.0 / batch
+    elif prep.kind == "train" and row.get("step_s"):
+        out["usd_per_m_tokens"] = usd_per_m_tokens(usd_per_hour, row["step_s"], row["tokens_per_s"] * row["step_s"])
+        out["usd_per_step"] = usd_per_hour * row["step_s"] / 3600.0
     return out
