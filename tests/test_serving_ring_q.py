@@ -99,7 +99,13 @@ def test_auto_runs_the_faster_and_says_which(tmp_path):
         fastest = by.loc[["ring", "ring-q"], "latency_s"].idxmin()
         assert by.loc["auto", "chosen"] == fastest
         assert by.loc["auto", "latency_s"] == by.loc[fastest, "latency_s"]
+        other = "ring-q" if fastest == "ring" else "ring"
+        assert by.loc["auto", "other_latency_s"] == by.loc[other, "latency_s"]  # why it chose
     assert set(rows[rows["algorithm"] == "auto"]["chosen"]) == {"ring", "ring-q"}  # the choice turns on the cache
+    assert main(["report", str(out)]) == 0  # the conclusions say which it ran where, and by how much
+    text = (out / "report.md").read_text()
+    assert "`auto` ran the faster by simulation of pass-KV (`ring`) and pass-Q (`ring-q`): `ring` at 1 row (`ring-q` " \
+           "took " in text and "`ring-q` at 1 row (`ring` took " in text
 
 
 def test_generate_prefills_with_the_faster_under_auto(tmp_path):

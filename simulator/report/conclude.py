@@ -383,6 +383,8 @@ def headline(table: pd.DataFrame, frame: pd.DataFrame, target_s: float | None = 
         who = f"`{algos[0]}`" if len(algos) == 1 else "The fastest"
         lines.append(f"{who} is bound by " + ", ".join(f"{b} at {c}" for b, c in bound.items()) + " points "
                      "(the critical rank's time waiting on transfers vs. in kernels).")
+    if "chosen" in frame and frame["chosen"].notna().any():  # prefill's auto: which it ran, and by how much
+        lines.append(_auto_line(frame))
     if "binding" in frame:  # training steps: what costs the step most besides compute
         bind = frame["binding"].dropna().astype(str).value_counts()
         lines.append("Besides compute, the step is bound by " + ", ".join(f"`{b}` at {c}" for b, c in bind.items())
@@ -459,3 +461,19 @@ def overview(table: pd.DataFrame, facets: Sequence[str], top: int = 10, compare:
         out["largest"] = ranked.head(top).drop(columns="_v")
         out["smallest"] = ranked.tail(top).iloc[::-1].drop(columns="_v")
     return out
+
+
+def _auto_line(frame: pd.DataFrame) -> str:
+    """What ``auto`` ran at how many rows, and its margin over the schedule it did not choose (that one's latency
+    over the chosen one's: the range over those rows)."""
+    rows = frame[frame["chosen"].notna()]
+    parts = []
+    for name, mine in rows.groupby(rows["chosen"].astype(str), sort=True):
+        text = f"`{name}` at {len(mine)} row{'s' if len(mine) != 1 else ''}"
+        if "other_latency_s" in mine and mine["other_latency_s"].notna().any():
+            ratio = (mine["other_latency_s"] / mine["latency_s"]).dropna()
+            low, high = f"{float(ratio.min()):.3g}", f"{float(ratio.max()):.3g}"
+            other = "ring-q" if name == "ring" else "ring"
+            text += f" (`{other}` took {low if low == high else f'{low}-{high}'}x as long)"
+        parts.append(text)
+    return "`auto` ran the faster by simulation of pass-KV (`ring`) and pass-Q (`ring-q`): " + "; ".join(parts) + "."

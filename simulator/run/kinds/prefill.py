@@ -63,6 +63,8 @@ COLUMNS: tuple[Column, ...] = (
            required=False),
     Column("chosen", "", "auto: the schedule it ran, the faster by simulation of ring (pass-KV) and ring-q (pass-Q)",
            required=False),
+    Column("other_latency_s", "s", "auto: the latency of the schedule it did not choose (why it chose)",
+           required=False),
     Column("degrees", "", "usp: its Ulysses degree (GPUs of a group) x ring degree (groups)", required=False),
 )
 
@@ -130,6 +132,7 @@ def _attention_row(prep: PreparedPoint, algo: Algorithm) -> tuple[dict[str, Any]
         wall += time.perf_counter() - t0
         tried.append((result.makespan, cand.name, sched, result))
     _, chosen, sched, result = min(tried, key=lambda t: t[0])
+    other = min((t[0] for t in tried if t[1] != chosen), default=None)
     peaks = timeline_peaks(sched, result)
     place = sched.placement_on(cluster.ranks)
     timing = critical_timing(result, sched.ranks)
@@ -144,7 +147,7 @@ def _attention_row(prep: PreparedPoint, algo: Algorithm) -> tuple[dict[str, Any]
         "phase": "train" if shape.backward else "prefill", "sequence": shape.sequence, "layout": shape.layout,
         "tflops_per_gpu": shape.model_flops / result.makespan / sched.ranks / 1e12 if result.makespan else 0.0,
         "comm_hidden_frac": timing["comm_hidden_frac"], "imbalance": timing["imbalance"], "scope": "attention",
-        **_extra(prep, algo, chosen),
+        **_extra(prep, algo, chosen, other),
     }
     if prep.numeric:
         dtype = np.float64 if shape.dtype == "fp64" else np.float32
@@ -163,9 +166,9 @@ def _model_row(prep: PreparedPoint, algo: Algorithm) -> dict[str, Any]:
     assert layout is not None
     t0 = time.perf_counter()
     try:  # auto: the faster whole prefill of pass-KV and pass-Q
-        step, chosen = min(((prefill_model(wl.model_preset(), cand.name, cand.params, shape, wl.tp, cluster,
-                                           layout.fabric, wl.weights()), cand.name) for cand in candidates(algo)),
-                           key=lambda t: t[0].latency_s)
+        tried = [(prefill_model(wl.model_preset(), cand.name, cand.params, shape, wl.tp, cluster, layout.fabric,
+                                wl.weights()), cand.name) for cand in candidates(algo)]
+        step, chosen = min(tried, key=lambda t: t[0].latency_s)
     except InputError as err:
         raise prep.point.locate(err) from None
     wall = time.perf_counter() - t0
@@ -181,17 +184,21 @@ def _model_row(prep: PreparedPoint, algo: Algorithm) -> dict[str, Any]:
         "sim_wall_s": wall, "phase": "prefill", "sequence": shape.sequence, "layout": shape.layout,
         "tflops_per_gpu": prefill_model_flops(wl.model_preset(), shape) / step.latency_s / p / 1e12,
         "comm_hidden_frac": timing["comm_hidden_frac"], "imbalance": timing["imbalance"], "scope": "model",
-        "model": wl.model if isinstance(wl.model, str) else "custom", "tp": wl.tp, **_extra(prep, algo, chosen),
+        "model": wl.model if isinstance(wl.model, str) else "custom", "tp": wl.tp,
+        **_extra(prep, algo, chosen, min((s.latency_s for s, name in tried if name != chosen), default=None)),
     }
     return make_row("prefill", COLUMNS, values, prep.point.columns())
 
 
-def _extra(prep: PreparedPoint, algo: Algorithm, chosen: str) -> dict[str, Any]:
-    """The optional columns: a cached prefix's tokens, what ``auto`` chose, ``usp``'s degrees."""
+def _extra(prep: PreparedPoint, algo: Algorithm, chosen: str, other: float | None = None) -> dict[str, Any]:
+    """The optional columns: a cached prefix's tokens, what ``auto`` chose and the latency of what it did not,
+    ``usp``'s degrees."""
     shape, wl = prep.shape, prep.workload
     out: dict[str, Any] = {"cached": shape.cached} if shape.cached else {}
     if algo.name == "auto":
         out["chosen"] = chosen
+        if other is not None:
+            out["other_latency_s"] = other
     if algo.name == "usp":
         u, r = usp_degrees(tp_shape(shape, wl.tp), cp_layout(prep.cluster, wl.tp), algo.params["ulysses"])
         out["degrees"] = f"ulysses {u} x ring {r}"
