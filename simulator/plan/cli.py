@@ -19,6 +19,7 @@ import pandas as pd
 
 from simulator import __version__
 from simulator.cluster.topology import load_topology
+from simulator.engine.warmup import load_compiled
 from simulator.errors import InputError, excerpt
 from simulator.models.presets import PRESETS
 from simulator.plan.decode import PlanRequest, PlanRow, ms, plan
@@ -114,6 +115,7 @@ def cmd_plan_ttft(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     """Run the plan, print the answer, the runner-up, what binds, the table and the command that reproduces it."""
     req = _request(args)
     with _claimed(args.out):
+        load_compiled()
         return _plan_ttft(args, req, say)
 
 
@@ -206,8 +208,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.out and Path(args.out).suffix != ".csv":
             raise InputError("--objective cost writes a .csv", field="-o")
         with _claimed(args.out):
+            load_compiled()
             return _plan_cost(args, req, topologies)
     with _claimed(args.out):
+        load_compiled()  # the checks done: the engine's code, compiled in parallel on a fresh install
         return _plan_decode(args, req)
 
 
