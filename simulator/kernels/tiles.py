@@ -250,10 +250,19 @@ def makespan(durations: np.ndarray, sms: int) -> float:
     n = len(durations)
     if n == 0:
         return 0.0
-    head = max(0, (n - EXACT_TAIL) // sms * sms)
-    start = float(durations[:head].sum()) / sms
-    free = [start] * sms
-    for d in durations[head:].tolist():
+    head = _head(n, sms)
+    return _list_scheduled(float(durations[:head].sum()), durations[head:], sms)
+
+
+def _head(n: int, sms: int) -> int:
+    """CTAs of a grid of ``n`` taken as spread evenly: all but the last :data:`EXACT_TAIL`, in whole waves."""
+    return max(0, (n - EXACT_TAIL) // sms * sms)
+
+
+def _list_scheduled(head_work: float, tail: np.ndarray, sms: int) -> float:
+    """The end of ``tail``'s CTAs list-scheduled on SMs that all free at ``head_work / sms``."""
+    free = [head_work / sms] * sms
+    for d in tail.tolist():
         heapq.heapreplace(free, free[0] + d)
     return max(free)
 
@@ -315,7 +324,7 @@ def _large_makespan(walks: Sequence[_Walk], backward: bool, rows: int, sms: int)
                        for s in range(0, w.blocks, _CHUNK))
         total += rows * per_head
     n = sum(w.blocks for w in walks) * rows
-    head = max(0, (n - EXACT_TAIL) // sms * sms)
+    head = _head(n, sms)
     tail: list[np.ndarray] = []
     left = n - head  # CTAs of the tail, taken from the end of the grid backwards
     for w in reversed(walks):
@@ -326,10 +335,7 @@ def _large_makespan(walks: Sequence[_Walk], backward: bool, rows: int, sms: int)
         tail.insert(0, w.durations(backward, idx))
         left -= take
     last = np.concatenate(tail)
-    free = [max(0.0, total - float(last.sum())) / sms] * sms
-    for d in last.tolist():
-        heapq.heapreplace(free, free[0] + d)
-    return max(free)
+    return _list_scheduled(max(0.0, total - float(last.sum())), last, sms)
 
 
 def _side_kernels(spec: TiledDevice, impl: Implementation, backward: bool, dtype: str, call: AttentionCall
