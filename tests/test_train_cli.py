@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import textwrap
 from pathlib import Path
 
@@ -12,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.cli import main
+from simulator.cluster.topology import load_topology
 from simulator.run.kinds import KINDS
 from simulator.run.rows import names
+from simulator.training.placement import CANONICAL, placed, placed_order
 
 TRAIN = """
 name: t
@@ -153,3 +156,65 @@ def test_fuzz_train_inputs_run_or_exit_2(data: st.DataObject, tmp_path_factory: 
     path = tmp / "t.yaml"
     path.write_text(yaml.safe_dump(tree))
     assert main(["run", str(path), "-o", str(tmp / "o"), "--no-report", "--jobs", "1"]) in (0, 2)
+
+
+# workload.placement: which GPU holds which (TP, CP, PP, DP) coordinates (docs/training.md, Placement)
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.tuples(*[st.integers(1, 4)] * 4), order=st.permutations(CANONICAL))
+def test_placed_order_puts_each_coordinate_where_the_order_says(sizes: tuple[int, ...], order: list[str]) -> None:
+    dims = dict(zip(CANONICAL, sizes, strict=True))
+    gpus = placed_order(dims, order)
+    assert sorted(gpus) == list(range(len(gpus)))  # every GPU once
+    for coords in itertools.product(*(range(dims[d]) for d in reversed(CANONICAL))):
+        at = dict(zip(reversed(CANONICAL), coords, strict=True))
+        canonical = at["tp"] + dims["tp"] * (at["cp"] + dims["cp"] * (at["pp"] + dims["pp"] * at["dp"]))
+        gpu, stride = 0, 1
+        for d in order:  # the GPU's coordinates vary in ``order``, fastest first
+            gpu += at[d] * stride
+            stride *= dims[d]
+        assert gpus[canonical] == gpu
+    if tuple(order) == CANONICAL:
+        assert gpus == list(range(len(gpus)))
+
+
+def test_placed_cluster_shares_the_graph_and_is_memoised() -> None:
+    cluster = load_topology("dgx-h100", {"nodes": 2})
+    sizes = {"tp": 4, "cp": 2, "pp": 2, "dp": 1}
+    assert placed(cluster, sizes, CANONICAL) is cluster
+    view = placed(cluster, sizes, ("cp", "tp", "pp", "dp"))
+    assert view is placed(cluster, sizes, ("cp", "tp", "pp", "dp"))
+    assert view.graph is cluster.graph and sorted(view.ranks) == sorted(cluster.ranks)
+    assert view.ranks[:4] == tuple(cluster.ranks[i] for i in (0, 2, 4, 6))  # a TP group: every other GPU
+
+
+def _run(tmp_path: Path, text: str, name: str) -> pd.DataFrame:
+    assert main(["run", str(write(tmp_path, text)), "-o", str(tmp_path / name), "--no-report", "--jobs", "1"]) == 0
+    return pd.read_csv(tmp_path / name / "results.csv")
+
+
+def test_the_default_placement_is_tp_cp_pp_dp_and_a_placement_moves_the_traffic(tmp_path: Path) -> None:
+    base = _run(tmp_path, TRAIN, "a")
+    same = _run(tmp_path, TRAIN.replace("zero: 1", "zero: 1\n  placement: [tp, cp, pp, dp]"), "b")
+    assert base.loc[0, "placement"] == same.loc[0, "placement"] == "tp-cp-pp-dp"
+    assert base.loc[0, "step_s"] == same.loc[0, "step_s"]  # the same floats
+    # 16 GPUs on 2 servers, tp 4 x cp 2 x pp 2: by default the stages are on different servers; with pp inside TP
+    # and CP both stages share each server and the stage-to-stage sends go over NVLink, TP over both servers
+    swapped = _run(tmp_path, TRAIN.replace("zero: 1", "zero: 1\n  placement: pp-tp-cp-dp"), "c")
+    assert swapped.loc[0, "placement"] == "pp-tp-cp-dp"
+    assert swapped.loc[0, "pp_exposed_s"] < base.loc[0, "pp_exposed_s"]
+    assert swapped.loc[0, "tp_exposed_s"] > base.loc[0, "tp_exposed_s"]
+
+
+@pytest.mark.parametrize(("placement", "expected"), [
+    ("tp-cp-pp", "workload.placement: must name each of tp, cp, pp and dp once"),
+    ("[tp, cp, pp, pp]", "workload.placement: must name each of tp, cp, pp and dp once"),
+    ("tp-cp-pp-dp-ep", "workload.placement.4: must be one of 'tp', 'cp', 'pp' or 'dp', got 'ep'"),
+    ("tp-cp-pp-xx", "workload.placement.3: must be one of 'tp', 'cp', 'pp' or 'dp', got 'xx'"),
+])
+def test_a_placement_that_is_not_an_order_of_the_four_is_refused(placement: str, expected: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, TRAIN.replace("zero: 1", f"zero: 1\n  placement: {placement}"))
+    assert main(["run", str(path), "-o", str(tmp_path / "o"), "--no-report"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"t.yaml:14: {expected}" in err, err
+    assert not (tmp_path / "o").exists()

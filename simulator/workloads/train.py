@@ -21,8 +21,11 @@ from simulator.workloads.decode import DType, ModelRef, Tokens, check_scope, who
 from simulator.workloads.prefill import model_dims
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["CP_ALGORITHMS", "MAX_BUCKETS", "MAX_PIPELINE_OPS", "Parallel", "TrainWorkload", "train_checks"]
+__all__ = ["CP_ALGORITHMS", "MAX_BUCKETS", "MAX_PIPELINE_OPS", "PLACEMENT", "Parallel", "TrainWorkload",
+           "train_checks"]
 
+Dimension = Literal["tp", "cp", "pp", "dp"]
+PLACEMENT: tuple[Dimension, ...] = ("tp", "cp", "pp", "dp")  # the default placement: TP fastest, then CP, PP, DP
 CP_ALGORITHMS = ("ring", "allgather", "ulysses")  # the prefill schedules that run a context-parallel group
 
 
@@ -45,6 +48,11 @@ class Parallel(Strict):
     def gpus(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """Each dimension's degree, by name."""
+        return {"tp": self.tp, "cp": self.cp, "pp": self.pp, "dp": self.dp}
+
 
 class TrainWorkload(Strict):
     """One training step: ``global_batch`` tokens (or ``sequences``) of ``sequence`` tokens each, in micro-batches of
@@ -64,11 +72,25 @@ class TrainWorkload(Strict):
     recompute: Literal["none", "selective", "full"] = "none"
     optimizer: Literal["adam", "sgd"] = "adam"
     bucket: float = Field(25e6, gt=0, description="bytes per DP gradient bucket, e.g. '25 MB' (PyTorch DDP's default)")
+    placement: tuple[Dimension, ...] = Field(PLACEMENT, description="the order the coordinates vary in over the "
+                                             "cluster's GPUs, fastest first, e.g. 'tp-cp-pp-dp' or [tp, dp, cp, pp]")
 
     @field_validator("bucket", mode="before")
     @classmethod
     def _bytes(cls, v: Any) -> float:
         return unit_value(parse_bytes, v, positive=True)
+
+    @field_validator("placement", mode="before")
+    @classmethod
+    def _order(cls, v: Any) -> Any:
+        return tuple(part.strip() for part in v.split("-")) if isinstance(v, str) else v
+
+    @field_validator("placement")
+    @classmethod
+    def _permutation(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if sorted(v) != sorted(PLACEMENT):
+            raise ValueError("must name each of tp, cp, pp and dp once, fastest-varying first (e.g. tp-cp-pp-dp)")
+        return v
 
     @model_validator(mode="after")
     def _whole(self) -> TrainWorkload:

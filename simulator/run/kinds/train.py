@@ -21,6 +21,7 @@ from simulator.run.prepared import Algorithm, Kind, PreparedPoint, Run
 from simulator.run.rows import STABLE, Column, make_row, pick
 from simulator.run.scenario import Point
 from simulator.training.layer import attention_schedule
+from simulator.training.placement import placed, placement_label
 from simulator.training.step import TrainStep, train_step
 from simulator.training.timeline import pipeline_schedule
 from simulator.units import DTYPE_BYTES
@@ -41,6 +42,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("pp", "", "pipeline stages"),
     Column("virtual_stages", "", "model chunks per pipeline stage (interleaved 1F1B when > 1)"),
     Column("dp", "", "data-parallel replicas"),
+    Column("placement", "", "the order the coordinates vary in over the cluster's GPUs, fastest first (workload."
+                            "placement; tp-cp-pp-dp by default)"),
     Column("zero", "", "ZeRO stage (0-3)"),
     Column("recompute", "", "activation recomputation: none, selective or full"),
     Column("micro_batches", "", "micro-batches per replica per step (m of 1F1B)"),
@@ -91,8 +94,14 @@ def _prepare(point: Point, cluster: Cluster, numeric: bool) -> PreparedPoint:
     return PreparedPoint(point, cluster, "train", numeric, (algo,), wl.attention_shape(backward=True))
 
 
+def _placed(prep: PreparedPoint) -> Cluster:
+    """The point's cluster with its GPUs in the step's order for the workload's placement."""
+    wl = prep.workload
+    return placed(prep.cluster, wl.parallel.sizes, wl.placement)
+
+
 def _simulate(prep: PreparedPoint, keep_runs: bool) -> tuple[list[dict[str, Any]], list[Run] | None]:
-    wl, cluster = prep.workload, prep.cluster
+    wl, cluster = prep.workload, _placed(prep)
     t0 = time.perf_counter()
     step = train_step(wl, cluster, prep.point.scenario.mem_fraction)
     wall = time.perf_counter() - t0
@@ -108,7 +117,7 @@ def _simulate(prep: PreparedPoint, keep_runs: bool) -> tuple[list[dict[str, Any]
         "compute_s": step.compute_s, "comm_s": step.step_s - step.compute_s, "bytes_moved": step.bytes_moved,
         "peak_mem_bytes": step.peak_bytes, "oom": step.oom, "events": step.events, "sim_wall_s": wall,
         "phase": "train-step", "model": wl.model_name, "sequence": wl.sequence, "tp": par.tp, "cp": par.cp,
-        "pp": par.pp, "virtual_stages": par.virtual_stages, "dp": par.dp,
+        "pp": par.pp, "virtual_stages": par.virtual_stages, "dp": par.dp, "placement": placement_label(wl.placement),
         "zero": wl.zero, "recompute": wl.recompute, "micro_batches": wl.micro_batches, "step_s": step.step_s,
         "tokens_per_s": tokens / step.step_s, "tflops_per_gpu": tflops, "mfu": tflops * 1e12 / peak_flops,
         "peak_mem_GB": step.peak_bytes / 1e9, "bubble_frac": step.pipeline.bubble_frac,
@@ -124,7 +133,7 @@ MAX_TIMELINE_OPS = 200_000  # a pipeline with more ops is left out of the timeli
 def _step_runs(prep: PreparedPoint, step: TrainStep, record_links: bool) -> list[Run]:
     """The pipeline (one GPU per stage, :mod:`simulator.training.timeline`) when it is not too large to draw, and one
     layer's attention (forward and backward, one micro-batch) on the first stage's CP groups."""
-    wl, cluster = prep.workload, prep.cluster
+    wl, cluster = prep.workload, _placed(prep)
     par = wl.parallel
     runs: list[Run] = []
     virtual = par.pp * par.virtual_stages
@@ -139,7 +148,7 @@ def _step_runs(prep: PreparedPoint, step: TrainStep, record_links: bool) -> list
 
 
 def _runs(prep: PreparedPoint, record_links: bool) -> list[Run]:
-    return _step_runs(prep, train_step(prep.workload, prep.cluster, prep.point.scenario.mem_fraction), record_links)
+    return _step_runs(prep, train_step(prep.workload, _placed(prep), prep.point.scenario.mem_fraction), record_links)
 
 
 KIND = Kind("train", COLUMNS, _prepare, _simulate, _runs, numeric="--numeric checks one attention layer (kind: "
