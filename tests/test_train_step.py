@@ -324,6 +324,48 @@ def test_the_engine_runs_the_pipeline_as_its_pure_timing(p: int, v: int, m: int)
     assert len(sched.ops) == 2 * m * p * v + 2 * 2 * m * (p * v - 1)  # kernels, and a send and receive per hop
 
 
+def _walk(orders: list[list[tuple[str, int, int]]], fwd: list[float], bwd: list[float], m: int, p2p: float
+          ) -> tuple[list[float], list[list[tuple[float, float]]]]:
+    """The pipeline's run, op by op over Python dicts: each stage's end and its backward windows."""
+    p, last = len(orders), len(fwd) - 1
+    end: dict[tuple[str, int, int], float] = {}
+    pos, free = [0] * p, [0.0] * p
+    window = [[(float("inf"), 0.0)] * m for _ in range(p)]
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                kind, g, i = orders[s][pos[s]]
+                dep = ("F", g - 1, i) if kind == "F" else ("F", g, i) if g == last else ("B", g + 1, i)
+                if kind == "F" and g == 0:
+                    ready = 0.0
+                elif dep not in end:
+                    break
+                else:
+                    ready = end[dep] + (p2p if dep[1] % p != s else 0.0)
+                start = max(free[s], ready)
+                free[s] = end[(kind, g, i)] = start + (fwd[g] if kind == "F" else bwd[g])
+                if kind == "B":
+                    window[s][i] = (min(window[s][i][0], start), max(window[s][i][1], free[s]))
+                pos[s] += 1
+    return free, window
+
+
+@settings(max_examples=150, deadline=None)
+@given(p=st.integers(1, 6), v=st.integers(1, 3), groups=st.integers(1, 3), data=st.data())
+def test_the_compiled_pipeline_timing_is_the_walk_to_the_last_float(p: int, v: int, groups: int,
+                                                                      data: st.DataObject) -> None:
+    v = 1 if p == 1 else v
+    m = p * groups if v > 1 else data.draw(st.integers(1, 12))
+    times = st.floats(1e-4, 10.0, allow_nan=False)
+    fwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
+    bwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
+    p2p = data.draw(st.sampled_from([0.0, 1e-3, 0.37]))
+    pipe = one_f_one_b(fwd, bwd, m, p2p, v)
+    free, window = _walk([interleaved_order(s, p, v, m) for s in range(p)], fwd, bwd, m, p2p)
+    assert list(pipe.stage_end) == free and pipe.makespan == max(free)
+    assert [[pipe.backward_window(s, i) for i in range(m)] for s in range(p)] == window
+
+
 def test_large_dp_groups_take_the_tuners_predicted_time() -> None:
     from simulator.collectives.tuner import choose, predict
     from simulator.training.dp import MAX_SIMULATED_DP

@@ -23,8 +23,13 @@ its bubble ``(p - 1) / (m + p - 1)``; interleaved, ``m (f + b) + (p - 1)(f + b) 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.support.jitcache import njit
 
 __all__ = ["Op", "Pipeline", "interleaved_order", "one_f_one_b", "peak_in_flight", "run_pipeline", "stage_order"]
 
@@ -63,7 +68,7 @@ def interleaved_order(stage: int, stages: int, chunks: int, m: int) -> list[Op]:
     return order
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Pipeline:
     """A pipelined step: its makespan, each stage's end and busy seconds, and per stage and micro-batch the window
     of its backward (the first of its chunks' backwards starting, the last ending)."""
@@ -71,9 +76,14 @@ class Pipeline:
     makespan: float
     stage_end: tuple[float, ...]
     busy: tuple[float, ...]
-    backward_window: tuple[tuple[tuple[float, float], ...], ...]  # [stage][micro-batch] = (start, end)
+    window_start: np.ndarray = dataclasses.field(compare=False)  # [stage, micro-batch]: its backwards' first start
+    window_end: np.ndarray = dataclasses.field(compare=False)  # ... and last end
     fwd: tuple[float, ...] = ()  # what it was timed with: seconds per virtual stage
     bwd: tuple[float, ...] = ()
+
+    def backward_window(self, stage: int, micro_batch: int) -> tuple[float, float]:
+        """(start, end) of micro-batch ``micro_batch``'s backwards on ``stage``."""
+        return float(self.window_start[stage, micro_batch]), float(self.window_end[stage, micro_batch])
 
     @property
     def bubble_frac(self) -> float:
@@ -84,39 +94,97 @@ class Pipeline:
         return idle if idle > 1e-12 else 0.0  # none, but for the rounding of the sums
 
 
-def run_pipeline(orders: Sequence[Sequence[Op]], fwd: Sequence[float], bwd: Sequence[float], m: int,
-                 p2p: float = 0.0) -> Pipeline:
-    """Time ``orders[s]`` (stage ``s``'s ops) with ``fwd[g]``, ``bwd[g]`` seconds of one micro-batch on virtual
-    stage ``g`` (stage ``g % p``) and ``p2p`` seconds between consecutive virtual stages on different stages."""
-    p, last = len(orders), len(fwd) - 1
-    end: dict[Op, float] = {}
-    pos, free = [0] * p, [0.0] * p
-    window = [[(float("inf"), 0.0)] * m for _ in range(p)]
-    remaining = sum(len(o) for o in orders)
+def _order_array(orders: Sequence[Sequence[Op]]) -> tuple[np.ndarray, np.ndarray]:
+    """``orders`` as arrays: ``ops[s, k] = (0 for F or 1 for B, virtual stage, micro-batch)``, and each stage's
+    length."""
+    p = len(orders)
+    lengths = np.array([len(o) for o in orders], dtype=np.int64)
+    ops = np.zeros((p, int(lengths.max(initial=0)), 3), dtype=np.int64)
+    for s, order in enumerate(orders):
+        if order:
+            ops[s, : len(order)] = [(0 if kind == "F" else 1, g, i) for kind, g, i in order]
+    return ops, lengths
+
+
+@functools.lru_cache(maxsize=8)
+def _interleaved_arrays(p: int, chunks: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_order_array` of every stage's interleaved 1F1B order (a plan times many layouts of one shape)."""
+    ops, lengths = _order_array([interleaved_order(s, p, chunks, m) for s in range(p)])
+    ops.setflags(write=False)
+    lengths.setflags(write=False)
+    return ops, lengths
+
+
+@njit(cache=True)
+def _timed(ops: np.ndarray, lengths: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, m: int, p2p: float,
+           free: np.ndarray, first: np.ndarray, stop: np.ndarray) -> bool:
+    """Time the ops of :func:`_order_array` in place (``free[s]``: stage ``s``'s end; ``first``/``stop[s, i]``: the
+    window of micro-batch ``i``'s backwards on stage ``s``); False when the orders deadlock."""
+    p, count = ops.shape[0], fwd.shape[0]
+    last = count - 1
+    end_f = np.full((count, m), np.nan)
+    end_b = np.full((count, m), np.nan)
+    pos = np.zeros(p, dtype=np.int64)
+    remaining = lengths.sum()
     while remaining:
         moved = False
         for s in range(p):
-            while pos[s] < len(orders[s]):
-                kind, g, i = orders[s][pos[s]]
-                dep = ("F", g - 1, i) if kind == "F" else ("F", g, i) if g == last else ("B", g + 1, i)
-                if kind == "F" and g == 0:
-                    ready = 0.0
-                elif dep not in end:
-                    break
+            while pos[s] < lengths[s]:
+                kind, g, i = ops[s, pos[s], 0], ops[s, pos[s], 1], ops[s, pos[s], 2]
+                if kind == 0:
+                    if g == 0:
+                        ready = 0.0
+                    else:
+                        e = end_f[g - 1, i]
+                        if np.isnan(e):
+                            break
+                        ready = e + (p2p if (g - 1) % p != s else 0.0)
                 else:
-                    ready = end[dep] + (p2p if dep[1] % p != s else 0.0)
-                start = max(free[s], ready)
-                free[s] = end[(kind, g, i)] = start + (fwd[g] if kind == "F" else bwd[g])
-                if kind == "B":
-                    a, b = window[s][i]
-                    window[s][i] = (min(a, start), max(b, free[s]))
+                    d = g if g == last else g + 1
+                    e = end_f[g, i] if g == last else end_b[g + 1, i]
+                    if np.isnan(e):
+                        break
+                    ready = e + (p2p if d % p != s else 0.0)
+                start = free[s] if free[s] >= ready else ready
+                if kind == 0:
+                    free[s] = end_f[g, i] = start + fwd[g]
+                else:
+                    free[s] = end_b[g, i] = start + bwd[g]
+                    first[s, i] = min(first[s, i], start)
+                    stop[s, i] = max(stop[s, i], free[s])
                 pos[s] += 1
                 remaining -= 1
                 moved = True
         if not moved:
-            raise AssertionError("pipeline order deadlocked")  # cannot happen with the published orders
+            return False
+    return True
+
+
+def _run_arrays(ops: np.ndarray, lengths: np.ndarray, fwd: Sequence[float], bwd: Sequence[float], m: int,
+                p2p: float) -> Pipeline:
+    p = ops.shape[0]
+    free = np.zeros(p)
+    first, stop = np.full((p, m), np.inf), np.zeros((p, m))
+    if not _timed(ops, lengths, np.asarray(fwd, dtype=np.float64), np.asarray(bwd, dtype=np.float64), m,
+                  float(p2p), free, first, stop):
+        raise AssertionError("pipeline order deadlocked")  # cannot happen with the published orders
     busy = tuple(m * sum(fwd[g] + bwd[g] for g in range(s, len(fwd), p)) for s in range(p))
-    return Pipeline(max(free), tuple(free), busy, tuple(tuple(w) for w in window), tuple(fwd), tuple(bwd))
+    stage_end = tuple(free.tolist())
+    first.setflags(write=False)
+    stop.setflags(write=False)
+    return Pipeline(max(stage_end), stage_end, busy, first, stop, tuple(fwd), tuple(bwd))
+
+
+def run_pipeline(orders: Sequence[Sequence[Op]], fwd: Sequence[float], bwd: Sequence[float], m: int,
+                 p2p: float = 0.0) -> Pipeline:
+    """Time ``orders[s]`` (stage ``s``'s ops) with ``fwd[g]``, ``bwd[g]`` seconds of one micro-batch on virtual
+    stage ``g`` (stage ``g % p``) and ``p2p`` seconds between consecutive virtual stages on different stages.
+
+    A stage runs its next op once its stage is free and the op's predecessor ended (module docstring); each op's
+    end is ``max(stage free, predecessor's end + p2p) + its seconds``, whichever order the ops are visited in, so
+    the compiled walk (:func:`_timed`) gives the event-driven run's floats."""
+    ops, lengths = _order_array(orders)
+    return _run_arrays(ops, lengths, fwd, bwd, m, p2p)
 
 
 def one_f_one_b(fwd: Sequence[float], bwd: Sequence[float], m: int, p2p: float = 0.0, chunks: int = 1) -> Pipeline:
@@ -127,7 +195,8 @@ def one_f_one_b(fwd: Sequence[float], bwd: Sequence[float], m: int, p2p: float =
     p = len(fwd) // chunks
     if chunks > 1 and m % p:
         raise ValueError(f"interleaved 1F1B needs the micro-batches ({m}) a multiple of the stages ({p})")
-    return run_pipeline([interleaved_order(s, p, chunks, m) for s in range(p)], fwd, bwd, m, p2p)
+    ops, lengths = _interleaved_arrays(p, chunks, m)
+    return _run_arrays(ops, lengths, fwd, bwd, m, p2p)
 
 
 def peak_in_flight(order: Sequence[Op], weight: Sequence[float]) -> float:

@@ -201,7 +201,7 @@ def compose(wl: TrainWorkload, pc: Pieces, dpc: DPCollectives | None, cluster: C
             seconds = dp.time("allreduce" if wl.zero == 0 else "reduce-scatter", sizes[0])
             stream = 0.0
             for i in range(m) if wl.zero == 2 else (m - 1,):
-                start, stop = pipe.backward_window[s][i]
+                start, stop = pipe.backward_window(s, i)
                 stream = equal_buckets_end(start, stop - start, len(sizes), seconds, stream)
             end = max(end, stream)
         if dp is not None and wl.zero == 3:
