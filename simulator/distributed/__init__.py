@@ -5,6 +5,7 @@ code in the project.
   numeric executor;
 * :mod:`.launch` starts P local worker processes (or you start them with ``torchrun``) and tears them all down
   when one fails or the timeout passes;
-* :mod:`.validate` times real runs against the simulator's prediction; :mod:`.calibrate` measures a machine and
-  writes a topology the simulator can load.
+* :mod:`.validate` times real runs against the simulator's prediction (training steps: :mod:`.train_run`, a small
+  model over TP x CP x PP x DP with the attention by the prefill schedules, checked against single-process
+  autograd); :mod:`.calibrate` measures a machine and writes a topology the simulator can load.
 """

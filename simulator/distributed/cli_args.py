@@ -23,7 +23,8 @@ def _common(p: argparse.ArgumentParser,
 def add_validate_args(p: argparse.ArgumentParser) -> None:
     """The options of ``treering validate``."""
     p.add_argument("scenario", nargs="?", default=None,
-                   help="a decode or prefill scenario YAML (its schedules run for real); omit with --nccl-tests")
+                   help="a decode, prefill or train scenario YAML (its schedules, or its training step, run for real); "
+                        "omit with --nccl-tests")
     p.add_argument("--nccl-tests", dest="nccl_tests", action="append", default=[], metavar="LOG",
                    help="an nccl-tests output log (all_reduce_perf, ...): compare its bus bandwidth per size with the "
                         "simulator on --topology; no ranks are started (repeat for several logs)")

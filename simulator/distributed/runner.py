@@ -18,7 +18,7 @@ ranks cannot be confused. This cannot deadlock: op ids give every rank the same 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -98,7 +98,8 @@ class _RealTransfers:
     store: Callable[[Op, tuple[Any, ...]], None]
 
     def _setup(self, sched: Schedule, rank: int, shape: Shape, layouts: dict[int, list[Descriptor]],
-               collectives: str, device: torch.device | None, pool: dict[Any, torch.Tensor] | None) -> None:
+               collectives: str, device: torch.device | None, pool: dict[Any, torch.Tensor] | None,
+               peers: Sequence[int] | None = None) -> None:
         if collectives not in ("native", "decomposed"):
             raise ValueError(f"collectives must be native or decomposed, got {collectives!r}")
         self.pool = {} if pool is None else pool
@@ -107,6 +108,9 @@ class _RealTransfers:
         self.shape = shape
         self.layouts = layouts
         self.native = collectives == "native"
+        # the process group's rank of each schedule rank (a schedule over a subgroup, e.g. a training step's CP
+        # group); None: schedule rank r is process rank r
+        self.peers = None if peers is None else tuple(peers)
         self.device = device or self.inp.q.device
         self.pending: dict[int, Any] = {}  # op id -> (work, buffer, op) of posted transfers not yet waited for
         self.coll_ranks: dict[str, set[int]] = {}  # collective tag -> the ranks that take part
@@ -123,9 +127,12 @@ class _RealTransfers:
         if op.kind == "recv":
             self.store(op, _unpack(flat, self.layouts[op.match], self.shape))
 
+    def _peer(self, rank: int | None) -> int | None:
+        return rank if self.peers is None or rank is None else self.peers[rank]
+
     def send(self, op: Op) -> None:
         flat = _pack(self.payload(op)).contiguous()
-        self.pending[op.id] = (dist.isend(flat, dst=op.peer, tag=op.id), flat, op)
+        self.pending[op.id] = (dist.isend(flat, dst=self._peer(op.peer), tag=op.id), flat, op)
 
     def recv(self, op: Op) -> None:
         assert op.match is not None
@@ -134,7 +141,7 @@ class _RealTransfers:
         flat = self.pool.get(key)
         if flat is None:
             flat = self.pool[key] = torch.empty(n, dtype=self.inp.q.dtype, device=self.device)
-        self.pending[op.id] = (dist.irecv(flat, src=op.peer, tag=op.match), flat, op)
+        self.pending[op.id] = (dist.irecv(flat, src=self._peer(op.peer), tag=op.match), flat, op)
 
     def collective(self, op: Op) -> None:
         """A collective's launch op: run it natively on the whole buffer (the decomposed ops are skipped)."""
@@ -194,9 +201,11 @@ class RankRunner(_RealTransfers, Executor):
 
 class PrefillRankRunner(_RealTransfers, PrefillExecutor):
     """One rank's real execution of a prefill (or training) schedule: ``inp`` holds torch tensors of the whole
-    sequence, of which the rank takes its own rows. ``pool`` keeps receive buffers across iterations."""
+    sequence, of which the rank takes its own rows. ``pool`` keeps receive buffers across iterations. ``peers``: the
+    process rank of each schedule rank, where the schedule runs on a subgroup (default: the same numbers)."""
 
     def __init__(self, sched: Schedule, inp: PrefillInputs, rank: int, layouts: dict[int, list[Descriptor]],
-                 device: torch.device | None = None, pool: dict[Any, torch.Tensor] | None = None) -> None:
+                 device: torch.device | None = None, pool: dict[Any, torch.Tensor] | None = None,
+                 peers: Sequence[int] | None = None) -> None:
         PrefillExecutor.__init__(self, sched, inp, only=rank)
-        self._setup(sched, rank, sched.meta["shape"], layouts, "decomposed", device, pool)
+        self._setup(sched, rank, sched.meta["shape"], layouts, "decomposed", device, pool, peers)

@@ -6,7 +6,8 @@ iteration's time is the maximum over ranks (barrier, run, all_reduce MAX) and th
 simulator's numeric mode on the same torch inputs (``bitwise_equal_to_sim``: equal bit for bit; expected where
 the merge order is the same, i.e. with ``--collectives decomposed`` or schedules without collectives), simulates
 the same schedule on the topology (``predicted_s``) and writes ``validation.csv`` and ``summary.md``. Prefill points
-(outputs and gradients, ``grad_max_abs_err``) run in :mod:`.prefill_validate`.
+(outputs and gradients, ``grad_max_abs_err``) run in :mod:`.prefill_validate`, training steps (``kind: train``: the
+whole step of a small model, its gradients against single-process autograd) in :mod:`.train_validate`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from simulator.distributed.drift import drift_before
 from simulator.distributed.floor import FLOOR_COLUMN, floor_lines, timing
 from simulator.distributed.prefill_validate import prefill_point_rows
 from simulator.distributed.runner import RankRunner
+from simulator.distributed.train_validate import TRAIN_COLUMNS, train_point_rows
 from simulator.engine.core import simulate
 from simulator.errors import InputError
 from simulator.kernels.payload import transfer_layouts
@@ -52,7 +54,8 @@ SPREAD = ["measured_q1_s", "measured_q3_s", FLOOR_COLUMN]
 EXTRA = ["extrapolated", "drift"]
 HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 DRIFT_WITHIN = 0.10  # a run whose drift is within this of 1 ran on the machine as calibrated (summary_lines)
-PER_ALGORITHM = ["grad_max_abs_err"]  # prefill: dQ, dK, dV against torch autograd (NaN without a backward)
+PER_ALGORITHM = ["grad_max_abs_err", *TRAIN_COLUMNS]  # prefill: dQ, dK, dV against torch autograd (NaN without a
+# backward); train: gradients and loss against single-process autograd, the prediction's parts
 
 
 def _cluster(args: argparse.Namespace, point: Point, ranks: int) -> Cluster:
@@ -165,6 +168,16 @@ def drift_lines(frame: pd.DataFrame, within: float = DRIFT_WITHIN) -> list[str]:
             f"{drift.min():.2f}-{drift.max():.2f}x; " + "; ".join(parts)]
 
 
+def train_lines(frame: pd.DataFrame) -> list[str]:
+    """Training steps: their gradients' and losses' largest errors against single-process autograd."""
+    if "grad_max_rel_err" not in frame or not frame["grad_max_rel_err"].notna().any():
+        return []
+    steps = frame[frame["grad_max_rel_err"].notna()]
+    return [f"- training steps ({len(steps)}): every rank's gradient of every weight against single-process "
+            f"autograd, largest error {steps['grad_max_rel_err'].max():.3g} of the weight's largest gradient "
+            f"({steps['grad_max_abs_err'].max():.3g} absolute); loss {steps['loss_abs_err'].max():.3g} absolute"]
+
+
 def summary_lines(frame: pd.DataFrame) -> list[str]:
     """Error statistics and whether the faster algorithm was predicted right at every point."""
     err = frame["error_pct"].abs()
@@ -175,7 +188,8 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         faster += (f"; {len(ties)} more {'is a tie' if len(ties) == 1 else 'are ties'} (the measured times overlap "
                    "within their iterations' interquartile ranges): " + "; ".join(ties))
     extrapolated = int((frame["extrapolated"].fillna("") != "").sum()) if "extrapolated" in frame else 0
-    grads = frame["grad_max_abs_err"].dropna() if "grad_max_abs_err" in frame else pd.Series(dtype=float)
+    attention = frame[frame["max_abs_err"].notna()] if "max_abs_err" in frame else frame.iloc[:0]
+    grads = attention["grad_max_abs_err"].dropna() if "grad_max_abs_err" in frame else pd.Series(dtype=float)
     return [
         f"- points x algorithms: {len(frame)}",
         f"- median |error|: {err.median():.1f} %, 90th percentile: {err.quantile(0.9):.1f} %, max |error|: "
@@ -185,9 +199,11 @@ def summary_lines(frame: pd.DataFrame) -> list[str]:
         f"- predictions with a kernel timed beyond its profiled shapes: {extrapolated} of {len(frame)}",
         *floor_lines(frame),
         *drift_lines(frame),
-        f"- max abs error against single-device attention: {frame['max_abs_err'].max():.3g}",
-        f"- bitwise equal to the simulator's numeric mode: {int(frame['bitwise_equal_to_sim'].sum())} of {len(frame)}",
-    ] + ([f"- max abs error of dQ, dK, dV against torch autograd: {grads.max():.3g}"] if len(grads) else [])
+    ] + ([f"- max abs error against single-device attention: {attention['max_abs_err'].max():.3g}",
+          f"- bitwise equal to the simulator's numeric mode: {int(attention['bitwise_equal_to_sim'].sum())} of "
+          f"{len(attention)}"] if len(attention) else []) \
+        + ([f"- max abs error of dQ, dK, dV against torch autograd: {grads.max():.3g}"] if len(grads) else []) \
+        + train_lines(frame)
 
 
 def summarize(frame: pd.DataFrame, command: str) -> str:
@@ -198,6 +214,7 @@ def summarize(frame: pd.DataFrame, command: str) -> str:
 
 REAL_ROWS: dict[str, Callable[[argparse.Namespace, PreparedPoint, torch.device], list[dict[str, Any]]]] = {
     "decode": _point_rows, "prefill": lambda args, prep, device: prefill_point_rows(args, prep, device, _cluster),
+    "train": lambda args, prep, device: train_point_rows(args, prep, device, _cluster),
 }  # the workload kinds that run for real, and how (distributed.checks.REAL_KINDS names the same kinds)
 
 
