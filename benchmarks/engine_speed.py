@@ -38,6 +38,18 @@ The target is under 10 s for load + step on 2 cores.
 
 ``prefill``: ring attention, causal, zigzag, forward + backward (32 heads, 8 KV heads, head_dim 128, bf16, b = 1,
 1M tokens) on dgx-h100 with P GPUs: the same columns.
+
+    python benchmarks/engine_speed.py collective [--cases auto:1000 ring:1000 tree:1000] [--bytes 1GiB]
+                                                 [--preset hgx-h200] [--repeat 3] [--force]
+
+``collective``: one allreduce (bf16, ``--bytes`` per rank, nccl-tests' size) over every GPU of ``--preset`` with N
+servers, algorithm ``auto``, ``ring`` or ``tree`` as ``kind: collective`` runs it
+(:func:`simulator.collectives.standalone.collective_schedule`, then the engine). Per case: the size limit's op
+estimate (``est_ops``, :func:`simulator.support.limits.collective_ops` of what runs), the ops built, the topology's
+load seconds, build seconds (the ``auto`` tuner's choice included), simulate seconds and peak RSS; ``result`` the
+collective's simulated time. A case the size limit refuses is reported so, as ``treering run`` refuses it
+(``--force`` runs it: a 1 GiB ring on 1,000 servers is 2.6e9 ops). The target (issue 41): 1 GiB on 1,000
+hgx-h200 servers <= 10 s and <= 2 GB each.
 """
 
 from __future__ import annotations
@@ -57,6 +69,9 @@ import simpy
 from simulator.algorithms import build_schedule, resolve
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import load_topology
+from simulator.collectives import fabric_of
+from simulator.collectives.nccl_tree import tree_parts
+from simulator.collectives.standalone import collective_choice, collective_schedule
 from simulator.engine.core import simulate
 from simulator.engine.warmup import load_compiled
 from simulator.report.timeline import gantt, timeline_frame
@@ -64,7 +79,9 @@ from simulator.run.prepared import layout_of
 from simulator.run.timing import critical_timing, result_numbers
 from simulator.schedule.core import Schedule
 from simulator.support.gcpause import gc_paused
+from simulator.support.limits import MAX_SCHEDULE_OPS, collective_ops
 from simulator.training.step import train_step
+from simulator.units import parse_bytes
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
 from simulator.workloads.train import TrainWorkload, train_checks
@@ -255,6 +272,49 @@ def bench_train(cases: list[str], repeat: int) -> None:
               f"{c['rss'] / 2**20:>6.0f}MB {int(c['events']):>8} {c['latency']:>8.3f}", flush=True)
 
 
+def _collective_case(algo: str, nodes: int, nbytes: int, preset: str, force: bool) -> Case:
+    t0 = time.perf_counter()
+    cluster = load_topology(preset, {"nodes": nodes})
+    fabric = fabric_of(cluster)
+    t1 = time.perf_counter()
+    p = len(cluster.ranks)
+    choice = collective_choice(cluster, fabric, "allreduce", nbytes // 2, 2, "bf16", algo)  # the tuner's, kept
+    parts = tree_parts(nbytes // 2, 2, choice.channels, choice.protocol, fabric.nodes, p) if choice.algo == "tree" \
+        else None
+    est = collective_ops(p, choice.channels, choice.algo, "allreduce", p // fabric.nodes, parts)
+    case: Case = {"gpus": p, "load": t1 - t0, "chosen": f"{choice.algo}/{choice.protocol}/{choice.channels}",
+                  "est": est}
+    if est > MAX_SCHEDULE_OPS and not force:  # as `treering run` refuses it (support.limits.check_collective)
+        return {**case, "refused": True, "build": time.perf_counter() - t1, "sim": 0.0}
+    sched, _ = collective_schedule(cluster, fabric, "allreduce", nbytes // 2, 2, "bf16", algo)
+    t2 = time.perf_counter()
+    res = simulate(sched, cluster)
+    t3 = time.perf_counter()
+    return {**case, "ops": len(sched.ops), "events": res.events, "build": t2 - t1, "sim": t3 - t2,
+            "latency": res.makespan}
+
+
+def bench_collective(cases: list[str], nbytes: int, preset: str, repeat: int, force: bool = False) -> None:
+    _warm_engine()
+    print(f"allreduce of {nbytes / 2**20:g} MiB bf16 on {preset}; medians of {repeat}; build includes the tuner's "
+          f"choice; total = build + simulate; a case over the size limit is refused as `treering run` refuses it "
+          f"(--force runs it)")
+    print(f"{'case':>12} {'GPUs':>6} {'chosen':>18} {'est_ops':>9} {'ops':>9} {'events':>9} {'load_s':>7} "
+          f"{'build_s':>8} {'sim_s':>7} {'total_s':>8} {'peak_RSS':>9} {'result':>12}")
+    for case in cases:
+        algo, nodes = case.split(":")
+        runs = [_in_child(_collective_case, algo, int(nodes), nbytes, preset, force) for _ in range(repeat)]
+        c = dict(runs[0])
+        for key in ("load", "build", "sim", "rss"):
+            c[key] = statistics.median(r[key] for r in runs)
+        head = f"{case:>12} {c['gpus']:>6} {c['chosen']:>18} {c['est']:>9.3g}"
+        if c.get("refused"):
+            print(f"{head} refused: over {MAX_SCHEDULE_OPS:,} ops (tuner {c['build']:.2f} s)", flush=True)
+            continue
+        print(f"{head} {c['ops']:>9} {c['events']:>9} {c['load']:>7.2f} {c['build']:>8.2f} {c['sim']:>7.2f} "
+              f"{c['build'] + c['sim']:>8.2f} {c['rss'] / 2**20:>7.0f}MB {c['latency'] * 1e3:>9.3f} ms", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -279,7 +339,17 @@ def main() -> None:
     train = sub.add_parser("train")
     train.add_argument("--cases", nargs="+", choices=list(TRAIN_CASES), default=list(TRAIN_CASES))
     train.add_argument("--repeat", type=int, default=3)
+    coll = sub.add_parser("collective")
+    coll.add_argument("--cases", nargs="+", default=["auto:1000", "ring:1000", "tree:1000"],
+                      help="algorithm:servers (auto, ring, tree)")
+    coll.add_argument("--bytes", default="1GiB", help="bytes per rank (nccl-tests' size)")
+    coll.add_argument("--preset", default="hgx-h200")
+    coll.add_argument("--repeat", type=int, default=3)
+    coll.add_argument("--force", action="store_true", help="run cases over the size limit too")
     args = ap.parse_args()
+    if args.what == "collective":
+        bench_collective(args.cases, int(parse_bytes(args.bytes)), args.preset, args.repeat, args.force)
+        return
     if args.what == "train":
         bench_train(args.cases, args.repeat)
         return

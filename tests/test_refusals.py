@@ -177,8 +177,8 @@ def test_collective_channels_are_at_most_nccls(tmp_path, channels):
 
 def test_a_collective_on_a_thousand_nodes_is_refused_with_its_size(tmp_path):
     sets = ["topology=hgx-h200", "topology_params.nodes=1000"]
-    with pytest.raises(InputError, match=r"algorithms\.0: the collective on 8,000 GPUs x 8 channel\(s\) would have "
-                                         r"too many ops: about 2\.69e\+09 .*--force runs it anyway"):
+    with pytest.raises(InputError, match=r"algorithms\.0: the ring allreduce on 8,000 GPUs x 1 channel\(s\) would "
+                                         r"have too many ops: about 3\.2e\+08 .*--force runs it anyway"):
         _prepare(tmp_path, COLLECTIVE, sets)
 
 

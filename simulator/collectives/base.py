@@ -109,7 +109,11 @@ class CollBuilder:
         sending in this step also waits for that send (write after read). Several moves into one rank (a tree
         node with two children) land in separate transport buffers; their reductions run one after the other.
         A rank's sends of this step join its frontier: its next step starts once they have left (one step at a
-        time per rank, as in NCCL's and MPI's algorithms).
+        time per rank, as in NCCL's and MPI's algorithms). They replace the frontier from before the step, which
+        each of them waits for: a frontier names a rank's latest ops only, not its history (a ring's P - 1 steps
+        would otherwise give its last ops P deps each, O(P^2) per rank), and the engine readies every op at the
+        same instant, by the same op, as with the history named (an op named again ends before the ops that wait
+        for it).
         """
         if self.offset:
             moves = [(src, dst, lo + self.offset, hi + self.offset) for src, dst, lo, hi in moves]
@@ -120,9 +124,9 @@ class CollBuilder:
             snd, recv, tmp = self._transfer(src, dst, lo, hi, reduce, before[src], before[dst])
             sends.setdefault(src, []).append((snd, lo, hi))
             received.append((recv, dst, lo, hi, tmp))
-        for src, items in sends.items():
+        for src, items in sends.items():  # its sends, which wait for all of before[src]: it needs no repeating
             if self.front[src] == before[src]:
-                self.front[src] = (*before[src], *(snd for snd, _, _ in items))
+                self.front[src] = tuple(snd for snd, _, _ in items)
         for recv, dst, lo, hi, tmp in received:
             if not reduce:
                 self.front[dst] = (*self.front[dst], recv) if self.front[dst] != before[dst] else (recv,)

@@ -39,7 +39,7 @@ from simulator.collectives.goodput import link_wire
 from simulator.collectives.nccl_tree import channel_trees, tree_allreduce, tree_step
 from simulator.collectives.nvls import nvls_allreduce, nvls_slices, nvls_wire
 from simulator.collectives.protocols import base_latency, forward_grain, hop_latency, step_payload, wire_factor
-from simulator.collectives.ring import ring_allreduce, ring_broadcast, ring_reduce
+from simulator.collectives.ring import lockstep, ring_allreduce, ring_broadcast, ring_reduce, ring_steps
 from simulator.collectives.trees import recursive_doubling_allreduce
 from simulator.errors import InputError
 from simulator.schedule.core import Schedule
@@ -167,16 +167,12 @@ def _channel(b: CollBuilder, operation: str, algo: str, ring: list[int], fabric:
 
 def _ring_reduce_scatter(b: CollBuilder, ring: Sequence[int]) -> None:
     """After P-1 steps ring[i] holds chunk i reduced over all ranks (chunk j starts at ring[j+1])."""
-    p, chunks = len(ring), chunk_bounds(b.n, len(ring))
-    for k in range(p - 1):
-        b.step([(ring[i], ring[(i + 1) % p], *chunks[(i - k - 1) % p]) for i in range(p)], reduce=True)
+    ring_steps(b, ring, -1, len(ring) - 1, reduce=True)  # step k: ring[i] passes chunk (i - k - 1)
 
 
 def _ring_allgather(b: CollBuilder, ring: Sequence[int]) -> None:
     """ring[i] contributes chunk i; after P-1 steps every rank holds all chunks."""
-    p, chunks = len(ring), chunk_bounds(b.n, len(ring))
-    for k in range(p - 1):
-        b.step([(ring[i], ring[(i + 1) % p], *chunks[(i - k) % p]) for i in range(p)], reduce=False)
+    ring_steps(b, ring, 0, len(ring) - 1, reduce=False)  # step k: ring[i] passes chunk (i - k)
 
 
 def _hierarchical_allreduce(b: CollBuilder, ring: list[int], fabric: Fabric) -> None:
@@ -197,7 +193,6 @@ def _hierarchical_allreduce(b: CollBuilder, ring: list[int], fabric: Fabric) -> 
 
 
 def _pairwise_alltoall(b: CollBuilder, ranks: list[int]) -> None:
-    p = len(ranks)
-    blocks = chunk_bounds(b.n, p)
-    for k in range(1, p):
-        b.step([(ranks[i], ranks[(i + k) % p], *blocks[(i + k) % p]) for i in range(p)], reduce=False)
+    """P - 1 steps: at step k (1 .. P - 1) rank i sends its block for rank i + k (:func:`.ring.lockstep`)."""
+    shift = np.arange(1, len(ranks), dtype=np.int64)
+    lockstep(b, ranks, shift, (np.arange(len(ranks))[None, :] + shift[:, None]) % len(ranks), reduce=False)

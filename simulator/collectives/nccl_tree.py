@@ -48,14 +48,14 @@ import numpy as np
 
 from simulator.collectives.base import CollBuilder, chunk_bounds
 from simulator.collectives.fabric import Fabric
-from simulator.collectives.protocols import step_payload
-from simulator.collectives.steps import chunk_steps, first_steps, grain_steps, parts
+from simulator.collectives.protocols import forward_grain, step_payload
+from simulator.collectives.steps import chunk_steps, first_steps, grain_steps, parts, step_counts
 from simulator.schedule.core import STREAMED, Schedule
 from simulator.schedule.op import OpGrid, recv_of, transfer_send
 from simulator.schedule.oplist import KIND_INDEX, Indexed
 
 __all__ = ["Tree", "btree_parent", "channel_trees", "dtree_parents", "pipeline_time",
-           "pipeline_time_arrays", "pipeline_time_lists", "tree_allreduce", "tree_chunks", "tree_step"]
+           "pipeline_time_arrays", "pipeline_time_lists", "tree_allreduce", "tree_chunks", "tree_parts", "tree_step"]
 
 _SEND, _RECV, _COMPUTE = KIND_INDEX["send"], KIND_INDEX["recv"], KIND_INDEX["compute"]
 _UP_SEND, _UP_RECV, _UP_REDUCE = 0, 1, 2  # the slots of a rank's ops in a part's up phase (an OpGrid of width 3)
@@ -172,6 +172,22 @@ def tree_chunks(nbytes: float, step: float, trees: int, grain: float | None = No
     ``head`` the grains a network connection holds back (:func:`.steps.grain_steps`; each chunk's steps are three
     ops)."""
     return grain_steps(nbytes, step, grain, max(1, TREE_CHUNKS // trees))
+
+
+def tree_parts(n: int, elem_bytes: int, channels: int, protocol: str, nodes: int, ranks: int) -> int:
+    """The parts (ops per rank and stage: a chunk's first, middle and last, :mod:`.steps`) of the first channel's
+    trees in an allreduce of ``n`` elements on ``channels`` channels, as :func:`tree_allreduce` cuts them (what the
+    size limits count: a rank's ops of a channel are about five a part, :func:`~simulator.support.limits.
+    collective_ops`)."""
+    trees = 2 if nodes > 1 else 1
+    step = tree_step(n * elem_bytes, channels, protocol, nodes, ranks)
+    lo, hi = chunk_bounds(n, channels)[0]
+    out = 0
+    for a, z in chunk_bounds(hi - lo, trees):
+        if z > a:
+            steps, chunks, _ = tree_chunks((z - a) * elem_bytes, step, trees, forward_grain(protocol))
+            out += sum(len(parts(g)) for g in step_counts(steps, chunks))
+    return out
 
 
 def tree_allreduce(b: CollBuilder, trees: Sequence[Tree]) -> None:

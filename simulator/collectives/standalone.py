@@ -8,10 +8,11 @@ allreduce 2(n-1)/n; allgather, reduce-scatter, alltoall (n-1)/n; broadcast, redu
 from __future__ import annotations
 
 from simulator.cluster.topology import Cluster
-from simulator.collectives import Choice, Fabric, collective
+from simulator.collectives import Choice, Fabric, collective, operation_algorithm
+from simulator.collectives.tuner import candidates, choose
 from simulator.schedule.core import Schedule
 
-__all__ = ["bus_factor", "collective_schedule"]
+__all__ = ["bus_factor", "collective_candidates", "collective_choice", "collective_schedule"]
 
 
 def bus_factor(collective_name: str, n: int) -> float:
@@ -23,6 +24,29 @@ def bus_factor(collective_name: str, n: int) -> float:
     return 1.0
 
 
+def _switch_joins(fabric: Fabric, algo: str) -> bool:
+    """Whether the NVSwitch joins a collective over every GPU as a rank (NVLS may run: one NVLS server)."""
+    return fabric.nvls and fabric.nodes == 1 and algo in ("auto", "nvls")
+
+
+def collective_candidates(cluster: Cluster, fabric: Fabric, operation: str, n: int, elem_bytes: int,
+                          algo: str = "auto", protocol: str = "auto", channels: int | None = None) -> list[Choice]:
+    """Every choice :func:`collective_choice` picks from (no prediction made: cheap at any size)."""
+    return candidates(operation, operation_algorithm(operation, algo), protocol, list(range(len(cluster.ranks))),
+                      fabric, channels, n * elem_bytes, switch=_switch_joins(fabric, algo))
+
+
+def collective_choice(cluster: Cluster, fabric: Fabric, operation: str, n: int, elem_bytes: int, dtype: str,
+                      algo: str = "auto", protocol: str = "auto", channels: int | None = None) -> Choice:
+    """The choice :func:`collective_schedule` runs with, without building it (what the size limits read: the
+    tuner's pick for ``auto``, kept per fabric, so that the build asks it again for nothing)."""
+    ranks = list(range(len(cluster.ranks)))
+    root = ranks[0] if operation in ("broadcast", "reduce") else None
+    return choose(operation, ranks, n, fabric, algo=operation_algorithm(operation, algo), protocol=protocol,
+                  channels=channels, elem_bytes=elem_bytes, dtype=dtype, root=root,
+                  switch=_switch_joins(fabric, algo))
+
+
 def collective_schedule(cluster: Cluster, fabric: Fabric, operation: str, n: int, elem_bytes: int, dtype: str,
                         algo: str = "auto", protocol: str = "auto", channels: int | None = None
                         ) -> tuple[Schedule, Choice]:
@@ -30,7 +54,7 @@ def collective_schedule(cluster: Cluster, fabric: Fabric, operation: str, n: int
     (the NVSwitch joins as a rank where NVLS may run)."""
     placement = list(cluster.ranks)
     switch = None
-    if fabric.nvls and fabric.nodes == 1 and algo in ("auto", "nvls"):
+    if _switch_joins(fabric, algo):
         switch = len(placement)
         placement.append(fabric.switch[0])
     sched_meta = {} if switch is None else {"compute_ranks": switch}  # the switch is no GPU (the report says so)

@@ -174,6 +174,26 @@ class _Predictor:
             self.cap = fabric_cap(self.fabric, operation, self.family, self.choice.protocol, self.ranks,
                                   self.choice.channels) * self.bytes_per_byte
 
+    def _pairs(self) -> tuple[float, list[str]]:
+        """Over every ordered pair of the ranks (an all-to-all's connections): the slowest wire (:meth:`wire`, off
+        the cluster's :class:`~.hops.HopTable` in one batch) and the hop classes they cross (kept per cluster and
+        ranks: no protocol in them; the max of :meth:`hop` over the pairs, pair by pair, is the max of these)."""
+        memo = cluster_memo(self.cluster, "pairs")
+        key = tuple(self.ranks)
+        hit = memo.get(key)
+        if hit is None:
+            ranks = np.asarray(self.ranks, dtype=np.int64)
+            a, b = np.repeat(ranks, len(ranks)), np.tile(ranks, len(ranks))
+            a, b = a[a != b], b[a != b]
+            table = hop_table(self.cluster)
+            rows = table.rows(a, b)  # may add rows: the wires are read after
+            wire = float(table.wire[rows].max())
+            hosts = np.asarray(self.fabric.hosts, dtype=np.int64)
+            net = hosts[a] != hosts[b]
+            classes = sorted({*(("net",) if net.any() else ()), *((self.fabric.intra,) if not net.all() else ())})
+            hit = memo[key] = (wire, classes)
+        return hit
+
     def _rings(self, c: int) -> tuple[float, float, list[str]]:
         """The rings of ``c`` channels: the bandwidth each gets (:meth:`shared_bw`), the slowest wire of their hops,
         the hop classes they cross (kept per cluster, ranks and channel count: no protocol in them)."""
@@ -254,11 +274,12 @@ class _Predictor:
     def time(self, operation: str, nbytes: float, root: int | None = None) -> float:
         p, c = len(self.ranks), self.choice.channels
         algo = self.choice.algo
-        if algo == "pairwise":
-            pairs = [[(self.ranks[i], self.ranks[(i + k) % p])] for k in range(1, p) for i in range(p)]
-            self.prepare_wires([pair for pair, in pairs])
-            hop = max(self.hop(a, b) for (a, b), in pairs)
-            return self.launch + (p - 1) * (hop + nbytes / p / self.shared_bw(pairs[:p]))
+        if algo == "pairwise":  # the slowest hop of any pair: the slowest wire or the slowest class's latency
+            wire, classes = self._pairs()
+            hop = max(wire, *(hop_latency(self.family, self.choice.protocol, hw, self.cluster.nccl_latency)
+                              for hw in classes))
+            ring = [[(self.ranks[i], self.ranks[(i + 1) % p])] for i in range(p)]
+            return self.launch + (p - 1) * (hop + nbytes / p / self.shared_bw(ring))
         if algo == "nvls":  # NCCL's NVLS loops, each up to the switch and down again (.nvls)
             return self.launch + self._nvls(nbytes / self.bytes_per_byte)
         self.set_cap(operation)

@@ -9,9 +9,12 @@ estimates are pure functions of the inputs (no graph, no schedule is built):
   quadratic in ``gpus_per_node``), about :data:`BYTES_PER_GRAPH_ELEMENT` each in networkx;
 * a decode schedule: ops of P ranks (``ring`` moves every shard to every rank: about 3 P^2 ops; the others are
   about 20 per rank plus a constant), about :data:`BYTES_PER_OP` each with their timeline records;
-* a collective over P GPUs on C channels (:func:`collective_ops`): a ring passes P - 1 pieces twice per rank and
-  channel (about 5 P ops per rank and channel, measured on allreduce), NCCL's tree pipelines about 250 per rank and
-  channel, an all-to-all sends 2 P per rank: whatever the algorithm, the largest of them;
+* a collective over P GPUs on C channels (:func:`collective_ops`), as a decode schedule's: per algorithm (the one
+  it runs: ``auto`` is the tuner's pick, or where all its candidates are over the limit the smallest of them), ops
+  of one rank and channel times P C: a ring allreduce passes P - 1 pieces twice (5 (P - 1): a send, a receive and
+  a reduction, then a send and a receive), NCCL's tree pipelines at most 16 chunks of three parts, about five ops
+  a part (240, whatever P; fewer parts for a small message), an all-to-all sends 2 (P - 1) on one channel; an
+  algorithm not named (a what-if's trials): the largest of them;
 * the ops one point simulates one after another (:func:`check_simulated`): a generate point runs ``new_tokens``
   decode steps per schedule, each a schedule of its own, about :data:`SECONDS_PER_OP` each;
 * a scenario's ``variability:`` (:func:`check_trials`): at most :data:`MAX_TRIALS` trials, and the trials of a
@@ -27,8 +30,8 @@ from typing import Any
 
 from simulator.errors import InputError
 
-__all__ = ["BYTES_PER_GRAPH_ELEMENT", "BYTES_PER_OP", "MAX_COUNT", "MAX_GRAPH_ELEMENTS", "MAX_SCHEDULE_OPS",
-           "MAX_SEQUENCE", "MAX_SIMULATED_OPS", "MAX_SWEEP_POINTS", "MAX_TRIALS", "MAX_TRIAL_OPS",
+__all__ = ["BYTES_PER_COLLECTIVE_OP", "BYTES_PER_GRAPH_ELEMENT", "BYTES_PER_OP", "MAX_COUNT", "MAX_GRAPH_ELEMENTS",
+           "MAX_SCHEDULE_OPS", "MAX_SEQUENCE", "MAX_SIMULATED_OPS", "MAX_SWEEP_POINTS", "MAX_TRIALS", "MAX_TRIAL_OPS",
            "SECONDS_PER_OP", "SECONDS_PER_TRIAL_OP", "builder_elements", "check_builder", "check_collective",
            "check_graph", "check_schedule", "check_simulated", "check_sweep", "check_trials", "collective_ops",
            "schedule_ops"]
@@ -43,6 +46,8 @@ MAX_GRAPH_ELEMENTS = 500_000
 MAX_SCHEDULE_OPS = 10_000_000  # ~9 GB of ops and records (ring decode on 1,024 GPUs: 3.1M ops, 2.8 GB)
 BYTES_PER_GRAPH_ELEMENT = 1_000
 BYTES_PER_OP = 900  # measured: ring decode P = 1024, 3.1M ops, 2.77 GB peak RSS (benchmarks/engine_speed.py)
+BYTES_PER_COLLECTIVE_OP = 260  # measured: a collective's ops are columns (benchmarks/engine_speed.py collective):
+# ring allreduce on 64 hgx-h200 servers 10.5M ops, 2.60 GB peak RSS; tree on 1,000, 15.2M ops, 3.97 GB
 MAX_SIMULATED_OPS = 20_000_000  # ops one point simulates in turn: about a minute
 SECONDS_PER_OP = 3e-6  # measured: generate of llama-3.1-8b on dgx-h100, 8 and 16 GPUs: 2.4-4 us per estimated op
 FORCE_HINT = "--force runs it anyway"
@@ -112,20 +117,49 @@ def check_schedule(algorithm: str, ranks: int, field: str | None, force: bool = 
                       BYTES_PER_OP, field)
 
 
-def collective_ops(ranks: int, channels: int) -> float:
-    """Estimated ops of one collective over ``ranks`` GPUs on ``channels`` channels, whatever its algorithm (module
-    docstring; measured on hgx-h200, 8 to 64 GPUs: ring allreduce 5.0 P ops per rank and channel, tree 224-234,
-    alltoall 2 (P - 1) per rank)."""
+# (operation, algorithm) -> ops of one rank and one channel given P ranks and G GPUs per server (collectives.channels
+# builds them; measured on hgx-h200, dgx-h100 and mi300x, 1 to 8 servers, 1 MiB and 1 GiB: at or above the ops
+# built, within 1 - 10 % at 1 GiB on several servers; tests/test_collective_limits.py holds them at or above, and
+# within 40 % plus 1,000)
+_COLLECTIVE_OPS: dict[tuple[str, str], Callable[[float, float], float]] = {
+    ("allreduce", "ring"): lambda p, g: 5.0 * (p - 1),  # reduce-scatter (send, recv, reduction), allgather (two)
+    ("allreduce", "tree"): lambda p, g: 240.0,  # 16 chunks of 3 parts: up a send, recv, reduction, down two
+    ("allreduce", "hierarchical"): lambda p, g: 5.0 * (g - 1) + 5.0 * (p / g - 1),  # inside, across, inside
+    ("allreduce", "recursive-doubling"): lambda p, g: 3.0 * math.log2(p) + 6.0,
+    ("allreduce", "nvls"): lambda p, g: 200.0,  # one server: 64 slices up and down
+    ("reduce-scatter", "ring"): lambda p, g: 3.0 * (p - 1),
+    ("allgather", "ring"): lambda p, g: 2.0 * (p - 1),
+    ("broadcast", "ring"): lambda p, g: 100.0,  # a pipeline of 16 chunks of three parts: a send and a recv each
+    ("reduce", "ring"): lambda p, g: 150.0,  # ... and a reduction
+    ("alltoall", "pairwise"): lambda p, g: 2.0 * (p - 1),
+}
+
+
+def collective_ops(ranks: int, channels: int, algorithm: str | None = None, operation: str = "allreduce",
+                   gpus_per_server: int | None = None, parts: int | None = None) -> float:
+    """Estimated ops of one collective ``operation`` over ``ranks`` GPUs on ``channels`` channels with
+    ``algorithm`` (the one that runs, not ``auto``), ``gpus_per_server`` GPUs a server (default: all on one); an
+    ``algorithm`` of None: the largest any algorithm may build (module docstring; a what-if's trials). ``parts``:
+    a tree's pipeline parts a channel (:func:`simulator.collectives.nccl_tree.tree_parts`: fewer for a small
+    message), five ops each (None: 48, a large message's)."""
     p = float(ranks)
-    return channels * p * max(5.0 * p, 250.0) + 2.0 * p * p + 1_000
+    per_rank = _COLLECTIVE_OPS.get((operation, algorithm or ""))
+    if per_rank is None:
+        return channels * p * max(5.0 * p, 250.0) + 2.0 * p * p + 1_000
+    g = float(gpus_per_server or ranks)
+    own = 5.0 * parts if parts is not None and algorithm == "tree" else per_rank(p, g)
+    return channels * p * own + p + 1_000  # a launch per rank
 
 
-def check_collective(ranks: int, channels: int, field: str | None, force: bool = False) -> None:
-    """Refuse a collective estimated over :data:`MAX_SCHEDULE_OPS` ops."""
-    ops = collective_ops(ranks, channels)
+def check_collective(ranks: int, channels: int, field: str | None, force: bool = False, algorithm: str | None = None,
+                     operation: str = "allreduce", gpus_per_server: int | None = None,
+                     parts: int | None = None) -> None:
+    """Refuse a collective estimated (:func:`collective_ops`) over :data:`MAX_SCHEDULE_OPS` ops."""
+    ops = collective_ops(ranks, channels, algorithm, operation, gpus_per_server, parts)
     if ops > MAX_SCHEDULE_OPS and not force:
-        raise _refuse(f"the collective on {ranks:,} GPUs x {channels:,} channel(s) would have too many ops", ops,
-                      MAX_SCHEDULE_OPS, BYTES_PER_OP, field)
+        what = f"the {algorithm} {operation}" if algorithm else "the collective"
+        raise _refuse(f"{what} on {ranks:,} GPUs x {channels:,} channel(s) would have too many ops", ops,
+                      MAX_SCHEDULE_OPS, BYTES_PER_COLLECTIVE_OP if algorithm else BYTES_PER_OP, field)
 
 
 def check_simulated(ops: float, what: str, field: str | None, force: bool = False) -> None:

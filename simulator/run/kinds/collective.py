@@ -16,15 +16,17 @@ from typing import Any
 
 from simulator.cluster.topology import Cluster
 from simulator.collectives import COLLECTIVE_ALGORITHMS, fabric_of, operation_algorithm
-from simulator.collectives.fabric import MAX_CHANNELS
+from simulator.collectives.channels import Choice
+from simulator.collectives.fabric import MAX_CHANNELS, Fabric
+from simulator.collectives.nccl_tree import tree_parts
 from simulator.collectives.protocols import PROTOCOLS
-from simulator.collectives.standalone import bus_factor, collective_schedule
+from simulator.collectives.standalone import bus_factor, collective_candidates, collective_choice, collective_schedule
 from simulator.engine.core import simulate
 from simulator.errors import InputError, excerpt
 from simulator.run.prepared import Algorithm, Kind, PreparedPoint, Run
 from simulator.run.rows import Column, make_row, pick
 from simulator.run.scenario import Point
-from simulator.support.limits import check_collective
+from simulator.support.limits import MAX_SCHEDULE_OPS, check_collective, collective_ops
 from simulator.units import DTYPE_BYTES
 from simulator.workloads.collective import CollectiveWorkload
 
@@ -79,21 +81,55 @@ def _prepare(point: Point, cluster: Cluster, numeric: bool) -> PreparedPoint:
             if algo == "nvls" and not (fabric.nvls and fabric.nodes == 1):
                 raise InputError(f"nvls needs one NVSwitch server with NVLink SHARP (H100, H200); topology "
                                  f"{cluster.name!r} has {fabric.nodes} server(s), NVLink SHARP: {fabric.nvls}")
-            check_collective(len(cluster.ranks), channels or fabric.default_channels(range(len(cluster.ranks))),
-                             None, point.force)
+            _check_size(wl, cluster, fabric, name, protocol, channels, point.force)
         except InputError as err:
             raise point.locate(err.located(field=f"algorithms.{i}")) from None
+        except ValueError as err:
+            raise point.locate(InputError(str(err), field=f"algorithms.{i}")) from None
         algos.append(Algorithm(name, {"protocol": protocol, "channels": channels}, label))
     if len(cluster.ranks) < 2:
         raise point.locate(InputError("a collective needs at least 2 GPUs", field="topology"))
     return PreparedPoint(point, cluster, "collective", numeric, tuple(algos), extra={"fabric": fabric})
 
 
+def _elements(wl: CollectiveWorkload) -> tuple[int, int]:
+    """(elements, bytes per element) of the workload's buffer."""
+    elem = DTYPE_BYTES[wl.dtype]
+    return max(1, int(wl.bytes // elem)), elem
+
+
+def _check_size(wl: CollectiveWorkload, cluster: Cluster, fabric: Fabric, name: str, protocol: str,
+                channels: int | None, force: bool) -> None:
+    """Refuse an entry whose collective would have too many ops (:func:`~simulator.support.limits.
+    check_collective`) with the algorithm and channels it runs with: ``auto``'s, the tuner's pick, which is asked
+    only where some of its candidates are over the limit and some are not (a tuner's prediction can cost seconds on
+    thousands of GPUs; where all are over, the smallest is refused)."""
+    p = len(cluster.ranks)
+    if p < 2 or force:
+        return
+    n, elem = _elements(wl)
+    sizes = {len(g) for g in fabric.groups(range(p))}
+    gpn = sizes.pop() if len(sizes) == 1 else p  # servers of different sizes: hierarchical runs a plain ring
+
+    def parts(c: Choice) -> int | None:
+        return tree_parts(n, elem, c.channels, c.protocol, fabric.nodes, p) if c.algo == "tree" else None
+
+    def ops(c: Choice) -> float:
+        return collective_ops(p, c.channels, c.algo, wl.collective, gpn, parts(c))
+
+    options = collective_candidates(cluster, fabric, wl.collective, n, elem, name, protocol, channels)
+    if not options or all(ops(c) <= MAX_SCHEDULE_OPS for c in options):
+        return
+    choice = min(options, key=ops)
+    if ops(choice) <= MAX_SCHEDULE_OPS:  # some fit: the one that runs decides
+        choice = collective_choice(cluster, fabric, wl.collective, n, elem, wl.dtype, name, protocol, channels)
+    check_collective(p, choice.channels, None, force, choice.algo, wl.collective, gpn, parts(choice))
+
+
 def _run(prep: PreparedPoint, i: int, algo: Algorithm) -> tuple[Run, dict[str, Any]]:
     """One algorithm entry built and simulated: (its run, its row)."""
     wl, cluster, fabric = prep.workload, prep.cluster, prep.extra["fabric"]
-    elem = DTYPE_BYTES[wl.dtype]
-    n = max(1, int(wl.bytes // elem))
+    n, elem = _elements(wl)
     p = len(cluster.ranks)
     try:
         sched, choice = collective_schedule(cluster, fabric, wl.collective, n, elem, wl.dtype, algo.name,
