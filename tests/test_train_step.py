@@ -101,9 +101,11 @@ def test_a_step_without_pipeline_and_dp_is_every_layer_forward_and_backward(two_
     assert m == 8
     opt = optimizer_time(model.params / 8, "adam", "bf16", two_nodes)
     expected = m * (model.layers * (lf + lb) + pc.head_f + pc.head_b) + opt
-    assert step.step_s == pytest.approx(expected, rel=1e-12)
+    # the gradients are still reduced over the CP group (DP x CP): without that, the step is its layers
+    assert step.step_s - step.exposed["dp"] == pytest.approx(expected, rel=1e-12)
+    assert step.exposed["dp"] > 0
     assert step.pipeline.bubble_frac == pytest.approx(0.0, abs=1e-12)
-    assert step.exposed["pp"] == 0.0 and step.exposed["dp"] == 0.0
+    assert step.exposed["pp"] == 0.0
     assert step.exposed["tp"] == pytest.approx(m * model.layers * (
         pc.dense_f.exposed * (2 if recompute == "full" else 1) + pc.dense_b.exposed), rel=1e-9)
 
@@ -154,6 +156,36 @@ def test_dp_collective_traffic_is_its_closed_form(operation: str, factor: float)
     dp = 4
     expected = dp * factor * (dp - 1) / dp * n * 2  # one group (a rail each): every rank sends (n-1)/n of it
     assert dpc.sent[(operation, n)] == pytest.approx(expected, rel=1e-9)
+
+
+def test_gradients_are_reduced_over_dp_times_cp() -> None:
+    """Megatron-LM reduces gradients, and ZeRO shards, over DP x CP: a GPU's gradient group is the GPUs of its TP
+    rank and stage in every CP rank of every replica."""
+    from simulator.training.dp import dp_groups
+
+    tp, cp, pp, dp = 2, 2, 2, 2
+    replica = tp * cp * pp
+    groups = dp_groups(replica, dp, range(replica), tp, cp)
+    for g in range(replica):
+        t, s = g % tp, g // (tp * cp)
+        assert groups[g] == sorted(t + tp * (cc + cp * s) + replica * d for cc in range(cp) for d in range(dp))
+    assert dp_groups(replica, dp, [3], tp, 1) == [[3, 3 + replica]]  # cp 1: the DP group
+    cluster = load_topology("dgx-h100", {"nodes": 4})
+    dpc = DPCollectives(cluster, replica, dp, "bf16", tp, cp)
+    assert dpc.dp == cp * dp
+    n = 32 * 2**20
+    dpc.time("allreduce", n)
+    # every GPU of every simulated group sends 2 (n - 1) / n of the buffer, n = dp x cp, on the wire as its
+    # protocol sends it (Simple: as it is; LL128: 120 data bytes in 128; LL: 4 in 8)
+    data = len(dpc.groups) * 4 * 2 * 3 / 4 * n * 2
+    assert any(dpc.sent[("allreduce", n)] == pytest.approx(data * f, rel=1e-9) for f in (1.0, 16 / 15, 2.0))
+    # ZeRO 1 shards the optimizer states over dp x cp
+    wl = workload(parallel={"tp": 8, "cp": 2}, zero=1)
+    wl0 = workload(parallel={"tp": 8, "cp": 2}, zero=0)
+    k = optimizer_k("adam", 2)
+    params = wl.model_preset().params / 8
+    assert train_step(wl0, cluster).memory[0].optimizer - train_step(wl, cluster).memory[0].optimizer == pytest.approx(
+        k * params / 2 * (2 - 1), rel=1e-9)
 
 
 def test_one_servers_dp_groups_time_every_group_by_symmetry() -> None:

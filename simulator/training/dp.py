@@ -1,8 +1,11 @@
 """Data parallelism: the DP collectives on the real fabric, and their overlap with the backward.
 
 **Which GPUs.** DP replica ``d`` of a GPU is ``tp x cp x pp`` GPUs further on the cluster's order (placement: TP,
-then CP, then PP, then DP). The DP groups of every GPU of one server run at the same time in a real step and share
-that server's NICs, so :class:`DPCollectives` simulates one collective on the DP groups of all the GPUs of the
+then CP, then PP, then DP). Gradients are reduced, and ZeRO shards, over DP x CP, as Megatron-LM does (its
+data-parallel group with context parallelism: a CP rank's gradients are its tokens' share of the weights' gradient):
+a GPU's *gradient group* is the GPUs of its TP rank and stage in every CP rank of every replica, ``dp x cp`` of them
+(:func:`dp_groups`; "DP group" below). The DP groups of every GPU of one server run at the same time in a real step
+and share that server's NICs, so :class:`DPCollectives` simulates one collective on the DP groups of all the GPUs of the
 representative pipeline's first server at once, as NCCL runs them on the fabric (channels, protocols, the tuner's
 choice), and takes the makespan. Every server of the pipeline holds the same shape of groups, so this is the time
 of every DP group (the symmetry the tests check on a small cluster against all groups simulated together). Where a
@@ -37,9 +40,15 @@ from simulator.units import DTYPE_BYTES
 __all__ = ["MAX_SIMULATED_DP", "DPCollectives", "bucket_sizes", "dp_groups", "equal_buckets_end", "overlapped_end"]
 
 
-def dp_groups(replica_gpus: int, dp: int, gpus: Sequence[int]) -> list[list[int]]:
-    """The DP group (cluster rank indices) of each GPU of ``gpus`` (indices within the first replica)."""
-    return [[g + replica_gpus * d for d in range(dp)] for g in gpus]
+def dp_groups(replica_gpus: int, dp: int, gpus: Sequence[int], tp: int = 1, cp: int = 1) -> list[list[int]]:
+    """The gradient group (cluster rank indices, ascending) of each GPU of ``gpus`` (indices within the first
+    replica): the GPUs of its TP rank and stage in every CP rank of every replica (``tp``, ``cp``: the degrees; with
+    ``cp = 1`` its DP group)."""
+    groups = []
+    for g in gpus:
+        t, s = g % tp, g // (tp * cp)
+        groups.append(sorted(t + tp * (c + cp * s) + replica_gpus * d for d in range(dp) for c in range(cp)))
+    return groups
 
 
 def bucket_sizes(elements: float, bucket_elements: float) -> list[float]:
@@ -81,12 +90,14 @@ MAX_SIMULATED_DP = 32  # larger DP groups are timed by the collectives' predicto
 class DPCollectives:
     """Times of DP collectives of ``n`` elements on the cluster (memoised per operation and size)."""
 
-    def __init__(self, cluster: Cluster, replica_gpus: int, dp: int, dtype: str) -> None:
-        self.cluster, self.replica_gpus, self.dp, self.dtype = cluster, replica_gpus, dp, dtype
+    def __init__(self, cluster: Cluster, replica_gpus: int, dp: int, dtype: str, tp: int = 1, cp: int = 1) -> None:
+        self.cluster, self.replica_gpus, self.dtype = cluster, replica_gpus, dtype
+        self.dp = dp * cp  # the GPUs of a gradient group
         self.fabric = cluster_fabric(cluster)
         host0 = self.fabric.hosts[0]
         first = [r for r in range(min(replica_gpus, len(cluster.ranks))) if self.fabric.hosts[r] == host0]
-        self.groups = dp_groups(replica_gpus, dp, first)
+        groups = dp_groups(replica_gpus, dp, first, tp, cp)
+        self.groups = [g for i, g in enumerate(groups) if g not in groups[:i]]  # a CP group's GPUs share one
         if self.fabric.rails >= len(first):  # a NIC per GPU: each group on its own rail, one group is them all
             self.groups = self.groups[:1]
         self.memo: dict[tuple[str, int], float] = {}

@@ -128,12 +128,12 @@ class TrainStep:
 class StepCache:
     """What steps of one model, sequence, micro-batch and dtype on one cluster share, kept between the layouts a
     plan tries: the simulated pieces by (tp, cp, cp_algorithm, sequence_parallel), the pipeline transfers by (tp, cp),
-    the DP collectives by (GPUs per replica, dp)."""
+    the DP collectives by (tp, cp, pp, dp)."""
 
     layers: dict[tuple[int, int, str, bool], tuple[Piece, Piece, Piece, Piece]] = dataclasses.field(
         default_factory=dict)
     p2p: dict[tuple[int, int], Piece] = dataclasses.field(default_factory=dict)
-    dp: dict[tuple[int, int], DPCollectives] = dataclasses.field(default_factory=dict)
+    dp: dict[tuple[int, int, int, int], DPCollectives] = dataclasses.field(default_factory=dict)
 
 
 def _layer(wl: TrainWorkload, cluster: Cluster) -> tuple[Piece, Piece, Piece, Piece]:
@@ -195,7 +195,7 @@ def compose(wl: TrainWorkload, pc: Pieces, dpc: DPCollectives | None, cluster: C
     for s in range(par.pp):
         shard = params[s] / par.tp
         end = pipe.stage_end[s]
-        dp = dpc if par.dp > 1 and free != "dp" else None
+        dp = dpc if par.grad_ranks > 1 and free != "dp" else None
         sizes = bucket_sizes(shard, bucket)  # equal sizes: one time serves every bucket
         if dp is not None and wl.zero in (0, 1, 2):
             seconds = dp.time("allreduce" if wl.zero == 0 else "reduce-scatter", sizes[0])
@@ -206,13 +206,13 @@ def compose(wl: TrainWorkload, pc: Pieces, dpc: DPCollectives | None, cluster: C
             end = max(end, stream)
         if dp is not None and wl.zero == 3:
             end += pc.zero3_rs  # the first layer's gradients, reduce-scattered after the last backward
-        opt = optimizer_time(shard / (par.dp if wl.zero >= 1 else 1), wl.optimizer, wl.dtype, cluster)
+        opt = optimizer_time(shard / (par.grad_ranks if wl.zero >= 1 else 1), wl.optimizer, wl.dtype, cluster)
         gather = len(sizes) * dp.time("allgather", sizes[0]) if dp is not None and wl.zero in (1, 2) else 0.0
         done.append(end + opt + gather)
     crit = max(range(par.pp), key=lambda s: done[s])
     n_crit = sum(layers[crit::par.pp])
     compute = m * (n_crit * (comp_f + comp_b) + (pc.head_f + pc.head_b if crit == par.pp - 1 else 0.0))
-    compute += optimizer_time(params[crit] / par.tp / (par.dp if wl.zero >= 1 else 1), wl.optimizer, wl.dtype,
+    compute += optimizer_time(params[crit] / par.tp / (par.grad_ranks if wl.zero >= 1 else 1), wl.optimizer, wl.dtype,
                               cluster)
     return max(done), pipe, compute
 
@@ -237,10 +237,10 @@ def stage_memory(wl: TrainWorkload) -> list[MemoryBreakdown]:
     layers, params = stage_layers(model.layers, par.pp * v), stage_params(model, par.pp, v)
     out = []
     for s in range(par.pp):
-        weights, grads, states = model_state_bytes(params[s] / par.tp, wl.zero, par.dp, eb, k)
+        weights, grads, states = model_state_bytes(params[s] / par.tp, wl.zero, par.grad_ranks, eb, k)
         acts = per_layer * _peaks(par.pp, v, m, tuple(layers))[s]
         logits = 2.0 * rows * (model.vocab // par.tp) * 4 if s == par.pp - 1 else 0.0
-        buffers = 2.0 * wl.bucket if par.dp > 1 and wl.zero < 3 else 0.0
+        buffers = 2.0 * wl.bucket if par.grad_ranks > 1 and wl.zero < 3 else 0.0
         if par.pp > 1:
             buffers += 4.0 * rows * model.hidden * eb / par.tp  # an activation and a gradient, sent and received
         if wl.zero == 3:
@@ -250,12 +250,12 @@ def stage_memory(wl: TrainWorkload) -> list[MemoryBreakdown]:
 
 
 def _dp_bytes(wl: TrainWorkload) -> float:
-    """Bytes every GPU sends over DP in a step, by the collectives' ring closed forms (allreduce 2(n-1)/n, the
-    others (n-1)/n of the buffer), summed over the GPUs."""
+    """Bytes every GPU sends over DP (its gradient group of n = dp x cp GPUs) in a step, by the collectives' ring
+    closed forms (allreduce 2(n-1)/n, the others (n-1)/n of the buffer), summed over the GPUs."""
     par, model = wl.parallel, wl.model_preset()
-    if par.dp == 1:
+    if par.grad_ranks == 1:
         return 0.0
-    eb, n = DTYPE_BYTES[wl.dtype], par.dp
+    eb, n = DTYPE_BYTES[wl.dtype], par.grad_ranks
     total = 0.0
     v = par.virtual_stages
     for s, shard in enumerate(p / par.tp for p in stage_params(model, par.pp, v)):
@@ -277,9 +277,10 @@ def train_step(wl: TrainWorkload, cluster: Cluster, mem_fraction: float = 0.9,
     par, m = wl.parallel, wl.micro_batches
     cache = cache if cache is not None else StepCache()
     replica = par.tp * par.cp * par.pp
-    dpc = cache.dp.get((replica, par.dp))
+    key = (par.tp, par.cp, par.pp, par.dp)
+    dpc = cache.dp.get(key)
     if dpc is None:
-        dpc = cache.dp[(replica, par.dp)] = DPCollectives(cluster, replica, par.dp, wl.dtype)
+        dpc = cache.dp[key] = DPCollectives(cluster, replica, par.dp, wl.dtype, par.tp, par.cp)
     events_before = dpc.events
     pc = step_pieces(wl, cluster, dpc, cache)
     step, pipe, compute = compose(wl, pc, dpc, cluster)

@@ -49,6 +49,12 @@ class Parallel(Strict):
         return self.tp * self.cp * self.pp * self.dp
 
     @property
+    def grad_ranks(self) -> int:
+        """GPUs that reduce one gradient and share its ZeRO shards: DP x CP (Megatron-LM's data-parallel group with
+        context parallelism; docs/training.md)."""
+        return self.dp * self.cp
+
+    @property
     def sizes(self) -> dict[str, int]:
         """Each dimension's degree, by name."""
         return {"tp": self.tp, "cp": self.cp, "pp": self.pp, "dp": self.dp}
