@@ -78,3 +78,22 @@ def test_plan_train_refuses_bad_flags(args: list[str], message: str, capsys: pyt
     assert main(["plan", "--train", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_the_plan_searches_placements_and_a_shared_cache_keeps_them_apart() -> None:
+    from simulator.plan.train import PLACEMENTS
+
+    cluster = load_topology("dgx-h100", {"nodes": 2})
+    req = TrainRequest("llama-3.2-1b", 8192, 16 * 8192, 16)
+    both = [wl for wl in layouts(req, PRESETS[req.model], 8)
+            if (wl.parallel.tp, wl.parallel.pp, wl.parallel.dp, wl.zero, wl.recompute, wl.parallel.virtual_stages)
+            == (4, 2, 2, 0, "none", 1)]
+    assert sorted("-".join(wl.placement) for wl in both) == sorted(PLACEMENTS)
+    cache = StepCache()
+    shared = [train_step(wl, cluster, 0.9, cache) for wl in both]
+    alone = [train_step(wl, cluster, 0.9) for wl in both]
+    assert [s.step_s for s in shared] == [s.step_s for s in alone]
+    # tp 4 on 8-GPU servers: by default the stages share a server and the replicas do not; DP inside PP swaps them
+    default, swapped = (shared[0], shared[1]) if both[0].placement == ("tp", "cp", "pp", "dp") else shared[::-1]
+    assert default.exposed["pp"] < swapped.exposed["pp"]
+    assert default.step_s != swapped.step_s

@@ -2,8 +2,9 @@
 
 The search: every TP degree that divides a server's GPUs and the heads, CP and PP degrees that are powers of two (PP
 up to the layers), DP the rest; for each, every CP schedule (``ring``, ``allgather``, ``ulysses`` where the heads
-allow; ``ring`` alone at CP 1), 1, 2 or 4 model chunks per stage (interleaved 1F1B) where PP > 1, ZeRO stage 0-3
-and recomputation none, selective, full; sequence parallelism with TP > 1, one sequence per micro-batch. Layouts
+allow; ``ring`` alone at CP 1), 1, 2 or 4 model chunks per stage (interleaved 1F1B) where PP > 1, the placements
+of :data:`PLACEMENTS` where PP and DP > 1, ZeRO stage 0-3 and recomputation none, selective, full; sequence
+parallelism with TP > 1, one sequence per micro-batch. Layouts
 the checks refuse (:func:`simulator.workloads.train.train_checks`) are left out, and so are those whose memory
 (pure, :func:`simulator.training.step.stage_memory`) is over the usable memory. The rest are ordered by a lower
 bound, their step with free DP communication (one layer's pieces simulated per TP, CP and schedule, shared); full
@@ -28,11 +29,14 @@ from simulator.training.step import StepCache, compose, stage_memory, step_piece
 from simulator.workloads.decode import check_scope
 from simulator.workloads.train import TrainWorkload, train_checks
 
-__all__ = ["TrainPlan", "TrainRequest", "layouts", "plan_train"]
+__all__ = ["PLACEMENTS", "TrainPlan", "TrainRequest", "layouts", "plan_train"]
 
 MAX_DEGREE = 64  # CP and PP searched up to this
 KEEP = 2  # the fastest and the runner-up are simulated in full, whatever the bounds of the others
 VIRTUAL = (1, 2, 4)  # model chunks per stage searched (interleaved 1F1B beyond 1) where there are stages
+# placements searched where there are stages and replicas: PP outside DP (the default) and Megatron-LM's default
+# order, DP inside PP (docs/training.md, Placement)
+PLACEMENTS = ("tp-cp-pp-dp", "tp-cp-dp-pp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,13 +80,14 @@ def layouts(req: TrainRequest, model: ModelPreset, gpus_per_server: int) -> Iter
                 if req.gpus % (tp * cp * pp):
                     continue
                 dp = req.gpus // (tp * cp * pp)
-                for algo, v, zero, recompute in itertools.product(
+                for algo, v, zero, recompute, placement in itertools.product(
                         ("ring", "allgather", "ulysses") if cp > 1 else ("ring",), VIRTUAL if pp > 1 else (1,),
-                        (0, 1, 2, 3), ("none", "selective", "full")):
+                        (0, 1, 2, 3), ("none", "selective", "full"), PLACEMENTS if pp > 1 and dp > 1 else
+                        PLACEMENTS[:1]):
                     wl = TrainWorkload.model_validate({
                         "kind": "train", "model": req.model, "sequence": req.sequence,
                         "global_batch": req.global_batch, "micro_batch": 1, "dtype": req.dtype, "zero": zero,
-                        "recompute": recompute,
+                        "recompute": recompute, "placement": placement,
                         "parallel": {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "cp_algorithm": algo,
                                      "sequence_parallel": tp > 1, "virtual_stages": v}})
                     try:
@@ -97,7 +102,7 @@ def row_of(wl: TrainWorkload, step: Any, gpus: int, peak_flops: float) -> dict[s
     par = wl.parallel
     tflops = step.flops / step.step_s / gpus / 1e12
     return {"tp": par.tp, "cp": par.cp, "pp": par.pp, "virtual_stages": par.virtual_stages, "dp": par.dp,
-            "cp_algorithm": par.cp_algorithm,
+            "cp_algorithm": par.cp_algorithm, "placement": "-".join(wl.placement),
             "zero": wl.zero, "recompute": wl.recompute, "step_s": step.step_s,
             "tokens_per_s": wl.batch_sequences * wl.sequence / step.step_s, "tflops_per_gpu": tflops,
             "mfu": tflops * 1e12 / peak_flops, "peak_mem_GB": step.peak_bytes / 1e9,

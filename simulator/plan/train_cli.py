@@ -19,7 +19,7 @@ from simulator import __version__
 from simulator.cluster.topology import load_topology
 from simulator.errors import InputError, excerpt
 from simulator.models.presets import PRESETS
-from simulator.plan.train import TrainPlan, TrainRequest, plan_train
+from simulator.plan.train import PLACEMENTS, TrainPlan, TrainRequest, plan_train
 from simulator.report.document import plain_number
 from simulator.support.console import say
 from simulator.support.files import write_csv_atomic, write_text_atomic
@@ -92,12 +92,16 @@ def scenario_text(req: TrainRequest, topology: str, nodes: int, row: dict[str, A
         "workload:", "  kind: train", f"  model: {req.model}", f"  sequence: {req.sequence}",
         f"  global_batch: {req.global_batch}", "  micro_batch: 1", f"  dtype: {req.dtype}",
         f"  parallel: {{{parallel}, sequence_parallel: {'true' if row['tp'] > 1 else 'false'}}}",
-        f"  zero: {row['zero']}", f"  recompute: {row['recompute']}", f"mem_fraction: {req.mem_fraction}", ""])
+        f"  zero: {row['zero']}", f"  recompute: {row['recompute']}",
+        *([f"  placement: {row['placement']}"] if row["placement"] != PLACEMENTS[0] else []),
+        f"mem_fraction: {req.mem_fraction}", ""])
 
 
 def _layout(row: dict[str, Any]) -> str:
     vpp = f" x{row['virtual_stages']} interleaved" if row["virtual_stages"] > 1 else ""
-    return (f"TP{row['tp']} CP{row['cp']} PP{row['pp']}{vpp} DP{row['dp']} {row['cp_algorithm']}, ZeRO {row['zero']}, "
+    order = f" (placement {row['placement']})" if row["placement"] != PLACEMENTS[0] else ""
+    return (f"TP{row['tp']} CP{row['cp']} PP{row['pp']}{vpp} DP{row['dp']}{order} {row['cp_algorithm']}, "
+            f"ZeRO {row['zero']}, "
             f"recompute {row['recompute']}: step {row['step_s']:.4g} s, {row['tflops_per_gpu']:.4g} TFLOP/s per GPU "
             f"(MFU {row['mfu']:.1%}), {row['peak_mem_GB']:.4g} GB per GPU, bound by {row['binding']}")
 

@@ -40,6 +40,7 @@ from simulator.training.memory import (
     optimizer_k,
 )
 from simulator.training.pipeline import Pipeline, interleaved_order, one_f_one_b, peak_in_flight
+from simulator.training.placement import placed
 from simulator.units import DTYPE_BYTES
 from simulator.workloads.train import TrainWorkload
 
@@ -128,12 +129,12 @@ class TrainStep:
 class StepCache:
     """What steps of one model, sequence, micro-batch and dtype on one cluster share, kept between the layouts a
     plan tries: the simulated pieces by (tp, cp, cp_algorithm, sequence_parallel), the pipeline transfers by (tp, cp),
-    the DP collectives by (tp, cp, pp, dp)."""
+    the DP collectives by (tp, cp, pp, dp); each with what of the placement decides it."""
 
-    layers: dict[tuple[int, int, str, bool], tuple[Piece, Piece, Piece, Piece]] = dataclasses.field(
+    layers: dict[tuple[int, int, str, bool, tuple[str, ...]], tuple[Piece, Piece, Piece, Piece]] = dataclasses.field(
         default_factory=dict)
-    p2p: dict[tuple[int, int], Piece] = dataclasses.field(default_factory=dict)
-    dp: dict[tuple[int, int, int, int], DPCollectives] = dataclasses.field(default_factory=dict)
+    p2p: dict[tuple[int, int, tuple[str, ...]], Piece] = dataclasses.field(default_factory=dict)
+    dp: dict[tuple[int, int, int, int, tuple[str, ...]], DPCollectives] = dataclasses.field(default_factory=dict)
 
 
 def _layer(wl: TrainWorkload, cluster: Cluster) -> tuple[Piece, Piece, Piece, Piece]:
@@ -146,18 +147,32 @@ def _layer(wl: TrainWorkload, cluster: Cluster) -> tuple[Piece, Piece, Piece, Pi
     return dense_f, dense_b, attn_f, attn_b
 
 
+def _first_two(wl: TrainWorkload) -> tuple[str, ...]:
+    """What of the placement decides which GPUs a stage's TP and CP groups are: with TP then CP the fastest-varying,
+    the first ``tp x cp`` GPUs whatever the rest of the placement; otherwise all of it."""
+    order = tuple(wl.placement)
+    return order[:2] if order[:2] == ("tp", "cp") else order
+
+
 def step_pieces(wl: TrainWorkload, cluster: Cluster, dpc: DPCollectives | None, cache: StepCache) -> Pieces:
-    """The pieces of ``wl``'s step, simulated or from ``cache``; without ``dpc`` ZeRO-3's layer collectives are 0."""
+    """The pieces of ``wl``'s step on ``cluster`` (its GPUs in their own order: the workload's placement is applied
+    here), simulated or from ``cache``; without ``dpc`` ZeRO-3's layer collectives are 0."""
+    return _pieces(wl, placed(cluster, wl.parallel.sizes, wl.placement), dpc, cache)
+
+
+def _pieces(wl: TrainWorkload, cluster: Cluster, dpc: DPCollectives | None, cache: StepCache) -> Pieces:
+    """:func:`step_pieces` on the placed cluster."""
     model, par = wl.model_preset(), wl.parallel
     rows = wl.micro_batch * wl.sequence // par.cp
-    key = (par.tp, par.cp, par.cp_algorithm, par.sequence_parallel and par.tp > 1)
+    key = (par.tp, par.cp, par.cp_algorithm, par.sequence_parallel and par.tp > 1, _first_two(wl))
     if key not in cache.layers:
         cache.layers[key] = _layer(wl, cluster)
     dense_f, dense_b, attn_f, attn_b = cache.layers[key]
     eb = DTYPE_BYTES[wl.dtype]
-    if par.pp > 1 and (par.tp, par.cp) not in cache.p2p:
-        cache.p2p[(par.tp, par.cp)] = p2p_time(rows * model.hidden * eb / par.tp, par.tp * par.cp, cluster)
-    p2p = cache.p2p[(par.tp, par.cp)] if par.pp > 1 else Piece(0.0, 0.0)
+    hop = (par.tp, par.cp, tuple(wl.placement))
+    if par.pp > 1 and hop not in cache.p2p:
+        cache.p2p[hop] = p2p_time(rows * model.hidden * eb / par.tp, par.tp * par.cp, cluster)
+    p2p = cache.p2p[hop] if par.pp > 1 else Piece(0.0, 0.0)
     head_f, head_b = head_times(model, par.tp, rows, wl.dtype, cluster)
     layer_params = model.layer_weights / par.tp
     ag = dpc.time("allgather", layer_params) if wl.zero == 3 and dpc is not None else 0.0
@@ -272,17 +287,19 @@ def _dp_bytes(wl: TrainWorkload) -> float:
 
 def train_step(wl: TrainWorkload, cluster: Cluster, mem_fraction: float = 0.9,
                cache: StepCache | None = None) -> TrainStep:
-    """Simulate the step of ``wl`` on ``cluster`` (checked by :func:`simulator.workloads.train.train_checks`);
-    ``cache``: pieces simulated for other layouts of the same model, sequence, micro-batch and dtype on ``cluster``."""
+    """Simulate the step of ``wl`` on ``cluster`` (checked by :func:`simulator.workloads.train.train_checks`; its
+    GPUs in their own order: the workload's placement is applied here); ``cache``: pieces simulated for other
+    layouts of the same model, sequence, micro-batch and dtype on ``cluster``."""
     par, m = wl.parallel, wl.micro_batches
     cache = cache if cache is not None else StepCache()
+    cluster = placed(cluster, par.sizes, wl.placement)
     replica = par.tp * par.cp * par.pp
-    key = (par.tp, par.cp, par.pp, par.dp)
+    key = (par.tp, par.cp, par.pp, par.dp, tuple(wl.placement))
     dpc = cache.dp.get(key)
     if dpc is None:
         dpc = cache.dp[key] = DPCollectives(cluster, replica, par.dp, wl.dtype, par.tp, par.cp)
     events_before = dpc.events
-    pc = step_pieces(wl, cluster, dpc, cache)
+    pc = _pieces(wl, cluster, dpc, cache)
     step, pipe, compute = compose(wl, pc, dpc, cluster)
     exposed = {dim: max(0.0, step - compose(wl, pc, dpc, cluster, dim)[0]) for dim in DIMENSIONS}
     memory = stage_memory(wl)

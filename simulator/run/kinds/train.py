@@ -101,7 +101,7 @@ def _placed(prep: PreparedPoint) -> Cluster:
 
 
 def _simulate(prep: PreparedPoint, keep_runs: bool) -> tuple[list[dict[str, Any]], list[Run] | None]:
-    wl, cluster = prep.workload, _placed(prep)
+    wl, cluster = prep.workload, prep.cluster
     t0 = time.perf_counter()
     step = train_step(wl, cluster, prep.point.scenario.mem_fraction)
     wall = time.perf_counter() - t0
@@ -148,7 +148,7 @@ def _step_runs(prep: PreparedPoint, step: TrainStep, record_links: bool) -> list
 
 
 def _runs(prep: PreparedPoint, record_links: bool) -> list[Run]:
-    return _step_runs(prep, train_step(prep.workload, _placed(prep), prep.point.scenario.mem_fraction), record_links)
+    return _step_runs(prep, train_step(prep.workload, prep.cluster, prep.point.scenario.mem_fraction), record_links)
 
 
 KIND = Kind("train", COLUMNS, _prepare, _simulate, _runs, numeric="--numeric checks one attention layer (kind: "
