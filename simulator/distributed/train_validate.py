@@ -21,11 +21,10 @@ from simulator.distributed.floor import timing
 from simulator.distributed.train_run import TrainRank, TrainSpec, check_step
 from simulator.run.prepared import PreparedPoint
 from simulator.training.step import train_step
-from simulator.workloads.train import TrainWorkload
+from simulator.workloads.train import DIMENSIONS, TrainWorkload
 
 __all__ = ["TRAIN_COLUMNS", "train_point_rows"]
 
-DIMENSIONS = ("tp", "cp", "pp", "dp")
 # a train row's columns beside validate's own (the layout's are sweep-like keys: phase, layout, tp, cp, pp, dp)
 TRAIN_COLUMNS = ["micro_batches", "grad_max_rel_err", "loss_abs_err", "predicted_bubble_frac",
                  *(f"predicted_{d}_exposed_s" for d in DIMENSIONS)]

@@ -23,9 +23,10 @@ from typing import Any
 from simulator.cluster.topology import Cluster
 from simulator.errors import InputError
 from simulator.models.presets import ModelPreset
-from simulator.run.kinds.train import binding
+from simulator.run.kinds.train import step_numbers
 from simulator.schedule.memory import usable_bytes
-from simulator.training.step import StepCache, compose, stage_memory, step_pieces, train_step
+from simulator.training.placement import placement_label
+from simulator.training.step import StepCache, TrainStep, compose, stage_memory, step_pieces, train_step
 from simulator.workloads.decode import check_scope
 from simulator.workloads.train import TrainWorkload, train_checks
 
@@ -97,17 +98,12 @@ def layouts(req: TrainRequest, model: ModelPreset, gpus_per_server: int) -> Iter
                     yield wl
 
 
-def row_of(wl: TrainWorkload, step: Any, gpus: int, peak_flops: float) -> dict[str, Any]:
+def row_of(wl: TrainWorkload, step: TrainStep, gpus: int, peak_flops: float) -> dict[str, Any]:
     """A plan row: the layout and its step's numbers."""
     par = wl.parallel
-    tflops = step.flops / step.step_s / gpus / 1e12
     return {"tp": par.tp, "cp": par.cp, "pp": par.pp, "virtual_stages": par.virtual_stages, "dp": par.dp,
-            "cp_algorithm": par.cp_algorithm, "placement": "-".join(wl.placement),
-            "zero": wl.zero, "recompute": wl.recompute, "step_s": step.step_s,
-            "tokens_per_s": wl.batch_sequences * wl.sequence / step.step_s, "tflops_per_gpu": tflops,
-            "mfu": tflops * 1e12 / peak_flops, "peak_mem_GB": step.peak_bytes / 1e9,
-            "bubble_frac": step.pipeline.bubble_frac, **{f"{d}_exposed_s": step.exposed[d] for d in step.exposed},
-            "binding": binding(step)}
+            "cp_algorithm": par.cp_algorithm, "placement": placement_label(wl.placement),
+            "zero": wl.zero, "recompute": wl.recompute, **step_numbers(wl, step, gpus, peak_flops)}
 
 
 def plan_train(req: TrainRequest, cluster: Cluster, progress: Callable[[str], None] | None = None) -> TrainPlan:

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 
 from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
+from simulator.workloads.train import DIMENSIONS
 
-__all__ = ["CANONICAL", "DIMENSIONS", "placed", "placed_order", "placement_label"]
+__all__ = ["CANONICAL", "placed", "placed_order", "placement_label"]
 
-DIMENSIONS = ("tp", "cp", "pp", "dp")
 CANONICAL = DIMENSIONS  # the order the step's code counts in
 
 

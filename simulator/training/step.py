@@ -42,12 +42,11 @@ from simulator.training.memory import (
 from simulator.training.pipeline import Pipeline, interleaved_order, one_f_one_b, peak_in_flight
 from simulator.training.placement import placed
 from simulator.units import DTYPE_BYTES
-from simulator.workloads.train import TrainWorkload
+from simulator.workloads.train import DIMENSIONS, TrainWorkload
 
 __all__ = ["Pieces", "StepCache", "TrainStep", "compose", "model_flops", "optimizer_time", "stage_layers",
            "stage_memory", "stage_params", "step_pieces", "train_step"]
 
-DIMENSIONS = ("tp", "cp", "pp", "dp")
 
 
 def stage_layers(layers: int, pp: int) -> list[int]:

@@ -21,11 +21,12 @@ from simulator.workloads.decode import DType, ModelRef, Tokens, check_scope, who
 from simulator.workloads.prefill import model_dims
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["CP_ALGORITHMS", "MAX_BUCKETS", "MAX_PIPELINE_OPS", "PLACEMENT", "Parallel", "TrainWorkload",
+__all__ = ["CP_ALGORITHMS", "DIMENSIONS", "MAX_BUCKETS", "MAX_PIPELINE_OPS", "PLACEMENT", "Parallel", "TrainWorkload",
            "train_checks"]
 
 Dimension = Literal["tp", "cp", "pp", "dp"]
 PLACEMENT: tuple[Dimension, ...] = ("tp", "cp", "pp", "dp")  # the default placement: TP fastest, then CP, PP, DP
+DIMENSIONS: tuple[str, ...] = PLACEMENT  # the parallel dimensions, in the step's own order
 CP_ALGORITHMS = ("ring", "allgather", "ulysses")  # the prefill schedules that run a context-parallel group
 
 

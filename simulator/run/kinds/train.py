@@ -25,11 +25,10 @@ from simulator.training.placement import placed, placement_label
 from simulator.training.step import TrainStep, train_step
 from simulator.training.timeline import pipeline_schedule
 from simulator.units import DTYPE_BYTES
-from simulator.workloads.train import TrainWorkload, train_checks
+from simulator.workloads.train import DIMENSIONS, TrainWorkload, train_checks
 
-__all__ = ["COLUMNS", "KIND", "binding"]
+__all__ = ["COLUMNS", "KIND", "binding", "step_numbers"]
 
-EXPOSED = ("tp", "cp", "pp", "dp")
 
 COLUMNS: tuple[Column, ...] = (
     *pick(*STABLE),
@@ -70,9 +69,18 @@ BINDING_SHARE = 0.01  # below this share of the step, nothing binds but compute
 
 def binding(step: TrainStep) -> str:
     """The largest of the exposed times and the bubble's seconds; ``compute`` when it is under 1% of the step."""
-    costs = {**{d: step.exposed[d] for d in EXPOSED}, "bubble": step.pipeline.bubble_frac * step.step_s}
+    costs = {**{d: step.exposed[d] for d in DIMENSIONS}, "bubble": step.pipeline.bubble_frac * step.step_s}
     name = max(costs, key=lambda k: costs[k])
     return name if costs[name] > BINDING_SHARE * step.step_s else "compute"
+
+
+def step_numbers(wl: TrainWorkload, step: TrainStep, gpus: int, peak_flops: float) -> dict[str, Any]:
+    """A step's numbers as the rows (and the plan's) give them: ``step_s`` to ``binding``."""
+    tflops = step.flops / step.step_s / gpus / 1e12
+    return {"step_s": step.step_s, "tokens_per_s": wl.batch_sequences * wl.sequence / step.step_s,
+            "tflops_per_gpu": tflops, "mfu": tflops * 1e12 / peak_flops, "peak_mem_GB": step.peak_bytes / 1e9,
+            "bubble_frac": step.pipeline.bubble_frac, **{f"{d}_exposed_s": step.exposed[d] for d in DIMENSIONS},
+            "binding": binding(step)}
 
 
 def _prepare(point: Point, cluster: Cluster, numeric: bool) -> PreparedPoint:
@@ -107,9 +115,6 @@ def _simulate(prep: PreparedPoint, keep_runs: bool) -> tuple[list[dict[str, Any]
     wall = time.perf_counter() - t0
     par = wl.parallel
     gpus = len(cluster.ranks)
-    tokens = wl.batch_sequences * wl.sequence
-    tflops = step.flops / step.step_s / gpus / 1e12
-    peak_flops = cluster.specs[cluster.ranks[0]].flops_for(wl.dtype)
     values = {
         "scenario": prep.point.scenario.name, "algorithm": par.cp_algorithm, "topology": cluster.name,
         "ranks": gpus, "nodes": cluster.num_hosts, "context": wl.sequence, "batch": wl.batch_sequences,
@@ -118,10 +123,8 @@ def _simulate(prep: PreparedPoint, keep_runs: bool) -> tuple[list[dict[str, Any]
         "peak_mem_bytes": step.peak_bytes, "oom": step.oom, "events": step.events, "sim_wall_s": wall,
         "phase": "train-step", "model": wl.model_name, "sequence": wl.sequence, "tp": par.tp, "cp": par.cp,
         "pp": par.pp, "virtual_stages": par.virtual_stages, "dp": par.dp, "placement": placement_label(wl.placement),
-        "zero": wl.zero, "recompute": wl.recompute, "micro_batches": wl.micro_batches, "step_s": step.step_s,
-        "tokens_per_s": tokens / step.step_s, "tflops_per_gpu": tflops, "mfu": tflops * 1e12 / peak_flops,
-        "peak_mem_GB": step.peak_bytes / 1e9, "bubble_frac": step.pipeline.bubble_frac,
-        **{f"{d}_exposed_s": step.exposed[d] for d in EXPOSED}, "binding": binding(step),
+        "zero": wl.zero, "recompute": wl.recompute, "micro_batches": wl.micro_batches,
+        **step_numbers(wl, step, gpus, cluster.specs[cluster.ranks[0]].flops_for(wl.dtype)),
     }
     row = make_row("train", COLUMNS, values, prep.point.columns())
     return [row], _step_runs(prep, step, False) if keep_runs else None
