@@ -14,7 +14,9 @@ From a price per GPU-hour and a simulated time (pure functions, seconds and doll
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -86,8 +88,18 @@ def owned(raw: Any, where: str = "owned") -> Owned:
 
 def load_offers(path: str | None = None) -> dict[str, Offer]:
     """The offers of the price table (default: the shipped ``topologies/prices.yaml``), by name; an error is
-    located in that file."""
+    located in that file. A table is parsed once per version of its file (every point of a sweep asks)."""
     src = str(path or TOPOLOGY_DIR / PRICE_TABLE)
+    try:
+        stat = os.stat(src)
+    except OSError:
+        return _parsed(src, None)  # load_yaml says what is wrong with the path
+    return dict(_parsed(src, (stat.st_mtime_ns, stat.st_size)))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(src: str, version: tuple[int, int] | None) -> dict[str, Offer]:
+    """:func:`load_offers` of ``src`` as it is at ``version`` (its modification time and size)."""
     raw = load_yaml(src)
     offers = raw.get("offers") if isinstance(raw, Mapping) else None
     if not isinstance(offers, Mapping) or not offers:

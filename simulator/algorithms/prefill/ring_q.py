@@ -136,7 +136,7 @@ def _return_partials(sched: Schedule, shape: PrefillShape, step: int, holders: n
     slot = np.tile(np.arange(3), m)  # 0 send, 1 recv, 2 merge
     st, rt = f"st{step}", f"rt{step}"
     names = [f"partial[{o}]" for o in range(int(owners.max()) + 1)] + ["attn-merge"]
-    sched.add_ops(kind, rank, _compact(deps), match,
+    sched.add_ops(kind, rank, deps, match,
                   name=Indexed(names, np.where(slot == 2, len(names) - 1, np.repeat(owners, 3))),
                   nbytes=size, flops=flops, dtype=Indexed(["fp32", shape.dtype], (slot == 2).astype(np.int64)),
                   fn=Indexed(["", "attn-merge"], (slot == 2).astype(np.int64)),
@@ -144,14 +144,6 @@ def _return_partials(sched: Schedule, shape: PrefillShape, step: int, holders: n
                   args=Indexed([(st,), (rt,), (rt,)], slot), alloc=Indexed([(), ((rt, max_state),), ()], slot),
                   free=Indexed([(st,), (), (rt,)], slot))
     acc[owners] = ids + 2
-
-
-def _compact(deps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """An (m, k) array of deps padded with -1 as CSR (starts, flat)."""
-    given = deps >= 0
-    starts = np.zeros(len(deps) + 1, dtype=np.int64)
-    np.cumsum(given.sum(axis=1), out=starts[1:])
-    return starts, deps[given].astype(np.int64)
 
 
 _BUNDLE = ("q", "dout", "lse", "delta")  # what a rank's queries carry round in the backward
