@@ -173,7 +173,6 @@ def _pairwise_as_before(pred: _Predictor, nbytes: float) -> float:
     """The tuner's all-to-all time as it was before issue 41: the slowest hop pair by pair, P^2 pairs in Python."""
     p = len(pred.ranks)
     pairs = [[(pred.ranks[i], pred.ranks[(i + k) % p])] for k in range(1, p) for i in range(p)]
-    pred.prepare_wires([pair for pair, in pairs])
     hop = max(pred.hop(a, b) for (a, b), in pairs)
     return pred.launch + (p - 1) * (hop + nbytes / p / pred.shared_bw(pairs[:p]))
 

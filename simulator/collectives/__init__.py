@@ -34,7 +34,8 @@ from simulator.errors import InputError
 from simulator.schedule.core import Schedule
 
 __all__ = ["ALGORITHMS", "COLLECTIVE_ALGORITHMS", "OPERATIONS", "REDUCE_OPS", "Choice", "Fabric", "Frontier",
-           "allreduce", "broadcast", "chunk_bounds", "collective", "fabric_of", "operation_algorithm", "reduce"]
+           "allreduce", "broadcast", "choose_for", "chunk_bounds", "collective", "fabric_of", "operation_algorithm",
+           "reduce"]
 
 ALGORITHMS = ("ring", "double-binary-tree", "recursive-doubling", "hierarchical", "auto")
 COLLECTIVE_ALGORITHMS = ("auto", "ring", "tree", "nvls", "hierarchical", "double-binary-tree", "recursive-doubling",
@@ -93,14 +94,21 @@ def collective(sched: Schedule, operation: str, ranks: Sequence[int], buf: str, 
     ``algo`` / ``protocol``: a name or ``auto``; ``channels``: None for the fabric's count. ``switch_rank``: a rank
     placed on the server's NVSwitch, needed for ``nvls``.
     """
-    algo = operation_algorithm(operation, algo)
     if operation in ("broadcast", "reduce") and root is None:
         root = ranks[0]
-    choice = _tuner.choose(operation, ranks, n, fabric, algo=algo, protocol=protocol, channels=channels,
-                           elem_bytes=elem_bytes, dtype=dtype, root=root, switch=switch_rank is not None)
+    choice = choose_for(operation, ranks, n, fabric, algo=algo, protocol=protocol, channels=channels,
+                        elem_bytes=elem_bytes, dtype=dtype, root=root, switch=switch_rank is not None)
     front = _channels.build(sched, operation, ranks, buf, n, choice, fabric, elem_bytes=elem_bytes, dtype=dtype,
                             tag=tag, deps=deps, op=op, root=root, switch_rank=switch_rank)
     return front, choice
+
+
+def choose_for(operation: str, ranks: Sequence[int], n: int, fabric: Fabric, *, algo: str, protocol: str,
+               channels: int | None, elem_bytes: int, dtype: str, root: int | None, switch: bool) -> Choice:
+    """The choice :func:`collective` runs ``operation`` with (``algo`` a user's name, ``root`` already set for
+    broadcast and reduce): what the size limits read before anything is built."""
+    return _tuner.choose(operation, ranks, n, fabric, algo=operation_algorithm(operation, algo), protocol=protocol,
+                         channels=channels, elem_bytes=elem_bytes, dtype=dtype, root=root, switch=switch)
 
 
 def operation_algorithm(operation: str, algo: str) -> str:

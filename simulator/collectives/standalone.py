@@ -8,8 +8,8 @@ allreduce 2(n-1)/n; allgather, reduce-scatter, alltoall (n-1)/n; broadcast, redu
 from __future__ import annotations
 
 from simulator.cluster.topology import Cluster
-from simulator.collectives import Choice, Fabric, collective, operation_algorithm
-from simulator.collectives.tuner import candidates, choose
+from simulator.collectives import Choice, Fabric, choose_for, collective, operation_algorithm
+from simulator.collectives.tuner import candidates
 from simulator.schedule.core import Schedule
 
 __all__ = ["bus_factor", "collective_candidates", "collective_choice", "collective_schedule"]
@@ -42,9 +42,8 @@ def collective_choice(cluster: Cluster, fabric: Fabric, operation: str, n: int, 
     tuner's pick for ``auto``, kept per fabric, so that the build asks it again for nothing)."""
     ranks = list(range(len(cluster.ranks)))
     root = ranks[0] if operation in ("broadcast", "reduce") else None
-    return choose(operation, ranks, n, fabric, algo=operation_algorithm(operation, algo), protocol=protocol,
-                  channels=channels, elem_bytes=elem_bytes, dtype=dtype, root=root,
-                  switch=_switch_joins(fabric, algo))
+    return choose_for(operation, ranks, n, fabric, algo=algo, protocol=protocol, channels=channels,
+                      elem_bytes=elem_bytes, dtype=dtype, root=root, switch=_switch_joins(fabric, algo))
 
 
 def collective_schedule(cluster: Cluster, fabric: Fabric, operation: str, n: int, elem_bytes: int, dtype: str,

@@ -123,15 +123,6 @@ class _Predictor:
             wire = self.wires[(a, b)] = self.cluster.message_overhead_s + self.cluster.route_latency(route)
         return wire
 
-    def prepare_wires(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """:meth:`wire` of many (rank, rank) pairs at once: their routes in one batch, off the cluster's
-        :class:`~.hops.HopTable` (the same floats: message overhead plus route latency)."""
-        todo = [pair for pair in dict.fromkeys(pairs) if pair not in self.wires]
-        if todo:
-            table = hop_table(self.cluster)
-            both = np.array(todo, dtype=np.int64).reshape(-1, 2)
-            rows = table.rows(both[:, 0], both[:, 1])
-            self.wires.update(zip(todo, table.wire[rows].tolist(), strict=True))
 
     def hop(self, a: int, b: int) -> float:
         return max(self.wire(a, b), hop_latency(self.family, self.choice.protocol, self.fabric.hw(a, b),
@@ -187,12 +178,19 @@ class _Predictor:
             a, b = a[a != b], b[a != b]
             table = hop_table(self.cluster)
             rows = table.rows(a, b)  # may add rows: the wires are read after
-            wire = float(table.wire[rows].max())
-            hosts = np.asarray(self.fabric.hosts, dtype=np.int64)
-            net = hosts[a] != hosts[b]
-            classes = sorted({*(("net",) if net.any() else ()), *((self.fabric.intra,) if not net.all() else ())})
-            hit = memo[key] = (wire, classes)
+            hit = memo[key] = (float(table.wire[rows].max()), self._classes(a, b))
         return hit
+
+    def _classes(self, a: np.ndarray, b: np.ndarray) -> list[str]:
+        """The hop classes the (a[k], b[k]) hops cross: ``net`` between servers, the fabric's own inside one."""
+        hosts = np.asarray(self.fabric.hosts, dtype=np.int64)
+        net = hosts[a] != hosts[b]
+        return sorted({*(("net",) if net.any() else ()), *((self.fabric.intra,) if not net.all() else ())})
+
+    def _slowest_hop(self, wire: float, classes: list[str]) -> float:
+        """A hop's max(wire, protocol latency) at its slowest: the slowest wire or the slowest class's latency."""
+        return max(wire, *(hop_latency(self.family, self.choice.protocol, hw, self.cluster.nccl_latency)
+                           for hw in classes))
 
     def _rings(self, c: int) -> tuple[float, float, list[str]]:
         """The rings of ``c`` channels: the bandwidth each gets (:meth:`shared_bw`), the slowest wire of their hops,
@@ -207,9 +205,7 @@ class _Predictor:
             hops = [table.rows(ring, np.roll(ring, -1)) for ring in rings]
             shared = table.shared(hops)
             wire = float(table.wire[np.concatenate(hops)].max())
-            hosts = np.asarray(self.fabric.hosts, dtype=np.int64)
-            net = np.concatenate([hosts[ring] != hosts[np.roll(ring, -1)] for ring in rings])
-            classes = sorted({*(("net",) if net.any() else ()), *((self.fabric.intra,) if not net.all() else ())})
+            classes = self._classes(np.concatenate(rings), np.concatenate([np.roll(ring, -1) for ring in rings]))
             hit = memo[key] = (shared, wire, classes)
         return hit
 
@@ -275,9 +271,7 @@ class _Predictor:
         p, c = len(self.ranks), self.choice.channels
         algo = self.choice.algo
         if algo == "pairwise":  # the slowest hop of any pair: the slowest wire or the slowest class's latency
-            wire, classes = self._pairs()
-            hop = max(wire, *(hop_latency(self.family, self.choice.protocol, hw, self.cluster.nccl_latency)
-                              for hw in classes))
+            hop = self._slowest_hop(*self._pairs())
             ring = [[(self.ranks[i], self.ranks[(i + 1) % p])] for i in range(p)]
             return self.launch + (p - 1) * (hop + nbytes / p / self.shared_bw(ring))
         if algo == "nvls":  # NCCL's NVLS loops, each up to the switch and down again (.nvls)
@@ -287,9 +281,7 @@ class _Predictor:
             return self.launch + self._chains(operation, nbytes, root)
         shared, wire, classes = self._rings(c)
         bw = min(shared, self.cap) * c
-        # the slowest hop's max(wire, protocol latency): the slowest wire or the slowest class's latency
-        step = max(wire, *(hop_latency(self.family, self.choice.protocol, hw, self.cluster.nccl_latency)
-                           for hw in classes))
+        step = self._slowest_hop(wire, classes)
         if algo == "hierarchical" or algo == "recursive-doubling":
             return self.launch + 2 * (p - 1) * step + 2 * (p - 1) / p * nbytes / bw
         steps = {"allreduce": 2 * (p - 1), "reduce-scatter": p - 1, "allgather": p - 1}.get(operation, p - 1)

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-__all__ = ["FLOOR_COLUMN", "MIN_FLOOR_ITERS", "TARGET_FLOOR_MULTIPLE", "TARGET_PCT", "floor_lines", "timing"]
+__all__ = ["FLOOR_COLUMN", "MIN_FLOOR_ITERS", "TARGET_FLOOR_MULTIPLE", "TARGET_PCT", "compared", "floor_lines",
+           "timing"]
 
 FLOOR_COLUMN = "floor_pct"
 MIN_FLOOR_ITERS = 4  # two halves of at least two iterations each
@@ -39,6 +40,13 @@ def timing(times: Sequence[float]) -> dict[str, float]:
         first, second = statistics.median(times[:half]), statistics.median(times[half:])
         floor = 100.0 * abs(first - second) / measured
     return {"measured_s": measured, "measured_q1_s": q1, "measured_q3_s": q3, FLOOR_COLUMN: floor}
+
+
+def compared(stats: dict[str, float], predicted: float) -> dict[str, float]:
+    """A row's ``measured_s`` (from :func:`timing`'s ``stats``), ``predicted_s`` and ``error_pct`` (of the
+    prediction against the measurement)."""
+    measured = stats["measured_s"]
+    return {"measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured}
 
 
 def floor_lines(frame: pd.DataFrame) -> list[str]:

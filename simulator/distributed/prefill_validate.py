@@ -25,7 +25,7 @@ import torch.distributed as dist
 from simulator.algorithms.prefill import build_prefill
 from simulator.distributed.common import rank_layout, timed_iterations
 from simulator.distributed.drift import drift_before
-from simulator.distributed.floor import timing
+from simulator.distributed.floor import compared, timing
 from simulator.distributed.prefill_run import check_outputs, gather_results, to_torch
 from simulator.distributed.runner import PrefillRankRunner
 from simulator.engine.core import simulate
@@ -108,15 +108,14 @@ def prefill_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: to
         if results is None:
             continue
         stats = timing(times)
-        measured = stats["measured_s"]
         ref = reference_by_blocks(np_inp) if ref is None else ref
         check = check_outputs(sched, results, ref)
         result = simulate(sched, cluster)
         predicted = result.makespan
         rows.append({
             "algorithm": algo.label, "ranks": sched.ranks, "context": shape.sequence,
-            "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
-            "max_abs_err": check.max_abs_err, "bitwise_equal_to_sim": _bitwise(sched, cpu_inp, results),
+            **compared(stats, predicted), "max_abs_err": check.max_abs_err,
+            "bitwise_equal_to_sim": _bitwise(sched, cpu_inp, results),
             **stats, "grad_max_abs_err": check.grad_max_abs_err,
             "phase": "train" if shape.backward else "prefill", "layout": shape.layout,
             "extrapolated": extrapolated_text(result.extrapolated), "drift": drift, **dict(point.swept),

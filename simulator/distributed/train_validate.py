@@ -17,9 +17,10 @@ from typing import Any
 import torch
 
 from simulator.distributed.common import rank_layout, timed_iterations
-from simulator.distributed.floor import timing
+from simulator.distributed.floor import compared, timing
 from simulator.distributed.train_run import TrainRank, TrainSpec, check_step
 from simulator.run.prepared import PreparedPoint
+from simulator.training.placement import placement_label
 from simulator.training.step import train_step
 from simulator.workloads.train import DIMENSIONS, TrainWorkload
 
@@ -44,16 +45,14 @@ def train_point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torc
     if check is None:
         return []
     stats = timing(times)
-    measured = stats["measured_s"]
     step = train_step(wl, cluster_of(args, point, spec.world), point.scenario.mem_fraction)
     predicted = step.step_s
     par = wl.parallel
     return [{
         "algorithm": par.cp_algorithm, "ranks": spec.world, "context": wl.sequence, "phase": "train-step",
         "layout": par.layout, "tp": par.tp, "cp": par.cp, "pp": par.pp, "dp": par.dp,
-        "placement": "-".join(spec.placement),
-        "micro_batches": spec.micro_batches, "measured_s": measured, "predicted_s": predicted,
-        "error_pct": 100 * (predicted - measured) / measured, **stats,
+        "placement": placement_label(spec.placement),
+        "micro_batches": spec.micro_batches, **compared(stats, predicted), **stats,
         "grad_max_rel_err": check.grad_max_rel_err, "grad_max_abs_err": check.grad_max_abs_err,
         "loss_abs_err": check.loss_abs_err, "predicted_bubble_frac": step.pipeline.bubble_frac,
         **{f"predicted_{d}_exposed_s": step.exposed[d] for d in DIMENSIONS},

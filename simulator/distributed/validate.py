@@ -26,7 +26,7 @@ from simulator.cluster.topology import Cluster, load_topology
 from simulator.distributed.checks import check_scenario, out_dir
 from simulator.distributed.common import device_for, init_group, rank_layout, timed_iterations
 from simulator.distributed.drift import drift_before
-from simulator.distributed.floor import FLOOR_COLUMN, floor_lines, timing
+from simulator.distributed.floor import FLOOR_COLUMN, compared, floor_lines, timing
 from simulator.distributed.prefill_validate import prefill_point_rows
 from simulator.distributed.runner import RankRunner
 from simulator.distributed.train_validate import TRAIN_COLUMNS, train_point_rows
@@ -95,7 +95,6 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
         drift = drift_before(sched, cluster, layout, device, not args.no_drift)
         times, bufs = _time_runs(args, sched, inp, shape, device)
         stats = timing(times)
-        measured = stats["measured_s"]
         mine = {r: bufs[b].cpu() for r, b in sched.meta["outputs"] if r == rank}
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         dist.gather_object(mine, gathered, dst=0)
@@ -109,7 +108,7 @@ def _point_rows(args: argparse.Namespace, prep: PreparedPoint, device: torch.dev
         predicted = result.makespan
         rows.append({
             "algorithm": algo.label, "ranks": sched.ranks, "context": shape.context,
-            "measured_s": measured, "predicted_s": predicted, "error_pct": 100 * (predicted - measured) / measured,
+            **compared(stats, predicted),
             "max_abs_err": max_abs_error([o.double() for o in outputs.values()], dense_attention(np_inputs)),
             "bitwise_equal_to_sim": bitwise, **stats,
             "extrapolated": extrapolated_text(result.extrapolated), "drift": drift,
