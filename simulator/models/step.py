@@ -332,6 +332,15 @@ def group_tokens(shape: PrefillShape, groups: int) -> list[int]:
     return [run_tokens(runs) for runs in layout_runs(shape.layout, shape.sequence, groups)]
 
 
+def group_kv_bytes(shape: PrefillShape, tp: int, groups: int) -> list[float]:
+    """KV bytes one GPU of each context-parallel group holds per layer: its TP share of the heads, for the group's
+    share of a cached prefix (docs/serving.md) and of the new tokens."""
+    part = tp_shape(shape, tp)
+    cached = [run_tokens(runs) for runs in layout_runs(shape.layout, shape.cached, groups)] if shape.cached else \
+        [0] * groups
+    return [part.kv_bytes(c + t) for c, t in zip(cached, group_tokens(shape, groups), strict=True)]
+
+
 def _last_group(shape: PrefillShape, groups: int) -> int:
     """The context-parallel group that holds the sequence's last position."""
     last = shape.sequence - 1
@@ -353,11 +362,9 @@ def prefill_model(model: ModelPreset, name: str, params: Mapping[str, Any], shap
     per_group = group_tokens(shape, cp)
     rows = [shape.batch * per_group[r // tp] for r in range(p)]
     attn = attention_layer(name, params, shape, tp, cluster, build=build_prefill, fabric=fabric)
-    part = tp_shape(shape, tp)
     last = _last_group(shape, cp)
-    cached = [run_tokens(runs) for runs in layout_runs(shape.layout, shape.cached, cp)] if shape.cached else \
-        [0] * cp  # each group's share of a cached prefix (docs/serving.md), held for every layer
-    kv = {n: part.kv_bytes(cached[r // tp] + per_group[r // tp]) for r, n in enumerate(cluster.ranks)}
+    group_kv = group_kv_bytes(shape, tp, cp)  # held for every layer
+    kv = {n: group_kv[r // tp] for r, n in enumerate(cluster.ranks)}
     outside = {n: kv[n] + rows[r] * (model.hidden + 2 * (model.intermediate // tp)) * eb
                for r, n in enumerate(cluster.ranks)}
     resident = {n: rows[r] * model.hidden * eb for r, n in enumerate(cluster.ranks)}

@@ -14,7 +14,7 @@ from simulator.algorithms import label, resolve
 from simulator.algorithms.prefill import PREFILL_REGISTRY
 from simulator.errors import InputError
 from simulator.models.precision import weight_bytes, weight_precision
-from simulator.models.step import dense_on_one_server, group_tokens, tp_shape
+from simulator.models.step import dense_on_one_server, group_kv_bytes
 from simulator.plan.decode import ms
 from simulator.plan.verdict import Targets, Values, met
 from simulator.run.prepare import prepare_point, simulate_point
@@ -22,7 +22,6 @@ from simulator.run.prepared import PointOutcome, PreparedPoint, cluster_for
 from simulator.run.scenario import Point, scenario_points
 from simulator.schedule.memory import usable_bytes
 from simulator.workloads.generate import GenerateWorkload
-from simulator.workloads.layouts import layout_runs, run_tokens
 from simulator.workloads.prefill import PrefillWorkload
 
 __all__ = ["LAYOUTS", "STRATEGIES", "Config", "Progress", "Search", "TtftRequest", "seconds"]
@@ -243,10 +242,7 @@ class Search:
                 return False
             cp = len(cluster.ranks) // tp
             shape = wl.shape()
-            part = tp_shape(shape, tp)
-            cached = [run_tokens(runs) for runs in layout_runs(shape.layout, shape.cached, cp)] if shape.cached \
-                else [0] * cp
-            least = min(part.kv_bytes(c + t) for c, t in zip(cached, group_tokens(shape, cp), strict=True))
+            least = min(group_kv_bytes(shape, tp, cp))
             usable = max(usable_bytes(cluster.specs[n].mem_bytes, point.scenario.mem_fraction)
                          for n in cluster.ranks)
             weights = weight_bytes(wl.model_preset(), weight_precision(wl.weights(), shape.dtype), tp)
