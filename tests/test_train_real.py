@@ -194,3 +194,42 @@ def test_validate_refuses_a_train_layout_of_other_ranks(tmp_path: Any, capsys: A
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
     assert err == "treering: error: --procs: the layout needs tp x cp x pp x dp = 1 x 2 x 1 x 1 = 2 ranks, got 4"
+
+
+@pytest.mark.parametrize(("algorithm", "layout"),
+                         [("ring", "zigzag"), ("allgather", "striped"), ("ulysses", "contiguous")])
+def test_own_rows_give_the_runner_the_buffers_of_the_whole_sequence(algorithm: str, layout: str) -> None:
+    """A training step's attention hands the runner only its rank's rows (``own_rows``): the rank's initial buffers
+    equal those taken from whole-sequence tensors, and no other row can be read (no process group needed)."""
+    import dataclasses
+
+    import numpy as np
+
+    from simulator.algorithms import Layout
+    from simulator.algorithms.prefill import build_prefill
+    from simulator.distributed.runner import PrefillRankRunner
+    from simulator.kernels.payload import transfer_layouts
+    from simulator.numeric.prefill import PrefillInputs
+    from simulator.workloads.layouts import positions
+    from simulator.workloads.prefill_shape import PrefillShape
+
+    shape = PrefillShape(batch=2, heads=4, head_dim=3, kv_heads=2, sequence=19, dtype="fp64", causal=True,
+                         layout=layout, backward=True)
+    g = torch.Generator().manual_seed(0)
+    whole = [torch.randn(2, h, 19, 3, generator=g, dtype=torch.float64) for h in (4, 2, 2, 4)]
+    for backward in (False, True):
+        sched = build_prefill(algorithm, {}, dataclasses.replace(shape, backward=backward), Layout((0, 0)))
+        layouts = transfer_layouts(sched, sched.meta["shape"])
+        for rank in range(2):
+            pos = torch.from_numpy(positions(sched.meta["runs"][rank]))
+            rows = [x[:, :, pos].contiguous() for x in whole]
+            want = PrefillRankRunner(sched, PrefillInputs(whole[0], whole[1], whole[2], whole[3], 0.5, True), rank,
+                                     layouts)
+            got = PrefillRankRunner(sched, PrefillInputs(rows[0], rows[1], rows[2], rows[3], 0.5, True), rank,
+                                    layouts, own_rows=True)
+            assert want.buf[rank].keys() == got.buf[rank].keys() and got.buf[rank]
+            for name, blk in want.buf[rank].items():
+                assert np.array_equal(blk.pos, got.buf[rank][name].pos)
+                assert all(torch.equal(a, b) for a, b in zip(blk.arrays, got.buf[rank][name].arrays, strict=True))
+            with pytest.raises(IndexError):
+                got.inp.q[:, :, np.arange(19)]

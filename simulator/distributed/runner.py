@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -199,13 +200,40 @@ class RankRunner(_RealTransfers, Executor):
                 self.buf[rank][name] = KVShard.from_packed(self.pool[key], value.lo, value.hi)
 
 
+class _OwnRows:
+    """A rank's own rows of a (b, heads, n, d) input standing in for the whole sequence's tensor (its ``shape``,
+    ``dtype``, ``device``): indexing it with the rank's positions, all that the executor reads of an input of its
+    rank (``only``), gives the rows back; any other index raises, so that no other row can be asked for."""
+
+    def __init__(self, rows: torch.Tensor, pos: np.ndarray, n: int) -> None:
+        self.rows, self.pos = rows, pos
+        self.shape = (*rows.shape[:2], n, *rows.shape[3:])
+        self.dtype, self.device = rows.dtype, rows.device
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        whole = slice(None)
+        if not (isinstance(index, tuple) and len(index) == 3 and index[0] == whole and index[1] == whole
+                and np.array_equal(np.asarray(index[2]), self.pos)):
+            raise IndexError("a rank's own rows are read at its positions only")
+        return self.rows.contiguous()
+
+
 class PrefillRankRunner(_RealTransfers, PrefillExecutor):
     """One rank's real execution of a prefill (or training) schedule: ``inp`` holds torch tensors of the whole
-    sequence, of which the rank takes its own rows. ``pool`` keeps receive buffers across iterations. ``peers``: the
-    process rank of each schedule rank, where the schedule runs on a subgroup (default: the same numbers)."""
+    sequence, of which the rank takes its own rows; with ``own_rows``, only those rows, in the order of the rank's
+    positions (``sched.meta["runs"][rank]``; no cached prefix): no whole-sequence tensor is made. ``pool`` keeps
+    receive buffers across iterations. ``peers``: the process rank of each schedule rank, where the schedule runs on
+    a subgroup (default: the same numbers)."""
 
     def __init__(self, sched: Schedule, inp: PrefillInputs, rank: int, layouts: dict[int, list[Descriptor]],
                  device: torch.device | None = None, pool: dict[Any, torch.Tensor] | None = None,
-                 peers: Sequence[int] | None = None) -> None:
+                 peers: Sequence[int] | None = None, own_rows: bool = False) -> None:
+        if own_rows:
+            if "kv_runs" in sched.meta:
+                raise ValueError("own_rows: a cached prefix's keys are not the rank's query rows")
+            runs = sched.meta["runs"]
+            pos, n = positions(runs[rank] if rank < len(runs) else ()), sched.meta["shape"].sequence
+            inp = PrefillInputs(_OwnRows(inp.q, pos, n), _OwnRows(inp.k, pos, n), _OwnRows(inp.v, pos, n),
+                                _OwnRows(inp.dout, pos, n), inp.scale, inp.causal)
         PrefillExecutor.__init__(self, sched, inp, only=rank)
         self._setup(sched, rank, sched.meta["shape"], layouts, "decomposed", device, pool, peers)

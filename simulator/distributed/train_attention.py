@@ -5,8 +5,10 @@ around it differentiate by autograd.
 Forward: the schedule of the shape without a backward; backward: the schedule with one (its forward then its
 backward, as ``recompute: selective`` runs it: the simulator then adds the attention's forward to the backward).
 Each runs on this rank through :class:`~simulator.distributed.runner.PrefillRankRunner` (the merge core, sends and
-receives between the CP group's process ranks), on the rows of the rank's positions in the layout; the
-schedules are built once per shape. On one CP rank the schedule runs alone (no transfers).
+receives between the CP group's process ranks), on the rows of the rank's positions in the layout (handed over as
+they are, ``own_rows``: no whole-sequence tensor); the schedules are built once per shape, and each keeps one pool
+of receive buffers for the life of the run (as the prefill validation's ``timed_iterations`` does), so that calls
+after the first reuse them. On one CP rank the schedule runs alone (no transfers).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ class CPAttention:
         self.forward_sched = build_prefill(algorithm, {}, dataclasses.replace(shape, backward=False), layout)
         self.both_sched = build_prefill(algorithm, {}, dataclasses.replace(shape, backward=True), layout)
         self.layouts = {id(s): transfer_layouts(s, s.meta["shape"]) for s in (self.forward_sched, self.both_sched)}
+        # receive buffers kept across calls, one pool per schedule: a call's results are copied out (_rows) before
+        # the next call's receives overwrite them
+        self.pools: dict[int, dict[Any, torch.Tensor]] = {id(s): {} for s in (self.forward_sched, self.both_sched)}
         self.rank, self.peers, self.device = cp_rank, tuple(peers), device
         self.n, self.scale = shape.sequence, 1.0 / float(shape.head_dim) ** 0.5
         self.pos = np.asarray(positions(self.forward_sched.meta["runs"][cp_rank]), dtype=np.int64)
@@ -52,14 +57,9 @@ class CPAttention:
         """The global positions of this rank's rows, in its order."""
         return torch.from_numpy(self.pos)
 
-    def _whole(self, x: torch.Tensor) -> torch.Tensor:
-        """This rank's rows placed at their positions of the whole sequence (the runner takes them from there)."""
-        full = torch.zeros(*x.shape[:2], self.n, x.shape[3], dtype=x.dtype, device=x.device)
-        full[:, :, torch.from_numpy(self.pos)] = x
-        return full
-
     def _rows(self, block: Rows, which: int) -> torch.Tensor:
-        """Array ``which`` of a block of this rank's positions, in this rank's row order."""
+        """Array ``which`` of a block of this rank's positions, in this rank's row order (a copy: the block may be a
+        view of a pooled receive buffer)."""
         arr = block.arrays[which]
         if block.h0 != 0:
             raise ValueError("an attention block does not start at head 0")
@@ -69,9 +69,9 @@ class CPAttention:
 
     def _run(self, sched: Schedule, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
              ) -> dict[str, Any]:
-        inp = PrefillInputs(self._whole(q), self._whole(k), self._whole(v), self._whole(dout), self.scale, True)
+        inp = PrefillInputs(q, k, v, dout, self.scale, True)  # this rank's rows, in the order of self.pos
         return PrefillRankRunner(sched, inp, self.rank, self.layouts[id(sched)], self.device,
-                                 peers=self.peers).run_rank()
+                                 pool=self.pools[id(sched)], peers=self.peers, own_rows=True).run_rank()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The attention output of this rank's rows, (b, heads, rows, d)."""
