@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pandas as pd
 import pytest
@@ -19,6 +21,15 @@ settings.load_profile("ci")
 
 ZERO_COMPUTE = {"peak_flops": {d: "1e30 FLOP/s" for d in ("fp64", "fp32", "bf16", "fp16", "fp8")},
                 "mem_bw": "1e30 B/s", "mem": "80 GB", "launch_overhead": 0}
+
+
+@pytest.fixture
+def no_contention() -> Iterator[None]:
+    """Transfers hold no SMs: for the closed forms of the timing model without contention (contention's own closed
+    forms: tests/test_contention.py)."""
+    with mock.patch("simulator.engine.core.p2p_channels", return_value=None), \
+            mock.patch("simulator.engine.reference.p2p_channels", return_value=None):
+        yield
 
 
 def star(n_hosts: int, bw: str = "10 GB/s", lat: str = "0 s", overhead: str = "0 s",

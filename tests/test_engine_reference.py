@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.algorithms import build_schedule, resolve
+from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
 from simulator.collectives import fabric_of
 from simulator.collectives.standalone import collective_schedule
@@ -22,6 +23,7 @@ from simulator.engine.core import SimResult, simulate
 from simulator.engine.reference import simulate_reference
 from simulator.run.prepared import layout_of
 from simulator.schedule.core import STREAMED, Schedule
+from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import DecodeShape
 
 CURVE = {"bytes": [1e4, 1e6, 1e8], "bandwidth": ["0.5 GB/s", "2 GB/s", "3 GB/s"]}
@@ -54,6 +56,9 @@ def _same(a: SimResult, b: SimResult) -> None:
     assert a.link_load == b.link_load
     assert a.extrapolated == b.extrapolated
     assert a.bytes_sent() == b.bytes_sent()  # the engine's column against a pass over the ops
+    assert (a.slowed is None) == (b.slowed is None)
+    if a.slowed is not None:
+        np.testing.assert_array_equal(a.slowed, b.slowed)
 
 
 SIZES = st.sampled_from([0.0, 1e4, 3e5, 1e6, 4e7])
@@ -69,8 +74,9 @@ def _schedule(ranks: int, spec: list[tuple]) -> Schedule:
         a, b = a % ranks, b % ranks
         n = len(sched.ops)
         deps = [d % n for d in deps] if n else []
-        if kind in ("compute", "merge"):
-            sched.add_compute(a, "k", nbytes=size, deps=deps, kind=kind, not_before_s=not_before)
+        if kind in ("compute", "merge"):  # some SM-bound (flops): transfers in flight slow them on a GPU
+            sched.add_compute(a, "k", nbytes=size, flops=size * 3e3 if coll else 0.0, deps=deps, kind=kind,
+                              not_before_s=not_before)
         elif kind == "launch":
             sched.add_launch(a, "l", deps=deps, floor_s=floor if floor > 0 else 0.0)
         elif a != b:
@@ -120,6 +126,22 @@ def test_collectives_match_the_reference(coll, algo, gib):
     cluster = load_topology("dgx-h100", {"nodes": 2})
     sched, _ = collective_schedule(cluster, fabric_of(cluster), coll, int(gib * 2**30) // 2, 2, "bf16", algo)
     _same(simulate(sched, cluster, True), simulate_reference(sched, cluster, True))
+
+
+@pytest.mark.parametrize(("algo", "params", "nodes", "backward"), [
+    ("ring", {"overlap": True}, 1, True), ("ring", {"overlap": True}, 2, False), ("ring-q", {"overlap": True}, 2, True),
+    ("ulysses", {}, 2, False), ("allgather", {}, 1, True)])
+def test_prefill_schedules_match_the_reference(algo, params, nodes, backward):
+    """Prefill and training attention, where point-to-point transfers hold SMs while kernels run (contention):
+    every kernel re-timed as transfers come and go, exactly as the reference does."""
+    cluster = load_topology("dgx-h100", {"nodes": nodes})
+    shape = PrefillShape(batch=1, heads=16, head_dim=128, kv_heads=8, sequence=4096 * 8 * nodes, dtype="bf16",
+                         causal=True, layout="zigzag", backward=backward)
+    sched = build_prefill(algo, params, shape, layout_of(cluster))
+    result = simulate(sched, cluster, True)
+    if algo.startswith("ring"):  # (collectives' transfers, as all-to-all's and all-gather's, hold none here)
+        assert result.slowed is not None and result.slowed.max() > 0
+    _same(result, simulate_reference(sched, cluster, True))
 
 
 def test_a_transfer_end_without_its_match_is_named():

@@ -31,6 +31,7 @@ def ring_step(p: int, nbytes: float) -> Schedule:
     return s
 
 
+@pytest.mark.usefixtures("no_contention")  # (the closed form with contention: tests/test_contention.py)
 def test_a_straggler_delays_the_ring_step_by_its_extra_kernel_time() -> None:
     """Closed form: the step is kernel + transfer; one rank s times slower is on the critical path (every rank
     waits on its neighbour), so the step grows by exactly (s - 1) x the kernel, and its kernels last s x as long."""

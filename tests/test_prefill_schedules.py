@@ -4,6 +4,7 @@ schedule against the collectives' closed forms, and memory."""
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -51,6 +52,7 @@ def _ring_block(spec, s: PrefillShape, t: int, first: bool) -> float:
     return seconds
 
 
+@pytest.mark.usefixtures("no_contention")  # (the closed form with contention: tests/test_contention.py)
 @pytest.mark.parametrize("bw", ["25 GB/s", "400 GB/s"])  # transfer-bound, then compute-bound
 @pytest.mark.parametrize("p", [2, 3, 8])
 def test_noncausal_ring_forward_closed_form(p, bw):
@@ -186,9 +188,13 @@ def test_memory_of_forward(name):
 def test_comm_hidden_frac_and_imbalance_of_rows():
     p, n = 4, 4 * 4096
     s = shape(n, causal=False)
-    cluster = star(p, bw="400 GB/s", lat="1.5 us", overhead="2 us")  # compute-bound: transfers hide
+    cluster = star(p, bw="400 GB/s", lat="1.5 us", overhead="2 us")  # compute-bound: transfers run under kernels
     hidden = critical_timing(sim("ring", s, p, cluster, overlap=True)[1], p)
-    assert hidden["comm_hidden_frac"] == 1.0 and hidden["imbalance"] == pytest.approx(1.0)
+    assert hidden["comm_under_compute_frac"] == 1.0 and hidden["imbalance"] == pytest.approx(1.0)
+    # ... but hold SMs the kernels lose: of their time, a few per cent (h of 132 SMs) is not hidden
+    assert 0.9 < hidden["comm_hidden_frac"] < 1.0
+    with mock.patch("simulator.engine.core.p2p_channels", return_value=None):
+        assert critical_timing(sim("ring", s, p, cluster, overlap=True)[1], p)["comm_hidden_frac"] == 1.0
     alternating = critical_timing(sim("ring", s, p, cluster, overlap=False)[1], p)
     assert alternating["comm_hidden_frac"] == 0.0
     single = critical_timing(sim("single", s, 1, star(1))[1], 1)

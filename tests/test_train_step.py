@@ -336,6 +336,7 @@ def test_stages_hold_every_parameter_once(pp: int, v: int) -> None:
     assert len(params) == pp and sum(params) == pytest.approx(model.params)
 
 
+@pytest.mark.usefixtures("no_contention")  # (the pure timing has none: a transfer holds no SMs there)
 @pytest.mark.parametrize(("p", "v", "m"), [(4, 1, 6), (4, 2, 8), (3, 3, 3), (1, 1, 4)])
 def test_the_engine_runs_the_pipeline_as_its_pure_timing(p: int, v: int, m: int) -> None:
     """The pipeline as a schedule (one GPU per stage, kernels of the stages' durations, real transfers) takes on the

@@ -35,8 +35,16 @@ from simulator.kernels.table import ATTENTION_KERNELS, OPTIONAL_AXES, PROFILE_AX
 from simulator.kernels.tiles import IMPLEMENTATIONS, attention_time
 from simulator.units import CODE, DTYPE_BYTES, Check, checked_quantity
 
-__all__ = ["ATTENTION_KERNELS", "DeviceSpec", "compute_time", "flops_efficiency", "parse_device_spec",
-           "profiled_time", "roofline"]
+__all__ = [
+    "ATTENTION_KERNELS",
+    "DeviceSpec",
+    "compute_time",
+    "flops_efficiency",
+    "parse_device_spec",
+    "profiled_time",
+    "roofline",
+    "sm_share",
+]
 
 
 
@@ -85,6 +93,15 @@ def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, laun
                  fn: str = "") -> float:
     """Roofline time of one kernel ``fn`` in seconds (launch overhead included unless ``launch`` is False)."""
     return ((spec.launch_s if launch else 0.0) + max(roofline(spec, flops, nbytes, dtype, fn))) * spec.slowdown
+
+
+def sm_share(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, launch: bool = True, fn: str = "") -> float:
+    """The part of a roofline kernel's time (:func:`compute_time`) that its SMs' arithmetic takes, ``t_flops /
+    (launch + max(t_flops, t_mem))``: what stretches when fewer SMs run it (the engine's contention; a kernel
+    timed by its tiles or a measured profile counts as wholly SM-bound, 1)."""
+    t_flops, t_mem = roofline(spec, flops, nbytes, dtype, fn)
+    total = (spec.launch_s if launch else 0.0) + max(t_flops, t_mem)
+    return t_flops / total if total > 0 else 0.0
 
 
 def profiled_time(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]

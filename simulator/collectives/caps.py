@@ -36,7 +36,7 @@ from simulator.cluster.memo import cluster_memo
 from simulator.collectives.fabric import Fabric
 from simulator.collectives.hops import hop_table
 
-__all__ = ["ARCHS", "arch_of", "channel_cap", "fabric_cap", "nccl_speed", "nccl_width"]
+__all__ = ["ARCHS", "arch_of", "channel_cap", "fabric_cap", "nccl_channels", "nccl_speed", "nccl_width"]
 
 _GB = 1e9
 ARCHS = ("volta", "ampere", "hopper", "blackwell")  # NCCL's compute-capability index order
@@ -133,16 +133,37 @@ def fabric_cap(fabric: Fabric, operation: str, family: str, proto: str, ranks: S
     arch = arch_of(cluster.specs[cluster.ranks[ranks[0]]].name)
     if arch not in ARCHS or family == "nvls":
         return math.inf
-    memo = cluster_memo(cluster, "narrowest ring link")
-    key = tuple(ranks)
-    hit = memo.get(key)
-    if hit is None:
-        ring = fabric.rings(ranks, 1)[0]
-        table = hop_table(cluster)
-        rows = table.rows(ring, [*ring[1:], ring[0]])  # first: it may add rows
-        hit = memo[key] = float(table.free[rows].min())
+    hit = _narrowest(fabric, ranks)
     if not math.isfinite(hit):  # no link between the ranks: nothing to cap
         return math.inf
     servers = len(fabric.groups(ranks))
     return channel_cap(arch, operation, family, proto, nodes=servers, channels=channels,
                        width=nccl_width(arch, hit, servers), speed=nccl_speed(arch, hit, servers))
+
+
+def nccl_channels(fabric: Fabric, ranks: Sequence[int]) -> int:
+    """How many channels NCCL runs a collective of ``ranks`` on: our channels (:meth:`Fabric.default_channels`)
+    times the NCCL channels each stands for (:func:`nccl_width` of the first ring's narrowest link); 1 where the
+    ranks share no link or are not GPUs NCCL's table covers."""
+    cluster = fabric.cluster
+    if cluster is None or len(ranks) < 2:
+        return 1
+    arch = arch_of(cluster.specs[cluster.ranks[ranks[0]]].name)
+    hit = _narrowest(fabric, ranks)
+    if arch not in ARCHS or not math.isfinite(hit):
+        return 1
+    return fabric.default_channels(ranks) * nccl_width(arch, hit, len(fabric.groups(ranks)))
+
+
+def _narrowest(fabric: Fabric, ranks: Sequence[int]) -> float:
+    """Bytes/s of the narrowest link of the first channel's ring over ``ranks`` (kept per cluster)."""
+    assert fabric.cluster is not None
+    memo = cluster_memo(fabric.cluster, "narrowest ring link")
+    key = tuple(ranks)
+    hit = memo.get(key)
+    if hit is None:
+        ring = fabric.rings(ranks, 1)[0]
+        table = hop_table(fabric.cluster)
+        rows = table.rows(ring, [*ring[1:], ring[0]])  # first: it may add rows
+        hit = memo[key] = float(table.free[rows].min())
+    return float(hit)

@@ -22,6 +22,20 @@
   ``host_copy_bw_by_size``: :mod:`simulator.cluster.size_curve`) is loaded by a message of B bytes as if its
   bandwidth were the one measured at B.
 
+* Contention: a point-to-point transfer between two NVIDIA GPUs (a send not part of a collective) runs on NCCL's
+  P2P kernel, whose CTAs each take an SM that no compute kernel shares; each end holds its channels' SMs
+  (:mod:`simulator.collectives.p2p`: NCCL's channel count for the message's size) from the transfer's start (both
+  ends posted) to its end. (An op is posted when its data dependencies are met; PyTorch launches NCCL's kernel only
+  after the work queued before it on the GPU, ``ProcessGroupNCCL`` making its stream wait for the current one, so
+  a posted end waiting for its peer is not counted as holding SMs.) While ``h`` of a rank's ``S`` SMs are
+  held (at most its communicator's P2P channels), the SM-bound part ``f`` of a kernel's duration
+  (:func:`kernel_sm_share`: the roofline's compute time over its duration; 1 for a kernel timed by its tiles or a
+  profile) runs on ``S - h`` SMs: the kernel progresses at ``min(1, (S - h) / (S f))`` of its speed alone. So a
+  kernel of duration ``d`` (``f = 1``) overlapped by a transfer for ``t`` ends ``t h / S`` late, and a
+  memory-bound one not at all. Kernels then run one at a time from a FIFO per rank, each re-timed whenever the SMs
+  held change; the time contention adds to a kernel is :attr:`SimResult.slowed` (rows count it as communication).
+  Transfers inside collectives hold no SMs here (their kernels are not modelled yet).
+
 Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)`` (each link's
 bandwidth at B where it was measured by size), where
 ``overhead = message_overhead (+ comm_overhead outside a collective)`` (a ``STREAMED`` one: ``B / min(bandwidth)``).
@@ -49,10 +63,11 @@ from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
-from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
+from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time, sm_share
 from simulator.cluster.links import link_table
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
+from simulator.collectives.p2p import p2p_channels
 from simulator.engine import eventcore
 from simulator.engine.host import HostResources
 from simulator.schedule.colpass import (
@@ -76,7 +91,7 @@ _new = tuple.__new__  # a Record from its fields in order, without Record.__new_
 _NBYTES = itemgetter(6)  # Op.nbytes
 _SENDS = frozenset({"send"})
 _COLUMNS = ("match", "path", "wrow", "hrow", "coll", "pending", "dur", "not_before", "floor", "nbytes", "rate_cap",
-            "kids", "first_kid", "prog", "roots")  # per-op columns only the compiled loop reads
+            "kids", "first_kid", "prog", "roots", "ctas", "smf")  # per-op columns only the compiled loop reads
 CALLBACKS_PER_CALL = 200_000  # the compiled loop returns to Python this often (tens of milliseconds)
 
 
@@ -123,6 +138,9 @@ class SimResult:
     extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = field(default_factory=dict)
     # bytes of each send by op id (0 elsewhere), the engine's column kept: None, read off the ops
     send_bytes: np.ndarray | None = None
+    # seconds each kernel ran longer than its duration because its rank's transfers held SMs (contention), by op
+    # id; None: no transfer held any
+    slowed: np.ndarray | None = None
 
     @property
     def makespan(self) -> float:
@@ -170,7 +188,10 @@ class SimResult:
             return 0.0, 0.0
         rank = self.critical_rank()
         ids = self.ended(COMPUTE_KINDS, (rank,))
-        compute = sum((self.end[ids] - self.start[ids]).tolist())  # added in timeline order, as records were
+        spans = self.end[ids] - self.start[ids]
+        if self.slowed is not None:  # what contention added is time the transfers cost, not compute
+            spans = spans - self.slowed[ids]
+        compute = sum(spans.tolist())  # added in timeline order, as records were
         return compute, self.end_time[rank] - compute
 
     def bytes_sent(self) -> float:
@@ -241,14 +262,19 @@ class _Run:
         first = first_of(code, k)
         present = np.flatnonzero(first >= 0)
         seconds = np.zeros(k + 1)  # the last: the other ops' (code -1)
+        shares = np.zeros(k + 1)
         for j in present[np.argsort(first[present])].tolist():
             op = self.ops[int(first[j])]
-            seconds[j] = self._new_duration(self.specs[op.rank], op)
+            spec = self.specs[op.rank]
+            seconds[j] = self._new_duration(spec, op)
+            shares[j] = kernel_sm_share(spec, op)
         wrong = present[~np.isfinite(seconds[present]) | (seconds[present] < 0)]
         if len(wrong):  # the first op of a bad cost
             j = int(wrong[np.argmin(first[wrong])])
             self._bad(self.ops[int(first[j])], f"lasts {seconds[j]} s on its device")
         self.dur = seconds[code]
+        self.smf = shares[code]
+
 
     @staticmethod
     def _bad(op: Op, what: str) -> NoReturn:
@@ -344,6 +370,35 @@ class _Run:
         self.wtab = np.ones((max(1, len(table)), self.plinks.shape[1]))
         for i, weights in enumerate(table):
             self.wtab[i, :len(weights)] = weights
+        self._contention(sends, matches_of=self.match[sends].astype(np.int64))
+
+    def _contention(self, sends: np.ndarray, matches_of: np.ndarray) -> None:
+        """The SMs each end of a point-to-point transfer between two GPUs holds while in flight (NCCL's channels
+        for its size: :mod:`simulator.collectives.p2p`), each GPU rank's SMs and the most its transfers hold at
+        once (the communicator's P2P channels). Transfers of a collective hold none here."""
+        n, ranks = len(self.ops), self.sched.ranks
+        self.ctas = np.zeros(n, dtype=np.int32)
+        self.sms = np.zeros(ranks)
+        self.hmax = np.zeros(ranks, dtype=np.int64)
+        gpus = [r for r in range(ranks) if self.specs[r] is not None and self.specs[r].sm_count > 0]  # type: ignore[union-attr]
+        channels = p2p_channels(self.cluster, [self.place[r] for r in gpus]) if len(gpus) == ranks else None
+        if channels is None:
+            return
+        src, dst = self.ranks[sends].astype(np.int64), self.ranks[matches_of]
+        place = np.array(self.place, dtype=object)
+        p2p = (self.coll[sends] == 0) & (place[src] != place[dst])
+        ids = sends[p2p]
+        if not len(ids):
+            return
+        sizes, which = np.unique(self.nbytes[ids], return_inverse=True)
+        held = np.array([channels.of(float(b)) for b in sizes.tolist()], dtype=np.int32)[which.reshape(-1)]
+        self.ctas[ids] = held
+        self.ctas[matches_of[p2p]] = held
+        for r in gpus:
+            spec = self.specs[r]
+            assert spec is not None
+            self.sms[r] = float(spec.sm_count)
+            self.hmax[r] = min(channels.channels, spec.sm_count - 1)
 
     def _weights_of(self, link_ids: tuple[int, ...], nbytes: float) -> tuple[float, ...] | None:
         """A message's weight on each link of its route: nominal / bandwidth at its size where the link (or host
@@ -395,9 +450,10 @@ class _Run:
             self.kind_of, self.ranks, self.match, self.path, self.wrow, self.hrow, self.coll,
             self.pending if pending is None else pending, self.dur if dur is None else dur, self.not_before,
             self.floor, self.nbytes if nbytes is None else nbytes, self.rate_cap, self.kids, self.first_kid,
-            self.prog, self.prog_start, self.plinks, self.plen, self.plat, self.wtab, self.hlinks, self.hlen,
-            self.hwork, self.hwts, self.hweighted, self.capacity, self.cluster.message_overhead_s,
-            self.cluster.comm_overhead_s, self.in_order, self.record_links, len(self.edge_names))
+            self.ctas, self.smf, self.sms, self.hmax, self.prog, self.prog_start, self.plinks, self.plen, self.plat,
+            self.wtab, self.hlinks, self.hlen, self.hwork, self.hwts, self.hweighted, self.capacity,
+            self.cluster.message_overhead_s, self.cluster.comm_overhead_s, self.in_order, self.record_links,
+            len(self.edge_names))
         eventcore.seed(state, self.roots)
         return state
 
@@ -405,6 +461,7 @@ class _Run:
         ops = self.ops
         state = self.state()
         send_bytes = self.nbytes  # kept by the result (bytes_sent)
+        dur = self.dur if self.ctas.any() else None  # with contention: what each kernel would have taken alone
         for name in _COLUMNS:  # held by the state now: freed with it, before the results' arrays are made
             delattr(self, name)
         while not eventcore.run(state, CALLBACKS_PER_CALL):  # back in Python between calls: an interrupt lands
@@ -426,7 +483,27 @@ class _Run:
         end_time = {r: float(last[r]) for r in np.flatnonzero(seen).tolist()}
         order = timeline_order(starts, ranks, ids, self.sched.ranks)  # the timeline's (start, rank, op) order
         return SimResult(ops, starts, ends, order, ranks.astype(np.int64), self.kind_of, int(events), int(allocations),
-                         self.sched.ranks, end_time, int(instants), link_load, self.extrapolated, send_bytes)
+                         self.sched.ranks, end_time, int(instants), link_load, self.extrapolated, send_bytes,
+                         None if dur is None else slowed_by_contention(self.kind_of, starts, ends, dur))
+
+
+def kernel_sm_share(spec: DeviceSpec | None, op: Op) -> float:
+    """The part of a kernel's duration that its SMs' arithmetic takes (contention stretches it): the roofline's
+    (:func:`simulator.cluster.devices.sm_share`); 1 for a kernel timed by tiles or a profile; 0 off a GPU."""
+    if spec is None or spec.sm_count <= 0:
+        return 0.0
+    if not op.fused and profiled_time(spec, op.fn, op.dtype, op.dims) is not None:
+        return 1.0
+    return sm_share(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused, fn=op.fn)
+
+
+def slowed_by_contention(kind_of: np.ndarray, start: np.ndarray, end: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """Seconds each kernel that ended ran past its duration (0 on other ops): the time transfers holding its rank's
+    SMs added (:attr:`SimResult.slowed`)."""
+    kernels = (kind_of <= _KIND_INDEX["merge"]) & ~np.isnan(end)
+    out = np.zeros(len(kind_of))
+    out[kernels] = np.maximum(end[kernels] - start[kernels] - dur[kernels], 0.0)
+    return out
 
 
 def simulate(schedule: Schedule, cluster: Cluster, record_links: bool = False) -> SimResult:

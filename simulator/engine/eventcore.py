@@ -82,11 +82,18 @@ _FIELDS: tuple[tuple[str, types.Type], ...] = (  # declared: compiled code can b
     ("dur", _F1), ("not_before", _F1), ("floor", _F1), ("nbytes", _F1), ("rate_cap", _F1), ("start", _F1),
     ("end", _F1),
     ("kids", _I32_1), ("first_kid", _I1),  # dependents as CSR: op d's are kids[first_kid[d]:first_kid[d + 1]]
+    # contention (module docstring): per op, the SMs a transfer's end holds in flight and a kernel's SM-bound share;
+    # per rank, its SMs and the most its transfers hold at once
+    ("ctas", _I32_1), ("smf", _F1), ("sms", _F1), ("hmax", _I1),
     # per rank: program order (host threads), compute stream
     ("prog", _I1), ("prog_start", _I1), ("cursor", _I1), ("stream_free", _F1),
     ("plinks", _I2), ("plen", _I1), ("plat", _F1),  # routes (link ids, then host copy links), lengths, latencies
     ("wtab", _F2),  # weights rows: per link of a route
     ("hlinks", _I2), ("hlen", _I1), ("hwork", _F1), ("hwts", _F2), ("hweighted", _U8_1),  # host kernels
+    # with contention, per rank: SMs held now, the kernel running (-1: none) and its work left, since when, at what
+    # rate and its predicted end; the FIFO of kernels waiting for the stream (first, last; per op: the next)
+    ("contend", _B), ("held", _I1), ("run", _I1), ("rleft", _F1), ("rsince", _F1), ("rrate", _F1), ("rend", _F1),
+    ("qhead", _I1), ("qtail", _I1), ("qnext", _I32_1),
     ("net", ns.NET_STATE),  # the flow network
     # the calendar: time, order, callback, argument; its size and count
     ("ct", _F1), ("cs", _I1), ("cy", _I1), ("ca", _I1), ("csize", _I), ("cseq", _I),
@@ -98,8 +105,8 @@ _FIELDS: tuple[tuple[str, types.Type], ...] = (  # declared: compiled code can b
 structref.define_proxy(EngineState, EngineStateType, [name for name, _ in _FIELDS])
 STATE = EngineStateType(_FIELDS)  # the type new_state returns (a test holds them equal)
 _COLUMNS = ("kind", "rank", "match", "path", "wrow", "hrow", "coll", "pending", "dur", "not_before", "floor",
-            "nbytes", "rate_cap", "kids", "first_kid", "prog", "prog_start", "plinks", "plen", "plat", "wtab",
-            "hlinks", "hlen", "hwork", "hwts", "hweighted")
+            "nbytes", "rate_cap", "kids", "first_kid", "ctas", "smf", "sms", "hmax", "prog", "prog_start", "plinks",
+            "plen", "plat", "wtab", "hlinks", "hlen", "hwork", "hwts", "hweighted")
 # new_state's argument types: the schedule's columns as simulator.engine.core makes them, the links' capacities, ...
 NEW_STATE_ARGS = (*(dict(_FIELDS)[name] for name in _COLUMNS), _F1, _F, _F, _B, _B, _I)
 
@@ -108,6 +115,7 @@ NEW_STATE_ARGS = (*(dict(_FIELDS)[name] for name in _COLUMNS), _F1, _F, _F, _B, 
 def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.ndarray, wrow: np.ndarray,
               hrow: np.ndarray, coll: np.ndarray, pending: np.ndarray, dur: np.ndarray, not_before: np.ndarray,
               floor: np.ndarray, nbytes: np.ndarray, rate_cap: np.ndarray, kids: np.ndarray, first_kid: np.ndarray,
+              ctas: np.ndarray, smf: np.ndarray, sms: np.ndarray, hmax: np.ndarray,
               prog: np.ndarray, prog_start: np.ndarray, plinks: np.ndarray, plen: np.ndarray, plat: np.ndarray,
               wtab: np.ndarray, hlinks: np.ndarray, hlen: np.ndarray, hwork: np.ndarray, hwts: np.ndarray,
               hweighted: np.ndarray, capacity: np.ndarray, msg_s: float, comm_s: float, in_order: bool,
@@ -117,10 +125,19 @@ def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.nd
     ranks = len(prog_start) - 1
     start = np.full(n, np.nan)
     end = np.full(n, np.nan)
+    contend = False
+    for i in range(n):
+        if ctas[i] > 0:
+            contend = True
+            break
+    queued = n if contend else 0
     return EngineState(kind, rank, match, path, wrow, hrow, coll, pending, np.zeros(n, np.uint8),
                        np.full(n, -1, np.int32), dur, not_before, floor, nbytes, rate_cap, start, end, kids,
-                       first_kid, prog, prog_start, np.zeros(ranks, np.int64), np.zeros(ranks), plinks, plen, plat,
-                       wtab, hlinks, hlen, hwork, hwts, hweighted, ns.net_new(capacity), np.zeros(16),
+                       first_kid, ctas, smf, sms, hmax, prog, prog_start, np.zeros(ranks, np.int64), np.zeros(ranks),
+                       plinks, plen, plat, wtab, hlinks, hlen, hwork, hwts, hweighted, contend,
+                       np.zeros(ranks, np.int64), np.full(ranks, -1, np.int64), np.zeros(ranks), np.zeros(ranks),
+                       np.ones(ranks), np.zeros(ranks), np.full(ranks, -1, np.int64), np.full(ranks, -1, np.int64),
+                       np.full(queued, -1, np.int32), ns.net_new(capacity), np.zeros(16),
                        np.zeros(16, np.int64), np.zeros(16, np.int64), np.zeros(16, np.int64), 0, 0,
                        np.zeros((2, 2), np.int64), np.zeros(2, np.int64), 0.0, np.nan, msg_s, comm_s, in_order,
                        False, 0, 0, 0, record, nedges, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), 0)
@@ -205,6 +222,9 @@ def _start_transfer(s: EngineState, send: int, recv: int) -> None:
     now = s.now
     _b(s.start)[send] = now
     _b(s.start)[recv] = now
+    if s.contend:  # both ends' kernels hold their SMs until the transfer ends
+        _hold(s, np.int64(_b(s.rank)[send]), np.int64(_b(s.ctas)[send]))
+        _hold(s, np.int64(_b(s.rank)[recv]), np.int64(_b(s.ctas)[recv]))
     p = _b(s.path)[send]
     delay = s.msg_s + _b(s.plat)[p]
     floor = _b(s.floor)[send]
@@ -246,6 +266,87 @@ def _start_kernel(s: EngineState, op: int) -> int:
 
 
 @njit(cache=True, inline="always")
+def _kernel_rate(s: EngineState, rank: int, op: int) -> float:
+    """How fast a kernel progresses (1: as its duration says) while its rank's transfers hold SMs: its SM-bound
+    share ``f`` of ``S`` SMs runs on ``S - h``, so it takes ``max(1, f S / (S - h))`` times its duration."""
+    h = _b(s.held)[rank]
+    most = _b(s.hmax)[rank]
+    if h > most:
+        h = most
+    sms = _b(s.sms)[rank]
+    share = _b(s.smf)[op]
+    if h <= 0 or not sms > 0.0 or not share > 0.0:
+        return 1.0
+    rate = (sms - h) / (sms * share)
+    return rate if rate < 1.0 else 1.0
+
+
+@njit(cache=True, inline="always")
+def _begin(s: EngineState, rank: int, op: int) -> None:
+    """(With contention) ``op`` starts on its rank's compute stream now, its end predicted at the current rate."""
+    now = s.now
+    _b(s.run)[rank] = op
+    _b(s.start)[op] = now
+    left = _b(s.dur)[op]
+    rate = _kernel_rate(s, rank, op)
+    _b(s.rleft)[rank] = left
+    _b(s.rsince)[rank] = now
+    _b(s.rrate)[rank] = rate
+    delay = left / rate
+    _b(s.rend)[rank] = now + delay
+    _at(s, delay, DONE, op)
+
+
+@njit(cache=True, inline="always")
+def _kernel_ready(s: EngineState, rank: int, op: int) -> None:
+    """(With contention) a kernel is ready: it starts if its rank's stream is free, else waits in its FIFO."""
+    if _b(s.run)[rank] < 0:
+        _begin(s, rank, op)
+        return
+    _b(s.qnext)[op] = -1
+    last = _b(s.qtail)[rank]
+    if last < 0:
+        _b(s.qhead)[rank] = op
+    else:
+        _b(s.qnext)[last] = op
+    _b(s.qtail)[rank] = op
+
+
+@njit(cache=True, inline="always")
+def _hold(s: EngineState, rank: int, delta: int) -> None:
+    """(With contention) a transfer's end on ``rank`` takes (``delta`` > 0) or gives back SMs: the running kernel's
+    work so far is counted at its old rate and its end predicted again at the new one (its old prediction goes
+    stale), where the rate changes."""
+    if delta == 0:
+        return
+    _b(s.held)[rank] += delta
+    op = _b(s.run)[rank]
+    if op < 0:
+        return
+    rate = _kernel_rate(s, rank, op)
+    if rate == _b(s.rrate)[rank]:
+        return
+    now = s.now
+    left = _b(s.rleft)[rank] - (now - _b(s.rsince)[rank]) * _b(s.rrate)[rank]
+    if left < 0.0:
+        left = 0.0
+    _b(s.rleft)[rank] = left
+    _b(s.rsince)[rank] = now
+    _b(s.rrate)[rank] = rate
+    delay = left / rate
+    _b(s.rend)[rank] = now + delay
+    _at(s, delay, DONE, op)
+
+
+@njit(cache=True, inline="always")
+def _released(s: EngineState, send: int) -> None:
+    """(With contention) both ends of a transfer that ended give back their SMs."""
+    _hold(s, np.int64(_b(s.rank)[send]), -np.int64(_b(s.ctas)[send]))
+    m = np.int64(_b(s.match)[send])
+    _hold(s, np.int64(_b(s.rank)[m]), -np.int64(_b(s.ctas)[m]))
+
+
+@njit(cache=True, inline="always")
 def _ready_in_order(s: EngineState, op: int) -> int:
     """An op of a host thread: it waits for its turn in program order. Returns a kernel that ended at once, or -1."""
     rank = _b(s.rank)[op]
@@ -278,7 +379,9 @@ def _ready(s: EngineState, op: int) -> int:
     if s.in_order and _thread(s, rank):
         return _ready_in_order(s, op)
     kind = _b(s.kind)[op]
-    if kind <= K_MERGE:  # one FIFO compute stream per rank
+    if kind <= K_MERGE and s.contend:
+        _kernel_ready(s, rank, op)
+    elif kind <= K_MERGE:  # one FIFO compute stream per rank
         begin = _b(s.stream_free)[rank]
         if begin < now:
             begin = now
@@ -337,6 +440,24 @@ def _done(s: EngineState, op: int, issue: bool) -> None:
 
 
 @njit(cache=True, inline="always")
+def _kernel_end(s: EngineState, op: int) -> None:
+    """(With contention) a kernel's predicted end: unless predicted again since, it ends, and the next kernel
+    waiting for its rank's stream starts."""
+    rank = np.int64(_b(s.rank)[op])
+    if _b(s.run)[rank] != op or s.now != _b(s.rend)[rank]:
+        return  # re-timed since (its rank's transfers took or gave back SMs)
+    _b(s.run)[rank] = -1
+    nxt = np.int64(_b(s.qhead)[rank])
+    if nxt >= 0:
+        after = np.int64(_b(s.qnext)[nxt])
+        _b(s.qhead)[rank] = after
+        if after < 0:
+            _b(s.qtail)[rank] = -1
+        _begin(s, rank, nxt)
+    _done(s, op, False)
+
+
+@njit(cache=True, inline="always")
 def _ended_transfer_end(s: EngineState, op: int) -> None:
     """One end of a drained transfer ends (its end recorded alone where no op depends on it: most sends)."""
     if _b(s.first_kid)[op] == _b(s.first_kid)[op + 1]:
@@ -354,6 +475,8 @@ def _drained(s: EngineState, generation: int) -> None:
         flow = due[i]
         ns.net_remove(s.net, np.int64(_b(s.slot)[flow]))
         if _b(s.kind)[flow] == K_SEND:
+            if s.contend:
+                _released(s, flow)
             _ended_transfer_end(s, flow)
             _ended_transfer_end(s, np.int64(_b(s.match)[flow]))
         else:  # a kernel on shared host cores
@@ -402,6 +525,8 @@ def _callback(s: EngineState, callback: int, arg: int) -> None:
         z = _ready(s, arg)
         if z >= 0:
             _done(s, z, True)
+    elif callback == DONE and s.contend:
+        _kernel_end(s, arg)
     elif callback == DONE:
         _done(s, arg, False)
     elif callback == LAUNCHED:
@@ -414,6 +539,8 @@ def _callback(s: EngineState, callback: int, arg: int) -> None:
                                      _b(s.rate_cap)[arg])
         s.dirty = True  # rates are recomputed once every other callback of this instant has run
     elif callback == FINISH:
+        if s.contend:
+            _released(s, arg)
         _done(s, arg, False)
         _done(s, np.int64(_b(s.match)[arg]), False)
     else:

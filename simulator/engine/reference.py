@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import chain, compress
@@ -22,8 +23,9 @@ import simpy
 from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
+from simulator.collectives.p2p import p2p_channels
 from simulator.engine import flowcore as fc
-from simulator.engine.core import SimResult
+from simulator.engine.core import SimResult, kernel_sm_share, slowed_by_contention
 from simulator.engine.host import HostResources
 from simulator.schedule.core import COMPUTE_KINDS, OP_KINDS, Op, Schedule
 from simulator.support.gcpause import gc_paused
@@ -320,11 +322,116 @@ class _Run:
         self.spec_key = [id(spec) for spec in self.specs]
         self.one_spec = len(set(self.spec_key)) <= 1
         self.flow_op: dict[int, Op] = {}
+        self._contention_columns()
         self.dirty = False
         self.generation = 0
         self.events = 0
         self.simpy_events = 0
         self._calendar: dict[float, list[tuple[Callback, Any]]] = {}
+
+    def _contention_columns(self) -> None:
+        """The SMs each end of a point-to-point transfer between two GPUs holds in flight, each rank's SMs and the
+        most its transfers hold (:mod:`simulator.collectives.p2p`), and the per-rank state of its compute stream
+        when they do (kernels then run one at a time from a FIFO at a rate that changes with the SMs held)."""
+        ranks = self.sched.ranks
+        self.ctas: dict[int, int] = {}
+        self.sms = [0.0] * ranks
+        self.hmax = [0] * ranks
+        gpus = [r for r in range(ranks) if self.specs[r] is not None and self.specs[r].sm_count > 0]  # type: ignore[union-attr]
+        channels = p2p_channels(self.cluster, [self.place[r] for r in gpus]) if len(gpus) == ranks else None
+        if channels is not None:
+            for op in self.ops:
+                peer, match = op.peer, op.match
+                if op.kind == "send" and not op.coll and peer is not None and match is not None \
+                        and self.place[op.rank] != self.place[peer]:
+                    self.ctas[op.id] = self.ctas[match] = channels.of(float(op.nbytes))
+            for r in gpus:
+                spec = self.specs[r]
+                assert spec is not None
+                self.sms[r] = float(spec.sm_count)
+                self.hmax[r] = min(channels.channels, spec.sm_count - 1)
+        self.contend = any(self.ctas.values())
+        self.sm_held = [0] * ranks  # SMs the rank's transfers in flight hold
+        self.running: list[Op | None] = [None] * ranks
+        self.rleft = [0.0] * ranks
+        self.rsince = [0.0] * ranks
+        self.rrate = [1.0] * ranks
+        self.rend = [0.0] * ranks
+        self.queue: list[deque[Op]] = [deque() for _ in range(ranks)]
+        self._shares: dict[tuple[Any, ...], float] = {}
+
+    # -- contention: transfers holding SMs slow the kernels of their ranks ---------------------------------------
+    def _share(self, op: Op) -> float:
+        key = (self.spec_key[op.rank], _COST(op))
+        hit = self._shares.get(key)
+        if hit is None:
+            hit = self._shares[key] = kernel_sm_share(self.specs[op.rank], op)
+        return hit
+
+    def _kernel_rate(self, rank: int, op: Op) -> float:
+        h = min(self.sm_held[rank], self.hmax[rank])
+        sms = self.sms[rank]
+        share = self._share(op)
+        if h <= 0 or not sms > 0.0 or not share > 0.0:
+            return 1.0
+        rate = (sms - h) / (sms * share)
+        return rate if rate < 1.0 else 1.0
+
+    def _begin(self, rank: int, op: Op) -> None:
+        now = self.now
+        self.running[rank] = op
+        self.start[op.id] = now
+        left = self._duration(op)
+        rate = self._kernel_rate(rank, op)
+        self.rleft[rank] = left
+        self.rsince[rank] = now
+        self.rrate[rank] = rate
+        delay = left / rate
+        self.rend[rank] = now + delay
+        self._at(delay, self._kernel_end, op)
+
+    def _kernel_ready(self, op: Op) -> None:
+        rank = op.rank
+        if self.running[rank] is None:
+            self._begin(rank, op)
+        else:
+            self.queue[rank].append(op)
+
+    def _hold(self, rank: int, delta: int) -> None:
+        if delta == 0:
+            return
+        self.sm_held[rank] += delta
+        op = self.running[rank]
+        if op is None:
+            return
+        rate = self._kernel_rate(rank, op)
+        if rate == self.rrate[rank]:
+            return
+        now = self.now
+        left = self.rleft[rank] - (now - self.rsince[rank]) * self.rrate[rank]
+        if left < 0.0:
+            left = 0.0
+        self.rleft[rank] = left
+        self.rsince[rank] = now
+        self.rrate[rank] = rate
+        delay = left / rate
+        self.rend[rank] = now + delay
+        self._at(delay, self._kernel_end, op)
+
+    def _released(self, send: Op) -> None:
+        assert send.match is not None
+        self._hold(send.rank, -self.ctas.get(send.id, 0))
+        self._hold(self.ops[send.match].rank, -self.ctas.get(send.match, 0))
+
+    def _kernel_end(self, op: Op) -> None:
+        rank = op.rank
+        run = self.running[rank]
+        if run is None or run.id != op.id or self.now != self.rend[rank]:
+            return  # re-timed since
+        self.running[rank] = None
+        if self.queue[rank]:
+            self._begin(rank, self.queue[rank].popleft())
+        self._done(op)
 
     # -- the calendar: every callback due at one time runs from one simpy event ----------------------------------
     def _at(self, delay: float, callback: Callback, arg: Any) -> None:
@@ -376,8 +483,13 @@ class _Run:
         end_time = {r: float(last[r]) for r in np.unique(ranks[ids]).tolist()}
         # the timeline's (start, rank, op) order: one sort of arrays rather than of millions of key tuples
         order = ids[np.lexsort((ids, ranks[ids], starts[ids]))]
+        slowed = None
+        if self.contend:
+            dur = np.array([self._duration(op) if op.kind in COMPUTE_KINDS else 0.0 for op in ops])
+            slowed = slowed_by_contention(self.kind_of, starts, ends, dur)
         return SimResult(ops, starts, ends, order, ranks, self.kind_of, self.events, self.net.allocations,
-                         self.sched.ranks, end_time, self.simpy_events, self.link_load, self.extrapolated)
+                         self.sched.ranks, end_time, self.simpy_events, self.link_load, self.extrapolated,
+                         None, slowed)
 
     # -- op life cycle -----------------------------------------------------------------------------------------
     def _duration(self, op: Op) -> float:
@@ -409,7 +521,9 @@ class _Run:
             self._ready_in_order(op)
             return
         kind = op.kind
-        if kind == "compute" or kind == "merge":  # COMPUTE_KINDS
+        if (kind == "compute" or kind == "merge") and self.contend:
+            self._kernel_ready(op)
+        elif kind == "compute" or kind == "merge":  # COMPUTE_KINDS
             rank = op.rank
             duration = self._duration(op)
             begin = self.stream_free[rank]  # one FIFO compute stream: max(now, when it is free)
@@ -500,6 +614,9 @@ class _Run:
     def _start_transfer(self, send: Op, recv: Op) -> None:
         now = self.now
         self.start[send.id] = self.start[recv.id] = now
+        if self.contend:  # both ends' kernels hold their SMs until the transfer ends
+            self._hold(send.rank, self.ctas.get(send.id, 0))
+            self._hold(recv.rank, self.ctas.get(recv.id, 0))
         hit = self._paths.get((send.rank, recv.rank))
         link_ids, latency = hit if hit is not None else self._path(send.rank, recv.rank)
         delay = self.msg_s + latency
@@ -562,6 +679,8 @@ class _Run:
             if op.kind == "send":
                 match = op.match
                 assert match is not None
+                if self.contend:
+                    self._released(op)
                 # _done of both ends, its end recorded here for one with no dependents (most sends)
                 if first[flow] == first[flow + 1]:
                     end[flow] = now
@@ -577,6 +696,8 @@ class _Run:
 
     def _finish_transfer(self, send: Op) -> None:
         assert send.match is not None
+        if self.contend:
+            self._released(send)
         self._done(send)
         self._done(self.ops[send.match])
 
@@ -599,7 +720,7 @@ class _Run:
                 continue
             nxt = ops[child]
             kind = nxt.kind
-            if direct and now >= nxt.not_before_s:
+            if direct and now >= nxt.not_before_s and not self.contend:
                 if kind == "compute" or kind == "merge":  # _ready's compute case
                     rank = nxt.rank
                     hit = self._durations.get(_COST(nxt) if self.one_spec else (self.spec_key[rank], _COST(nxt)))

@@ -8,8 +8,9 @@ its shard ``2 b kv t d e / B`` bytes, so compute covers the transfer from ``t* =
 is ``F / B`` for MHA in bf16; launch and message overheads and latencies move it up.
 
 :func:`find_overlap` simulates the non-causal ring forward (``overlap: true``, contiguous, P ranks) at growing
-then bisected t, and returns the smallest t at which the critical rank's transfers are all hidden
-(``comm_hidden_frac`` = 1).
+then bisected t, and returns the smallest t at which the critical rank's transfers all run under its kernels
+(``comm_under_compute_frac`` = 1; they then cost only the SMs they hold, which slow the kernels they overlap:
+``comm_hidden_frac`` stays below 1).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _hidden(shape: PrefillShape, layout: Layout, cluster: Cluster, tokens: int) 
     p = layout.ranks
     s = replace(shape, sequence=tokens * p, causal=False, layout="contiguous", backward=False)
     res = simulate(build_prefill("ring", {"overlap": True}, s, layout), cluster)
-    return critical_timing(res, p)["comm_hidden_frac"] >= 1.0 - 1e-12
+    return critical_timing(res, p)["comm_under_compute_frac"] >= 1.0 - 1e-12
 
 
 def find_overlap(shape: PrefillShape, cluster: Cluster, layout: Layout, max_tokens: int = 1 << 24) -> OverlapResult:

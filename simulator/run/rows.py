@@ -47,9 +47,10 @@ SHARED: dict[str, Column] = {c.name: c for c in (
     _c("head_dim", "", "dimension of one head"),
     _c("dtype", "", "the activations' (and KV cache's) dtype"),
     _c("latency_s", "s", "the step's simulated time: from the first op's start to the last op's end"),
-    _c("compute_s", "s", "kernel time of the critical rank (the rank that finishes last)"),
+    _c("compute_s", "s", "kernel time of the critical rank (the rank that finishes last), each kernel as long as "
+                         "it takes alone"),
     _c("comm_s", "s", "the rest of the critical rank's latency: waiting on transfers (and other ranks) that its "
-                      "compute did not hide"),
+                      "compute did not hide, and what transfers holding SMs added to its kernels"),
     _c("bytes_moved", "bytes", "every byte sent, on the wire (NCCL's LL protocol sends 8-byte lines of 4 data "
                                "bytes)"),
     _c("peak_mem_bytes", "bytes", "the largest per-rank peak of live buffers"),

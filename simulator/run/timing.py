@@ -48,11 +48,16 @@ def _overlap(xs: list[tuple[float, float]], ys: list[tuple[float, float]]) -> fl
 
 
 def critical_timing(result: SimResult, ranks: int) -> dict[str, float]:
-    """compute_s, comm_s, comm_hidden_frac of the critical rank; imbalance over all ranks."""
+    """compute_s, comm_s, comm_hidden_frac of the critical rank; imbalance over all ranks; and the share of the
+    critical rank's transfer time that ran under its kernels (``comm_under_compute_frac``: ``comm_hidden_frac``
+    before what those transfers cost the kernels by holding SMs is taken off it)."""
     kernels = result.ended(COMPUTE_KINDS)
-    # every rank's kernel seconds, each added in timeline order (bincount adds its weights in array order)
-    compute = np.bincount(result.rank_of[kernels], weights=result.end[kernels] - result.start[kernels],
-                          minlength=ranks).astype(float).tolist()  # (float even when none ended)
+    # every rank's kernel seconds, each added in timeline order (bincount adds its weights in array order); the time
+    # contention added to a kernel (its rank's transfers holding SMs) counts as communication, not compute
+    busy = result.end[kernels] - result.start[kernels]
+    if result.slowed is not None:
+        busy = busy - result.slowed[kernels]
+    compute = np.bincount(result.rank_of[kernels], weights=busy, minlength=ranks).astype(float).tolist()
     crit = result.critical_rank()
 
     def spans(ids: np.ndarray) -> list[tuple[float, float]]:
@@ -60,10 +65,16 @@ def critical_timing(result: SimResult, ranks: int) -> dict[str, float]:
 
     transfers = _union(spans(result.ended(_TRANSFERS, (crit,))))
     moved = sum(b - a for a, b in transfers)
-    hidden = _overlap(transfers, _union(spans(result.ended(COMPUTE_KINDS, (crit,))))) / moved if moved > 0 else math.nan
+    mine = result.ended(COMPUTE_KINDS, (crit,))
+    under = _overlap(transfers, _union(spans(mine)))
+    overlap = under
+    if result.slowed is not None:  # a transfer did not hide behind the compute it slowed down
+        overlap = max(0.0, overlap - float(result.slowed[mine].sum()))
+    hidden = overlap / moved if moved > 0 else math.nan
     mean = sum(compute) / ranks
     return {"compute_s": compute[crit], "comm_s": result.end_time.get(crit, 0.0) - compute[crit],
-            "comm_hidden_frac": hidden, "imbalance": max(compute) / mean if mean > 0 else 1.0}
+            "comm_hidden_frac": hidden, "imbalance": max(compute) / mean if mean > 0 else 1.0,
+            "comm_under_compute_frac": under / moved if moved > 0 else math.nan}
 
 
 def result_numbers(sched: Schedule, result: SimResult) -> dict[str, Any]:

@@ -62,11 +62,15 @@ class Piece:
     @staticmethod
     def of(result: SimResult) -> Piece:
         """A simulation's piece: ``compute`` is the critical rank's kernel seconds outside collectives (a
-        collective's reductions, fused into its communication kernels, count as communication)."""
+        collective's reductions, fused into its communication kernels, count as communication, as does what
+        transfers holding SMs added to a kernel: :attr:`SimResult.slowed`)."""
         ids = result.ended(COMPUTE_KINDS, (result.critical_rank(),))
         own = np.array([i for i, op in zip(ids.tolist(), result.ops.take(ids), strict=True) if not op.coll],
                        dtype=np.int64)
-        compute = sum((result.end[own] - result.start[own]).tolist())  # in timeline order, as critical_split adds
+        spans = result.end[own] - result.start[own]
+        if result.slowed is not None:
+            spans = spans - result.slowed[own]
+        compute = sum(spans.tolist())  # in timeline order, as critical_split adds
         return Piece(result.makespan, compute, result.bytes_sent(), result.events)
 
     def minus(self, other: Piece) -> Piece:

@@ -50,8 +50,9 @@ PHASE_COLUMNS: tuple[Column, ...] = (
     Column("layout", "", "how the sequence is laid out over the ranks: contiguous, zigzag or striped"),
     Column("tflops_per_gpu", "TFLOP/s", "model FLOPs (masked pairs not counted; a backward 2.5x the forward; "
                                         "scope: model, every layer's) / latency / GPUs"),
-    Column("comm_hidden_frac", "", "of the critical rank's transfer time, the share during which it was computing "
-                                   "(NaN when it transfers nothing; scope: model, one layer's attention)"),
+    Column("comm_hidden_frac", "", "of the critical rank's transfer time, the share during which it was computing, "
+                                   "less what the transfers added to those kernels by holding SMs (NaN when it "
+                                   "transfers nothing; scope: model, one layer's attention)"),
     Column("imbalance", "", "max / mean of the ranks' kernel time (scope: model, one layer's attention)"),
 )
 

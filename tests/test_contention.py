@@ -1,0 +1,161 @@
+"""Contention: a point-to-point transfer in flight holds its NCCL channels' SMs on both GPUs, and the SM-bound part of
+a kernel running there stretches by S / (S - h) while it does (closed forms); NCCL's channel counts (its rules, by
+hand); the row's split (contention is communication's time, not compute's)."""
+
+from __future__ import annotations
+
+import math
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulator.algorithms.prefill import build_prefill
+from simulator.cluster.topology import load_topology
+from simulator.collectives.p2p import P2pChannels, p2p_channels
+from simulator.engine import core
+from simulator.engine.core import simulate
+from simulator.engine.reference import simulate_reference
+from simulator.run.prepared import layout_of
+from simulator.run.timing import critical_timing
+from simulator.schedule.core import Schedule
+from simulator.workloads.prefill_shape import PrefillShape
+
+MB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def h100() -> object:
+    return load_topology("dgx-h100", {"nodes": 1})
+
+
+def _alone(sched: Schedule, cluster: object) -> core.SimResult:
+    """The same schedule with no transfer holding any SM."""
+    with mock.patch.object(core, "p2p_channels", return_value=None):
+        return simulate(sched, cluster)
+
+
+@pytest.mark.parametrize(("preset", "nodes", "every", "per_peer", "channels", "sizes"), [
+    # one server of 8 H100s: NVLink 2 x floor(450 / 20.6) = 42 -> 64, capped by the 16 P2P channels (NCCL's 14
+    # collective channels, rounded up); per op 16 x 8 ranks > 16 halves it to 2; a 4 KB message 1 (4 KB / 64 KB)
+    ("dgx-h100", 1, 1, 16, 16, {4096: 1, MB: 2, 32 * MB: 2, 64 * MB: 4}),
+    # 16 servers, one GPU each: max(1 NIC, ceil(50 / 14)) = 4 (4 x ceil(16 / 8) = 8 <= 16 keeps it); per op 4 x 16
+    # > 16 halves to 1, then doubled while a part exceeds a 128 KB chunk: 4
+    ("dgx-h100", 16, 8, 4, 16, {4096: 1, MB: 4, 32 * MB: 4}),
+    # 128 GPUs on 16 servers: 4 x ceil(128 / 8) = 64 > 16 halves the per-peer count to 1
+    ("dgx-h100", 16, 1, 1, 16, {4096: 1, MB: 1, 32 * MB: 1}),
+])
+def test_channels_follow_nccls_rules(preset, nodes, every, per_peer, channels, sizes):
+    cluster = load_topology(preset, {"nodes": nodes})
+    got = p2p_channels(cluster, cluster.ranks[::every])
+    assert got is not None and (got.per_peer, got.channels) == (per_peer, channels)
+    assert {b: got.of(b) for b in sizes} == sizes
+
+
+@given(per_peer=st.sampled_from([1, 2, 4, 8, 16, 32]), channels=st.sampled_from([2, 4, 8, 16, 32, 64]),
+       ranks=st.integers(2, 512), nodes=st.integers(1, 64), nbytes=st.floats(0, 1e10))
+def test_an_operation_runs_on_one_to_per_peer_channels(per_peer, channels, ranks, nodes, nbytes):
+    chunk = 128 * 1024 if nodes > 1 else 512 * 1024
+    assert 1 <= P2pChannels(per_peer, channels, ranks, nodes, chunk).of(nbytes) <= per_peer
+
+
+def test_no_channels_off_nvidia_gpus():
+    cluster = load_topology("mi300x", {"nodes": 1})
+    assert p2p_channels(cluster, cluster.ranks) is None
+
+
+def _step(cluster: object, flops: float, nbytes: float, first: str) -> tuple[Schedule, int, int]:
+    """Rank 0 runs one kernel of ``flops`` (bf16, fused: no launch) and sends ``nbytes`` to rank 1: ``first`` says
+    which is posted first (``kernel``: the send waits for nothing; ``send``: the kernel waits for the send)."""
+    sched = Schedule(2)
+    if first == "after":  # the kernel ends before the send is posted
+        k = sched.add_compute(0, "k", flops=flops, dtype="bf16", fused=True)
+        snd, _ = sched.add_transfer(0, 1, nbytes, "x", send_deps=[k])
+    else:
+        k = sched.add_compute(0, "k", flops=flops, dtype="bf16", fused=True)
+        snd, _ = sched.add_transfer(0, 1, nbytes, "x")
+    return sched, k, snd
+
+
+def test_an_overlapped_kernel_stretches_by_the_sms_its_transfer_holds(h100):
+    """Kernel of duration d, SM-bound; the send (h SMs of S) in flight for t < d: the kernel runs at (S - h) / S
+    for t, then at full speed: it ends at d + t h / S, and the send's time is unchanged."""
+    sched, k, snd = _step(h100, 2e12, 32 * MB, "with")
+    res, alone = simulate(sched, h100), _alone(sched, h100)
+    d, t = alone.end[k] - alone.start[k], alone.end[snd] - alone.start[snd]
+    sms, held = 132, p2p_channels(h100, h100.ranks[:2]).of(32 * MB)  # type: ignore[union-attr]
+    assert held == 8 and t < d  # two ranks: 16 per peer, halved while x 2 ranks > 16 P2P channels
+    assert res.end[snd] == alone.end[snd]
+    assert res.end[k] == pytest.approx(d + t * held / sms, rel=1e-12)
+    assert res.slowed[k] == pytest.approx(t * held / sms, rel=1e-9)  # type: ignore[index]
+    assert (res.end == simulate_reference(sched, h100).end).all()
+
+
+def test_a_kernel_longer_than_nothing_it_overlaps_is_not_slowed(h100):
+    sched, k, snd = _step(h100, 2e12, 32 * MB, "after")  # the send waits for the kernel
+    res, alone = simulate(sched, h100), _alone(sched, h100)
+    assert res.end[k] == alone.end[k] and res.end[snd] == alone.end[snd]
+    assert res.slowed[k] == 0.0  # type: ignore[index]
+
+
+def test_a_memory_bound_kernel_is_not_slowed(h100):
+    """Its SM-bound share f is small: (S - h) / (S f) > 1, it runs at full speed beside the transfer."""
+    sched = Schedule(2)
+    k = sched.add_compute(0, "k", nbytes=4e9, flops=1e9, dtype="bf16", fused=True)
+    sched.add_transfer(0, 1, 32 * MB, "x")
+    res, alone = simulate(sched, h100), _alone(sched, h100)
+    assert res.end[k] == alone.end[k]
+
+
+def test_a_kernel_under_a_whole_transfer_and_the_receiver_too(h100):
+    """The receiver holds its channels as the sender does, from the transfer's start (the receive, posted at once,
+    waits for the send, posted after the sender's kernel: holding nothing meanwhile) to its end: a kernel there,
+    covering the transfer, ends t h / S later; on the sender, whose send waits for its kernel, nothing is slowed."""
+    sched = Schedule(2)
+    k1 = sched.add_compute(1, "k1", flops=4e12, dtype="bf16", fused=True)
+    k0 = sched.add_compute(0, "k0", flops=1e12, dtype="bf16", fused=True)
+    snd, _ = sched.add_transfer(0, 1, 64 * MB, "x", send_deps=[k0])
+    res, alone = simulate(sched, h100), _alone(sched, h100)
+    held = p2p_channels(h100, h100.ranks[:2]).of(64 * MB)  # type: ignore[union-attr]
+    t = alone.end[snd] - alone.start[snd]
+    assert held == 8 and alone.end[snd] < alone.end[k1]
+    assert res.end[k1] == pytest.approx(alone.end[k1] + t * held / 132, rel=1e-12)
+    assert res.end[k0] == alone.end[k0]
+
+
+def test_contention_is_communications_time_in_the_row(h100):
+    """A ring's compute_s is its kernels' durations whatever the SMs held; comm_s and the latency take what
+    contention adds; comm_hidden_frac falls below the share of transfer time run under kernels."""
+    shape = PrefillShape(batch=1, heads=32, head_dim=128, kv_heads=8, sequence=8 * 8192, dtype="bf16", causal=True,
+                         layout="zigzag", backward=True)
+    sched = build_prefill("ring", {"overlap": True}, shape, layout_of(h100))
+    res, alone = simulate(sched, h100), _alone(sched, h100)
+    got, base = critical_timing(res, 8), critical_timing(alone, 8)
+    assert res.makespan > alone.makespan
+    assert got["compute_s"] == pytest.approx(base["compute_s"], rel=1e-12)
+    assert got["comm_hidden_frac"] < got["comm_under_compute_frac"] <= 1.0
+    assert res.slowed is not None and alone.slowed is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.sampled_from([4096.0, 1e6, 3e7, 2e8]), min_size=1, max_size=12),
+       flops=st.lists(st.sampled_from([0.0, 1e10, 1e12, 5e12]), min_size=1, max_size=12), seed=st.integers(0, 99))
+def test_no_kernel_runs_faster_than_alone(h100, sizes, flops, seed):
+    """Random kernels and transfers over 8 GPUs: each kernel lasts at least its duration and at most its duration
+    stretched as if every SM the most transfers may hold were held throughout; the compiled loop is the reference's
+    float for float."""
+    rng = np.random.default_rng(seed)
+    sched = Schedule(8)
+    for i in range(max(len(sizes), len(flops))):
+        a, b = (int(x) for x in rng.choice(8, 2, replace=False))
+        deps = [int(rng.integers(len(sched.ops)))] if sched.ops and rng.random() < 0.5 else []
+        sched.add_compute(a, "k", flops=flops[i % len(flops)], nbytes=1e6, dtype="bf16", deps=deps)
+        sched.add_transfer(a, b, sizes[i % len(sizes)], "x", send_deps=deps)
+    res, alone = simulate(sched, h100), _alone(sched, h100)
+    kernels = np.flatnonzero(res.kind_of <= 1)
+    lasted, dur = (res.end - res.start)[kernels], (alone.end - alone.start)[kernels]
+    assert (lasted >= dur * (1 - 1e-12)).all()
+    assert (lasted <= dur * 132 / (132 - 16) * (1 + 1e-12) + 1e-15).all()  # at most the 16 P2P channels held
+    assert math.isclose(res.makespan, simulate_reference(sched, h100).makespan, rel_tol=0, abs_tol=0)
