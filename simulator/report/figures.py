@@ -21,23 +21,19 @@ import io
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.axis import Axis
-from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
-from PIL import Image
 
 from simulator.report.conclude import feasible, is_categorical, point_view
 
-__all__ = ["DPI", "MAX_COLS", "MAX_PANELS", "MAX_WIDTH_PX", "Dims", "HLine", "dims_of", "facet_figure",
-           "figure_note", "plain_tick", "png", "readable_log_axis", "series_look"]
+if TYPE_CHECKING:
+    from matplotlib.axis import Axis
+    from matplotlib.figure import Figure
+
+__all__ = ["DPI", "MAX_COLS", "MAX_PANELS", "MAX_WIDTH_PX", "Dims", "HLine", "agg", "dims_of", "facet_figure",
+           "facet_png", "figure_note", "plain_tick", "png", "readable_log_axis", "series_look"]
 
 _STYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)))
 _MARKERS = ("o", "s", "^", "D", "v", "P", "*")
@@ -173,7 +169,18 @@ def figure_note(frame: pd.DataFrame) -> str:
             "are drawn, an even sample; the tables and results.csv have every point.")
 
 
+def agg() -> None:
+    """matplotlib loaded and set to draw without a display (Agg). The drawing functions load it when they first
+    draw, not this module when it is imported: what lays figures out or reads results (the report's tables, a run
+    whose figures another process draws, ``--no-report``) never loads it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+
 def _colors(n: int) -> list[Any]:
+    import matplotlib.pyplot as plt
+
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20" if n <= 20 else "turbo")
     return [cmap(i) if n <= 20 else cmap(i / max(n - 1, 1)) for i in range(n)]
 
@@ -207,6 +214,8 @@ def readable_log_axis(axis: Axis, low: float, high: float, most: int = 10) -> No
     """Ticks of a log axis spanning [low, high] that can be read: the densest of 1, 1.2, 1.5 ... 9 / 1, 1.5, 2, 3,
     5, 7 / 1, 2, 5 / 1, 3 / 1 per decade that gives at most about ``most`` ticks (a narrow span, 0.5 to 1.1, still
     gets six), plain numbers, no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+
     decades = max(math.log10(high / low), 0.1) if low > 0 and high > low else 0.1
     subs = next((s for s in _SUBS if decades * len(s) <= most), _SUBS[-1])
     axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=most + 2))
@@ -221,6 +230,8 @@ def _fits(values: list[float]) -> bool:
 
 
 def _x_axis(ax: Any, values: pd.Series, x: str) -> None:
+    from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+
     lo, hi = float(values.min()), float(values.max())
     distinct = sorted(values.unique())
     if lo > 0 and hi / lo >= 8:
@@ -240,9 +251,12 @@ def _x_axis(ax: Any, values: pd.Series, x: str) -> None:
 
 
 def facet_figure(frame: pd.DataFrame, column: str, ylabel: str, *, scale: float = 1.0, log_y: bool = True,
-                 lines: tuple[HLine, ...] = (), algorithms: list[str] | None = None) -> plt.Figure:
+                 lines: tuple[HLine, ...] = (), algorithms: list[str] | None = None) -> Figure:
     """``column`` (times ``scale``) against ``dims_of(frame).x``, one series per algorithm and style combination.
     ``algorithms`` fixes the colours (and their order) across a report's figures."""
+    agg()
+    import matplotlib.pyplot as plt
+
     view, keys = point_view(frame)
     dims = _dims(view, keys)
     algos = list(dict.fromkeys([*(algorithms or []), *view["algorithm"].astype(str)]))
@@ -296,7 +310,7 @@ def facet_figure(frame: pd.DataFrame, column: str, ylabel: str, *, scale: float 
             _x_axis(ax, view[dims.x], dims.x)
         if log_y:
             ax.set_yscale("log")
-        ax.set_title(panel.title, fontsize=10)
+        ax.set_title(panel.title, fontsize=10, y=1.0)  # placed, not searched for (nothing is drawn above a panel)
         ax.grid(True, which="major", alpha=0.3)
     if log_y:
         values = pd.concat(ys) if ys else pd.Series(dtype=float)
@@ -324,10 +338,12 @@ def facet_figure(frame: pd.DataFrame, column: str, ylabel: str, *, scale: float 
     return fig
 
 
-def _legend(fig: plt.Figure, algos: list[str], colors: dict[str, Any], dims: Dims, combos: list[tuple[Any, ...]],
+def _legend(fig: Figure, algos: list[str], colors: dict[str, Any], dims: Dims, combos: list[tuple[Any, ...]],
             look: dict[tuple[Any, ...], tuple[Any, str]], any_oom: bool, lines: tuple[HLine, ...]) -> float:
     """One legend right of the panels, of what is drawn; returns the width it needs (inches, estimated from its
     longest label)."""
+    from matplotlib.lines import Line2D
+
     handles: list[Any] = [Line2D([], [], color=colors[a], linewidth=2.5) for a in algos]
     labels = list(algos)
     if dims.style:
@@ -350,16 +366,27 @@ def _legend(fig: plt.Figure, algos: list[str], colors: dict[str, Any], dims: Dim
     return ncol * (0.75 + 0.062 * max(len(label) for label in labels)) + 0.1
 
 
-def png(fig: plt.Figure) -> bytes:
-    """The figure as PNG bytes, at most :data:`MAX_WIDTH_PX` wide, in a palette of 256 colours; closes it."""
-    buf = io.BytesIO()
-    dpi = min(DPI, math.floor(MAX_WIDTH_PX / fig.get_figwidth()))
-    fig.savefig(buf, format="png", dpi=dpi)
+def png(fig: Figure) -> bytes:
+    """The figure as PNG bytes, at most :data:`MAX_WIDTH_PX` wide, in a palette of 256 colours; closes it.
+
+    The figure is drawn once on an Agg canvas and its pixels taken as they are (what ``savefig`` would encode as a
+    PNG, decoded again: the same pixels, without the round trip)."""
+    agg()
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    fig.set_dpi(min(DPI, math.floor(MAX_WIDTH_PX / fig.get_figwidth())))
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    rgb = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).convert("RGB")
     plt.close(fig)
-    buf.seek(0)
-    with Image.open(buf) as image:
-        small = image.convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE,
-                                               dither=Image.Dither.NONE)
+    small = rgb.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
     out = io.BytesIO()
     small.save(out, format="PNG", optimize=True)
     return out.getvalue()
+
+
+def facet_png(frame: pd.DataFrame, column: str, ylabel: str, **kwargs: Any) -> bytes:
+    """:func:`facet_figure`'s PNG (:func:`png`): a report's figure job (:mod:`simulator.report.render`)."""
+    return png(facet_figure(frame, column, ylabel, **kwargs))

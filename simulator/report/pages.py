@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pandas as pd
 
-from simulator.report.collective import collective_blocks, flows_blocks
 from simulator.report.conclude import (
     LATENCY,
     TPOT,
@@ -47,19 +47,21 @@ from simulator.report.document import (
     to_html,
     to_markdown,
 )
-from simulator.report.figures import HLine, dims_of, facet_figure, figure_note, png
+from simulator.report.figures import HLine, dims_of, facet_png, figure_note
 from simulator.report.labels import column_label, latency_caption, latency_label, rows_kind
-from simulator.report.timeline import gantt
+from simulator.report.render import Drawer, Job, start_render
+from simulator.report.timeline import gantt_png
 from simulator.schedule.memory import usable_bytes
 from simulator.support.files import replace_all, temp_beside, write_text_atomic
 
-__all__ = ["LARGE_POINTS", "META_FILE", "TIMELINE_FILE", "baseline_of", "timeline_caption", "write_pages",
-           "write_report"]
+__all__ = ["LARGE_POINTS", "META_FILE", "TIMELINE_FILE", "baseline_of", "start_report", "timeline_caption",
+           "write_pages", "write_report"]
 
 META_FILE = "meta.json"
 TIMELINE_FILE = "timeline.csv"
 LARGE_POINTS = 50  # past this many sweep points a report opens with summaries and links the full results.csv
 TOP = 10  # the points with the largest and the smallest speedups that a large sweep's report lists
+_GANTT_BARS = 5000  # the timeline draws in 1.5 facet figures' time and one more per this many bars (start_render)
 _MAX_RATIOS = 5  # beyond this many algorithms the latency table has no baseline/x columns (the speedup figure has)
 
 
@@ -101,31 +103,34 @@ def baseline_of(frame: pd.DataFrame, meta: dict[str, Any]) -> str | None:
     return str(frame["algorithm"].iloc[0]) if "algorithm" in frame and len(frame) else None
 
 
-def _image(name: str, frame: pd.DataFrame, column: str, ylabel: str, caption: str, **kwargs: Any) -> Image:
-    return Image(name, png(facet_figure(frame, column, ylabel, **kwargs)), caption + figure_note(frame))
+def _image(jobs: dict[str, Job], name: str, frame: pd.DataFrame, column: str, ylabel: str, caption: str,
+           **kwargs: Any) -> Image:
+    """The figure's block, its bytes to come: drawing it is a job of ``jobs`` (:func:`write_report` draws them)."""
+    jobs[name] = Job(facet_png, (frame, column, ylabel), kwargs)
+    return Image(name, b"", caption + figure_note(frame))
 
 
 def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, baseline: str | None,
-             measure: Measure) -> list[Block]:
+             measure: Measure, jobs: dict[str, Job]) -> list[Block]:
     target = (meta.get("targets") or {}).get("latency_s")
     algos = list(dict.fromkeys(frame["algorithm"]))
     lat_lines = (HLine(target * 1e3, f"target {target * 1e3:g} ms", "crimson"),) if target else ()
     blocks: list[Block] = [Heading("Figures")]
     if measure is TPOT:
-        blocks.append(_image("tpot.png", frame, "tpot_s", column_label("tpot_s"),
+        blocks.append(_image(jobs, "tpot.png", frame, "tpot_s", column_label("tpot_s"),
                              "Mean time per output token: the decode steps' mean latency.", scale=1e3,
                              algorithms=algos))
     else:
-        blocks.append(_image("latency.png", frame, "latency_s", f"{latency_label(frame)} (ms)",
+        blocks.append(_image(jobs, "latency.png", frame, "latency_s", f"{latency_label(frame)} (ms)",
                              latency_caption(frame) + (f" Target {target * 1e3:g} ms drawn." if target else ""),
                              scale=1e3, lines=lat_lines, algorithms=algos))
     if "p99_s" in frame and frame["p99_s"].notna().any():
-        blocks.append(_tail_image(frame, algos))
+        blocks.append(_tail_image(frame, algos, jobs))
     if baseline is not None and baseline in algos and len(algos) > 1:
         sp = _with_speedup(frame, baseline, measure.column)
         sp = sp[sp["algorithm"] != baseline]
         blocks.append(_image(
-            "speedup.png", sp, "speedup", f"speedup over {baseline} (x)",
+            jobs, "speedup.png", sp, "speedup", f"speedup over {baseline} (x)",
             f"`{baseline}`'s {measure.noun} over each algorithm's, at the same point (above 1: faster than "
             f"`{baseline}`; hollow: the algorithm or `{baseline}` runs out of memory).",
             lines=(HLine(1.0, f"{baseline} (1x)", "gray", ":"),), algorithms=algos))
@@ -134,10 +139,10 @@ def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, 
         first = view.drop_duplicates(keys) if keys else view.iloc[:1]
         label = "prefill " + ", ".join(dict.fromkeys(first["prefill"].astype(str))) if "prefill" in first \
             else "prefill"
-        blocks.append(_image("ttft.png", frame.loc[first.index].assign(algorithm=label), "ttft_s",
+        blocks.append(_image(jobs, "ttft.png", frame.loc[first.index].assign(algorithm=label), "ttft_s",
                              column_label("ttft_s"), "Time to first token: the prefill, the same for every decode "
                              "schedule.", scale=1e3))
-        blocks.append(_image("latency.png", frame, "latency_s", f"{latency_label(frame)} (ms)",
+        blocks.append(_image(jobs, "latency.png", frame, "latency_s", f"{latency_label(frame)} (ms)",
                              latency_caption(frame) + (f" Target {target * 1e3:g} ms drawn." if target else ""),
                              scale=1e3, lines=lat_lines, algorithms=algos))
     mem_lines = []
@@ -147,17 +152,17 @@ def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, 
         if frac and frac < 1:
             usable = usable_bytes(capacity, frac)
             mem_lines.append(HLine(usable / 1e9, f"usable ({frac:.0%}) {usable / 1e9:.4g} GB", "gray"))
-    blocks.append(_image("memory.png", frame, "peak_mem_bytes", "peak memory per rank (GB)",
+    blocks.append(_image(jobs, "memory.png", frame, "peak_mem_bytes", "peak memory per rank (GB)",
                          "Peak memory of the fullest rank, in GB (1e9 bytes).", scale=1e-9, lines=tuple(mem_lines),
                          algorithms=algos))
     moved = frame[frame["bytes_moved"] > 0]
     if len(moved):
-        blocks.append(_image("bytes.png", moved, "bytes_moved", "bytes moved, all ranks (GB)",
+        blocks.append(_image(jobs, "bytes.png", moved, "bytes_moved", "bytes moved, all ranks (GB)",
                              "Bytes sent by all ranks together, in GB.", scale=1e-9, algorithms=algos))
     return blocks
 
 
-def _tail_image(frame: pd.DataFrame, algos: list[str]) -> Image:
+def _tail_image(frame: pd.DataFrame, algos: list[str], jobs: dict[str, Job]) -> Image:
     """With a scenario's ``variability:`` (simulator.run.whatif): each algorithm's latency over the trials, its
     median, 99th percentile and largest value, one line each."""
     rows = frame[frame["p99_s"].notna()]
@@ -167,7 +172,7 @@ def _tail_image(frame: pd.DataFrame, algos: list[str]) -> Image:
     stacked = pd.concat(parts, ignore_index=True)
     labels = [f"{a} {name}" for a in algos for _, name in stats]
     trials = int(rows["trials"].max())
-    return _image("tail.png", stacked, "tail", "latency over the trials (ms)",
+    return _image(jobs, "tail.png", stacked, "tail", "latency over the trials (ms)",
                   f"Latency over {trials} trials with varied kernel and transfer durations: the median (p50), the "
                   "99th percentile and the largest, per algorithm (results.csv: p50_s, p90_s, p99_s, max_s).",
                   scale=1e3, algorithms=labels)
@@ -227,8 +232,8 @@ def _large(frame: pd.DataFrame, table: pd.DataFrame, measure: Measure, results: 
     return blocks
 
 
-def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, results: str
-                    ) -> list[Block]:
+def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, results: str,
+                    jobs: dict[str, Job]) -> list[Block]:
     target = (meta.get("targets") or {}).get("latency_s")
     baseline = baseline_of(frame, meta)
     measure = measure_of(frame)
@@ -243,7 +248,7 @@ def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float |
     else:  # nothing to compare an algorithm with: no fastest, no speedup, no runner-up
         blocks += [Para("Per sweep point:"), Table(table.drop(columns=[
             c for c in table.columns if c in ("fastest", "next best") or "speedup over " in str(c)]))]
-    blocks += _figures(frame, meta, capacity, baseline, measure)
+    blocks += _figures(frame, meta, capacity, baseline, measure, jobs)
     if large:
         return blocks
     tables = [(TPOT, "Time per output token (ms)"), (LATENCY, f"{latency_label(frame).capitalize()} (ms)")] \
@@ -294,20 +299,36 @@ def _intro(title: str, meta: dict[str, Any], rows: int) -> list[Block]:
 
 
 def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline: pd.DataFrame | None = None,
-                 capacity_bytes: float | None = None, results: str = "results.csv") -> list[Path]:
+                 capacity_bytes: float | None = None, results: str = "results.csv", drawer: Drawer | None = None
+                 ) -> list[Path]:
     """Write ``report.md``, ``report.html`` and the figures (PNG) into ``out``; returns the files written. Every
     kind of rows opens with its conclusions. ``results``: the results file, relative to ``out`` (what a large
-    sweep's report links to)."""
+    sweep's report links to). ``drawer``: a process ready to draw the figures (:mod:`.render`; it is closed), else
+    they are drawn here."""
+    return start_report(frame, out, meta, timeline, capacity_bytes, results, drawer)()
+
+
+def start_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline: pd.DataFrame | None = None,
+                 capacity_bytes: float | None = None, results: str = "results.csv", drawer: Drawer | None = None
+                 ) -> Callable[[], list[Path]]:
+    """:func:`write_report` in two steps: the report's blocks made and its figures started (by ``drawer``, if
+    given); the function returned waits for the figures and writes the files. The caller may write other files in
+    between, while the figures are drawn."""
     title = f"treering report: {meta.get('scenario', '?')}"
     blocks = _intro(title, meta, len(frame))
     kind = rows_kind(frame)
     link = _csv_link(results)
+    jobs: dict[str, Job] = {}  # the figures to draw, each block's bytes to come (drawn below, two at a time)
     if kind == "collective" and frame["busbw_GBps"].notna().any():
+        from simulator.report.collective import collective_blocks  # (draws its figures itself, with matplotlib)
+
         blocks += collective_blocks(frame[frame["busbw_GBps"].notna()], LARGE_POINTS, link)
     elif kind == "flows" and len(frame):
+        from simulator.report.collective import flows_blocks
+
         blocks += flows_blocks(frame, LARGE_POINTS * 10, link)
     elif "latency_s" in frame and frame["latency_s"].notna().any():
-        blocks += _latency_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes, results)
+        blocks += _latency_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes, results, jobs)
     else:
         shown = frame.head(LARGE_POINTS)
         blocks += [Heading("Conclusions"), Items((f"No row has a result to compare (see the `error` column, if any, "
@@ -315,8 +336,16 @@ def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
                    Heading("Results" if len(shown) == len(frame) else f"The first {len(shown)} of {len(frame)} rows"),
                    Table(shown)]
     if timeline is not None and len(timeline):
-        blocks += [Heading("Timeline"), Image("timeline.png", png(gantt(timeline)), timeline_caption(meta))]
-    figures = {b.name: b.data for b in blocks if isinstance(b, Image)}
-    written = write_pages(out, title, blocks, figures)
-    write_text_atomic(out / META_FILE, json.dumps(meta, indent=2))
-    return [*written, out / META_FILE]
+        jobs["timeline.png"] = Job(gantt_png, (timeline,), cost=1.5 + len(timeline) / _GANTT_BARS)
+        blocks += [Heading("Timeline"), Image("timeline.png", b"", timeline_caption(meta))]
+    drawing = start_render(jobs, drawer)
+
+    def finish() -> list[Path]:
+        drawn = drawing()
+        done = [replace(b, data=drawn[b.name]) if isinstance(b, Image) and b.name in drawn else b for b in blocks]
+        figures = {b.name: b.data for b in done if isinstance(b, Image)}
+        written = write_pages(out, title, done, figures)
+        write_text_atomic(out / META_FILE, json.dumps(meta, indent=2))
+        return [*written, out / META_FILE]
+
+    return finish

@@ -18,24 +18,22 @@ without the ``ops`` / ``critical`` / ``ranks_total`` columns (written by an olde
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.collections import PolyCollection
-from matplotlib.patches import Patch
 
 from simulator.engine.core import SimResult
+from simulator.report.figures import agg, png
 from simulator.schedule.core import Schedule
 from simulator.schedule.op import OP_KINDS
 from simulator.support.gcpause import gc_paused
 
-__all__ = ["MAX_RANKS", "RESOLUTION", "SWITCH_LABEL", "TIMELINE_COLUMNS", "bound_timeline", "gantt", "shown_ranks",
-           "timeline_frame"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["MAX_RANKS", "RESOLUTION", "SWITCH_LABEL", "TIMELINE_COLUMNS", "bound_timeline", "gantt", "gantt_png",
+           "shown_ranks", "timeline_frame"]
 
 MAX_RANKS = 16
 RESOLUTION = 2000  # gaps under makespan / RESOLUTION are merged (the figure is about 1,000 pixels wide)
@@ -138,8 +136,13 @@ def _caption(part: pd.DataFrame, ranks: Sequence[int]) -> str:
     return f"{which}{note}{bars}"
 
 
-def gantt(timeline: pd.DataFrame) -> plt.Figure:
+def gantt(timeline: pd.DataFrame) -> Figure:
     """One panel per algorithm, one row per shown rank (send and receive lanes below its compute lane)."""
+    agg()  # matplotlib loaded when a figure is drawn (simulator.report.figures.agg)
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Patch
+
     timeline = _complete(timeline)
     algos = list(dict.fromkeys(timeline["algorithm"]))
     shown = {a: sorted(timeline.loc[timeline["algorithm"] == a, "rank"].unique()) for a in algos}
@@ -165,10 +168,15 @@ def gantt(timeline: pd.DataFrame) -> plt.Figure:
         ax.set_yticks([i + 0.3 for i in range(len(ranks))],
                       [SWITCH_LABEL if r in switches else f"{r}*" if r in critical else str(r) for r in ranks],
                       fontsize=7)
-        ax.set_title(f"{algo}: {_caption(part, ranks)}", fontsize=9)
+        ax.set_title(f"{algo}: {_caption(part, ranks)}", fontsize=9, y=1.0)  # placed: nothing is drawn above
         ax.set_ylabel("rank")
         ax.invert_yaxis()
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     axes[-1, 0].set_xlabel("time (ms)")
     fig.tight_layout()
     return fig
+
+
+def gantt_png(timeline: pd.DataFrame) -> bytes:
+    """:func:`gantt`'s PNG: a report's figure job (:mod:`simulator.report.render`)."""
+    return png(gantt(timeline))

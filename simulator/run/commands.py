@@ -22,8 +22,9 @@ from simulator.engine.warmup import load_compiled
 from simulator.errors import InputError
 from simulator.models.presets import PRESETS
 from simulator.report.labels import printed_table
-from simulator.report.pages import TIMELINE_FILE, write_report
+from simulator.report.pages import TIMELINE_FILE, start_report, write_report
 from simulator.report.read import read_report_inputs, resumable_rows
+from simulator.report.render import Drawer
 from simulator.report.timeline import timeline_frame
 from simulator.report.trace import chrome_trace, describe_cut, parse_ranks, parse_window
 from simulator.run.prepare import check_points, point_runs, prepare_point
@@ -57,22 +58,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.resume:  # a damaged results.csv is refused before anything is written
             resumable_rows(out / "results.csv", len(points), lambda note: print(f"treering: note: {note}",
                                                                                  file=sys.stderr))
-        # the compiled code first: preparing a point routes its cluster, which would otherwise compile the router
-        # here, alone, before the engine's parallel warm-up (a fresh install's first run: 52 s instead of 30)
-        load_compiled()
-        prepared = check_points(points, args.numeric)
-        if args.sets:
-            base = load_scenario(args.scenario, force=args.force)[0]
-            for note in whatif_notes(base.scenario.topology, args.sets, dict(base.scenario.topology_params),
-                                      base.base_dir):
-                print(f"treering: note: {note}", file=sys.stderr)
-        values = resolved(prepared)
-        print(f"treering: {points[0].scenario.name}: {len(points)} point(s); {header(values)}", file=sys.stderr)
-        return _run_locked(args, points, prepared, out, values)
+        # the report's figures: a process that loads matplotlib now, on another CPU, and draws them at the end
+        drawer = None if args.no_report else Drawer.start()
+        try:
+            # the compiled code first: preparing a point routes its cluster, which would otherwise compile the
+            # router here, alone, before the engine's parallel warm-up (a fresh install's first run: 52 s, not 30)
+            load_compiled()
+            prepared = check_points(points, args.numeric)
+            if args.sets:
+                base = load_scenario(args.scenario, force=args.force)[0]
+                for note in whatif_notes(base.scenario.topology, args.sets, dict(base.scenario.topology_params),
+                                          base.base_dir):
+                    print(f"treering: note: {note}", file=sys.stderr)
+            values = resolved(prepared)
+            print(f"treering: {points[0].scenario.name}: {len(points)} point(s); {header(values)}", file=sys.stderr)
+            return _run_locked(args, points, prepared, out, values, drawer)
+        finally:
+            if drawer is not None:
+                drawer.close()
 
 
 def _run_locked(args: argparse.Namespace, points: list[Point], prepared: list[PreparedPoint], out: Path,
-                values: dict[str, Any]) -> int:
+                values: dict[str, Any], drawer: Drawer | None = None) -> int:
     keep = None if args.no_report else args.timeline_point
     outcome = run_sweep(prepared, out, jobs=args.jobs, executor=args.executor, scheduler=args.scheduler,
                         resume=args.resume, progress=sys.stderr.isatty(), timeline_point=keep)
@@ -88,7 +95,6 @@ def _run_locked(args: argparse.Namespace, points: list[Point], prepared: list[Pr
         timeline = outcome.timeline  # from the sweep's own simulation; a resumed point is simulated again
         if timeline is None:
             timeline = timeline_frame(point_runs(prep))
-        write_csv_atomic(timeline, out / TIMELINE_FILE)
         sc = prep.point.scenario
         meta: dict[str, Any] = {"scenario": sc.name, "source": args.scenario, "topology": _topology_label(points),
                 "version": __version__, "command": shlex.join(["treering", *args.argv]),
@@ -96,7 +102,9 @@ def _run_locked(args: argparse.Namespace, points: list[Point], prepared: list[Pr
                 "baseline": sc.baseline or (prep.algorithms[0].label if prep.algorithms else None),
                 "mem_fraction": sc.mem_fraction, "resolved": values,
                 **_report_meta(prep.point)}
-        write_report(frame, out, meta, timeline, meta["capacity_bytes"])
+        finish = start_report(frame, out, meta, timeline, meta["capacity_bytes"], drawer=drawer)
+        write_csv_atomic(timeline, out / TIMELINE_FILE)  # while the figures are drawn
+        finish()
         say(f"wrote {out / 'report.md'} and {out / 'report.html'}")
     return 1 if outcome.failed else 0
 
