@@ -18,6 +18,7 @@ from simulator.collectives.p2p import P2pChannels, p2p_channels
 from simulator.engine import core
 from simulator.engine.core import simulate
 from simulator.engine.reference import simulate_reference
+from simulator.report.trace import chrome_trace
 from simulator.run.prepared import layout_of
 from simulator.run.timing import critical_timing
 from simulator.schedule.core import Schedule
@@ -159,3 +160,13 @@ def test_no_kernel_runs_faster_than_alone(h100, sizes, flops, seed):
     assert (lasted >= dur * (1 - 1e-12)).all()
     assert (lasted <= dur * 132 / (132 - 16) * (1 + 1e-12) + 1e-15).all()  # at most the 16 P2P channels held
     assert math.isclose(res.makespan, simulate_reference(sched, h100).makespan, rel_tol=0, abs_tol=0)
+
+
+def test_the_trace_says_what_contention_added_to_a_kernel(h100):
+    sched, k, _ = _step(h100, 2e12, 32 * MB, "with")
+    res = simulate(sched, h100)
+    trace = chrome_trace([("x", res, h100.ranks[:2])], h100)
+    (kernel,) = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["args"].get("op") == k]
+    assert kernel["args"]["contention_us"] == pytest.approx(res.slowed[k] * 1e6)  # type: ignore[index]
+    assert all("contention_us" not in e["args"] for e in trace["traceEvents"]
+               if e.get("ph") == "X" and e["args"].get("op") != k)

@@ -96,12 +96,16 @@ def chrome_trace(runs: Sequence[tuple[str, SimResult, Sequence[str]]], cluster: 
         inside = ~((result.end[ids] < lo) | (result.start[ids] > hi))
         cut.ops += int(len(ids) - inside.sum())
         ids = ids[inside]
+        slowed = result.slowed
         for i, start, end, op in zip(ids.tolist(), result.start[ids].tolist(), result.end[ids].tolist(),
                                      result.ops.take(ids), strict=True):
+            args: dict[str, Any] = {"op": i, "bytes": op.nbytes, "flops": op.flops}
+            if slowed is not None and slowed[i] > 0:  # what transfers holding the GPU's SMs added (contention)
+                args["contention_us"] = float(slowed[i]) * 1e6
             events.append({
                 "name": op.name, "cat": op.kind, "ph": "X", "pid": rank_pid[op.rank],
                 "tid": 0 if op.kind in COMPUTE_KINDS else 1, "ts": start * 1e6,
-                "dur": (end - start) * 1e6, "args": {"op": i, "bytes": op.nbytes, "flops": op.flops},
+                "dur": (end - start) * 1e6, "args": args,
             })
         pid = next(pids)
         events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{label}: links"}})
