@@ -15,6 +15,13 @@ distinct GPU-to-GPU links. We follow that rule on the cluster graph:
   share a NIC (a PCIe switch with two GPUs and their NIC) the channel enters at the second and leaves at the first,
   so that it goes on to the next server by the NIC it came in by (NCCL's rings leave a server by the NIC they
   entered it by where they can, ``src/graph/search.cc``) and every NIC carries its channel;
+* several servers whose GPUs are unevenly spread over their NICs (a GPU with two NICs on its PCIe switch, GPUs with
+  none, every NIC behind the host bridge of a VM), where the rule above misses the NICs NCCL uses: NCCL's own
+  assignment (:class:`_NcclNets`: ``ncclTopoGetLocalNet``, PXN, the ring search), each channel on the NIC the
+  search gives it, entering a server at a GPU local to that NIC and leaving at one whose path to it NCCL accepts
+  (its own, or through the NIC's GPU: PXN). A route's NIC, among equally near ones, is its ECMP hash's pick for the
+  GPU pair, so each hop joins a pair whose route takes the channel's NIC or its twin (a NIC on the same switch) and
+  loads no link twice where another pair would not (:meth:`Fabric._planned`);
 * one server whose GPUs are all directly linked (a mesh: MI300X's Infinity Fabric): rings of pairwise distinct
   directed links, as many as the links allow (:func:`mesh_rings`: 7 rings on 8 GPUs, every xGMI link used once in
   each direction);
@@ -29,18 +36,18 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from simulator.cluster.topology import Cluster
+from simulator.collectives.nccl_nets import MAX_CHANNELS, NVLINK_CLASSES, nccl_plans, rail_rule_is_nccls
 
 __all__ = ["MAX_CHANNELS", "NVLS_DEVICES", "Fabric", "fabric_of", "mesh_rings"]
 
-MAX_CHANNELS = 64  # NCCL src/include/device.h MAXCHANNELS
 _SEARCH_MAX = 8  # GPUs up to which mesh rings come from a search (beyond: steps coprime with the count)
 NVLS_DEVICES = ("h100", "h200", "gh200", "b200", "gb200")  # NVSwitch gen 3+ with NVLink SHARP (Hopper and later)
-_NVLINK_CLASSES = ("nvlink", "infinity-fabric", "xgmi", "mesh")  # NCCL's "NVL" hardware class (RCCL: xGMI)
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,11 @@ class Fabric:
 
     ``hosts[r]``: server index; ``local[r]``: index among its server's GPUs; ``rails``: NICs per server (0 on one
     server); ``nic_gpu[k]``: local index of the GPU where a channel on NIC ``k`` enters a server (its rail's entry:
-    a GPU nearest the NIC, module docstring); ``intra``: NCCL's
+    a GPU nearest the NIC, module docstring); ``nic_plans[k]``: where NCCL's own assignment applies (servers with
+    GPUs unevenly spread over NICs), channel ``k``'s NIC (its name after the server's, ``nic3``), the GPUs it may
+    enter a server at, those it may leave at and how many of those NCCL accepts, NCCL's choice first
+    (:class:`_NcclNets`); ``nic_twins[k]``: the NICs that stand where channel ``k``'s does for NCCL (the same
+    local GPUs, by paths of the same type and bandwidth: two NICs on one PCIe switch); ``intra``: NCCL's
     hardware class inside a server (``nvlink`` or ``pci``); ``mesh``: every GPU pair of a server directly linked;
     ``nvls``: the server's GPUs share an NVSwitch with NVLink SHARP; ``switch``: that switch's node name per host;
     ``device``: the GPUs' device name; ``link_class``: the class of a server's GPU-to-GPU (or GPU-to-switch) links
@@ -60,6 +71,8 @@ class Fabric:
     local: tuple[int, ...]
     rails: int = 0
     nic_gpu: tuple[int, ...] = ()
+    nic_plans: tuple[tuple[str, tuple[int, ...], tuple[int, ...], int], ...] = ()
+    nic_twins: tuple[tuple[str, ...], ...] = ()
     intra: str = "nvlink"
     mesh: bool = False
     nvls: bool = False
@@ -113,9 +126,14 @@ class Fabric:
         """One ring (an order of ``ranks``) per channel; beyond the distinct rings they repeat."""
         groups = self.groups(ranks)
         distinct = self.default_channels(ranks)
+        planned = self._planned(groups) if self.nic_plans and len(groups) > 1 else None
         out = []
         for c in range(channels):
             k = c % distinct
+            if planned is not None:
+                out.append([r for i, (g, (e, x)) in enumerate(zip(groups, planned[k], strict=True))
+                            for r in _through(g, e, x, up=i % 2 == 0)])
+                continue
             if len(groups) == 1 and self.mesh and len(ranks) > 2:
                 out.append([groups[0][i] for i in mesh_rings(len(ranks))[k]])
                 continue
@@ -128,6 +146,72 @@ class Fabric:
                     order += [g[(s - 1 - j) % len(g)] for j in range(len(g))]
             out.append(order)
         return out
+
+    def _planned(self, groups: list[list[int]]) -> list[list[tuple[int, int]]] | None:
+        """Per channel of ``nic_plans``, where it enters and leaves each of ``groups`` (local indices, ``(e, x)``),
+        or None where a group is not a whole server or the servers differ in size (then the rail rule's rings).
+
+        A hop from one server to the next is a route, and of the NICs a GPU is equally near, the route's ECMP hash
+        picks one per GPU pair: the pair decides the NIC. So each hop takes, of the pairs of an exit of the
+        channel's plan and an entry (the plan's, then any GPU: a route relays through no GPU, so where the NIC's
+        own GPUs cannot all be reached by it, NCCL's relays have no counterpart but a route through the host
+        bridge): one that leaves and arrives by the channel's NIC or a twin of it (``nic_twins``: the same to NCCL;
+        else by one at one end), of those one whose route leaves the most bandwidth, counting the hops placed
+        before (NCCL's search puts no two channels on a link that holds one, ``followPath``), then one by the
+        channel's NIC itself, then one into an entry of the plan, then the first in NCCL's order; channel by
+        channel, the first server's entry (one of the plan's) the one whose ring does best."""
+        size = Counter(self.hosts)
+        if (any(len(g) != size[self.hosts[g[0]]] for g in groups) or len({len(g) for g in groups}) > 1
+                or self.cluster is None):
+            return None
+        key = ("nic-rings", tuple(tuple(g) for g in groups))
+        hit = self.memo.get(key)
+        if hit is not None:
+            return list(hit)
+        cluster = self.cluster
+        graph = cluster.graph
+        names = [[cluster.ranks[r] for r in g] for g in groups]
+        n = len(groups)
+        cluster.prepare_routes({(names[i][x], names[(i + 1) % n][e]) for _, _, exits, _ in self.nic_plans
+                                for i in range(n) for x in exits for e in range(len(names[(i + 1) % n]))})
+        load: Counter[tuple[str, str]] = Counter()
+
+        def score(a: str, b: str, twins: tuple[str, ...], extra: Counter[tuple[str, str]]) -> tuple[int, float, int]:
+            route = cluster.route(a, b)
+            left = min(graph.edges[e]["bandwidth"] / (load[e] + extra[e] + 1) for e in route) / 1e9
+            on = [v.split(".", 1)[-1] for _, v in route if graph.nodes[v].get("kind") == "nic"]
+            ends = on[:1] + on[-1:]
+            return sum(v in twins for v in ends), round(left, 3), sum(v == twins[0] for v in ends)
+
+        def pick(k: int) -> tuple[list[tuple[int, int]], Counter[tuple[str, str]]]:
+            (nic, entries, exits, _), twins = self.nic_plans[k], self.nic_twins[k]
+            best: tuple[tuple[int, float, int], list[tuple[int, int]], Counter[tuple[str, str]]] | None = None
+            anywhere = [*entries, *(g for g in range(len(groups[0])) if g not in entries)]
+            for first in entries:
+                ends, used, worst, near, match, e = [], Counter[tuple[str, str]](), math.inf, 0, 0, first
+                for i in range(n):
+                    j = (i + 1) % n
+                    options = [(x, e2) for x in exits if x != e or len(exits) == 1
+                               for e2 in ([first] if j == 0 else anywhere)]
+                    scored = [((*score(names[i][x], names[j][e2], (nic, *twins), used), e2 in entries), x, e2)
+                              for x, e2 in options]
+                    (t, got, m, _), x, e2 = max(scored, key=lambda o: o[0])
+                    worst, near, match = min(worst, got), near + t, match + m
+                    used.update(cluster.route(names[i][x], names[j][e2]))
+                    ends.append((e, x))
+                    e = e2
+                if best is None or (near, worst, match) > best[0]:
+                    best = ((near, worst, match), ends, used)
+            assert best is not None
+            return best[1], best[2]
+
+        plans = []
+        for k in range(len(self.nic_plans)):
+            ends, used = pick(k)
+            load.update(used)
+            plans.append(ends)
+        self.memo[key] = tuple(plans)
+        return plans
 
 
 @functools.cache
@@ -191,13 +275,14 @@ def fabric_of(cluster: Cluster) -> Fabric:
     nics = sorted((n for n, k in graph.nodes(data="kind") if k == "nic" and cluster.host_of(n) == first_host),
                   key=_natural)
     nic_gpu: list[int] = []
+    all_nics = nics
     if len(host_index) > 1:
         second = next(h for h in host_index if h != first_host)
         nics, nic_gpu = _rails(cluster, gpus, [n for n in cluster.ranks if cluster.host_of(n) == second], nics)
     classes = {graph.edges[u, v].get("cls", "") for u in gpus for v in graph.successors(u)
                if graph.nodes[v].get("kind") != "nic"}
-    intra = "nvlink" if classes & set(_NVLINK_CLASSES) else "pci"
-    link_class = min(classes & set(_NVLINK_CLASSES), default=min(classes, default=""))
+    intra = "nvlink" if classes & set(NVLINK_CLASSES) else "pci"
+    link_class = min(classes & set(NVLINK_CLASSES), default=min(classes, default=""))
     mesh = len(gpus) > 1 and all(graph.has_edge(a, b) for a in gpus for b in gpus if a != b)
     switch = []
     by_host: dict[str, list[str]] = {}
@@ -210,9 +295,15 @@ def fabric_of(cluster: Cluster) -> Fabric:
         switch.append(sw[0] if sw and len(members) > 1 else "")
     device = cluster.specs[cluster.ranks[0]].name.lower()
     nvls = intra == "nvlink" and all(switch) and device.startswith(NVLS_DEVICES)
+    plans, twins = ((), ()) if len(host_index) < 2 else nccl_plans(cluster, gpus, all_nics, bool(switch[0]), mesh,
+                                                                     device)
+    if plans and rail_rule_is_nccls(nics, plans, twins):
+        plans, twins = (), ()
+    if plans:  # GPUs unevenly spread over the NICs, and the rail rule misses NCCL's: NCCL's own channels
+        nics, nic_gpu = [p[0] for p in plans], [p[1][0] for p in plans]
     return Fabric(tuple(hosts), tuple(local), rails=len(nics) if len(host_index) > 1 else 0,
-                  nic_gpu=tuple(nic_gpu), intra=intra, mesh=mesh, nvls=nvls, switch=tuple(switch), device=device,
-                  link_class=link_class, cluster=cluster)
+                  nic_gpu=tuple(nic_gpu), nic_plans=plans, nic_twins=twins, intra=intra, mesh=mesh, nvls=nvls,
+                  switch=tuple(switch), device=device, link_class=link_class, cluster=cluster)
 
 
 def _rails(cluster: Cluster, gpus: list[str], peers: list[str], nics: list[str]) -> tuple[list[str], list[int]]:
@@ -237,6 +328,17 @@ def _rails(cluster: Cluster, gpus: list[str], peers: list[str], nics: list[str])
         pair = [j for j in by if (j - 1) % len(leaves) != j and (j - 1) % len(leaves) in by]
         entries.append(pair[0] if pair else by[0])
     return used, entries
+
+
+def _through(group: list[int], e: int, x: int, up: bool) -> list[int]:
+    """``group`` (a server's ranks by local index) as one channel crosses it, entering at ``e`` and leaving at
+    ``x``: upwards from ``e`` (``up``) or downwards, ``x`` kept for last, as the rail rule walks the servers (up on
+    the even ones, from ``s`` round to ``s - 1``, down on the odd ones): on a mesh the direction decides which
+    links the channels share, as on the presets."""
+    n = len(group)
+    step = 1 if up else -1
+    return [group[e], *(group[(e + step * j) % n] for j in range(1, n) if (e + step * j) % n != x)] + (
+        [group[x]] if x != e else [])
 
 
 def _natural(name: str) -> tuple[str, int]:
