@@ -1,6 +1,7 @@
-"""Contention: a point-to-point transfer in flight holds its NCCL channels' SMs on both GPUs, and the SM-bound part of
-a kernel running there stretches by S / (S - h) while it does (closed forms); NCCL's channel counts (its rules, by
-hand); the row's split (contention is communication's time, not compute's)."""
+"""Contention: a point-to-point transfer in flight holds its NCCL channels' SMs on both GPUs, and a kernel running
+there takes its duration on the SMs left (closed forms: a roofline kernel's compute side stretches by S / (S - h),
+its launch and memory side do not; an attention block of one wave takes two); NCCL's channel counts (its rules, by
+hand); the row's split (contention is communication's time, not compute's); the trace's contention_us."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.algorithms.prefill import build_prefill
+from simulator.cluster.devices import duration_with_sms_held
 from simulator.cluster.topology import load_topology
 from simulator.collectives.p2p import P2pChannels, p2p_channels
 from simulator.engine import core
 from simulator.engine.core import simulate
 from simulator.engine.reference import simulate_reference
+from simulator.kernels.tiles import AttentionCall, attention_time, call_dims, full_launch
 from simulator.report.trace import chrome_trace
 from simulator.run.prepared import layout_of
 from simulator.run.timing import critical_timing
@@ -170,3 +173,31 @@ def test_the_trace_says_what_contention_added_to_a_kernel(h100):
     assert kernel["args"]["contention_us"] == pytest.approx(res.slowed[k] * 1e6)  # type: ignore[index]
     assert all("contention_us" not in e["args"] for e in trace["traceEvents"]
                if e.get("ph") == "X" and e["args"].get("op") != k)
+
+
+def test_a_launch_does_not_stretch_and_the_rest_runs_on_the_sms_left(h100):
+    """A roofline kernel with its launch (not fused), wholly under a transfer: launch + t_flops S / (S - h)."""
+    spec = h100.specs[h100.ranks[0]]
+    sched = Schedule(2)
+    k = sched.add_compute(0, "k", flops=2e10, dtype="bf16")
+    sched.add_transfer(0, 1, 256 * MB, "x")  # far longer than the kernel
+    res, alone = simulate(sched, h100), _alone(sched, h100)
+    held = p2p_channels(h100, h100.ranks[:2]).of(256 * MB)  # type: ignore[union-attr]
+    t_flops = 2e10 / (spec.flops_for("bf16") * spec.eff_flops)
+    assert alone.end[k] - alone.start[k] == pytest.approx(spec.launch_s + t_flops, rel=1e-12)
+    assert res.end[k] - res.start[k] == pytest.approx(spec.launch_s + t_flops * 132 / (132 - held), rel=1e-12)
+
+
+def test_a_one_wave_attention_kernel_takes_two_when_sms_are_held(h100):
+    """Wave quantization (the tile model on the SMs left): a forward of exactly 132 CTAs (132 heads x one 128-row
+    block) is one wave on 132 SMs and two on 124, so with 8 SMs held throughout its tiles take twice as long (an
+    H100 GEMM of 132 CTAs beside a 24-CTA all-gather "nearly doubles", NVIDIA developer forum, thread 337991)."""
+    spec = h100.specs[h100.ranks[0]]
+    call = AttentionCall(128, 132, 1, (full_launch(128, 2048),))
+    dims = call_dims((132 * 128, 2048, 128, 1.0), call)
+    alone = attention_time(spec, False, "bf16", dims)
+    held = duration_with_sms_held(spec, 8, 0.0, 0.0, "bf16", "attn-fwd", dims, False)
+    overhead = spec.launch_s  # one launch, outside the waves
+    assert alone is not None and (held - overhead) / (alone - overhead) == pytest.approx(2.0, rel=1e-9)
+    one_more = duration_with_sms_held(spec, 1, 0.0, 0.0, "bf16", "attn-fwd", dims, False)
+    assert one_more == pytest.approx(held, rel=1e-12)  # one SM short is a second wave already

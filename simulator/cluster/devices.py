@@ -39,11 +39,11 @@ __all__ = [
     "ATTENTION_KERNELS",
     "DeviceSpec",
     "compute_time",
+    "duration_with_sms_held",
     "flops_efficiency",
     "parse_device_spec",
     "profiled_time",
     "roofline",
-    "sm_share",
 ]
 
 
@@ -95,13 +95,27 @@ def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, laun
     return ((spec.launch_s if launch else 0.0) + max(roofline(spec, flops, nbytes, dtype, fn))) * spec.slowdown
 
 
-def sm_share(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, launch: bool = True, fn: str = "") -> float:
-    """The part of a roofline kernel's time (:func:`compute_time`) that its SMs' arithmetic takes, ``t_flops /
-    (launch + max(t_flops, t_mem))``: what stretches when fewer SMs run it (the engine's contention; a kernel
-    timed by its tiles or a measured profile counts as wholly SM-bound, 1)."""
+def duration_with_sms_held(spec: DeviceSpec, held: int, flops: float, nbytes: float, dtype: str, fn: str,
+                           dims: tuple[float, ...], fused: bool) -> float:
+    """A kernel's seconds on ``spec`` while ``held`` of its SMs are taken by other work (NCCL's CTAs: the engine's
+    contention), timed as the engine times it alone (a profile, else its tiles, else the roofline) on the SMs left:
+    an attention block by its tiles on ``sm_count - held`` SMs (their waves re-quantized), a roofline kernel
+    ``launch + max(t_flops sm_count / (sm_count - held), t_mem)`` (the launch and the memory side do not stretch),
+    a measured profile as if wholly SM-bound (``x sm_count / (sm_count - held)``: the profile does not say)."""
+    sms = spec.sm_count
+    left = sms - held
+    if left <= 0:
+        raise ValueError(f"{held} SMs held of the {sms} of {spec.name}")
+    profile = None if fused else kernel_profile(spec, fn, dtype, dims)
+    if profile is not None:
+        return profile.predict(dims)[0] * spec.slowdown * sms / left
+    which = ATTENTION_KERNELS.get(fn)
+    if not fused and which and dims and which not in spec.attention_eff:
+        tiled = attention_time(spec, which == "backward", dtype, dims, sms=left)
+        if tiled is not None:
+            return tiled * spec.slowdown
     t_flops, t_mem = roofline(spec, flops, nbytes, dtype, fn)
-    total = (spec.launch_s if launch else 0.0) + max(t_flops, t_mem)
-    return t_flops / total if total > 0 else 0.0
+    return ((0.0 if fused else spec.launch_s) + max(t_flops * sms / left, t_mem)) * spec.slowdown
 
 
 def profiled_time(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]

@@ -12,8 +12,10 @@ How many channels (NCCL ``master`` at 5067397; the same rules since 2.19):
 * **per peer** (``ncclTopoGetNchannels``, ``src/graph/paths.cc``): an NVLink peer ``2 max(1, floor(path GB/s /
   NVLink GB/s))`` (one NVLink's bandwidth: ``SM80_NVLINK_BW`` 20, ``SM90_NVLINK_BW`` 20.6, ``SM100_NVLINK_BW``
   40.1 GB/s, ``src/graph/topo.h``), a PCIe peer 2, a peer on another server ``max(NICs, ceil(NIC GB/s /
-  P2P_PER_CHANNEL_NET_BW))`` with ``NCCL_P2P_PER_CHANNEL_NET_BW`` 14 GB/s. The communicator takes the fewest over
-  all its peers (``ncclTopoComputeP2pChannelsPerPeer``), rounded up to a power of two;
+  P2P_PER_CHANNEL_NET_BW))`` with ``NCCL_P2P_PER_CHANNEL_NET_BW`` 14 GB/s (one NIC: a GPU's route to another server
+  leaves by one). The communicator (the schedule's GPUs: ``batch_isend_irecv`` runs on the group's communicator,
+  as ring attention's implementations call it) takes the fewest over all its peers
+  (``ncclTopoComputeP2pChannelsPerPeer``), rounded up to a power of two;
 * **the communicator's P2P channels** (``ncclTopoComputeP2pChannels``): its collective channels (NCCL's count for
   the ranks' rings: :func:`simulator.collectives.caps.nccl_channels`) rounded up to a power of two, at most
   ``MAXCHANNELS`` (64). Across servers the per-peer count halves while ``per-peer x ceil(ranks / 8)`` exceeds them
@@ -26,8 +28,10 @@ How many channels (NCCL ``master`` at 5067397; the same rules since 2.19):
   ``NCCL_P2P_PCI_CHUNKSIZE`` 128 KiB otherwise (``src/init.cc``).
 
 A KB-sized decode message takes one channel; a ring step's MB-sized block of keys and values 2 to 4 (8 x H100 in
-one server: 2; 16 servers, one GPU each: 4). A send and a receive in flight on one GPU hold their channels each
-(they map to different channels of the plan: one per peer). Only NVIDIA GPUs are counted (RCCL's rules differ and
+one server: 2; 16 servers, one GPU each: 4). A ring step's send to the next rank and receive from the previous one,
+grouped, run as one kernel on the larger of their channel counts (``addP2pToPlan``: ``nChannelsMax =
+std::max(nChannels[0], nChannels[1])``), and a communicator runs its NCCL kernels one at a time on its stream: a
+GPU holds the most any of its transfer ends in flight holds. Only NVIDIA GPUs are counted (RCCL's rules differ and
 are not modelled): elsewhere a transfer holds nothing.
 """
 

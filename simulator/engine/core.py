@@ -27,14 +27,17 @@
   (:mod:`simulator.collectives.p2p`: NCCL's channel count for the message's size) from the transfer's start (both
   ends posted) to its end. (An op is posted when its data dependencies are met; PyTorch launches NCCL's kernel only
   after the work queued before it on the GPU, ``ProcessGroupNCCL`` making its stream wait for the current one, so
-  a posted end waiting for its peer is not counted as holding SMs.) While ``h`` of a rank's ``S`` SMs are
-  held (at most its communicator's P2P channels), the SM-bound part ``f`` of a kernel's duration
-  (:func:`kernel_sm_share`: the roofline's compute time over its duration; 1 for a kernel timed by its tiles or a
-  profile) runs on ``S - h`` SMs: the kernel progresses at ``min(1, (S - h) / (S f))`` of its speed alone. So a
-  kernel of duration ``d`` (``f = 1``) overlapped by a transfer for ``t`` ends ``t h / S`` late, and a
-  memory-bound one not at all. Kernels then run one at a time from a FIFO per rank, each re-timed whenever the SMs
-  held change; the time contention adds to a kernel is :attr:`SimResult.slowed` (rows count it as communication).
-  Transfers inside collectives hold no SMs here (their kernels are not modelled yet).
+  a posted end waiting for its peer is not counted as holding SMs.) A GPU holds ``h``: the most any of its
+  transfer ends in flight holds (a grouped send and receive are one kernel on the larger channel count, and a
+  communicator runs one kernel at a time), at most its communicator's P2P channels. A kernel then runs at its
+  duration alone over its duration on the ``S - h`` SMs left (:func:`contention_rates`,
+  :func:`simulator.cluster.devices.duration_with_sms_held`: an attention block by its tiles on ``S - h`` SMs, its
+  waves re-quantized; a roofline kernel ``launch + max(t_flops S / (S - h), t_mem)``). So a roofline kernel with
+  no launch or memory side, overlapped by a transfer for ``t``, ends ``t h / S`` late; a memory-bound one not at
+  all; an attention block of exactly one wave takes two. Kernels then run one at a time from a FIFO per rank, each
+  re-timed whenever the SMs held change; the time contention adds to a kernel is :attr:`SimResult.slowed` (rows
+  count it as communication). Transfers inside collectives hold no SMs here (their kernels are not modelled yet),
+  nor does a transfer take HBM bandwidth from a memory-bound kernel.
 
 Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)`` (each link's
 bandwidth at B where it was measured by size), where
@@ -63,7 +66,7 @@ from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
-from simulator.cluster.devices import DeviceSpec, compute_time, profiled_time, sm_share
+from simulator.cluster.devices import DeviceSpec, compute_time, duration_with_sms_held, profiled_time
 from simulator.cluster.links import link_table
 from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
@@ -91,7 +94,7 @@ _new = tuple.__new__  # a Record from its fields in order, without Record.__new_
 _NBYTES = itemgetter(6)  # Op.nbytes
 _SENDS = frozenset({"send"})
 _COLUMNS = ("match", "path", "wrow", "hrow", "coll", "pending", "dur", "not_before", "floor", "nbytes", "rate_cap",
-            "kids", "first_kid", "prog", "roots", "ctas", "smf")  # per-op columns only the compiled loop reads
+            "kids", "first_kid", "prog", "roots", "ctas", "srow")  # per-op columns only the compiled loop reads
 CALLBACKS_PER_CALL = 200_000  # the compiled loop returns to Python this often (tens of milliseconds)
 
 
@@ -262,18 +265,15 @@ class _Run:
         first = first_of(code, k)
         present = np.flatnonzero(first >= 0)
         seconds = np.zeros(k + 1)  # the last: the other ops' (code -1)
-        shares = np.zeros(k + 1)
         for j in present[np.argsort(first[present])].tolist():
             op = self.ops[int(first[j])]
-            spec = self.specs[op.rank]
-            seconds[j] = self._new_duration(spec, op)
-            shares[j] = kernel_sm_share(spec, op)
+            seconds[j] = self._new_duration(self.specs[op.rank], op)
         wrong = present[~np.isfinite(seconds[present]) | (seconds[present] < 0)]
         if len(wrong):  # the first op of a bad cost
             j = int(wrong[np.argmin(first[wrong])])
             self._bad(self.ops[int(first[j])], f"lasts {seconds[j]} s on its device")
         self.dur = seconds[code]
-        self.smf = shares[code]
+        self.costs = (code, first, seconds)  # each op's cost id, its first op, its seconds: contention's rates
 
 
     @staticmethod
@@ -374,19 +374,26 @@ class _Run:
 
     def _contention(self, sends: np.ndarray, matches_of: np.ndarray) -> None:
         """The SMs each end of a point-to-point transfer between two GPUs holds while in flight (NCCL's channels
-        for its size: :mod:`simulator.collectives.p2p`), each GPU rank's SMs and the most its transfers hold at
-        once (the communicator's P2P channels). Transfers of a collective hold none here."""
+        for its size on the communicator of the schedule's GPUs: :mod:`simulator.collectives.p2p`), the most a
+        GPU rank's transfers hold at once (the communicator's P2P channels), and each kernel cost's rate with ``h``
+        SMs held (its duration alone over its duration on the SMs left: :func:`contention_rates`). Transfers of a
+        collective hold none here."""
         n, ranks = len(self.ops), self.sched.ranks
+        code, first, seconds = self.costs
+        del self.costs
         self.ctas = np.zeros(n, dtype=np.int32)
-        self.sms = np.zeros(ranks)
         self.hmax = np.zeros(ranks, dtype=np.int64)
-        gpus = [r for r in range(ranks) if self.specs[r] is not None and self.specs[r].sm_count > 0]  # type: ignore[union-attr]
-        channels = p2p_channels(self.cluster, [self.place[r] for r in gpus]) if len(gpus) == ranks else None
+        self.srate = np.ones((len(seconds), 1))
+        self.srow = np.where(code >= 0, code, len(seconds) - 1).astype(np.int32)
+        gpus = [r for r in range(ranks) if (spec := self.specs[r]) is not None and spec.sm_count > 0]
+        channels = p2p_channels(self.cluster, [self.place[r] for r in gpus]) if len(gpus) > 1 else None
         if channels is None:
             return
-        src, dst = self.ranks[sends].astype(np.int64), self.ranks[matches_of]
+        gpu = np.zeros(ranks, dtype=bool)
+        gpu[gpus] = True
+        src, dst = self.ranks[sends].astype(np.int64), self.ranks[matches_of].astype(np.int64)
         place = np.array(self.place, dtype=object)
-        p2p = (self.coll[sends] == 0) & (place[src] != place[dst])
+        p2p = (self.coll[sends] == 0) & gpu[src] & gpu[dst] & (place[src] != place[dst])
         ids = sends[p2p]
         if not len(ids):
             return
@@ -395,10 +402,13 @@ class _Run:
         self.ctas[ids] = held
         self.ctas[matches_of[p2p]] = held
         for r in gpus:
-            spec = self.specs[r]
-            assert spec is not None
-            self.sms[r] = float(spec.sm_count)
-            self.hmax[r] = min(channels.channels, spec.sm_count - 1)
+            self.hmax[r] = min(channels.channels, self.specs[r].sm_count - 1)  # type: ignore[union-attr]
+        most = int(min(self.hmax.max(), held.max()))
+        self.srate = np.ones((len(seconds), most + 1))
+        on_gpu = np.flatnonzero((first >= 0) & gpu[self.ranks[np.maximum(first, 0)]])
+        for j in on_gpu.tolist():
+            op = self.ops[int(first[j])]
+            self.srate[j] = contention_rates(self.specs[op.rank], op, float(seconds[j]), most)  # type: ignore[arg-type]
 
     def _weights_of(self, link_ids: tuple[int, ...], nbytes: float) -> tuple[float, ...] | None:
         """A message's weight on each link of its route: nominal / bandwidth at its size where the link (or host
@@ -450,7 +460,7 @@ class _Run:
             self.kind_of, self.ranks, self.match, self.path, self.wrow, self.hrow, self.coll,
             self.pending if pending is None else pending, self.dur if dur is None else dur, self.not_before,
             self.floor, self.nbytes if nbytes is None else nbytes, self.rate_cap, self.kids, self.first_kid,
-            self.ctas, self.smf, self.sms, self.hmax, self.prog, self.prog_start, self.plinks, self.plen, self.plat,
+            self.ctas, self.srow, self.srate, self.hmax, self.prog, self.prog_start, self.plinks, self.plen, self.plat,
             self.wtab, self.hlinks, self.hlen, self.hwork, self.hwts, self.hweighted, self.capacity,
             self.cluster.message_overhead_s, self.cluster.comm_overhead_s, self.in_order, self.record_links,
             len(self.edge_names))
@@ -466,7 +476,7 @@ class _Run:
             delattr(self, name)
         while not eventcore.run(state, CALLBACKS_PER_CALL):  # back in Python between calls: an interrupt lands
             pass
-        starts, ends, events, instants, allocations, nrec = eventcore.results(state)
+        starts, ends, events, instants, allocations, nrec, flags = eventcore.results(state)
         link_load: list[tuple[float, str, str, float]] = []
         if nrec:
             times, links, loads = eventcore.records(state)
@@ -484,25 +494,26 @@ class _Run:
         order = timeline_order(starts, ranks, ids, self.sched.ranks)  # the timeline's (start, rank, op) order
         return SimResult(ops, starts, ends, order, ranks.astype(np.int64), self.kind_of, int(events), int(allocations),
                          self.sched.ranks, end_time, int(instants), link_load, self.extrapolated, send_bytes,
-                         None if dur is None else slowed_by_contention(self.kind_of, starts, ends, dur))
+                         None if dur is None else slowed_by_contention(starts, ends, dur,
+                                                                       (flags & eventcore.F_SLOWED) != 0))
 
 
-def kernel_sm_share(spec: DeviceSpec | None, op: Op) -> float:
-    """The part of a kernel's duration that its SMs' arithmetic takes (contention stretches it): the roofline's
-    (:func:`simulator.cluster.devices.sm_share`); 1 for a kernel timed by tiles or a profile; 0 off a GPU."""
-    if spec is None or spec.sm_count <= 0:
-        return 0.0
-    if not op.fused and profiled_time(spec, op.fn, op.dtype, op.dims) is not None:
-        return 1.0
-    return sm_share(spec, op.flops, op.nbytes, op.dtype, launch=not op.fused, fn=op.fn)
+def contention_rates(spec: DeviceSpec, op: Op, seconds: float, most: int) -> np.ndarray:
+    """A kernel's rate (its duration alone over its duration with ``h`` of its GPU's SMs held:
+    :func:`simulator.cluster.devices.duration_with_sms_held`) for ``h`` = 0 .. ``most``; 1 where it takes no time."""
+    rates = np.ones(most + 1)
+    if seconds > 0:
+        for h in range(1, most + 1):
+            rates[h] = seconds / duration_with_sms_held(spec, h, op.flops, op.nbytes, op.dtype, op.fn, op.dims,
+                                                        op.fused)
+    return np.minimum(rates, 1.0)
 
 
-def slowed_by_contention(kind_of: np.ndarray, start: np.ndarray, end: np.ndarray, dur: np.ndarray) -> np.ndarray:
-    """Seconds each kernel that ended ran past its duration (0 on other ops): the time transfers holding its rank's
-    SMs added (:attr:`SimResult.slowed`)."""
-    kernels = (kind_of <= _KIND_INDEX["merge"]) & ~np.isnan(end)
-    out = np.zeros(len(kind_of))
-    out[kernels] = np.maximum(end[kernels] - start[kernels] - dur[kernels], 0.0)
+def slowed_by_contention(start: np.ndarray, end: np.ndarray, dur: np.ndarray, slowed: np.ndarray) -> np.ndarray:
+    """Seconds each kernel that ran slower than alone for a while (``slowed``) ran past its duration (0 on the
+    other ops): the time transfers holding its rank's SMs added (:attr:`SimResult.slowed`)."""
+    out = np.zeros(len(start))
+    out[slowed] = np.maximum(end[slowed] - start[slowed] - dur[slowed], 0.0)
     return out
 
 

@@ -45,14 +45,14 @@ from simulator.engine.borrow import borrow as _b
 from simulator.support.arraycopy import put1, put2
 from simulator.support.jitcache import njit
 
-__all__ = ["NEW_STATE_ARGS", "STATE", "EngineState", "new_state", "records", "results", "run", "seed"]
+__all__ = ["F_SLOWED", "NEW_STATE_ARGS", "STATE", "EngineState", "new_state", "records", "results", "run", "seed"]
 
 # callbacks
 READY, DONE, LAUNCHED, INJECT, FINISH, DRAINED = range(6)
 # op kinds: indices into simulator.schedule.core.OP_KINDS
 K_COMPUTE, K_MERGE, K_SEND, K_RECV, K_LAUNCH = range(5)
 # op flags
-F_READY, F_HELD = 1, 2
+F_READY, F_HELD, F_SLOWED = 1, 2, 4  # F_SLOWED: a kernel that ran slower than alone for a while (contention)
 
 
 @structref.register
@@ -82,17 +82,18 @@ _FIELDS: tuple[tuple[str, types.Type], ...] = (  # declared: compiled code can b
     ("dur", _F1), ("not_before", _F1), ("floor", _F1), ("nbytes", _F1), ("rate_cap", _F1), ("start", _F1),
     ("end", _F1),
     ("kids", _I32_1), ("first_kid", _I1),  # dependents as CSR: op d's are kids[first_kid[d]:first_kid[d + 1]]
-    # contention (module docstring): per op, the SMs a transfer's end holds in flight and a kernel's SM-bound share;
-    # per rank, its SMs and the most its transfers hold at once
-    ("ctas", _I32_1), ("smf", _F1), ("sms", _F1), ("hmax", _I1),
+    # contention (simulator.engine.core): per op, the SMs a transfer's end holds in flight, and a kernel's row of
+    # rates (speed against alone with h SMs held, column h); per rank, the most SMs its transfers hold at once
+    ("ctas", _I32_1), ("srow", _I32_1), ("srate", _F2), ("hmax", _I1),
     # per rank: program order (host threads), compute stream
     ("prog", _I1), ("prog_start", _I1), ("cursor", _I1), ("stream_free", _F1),
     ("plinks", _I2), ("plen", _I1), ("plat", _F1),  # routes (link ids, then host copy links), lengths, latencies
     ("wtab", _F2),  # weights rows: per link of a route
     ("hlinks", _I2), ("hlen", _I1), ("hwork", _F1), ("hwts", _F2), ("hweighted", _U8_1),  # host kernels
-    # with contention, per rank: SMs held now, the kernel running (-1: none) and its work left, since when, at what
-    # rate and its predicted end; the FIFO of kernels waiting for the stream (first, last; per op: the next)
-    ("contend", _B), ("held", _I1), ("run", _I1), ("rleft", _F1), ("rsince", _F1), ("rrate", _F1), ("rend", _F1),
+    # with contention, per rank: how many transfer ends in flight hold each count of SMs (row: rank, column: count),
+    # the kernel running (-1: none) and its work left, since when, at what rate and its predicted end; the FIFO of
+    # kernels waiting for the stream (first, last; per op: the next)
+    ("contend", _B), ("hcnt", _I2), ("run", _I1), ("rleft", _F1), ("rsince", _F1), ("rrate", _F1), ("rend", _F1),
     ("qhead", _I1), ("qtail", _I1), ("qnext", _I32_1),
     ("net", ns.NET_STATE),  # the flow network
     # the calendar: time, order, callback, argument; its size and count
@@ -105,7 +106,7 @@ _FIELDS: tuple[tuple[str, types.Type], ...] = (  # declared: compiled code can b
 structref.define_proxy(EngineState, EngineStateType, [name for name, _ in _FIELDS])
 STATE = EngineStateType(_FIELDS)  # the type new_state returns (a test holds them equal)
 _COLUMNS = ("kind", "rank", "match", "path", "wrow", "hrow", "coll", "pending", "dur", "not_before", "floor",
-            "nbytes", "rate_cap", "kids", "first_kid", "ctas", "smf", "sms", "hmax", "prog", "prog_start", "plinks",
+            "nbytes", "rate_cap", "kids", "first_kid", "ctas", "srow", "srate", "hmax", "prog", "prog_start", "plinks",
             "plen", "plat", "wtab", "hlinks", "hlen", "hwork", "hwts", "hweighted")
 # new_state's argument types: the schedule's columns as simulator.engine.core makes them, the links' capacities, ...
 NEW_STATE_ARGS = (*(dict(_FIELDS)[name] for name in _COLUMNS), _F1, _F, _F, _B, _B, _I)
@@ -115,7 +116,7 @@ NEW_STATE_ARGS = (*(dict(_FIELDS)[name] for name in _COLUMNS), _F1, _F, _F, _B, 
 def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.ndarray, wrow: np.ndarray,
               hrow: np.ndarray, coll: np.ndarray, pending: np.ndarray, dur: np.ndarray, not_before: np.ndarray,
               floor: np.ndarray, nbytes: np.ndarray, rate_cap: np.ndarray, kids: np.ndarray, first_kid: np.ndarray,
-              ctas: np.ndarray, smf: np.ndarray, sms: np.ndarray, hmax: np.ndarray,
+              ctas: np.ndarray, srow: np.ndarray, srate: np.ndarray, hmax: np.ndarray,
               prog: np.ndarray, prog_start: np.ndarray, plinks: np.ndarray, plen: np.ndarray, plat: np.ndarray,
               wtab: np.ndarray, hlinks: np.ndarray, hlen: np.ndarray, hwork: np.ndarray, hwts: np.ndarray,
               hweighted: np.ndarray, capacity: np.ndarray, msg_s: float, comm_s: float, in_order: bool,
@@ -126,18 +127,22 @@ def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.nd
     start = np.full(n, np.nan)
     end = np.full(n, np.nan)
     contend = False
+    most = np.int64(0)
     for i in range(n):
-        if ctas[i] > 0:
+        c = np.int64(ctas[i])
+        if c > 0:
             contend = True
-            break
+            if c > most:
+                most = c
     queued = n if contend else 0
+    counts = ranks if contend else 0
     return EngineState(kind, rank, match, path, wrow, hrow, coll, pending, np.zeros(n, np.uint8),
                        np.full(n, -1, np.int32), dur, not_before, floor, nbytes, rate_cap, start, end, kids,
-                       first_kid, ctas, smf, sms, hmax, prog, prog_start, np.zeros(ranks, np.int64), np.zeros(ranks),
-                       plinks, plen, plat, wtab, hlinks, hlen, hwork, hwts, hweighted, contend,
-                       np.zeros(ranks, np.int64), np.full(ranks, -1, np.int64), np.zeros(ranks), np.zeros(ranks),
-                       np.ones(ranks), np.zeros(ranks), np.full(ranks, -1, np.int64), np.full(ranks, -1, np.int64),
-                       np.full(queued, -1, np.int32), ns.net_new(capacity), np.zeros(16),
+                       first_kid, ctas, srow, srate, hmax, prog, prog_start, np.zeros(ranks, np.int64),
+                       np.zeros(ranks), plinks, plen, plat, wtab, hlinks, hlen, hwork, hwts, hweighted, contend,
+                       np.zeros((counts, most + 1), np.int64), np.full(ranks, -1, np.int64), np.zeros(ranks),
+                       np.zeros(ranks), np.ones(ranks), np.zeros(ranks), np.full(ranks, -1, np.int64),
+                       np.full(ranks, -1, np.int64), np.full(queued, -1, np.int32), ns.net_new(capacity), np.zeros(16),
                        np.zeros(16, np.int64), np.zeros(16, np.int64), np.zeros(16, np.int64), 0, 0,
                        np.zeros((2, 2), np.int64), np.zeros(2, np.int64), 0.0, np.nan, msg_s, comm_s, in_order,
                        False, 0, 0, 0, record, nedges, np.zeros(0), np.zeros(0, np.int64), np.zeros(0), 0)
@@ -223,8 +228,8 @@ def _start_transfer(s: EngineState, send: int, recv: int) -> None:
     _b(s.start)[send] = now
     _b(s.start)[recv] = now
     if s.contend:  # both ends' kernels hold their SMs until the transfer ends
-        _hold(s, np.int64(_b(s.rank)[send]), np.int64(_b(s.ctas)[send]))
-        _hold(s, np.int64(_b(s.rank)[recv]), np.int64(_b(s.ctas)[recv]))
+        _hold(s, np.int64(_b(s.rank)[send]), np.int64(_b(s.ctas)[send]), 1)
+        _hold(s, np.int64(_b(s.rank)[recv]), np.int64(_b(s.ctas)[recv]), 1)
     p = _b(s.path)[send]
     delay = s.msg_s + _b(s.plat)[p]
     floor = _b(s.floor)[send]
@@ -267,18 +272,19 @@ def _start_kernel(s: EngineState, op: int) -> int:
 
 @njit(cache=True, inline="always")
 def _kernel_rate(s: EngineState, rank: int, op: int) -> float:
-    """How fast a kernel progresses (1: as its duration says) while its rank's transfers hold SMs: its SM-bound
-    share ``f`` of ``S`` SMs runs on ``S - h``, so it takes ``max(1, f S / (S - h))`` times its duration."""
-    h = _b(s.held)[rank]
+    """How fast a kernel progresses (1: as its duration says) while its rank's transfers hold ``h`` SMs (the most
+    any transfer end in flight there holds, at most ``hmax``): its duration alone over its duration on the SMs left
+    (a row of the rate table per kernel cost, made by simulator.engine.core)."""
+    counts = _b(s.hcnt)[rank]
+    h = len(counts) - 1
+    while h > 0 and counts[h] == 0:
+        h -= 1
     most = _b(s.hmax)[rank]
     if h > most:
         h = most
-    sms = _b(s.sms)[rank]
-    share = _b(s.smf)[op]
-    if h <= 0 or not sms > 0.0 or not share > 0.0:
+    if h <= 0:
         return 1.0
-    rate = (sms - h) / (sms * share)
-    return rate if rate < 1.0 else 1.0
+    return _b(s.srate)[np.int64(_b(s.srow)[op]), h]
 
 
 @njit(cache=True, inline="always")
@@ -292,6 +298,8 @@ def _begin(s: EngineState, rank: int, op: int) -> None:
     _b(s.rleft)[rank] = left
     _b(s.rsince)[rank] = now
     _b(s.rrate)[rank] = rate
+    if rate < 1.0:
+        _b(s.flag)[op] |= F_SLOWED
     delay = left / rate
     _b(s.rend)[rank] = now + delay
     _at(s, delay, DONE, op)
@@ -313,13 +321,13 @@ def _kernel_ready(s: EngineState, rank: int, op: int) -> None:
 
 
 @njit(cache=True, inline="always")
-def _hold(s: EngineState, rank: int, delta: int) -> None:
-    """(With contention) a transfer's end on ``rank`` takes (``delta`` > 0) or gives back SMs: the running kernel's
-    work so far is counted at its old rate and its end predicted again at the new one (its old prediction goes
-    stale), where the rate changes."""
-    if delta == 0:
+def _hold(s: EngineState, rank: int, ctas: int, sign: int) -> None:
+    """(With contention) a transfer's end on ``rank`` that holds ``ctas`` SMs starts (``sign`` 1) or ends (-1): the
+    running kernel's work so far is counted at its old rate and its end predicted again at the new one (its old
+    prediction goes stale), where the rate changes."""
+    if ctas <= 0:
         return
-    _b(s.held)[rank] += delta
+    _b(s.hcnt)[rank, ctas] += sign
     op = _b(s.run)[rank]
     if op < 0:
         return
@@ -333,6 +341,8 @@ def _hold(s: EngineState, rank: int, delta: int) -> None:
     _b(s.rleft)[rank] = left
     _b(s.rsince)[rank] = now
     _b(s.rrate)[rank] = rate
+    if rate < 1.0:
+        _b(s.flag)[op] |= F_SLOWED
     delay = left / rate
     _b(s.rend)[rank] = now + delay
     _at(s, delay, DONE, op)
@@ -341,9 +351,9 @@ def _hold(s: EngineState, rank: int, delta: int) -> None:
 @njit(cache=True, inline="always")
 def _released(s: EngineState, send: int) -> None:
     """(With contention) both ends of a transfer that ended give back their SMs."""
-    _hold(s, np.int64(_b(s.rank)[send]), -np.int64(_b(s.ctas)[send]))
+    _hold(s, np.int64(_b(s.rank)[send]), np.int64(_b(s.ctas)[send]), -1)
     m = np.int64(_b(s.match)[send])
-    _hold(s, np.int64(_b(s.rank)[m]), -np.int64(_b(s.ctas)[m]))
+    _hold(s, np.int64(_b(s.rank)[m]), np.int64(_b(s.ctas)[m]), -1)
 
 
 @njit(cache=True, inline="always")
@@ -574,10 +584,10 @@ def run(s: EngineState, budget: int) -> bool:
 
 
 @njit(cache=True)
-def results(s: EngineState) -> tuple[np.ndarray, np.ndarray, int, int, int, int]:
+def results(s: EngineState) -> tuple[np.ndarray, np.ndarray, int, int, int, int, np.ndarray]:
     """Every op's start and end (NaN: never), the callbacks run (rate recomputations included), the instants they
-    ran at, the allocations that re-rated flows and the link loads recorded."""
-    return s.start, s.end, s.events, s.instants, s.net.allocations, s.nrec
+    ran at, the allocations that re-rated flows, the link loads recorded and each op's flags (``F_SLOWED``)."""
+    return s.start, s.end, s.events, s.instants, s.net.allocations, s.nrec, s.flag
 
 
 @njit(cache=True)

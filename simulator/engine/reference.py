@@ -25,7 +25,7 @@ from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
 from simulator.collectives.p2p import p2p_channels
 from simulator.engine import flowcore as fc
-from simulator.engine.core import SimResult, kernel_sm_share, slowed_by_contention
+from simulator.engine.core import SimResult, contention_rates, slowed_by_contention
 from simulator.engine.host import HostResources
 from simulator.schedule.core import COMPUTE_KINDS, OP_KINDS, Op, Schedule
 from simulator.support.gcpause import gc_paused
@@ -330,52 +330,50 @@ class _Run:
         self._calendar: dict[float, list[tuple[Callback, Any]]] = {}
 
     def _contention_columns(self) -> None:
-        """The SMs each end of a point-to-point transfer between two GPUs holds in flight, each rank's SMs and the
-        most its transfers hold (:mod:`simulator.collectives.p2p`), and the per-rank state of its compute stream
-        when they do (kernels then run one at a time from a FIFO at a rate that changes with the SMs held)."""
+        """The SMs each end of a point-to-point transfer between two GPUs holds in flight and the most a rank's
+        transfers hold (:mod:`simulator.collectives.p2p`), and the per-rank state of its compute stream when they
+        do (kernels then run one at a time from a FIFO, at a rate that changes with the SMs held)."""
         ranks = self.sched.ranks
         self.ctas: dict[int, int] = {}
-        self.sms = [0.0] * ranks
         self.hmax = [0] * ranks
-        gpus = [r for r in range(ranks) if self.specs[r] is not None and self.specs[r].sm_count > 0]  # type: ignore[union-attr]
-        channels = p2p_channels(self.cluster, [self.place[r] for r in gpus]) if len(gpus) == ranks else None
+        gpus = [r for r in range(ranks) if (spec := self.specs[r]) is not None and spec.sm_count > 0]
+        channels = p2p_channels(self.cluster, [self.place[r] for r in gpus]) if len(gpus) > 1 else None
         if channels is not None:
+            mine = set(gpus)
             for op in self.ops:
                 peer, match = op.peer, op.match
                 if op.kind == "send" and not op.coll and peer is not None and match is not None \
-                        and self.place[op.rank] != self.place[peer]:
+                        and op.rank in mine and peer in mine and self.place[op.rank] != self.place[peer]:
                     self.ctas[op.id] = self.ctas[match] = channels.of(float(op.nbytes))
             for r in gpus:
                 spec = self.specs[r]
                 assert spec is not None
-                self.sms[r] = float(spec.sm_count)
                 self.hmax[r] = min(channels.channels, spec.sm_count - 1)
         self.contend = any(self.ctas.values())
-        self.sm_held = [0] * ranks  # SMs the rank's transfers in flight hold
+        self.most = min(max(self.hmax, default=0), max(self.ctas.values(), default=0))
+        self.sm_held: list[dict[int, int]] = [{} for _ in range(ranks)]  # SMs held -> transfer ends holding them
         self.running: list[Op | None] = [None] * ranks
         self.rleft = [0.0] * ranks
         self.rsince = [0.0] * ranks
         self.rrate = [1.0] * ranks
         self.rend = [0.0] * ranks
         self.queue: list[deque[Op]] = [deque() for _ in range(ranks)]
-        self._shares: dict[tuple[Any, ...], float] = {}
+        self._rates: dict[tuple[Any, ...], np.ndarray] = {}
+        self.slowed_ops: set[int] = set()
 
     # -- contention: transfers holding SMs slow the kernels of their ranks ---------------------------------------
-    def _share(self, op: Op) -> float:
-        key = (self.spec_key[op.rank], _COST(op))
-        hit = self._shares.get(key)
-        if hit is None:
-            hit = self._shares[key] = kernel_sm_share(self.specs[op.rank], op)
-        return hit
-
     def _kernel_rate(self, rank: int, op: Op) -> float:
-        h = min(self.sm_held[rank], self.hmax[rank])
-        sms = self.sms[rank]
-        share = self._share(op)
-        if h <= 0 or not sms > 0.0 or not share > 0.0:
+        held = [c for c, k in self.sm_held[rank].items() if k > 0]
+        h = min(max(held, default=0), self.hmax[rank])
+        if h <= 0:
             return 1.0
-        rate = (sms - h) / (sms * share)
-        return rate if rate < 1.0 else 1.0
+        key = (self.spec_key[rank], _COST(op))
+        rates = self._rates.get(key)
+        if rates is None:
+            spec = self.specs[rank]
+            assert spec is not None
+            rates = self._rates[key] = contention_rates(spec, op, self._duration(op), self.most)
+        return float(rates[h])
 
     def _begin(self, rank: int, op: Op) -> None:
         now = self.now
@@ -386,6 +384,8 @@ class _Run:
         self.rleft[rank] = left
         self.rsince[rank] = now
         self.rrate[rank] = rate
+        if rate < 1.0:
+            self.slowed_ops.add(op.id)
         delay = left / rate
         self.rend[rank] = now + delay
         self._at(delay, self._kernel_end, op)
@@ -397,10 +397,11 @@ class _Run:
         else:
             self.queue[rank].append(op)
 
-    def _hold(self, rank: int, delta: int) -> None:
-        if delta == 0:
+    def _hold(self, rank: int, ctas: int, sign: int) -> None:
+        if ctas <= 0:
             return
-        self.sm_held[rank] += delta
+        counts = self.sm_held[rank]
+        counts[ctas] = counts.get(ctas, 0) + sign
         op = self.running[rank]
         if op is None:
             return
@@ -414,14 +415,16 @@ class _Run:
         self.rleft[rank] = left
         self.rsince[rank] = now
         self.rrate[rank] = rate
+        if rate < 1.0:
+            self.slowed_ops.add(op.id)
         delay = left / rate
         self.rend[rank] = now + delay
         self._at(delay, self._kernel_end, op)
 
     def _released(self, send: Op) -> None:
         assert send.match is not None
-        self._hold(send.rank, -self.ctas.get(send.id, 0))
-        self._hold(self.ops[send.match].rank, -self.ctas.get(send.match, 0))
+        self._hold(send.rank, self.ctas.get(send.id, 0), -1)
+        self._hold(self.ops[send.match].rank, self.ctas.get(send.match, 0), -1)
 
     def _kernel_end(self, op: Op) -> None:
         rank = op.rank
@@ -486,7 +489,9 @@ class _Run:
         slowed = None
         if self.contend:
             dur = np.array([self._duration(op) if op.kind in COMPUTE_KINDS else 0.0 for op in ops])
-            slowed = slowed_by_contention(self.kind_of, starts, ends, dur)
+            mask = np.zeros(len(ops), dtype=bool)
+            mask[list(self.slowed_ops)] = True
+            slowed = slowed_by_contention(starts, ends, dur, mask)
         return SimResult(ops, starts, ends, order, ranks, self.kind_of, self.events, self.net.allocations,
                          self.sched.ranks, end_time, self.simpy_events, self.link_load, self.extrapolated,
                          None, slowed)
@@ -615,8 +620,8 @@ class _Run:
         now = self.now
         self.start[send.id] = self.start[recv.id] = now
         if self.contend:  # both ends' kernels hold their SMs until the transfer ends
-            self._hold(send.rank, self.ctas.get(send.id, 0))
-            self._hold(recv.rank, self.ctas.get(recv.id, 0))
+            self._hold(send.rank, self.ctas.get(send.id, 0), 1)
+            self._hold(recv.rank, self.ctas.get(recv.id, 0), 1)
         hit = self._paths.get((send.rank, recv.rank))
         link_ids, latency = hit if hit is not None else self._path(send.rank, recv.rank)
         delay = self.msg_s + latency

@@ -289,11 +289,13 @@ class _Walk(NamedTuple):
 
 
 def kernel_time(spec: TiledDevice, impl: Implementation, backward: bool, dtype: str, head_dim: int, rows: int,
-                launches: Sequence[Launch]) -> float | None:
+                launches: Sequence[Launch], sms: int = 0) -> float | None:
     """Seconds of the launches (run concurrently) of one pass: a launch overhead each, their CTAs over the SMs;
     None beyond the implementation's head dimensions. A grid over :data:`EXACT_GRID` CTAs is never held whole: its
     CTAs' seconds are summed in chunks and only its tail is scheduled CTA by CTA (:func:`makespan`, which spreads
-    the rest evenly), so memory stays bounded whatever the sequence."""
+    the rest evenly), so memory stays bounded whatever the sequence. ``sms`` > 0: the CTAs run on that many of the
+    device's SMs (the others held by other work: the engine's contention), each as fast as ever."""
+    n_sms = sms if sms > 0 else spec.sm_count
     per_sm_bw = spec.mem_bw_Bps * spec.eff_mem / spec.sm_count
     elem = 2 if dtype in ("bf16", "fp16") else 1
     walks = []
@@ -310,8 +312,8 @@ def kernel_time(spec: TiledDevice, impl: Implementation, backward: bool, dtype: 
     overhead = len(launches) * spec.launch_s
     if sum(w.blocks for w in walks) * rows <= EXACT_GRID:
         grid = np.concatenate([np.tile(w.durations(backward), rows) for w in walks]) if walks else np.zeros(0)
-        return overhead + makespan(grid, spec.sm_count)
-    return overhead + _large_makespan(walks, backward, rows, spec.sm_count)
+        return overhead + makespan(grid, n_sms)
+    return overhead + _large_makespan(walks, backward, rows, n_sms)
 
 
 def _large_makespan(walks: Sequence[_Walk], backward: bool, rows: int, sms: int) -> float:
@@ -359,31 +361,34 @@ def _side_kernels(spec: TiledDevice, impl: Implementation, backward: bool, dtype
     return kernels, nbytes
 
 
-_TIMES: dict[tuple[int, bool, str, tuple[float, ...]], tuple[TiledDevice, float | None]] = {}
+_TIMES: dict[tuple[int, bool, str, tuple[float, ...], int], tuple[TiledDevice, float | None]] = {}
 _TIMES_MAX = 1 << 14  # entries kept (then started again): a plan or sweep asks for the same blocks many times
 
 
-def attention_time(spec: TiledDevice, backward: bool, dtype: str, dims: Sequence[float]) -> float | None:
+def attention_time(spec: TiledDevice, backward: bool, dtype: str, dims: Sequence[float], sms: int = 0
+                   ) -> float | None:
     """Seconds of an attention op on ``spec`` by the tile model, or None where it does not apply (the device lacks
-    the facts, the dtype or head dimension is not the implementation's, the op carries no launches). Kept per
-    device (by identity: specs are frozen) and shape: the same op asked again costs a lookup."""
-    key = (id(spec), backward, dtype, tuple(dims))
+    the facts, the dtype or head dimension is not the implementation's, the op carries no launches); ``sms`` > 0:
+    its CTAs on that many SMs (:func:`kernel_time`). Kept per device (by identity: specs are frozen) and shape: the
+    same op asked again costs a lookup."""
+    key = (id(spec), backward, dtype, tuple(dims), sms)
     hit = _TIMES.get(key)
     if hit is not None and hit[0] is spec:
         return hit[1]
     if len(_TIMES) >= _TIMES_MAX:
         _TIMES.clear()
-    t = _attention_time(spec, backward, dtype, dims)
+    t = _attention_time(spec, backward, dtype, dims, sms)
     _TIMES[key] = (spec, t)
     return t
 
 
-def _attention_time(spec: TiledDevice, backward: bool, dtype: str, dims: Sequence[float]) -> float | None:
+def _attention_time(spec: TiledDevice, backward: bool, dtype: str, dims: Sequence[float], sms: int = 0
+                    ) -> float | None:
     impl = implementation_of(spec, dtype)
     call = call_of(dims) if impl is not None else None
     if impl is None or call is None:
         return None
-    kernels = kernel_time(spec, impl, backward, dtype, call.head_dim, call.rows, call.launches)
+    kernels = kernel_time(spec, impl, backward, dtype, call.head_dim, call.rows, call.launches, sms)
     if kernels is None:
         return None
     side, side_bytes = _side_kernels(spec, impl, backward, dtype, call)
