@@ -391,9 +391,10 @@ class _Run:
             return
         gpu = np.zeros(ranks, dtype=bool)
         gpu[gpus] = True
-        src, dst = self.ranks[sends].astype(np.int64), self.ranks[matches_of].astype(np.int64)
-        place = np.array(self.place, dtype=object)
-        p2p = (self.coll[sends] == 0) & gpu[src] & gpu[dst] & (place[src] != place[dst])
+        src, dst = self.ranks[sends], self.ranks[matches_of]
+        node = {name: i for i, name in enumerate(dict.fromkeys(self.place))}
+        where = np.array([node[name] for name in self.place], dtype=np.int64)  # each rank's device, as a number
+        p2p = (self.coll[sends] == 0) & gpu[src] & gpu[dst] & (where[src] != where[dst])
         ids = sends[p2p]
         if not len(ids):
             return
