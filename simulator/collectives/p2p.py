@@ -128,5 +128,8 @@ def p2p_channels(cluster: Cluster, place: Sequence[str]) -> P2pChannels | None:
             per_peer //= 2
     else:
         per_peer = min(channels, per_peer)
-    chunk = NET_CHUNK if nodes > 1 else NVL_CHUNK if fabric.intra == "nvlink" else PCI_CHUNK
+    # across servers a Grace (Arm) host with Blackwell GPUs (GB200) doubles the chunk (src/init.cc: "GBx platforms
+    # only have 4 GPUs per host")
+    grace = spec.name.lower().startswith("gb") and arch == "blackwell"
+    chunk = NET_CHUNK * (2 if grace else 1) if nodes > 1 else NVL_CHUNK if fabric.intra == "nvlink" else PCI_CHUNK
     return P2pChannels(per_peer, channels, len(place), nodes, chunk)

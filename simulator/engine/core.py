@@ -275,7 +275,6 @@ class _Run:
         self.dur = seconds[code]
         self.costs = (code, first, seconds)  # each op's cost id, its first op, its seconds: contention's rates
 
-
     @staticmethod
     def _bad(op: Op, what: str) -> NoReturn:
         raise ValueError(f"op {op.id} ({op.kind} {op.name!r} of rank {op.rank}) {what}")
