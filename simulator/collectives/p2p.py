@@ -41,6 +41,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from simulator.cluster.topology import Cluster
 from simulator.collectives.caps import ARCHS, arch_of, nccl_channels
 from simulator.collectives.fabric import MAX_CHANNELS, fabric_of
@@ -73,19 +75,25 @@ class P2pChannels:
 
     def of(self, nbytes: float) -> int:
         """Channels (CTAs, SMs) one send or receive of ``nbytes`` runs on (module docstring, per operation)."""
+        return int(self.of_many(np.array([nbytes], dtype=float))[0])
+
+    def of_many(self, nbytes: np.ndarray) -> np.ndarray:
+        """:meth:`of` of every message of ``nbytes`` at once (int64)."""
         least = self.per_peer
         while least * self.ranks > self.channels and least > 1:
             least //= 2
-        size = math.ceil(nbytes)  # (NCCL counts whole bytes)
-        if size <= 0:
-            return 1
+        size = np.ceil(nbytes).astype(np.int64)  # (NCCL counts whole bytes)
         across = self.nodes > 1
         min_part = self.chunk // 2 if across else self.chunk // 8
         max_part = self.chunk if across else self.chunk * 32
-        n = min(least, -(-size // min_part))
-        part = max(min_part, -(-size // n))
-        while part > max_part and n <= self.per_peer // 2:
-            n *= 2
+        n = np.minimum(least, -(-size // min_part))
+        n = np.maximum(n, 1)  # (no bytes: one channel)
+        part = np.maximum(min_part, -(-size // n))
+        while True:
+            grow = (part > max_part) & (n <= self.per_peer // 2)
+            if not grow.any():
+                break
+            n = np.where(grow, n * 2, n)
             part = -(-size // n)
         return n
 

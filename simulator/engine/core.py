@@ -380,10 +380,10 @@ class _Run:
         n, ranks = len(self.ops), self.sched.ranks
         code, first, seconds = self.costs
         del self.costs
-        self.ctas = np.zeros(n, dtype=np.int32)
+        self.ctas = np.zeros(0, dtype=np.int32)  # (no transfer holds SMs: none of these are read)
         self.hmax = np.zeros(ranks, dtype=np.int64)
         self.srate = np.ones((len(seconds), 1))
-        self.srow = np.where(code >= 0, code, len(seconds) - 1).astype(np.int32)
+        self.srow = np.zeros(0, dtype=np.int32)
         gpus = [r for r in range(ranks) if (spec := self.specs[r]) is not None and spec.sm_count > 0]
         channels = p2p_channels(self.cluster, [self.place[r] for r in gpus]) if len(gpus) > 1 else None
         if channels is None:
@@ -397,10 +397,11 @@ class _Run:
         ids = sends[p2p]
         if not len(ids):
             return
-        sizes, which = np.unique(self.nbytes[ids], return_inverse=True)
-        held = np.array([channels.of(float(b)) for b in sizes.tolist()], dtype=np.int32)[which.reshape(-1)]
+        held = channels.of_many(self.nbytes[ids]).astype(np.int32)
+        self.ctas = np.zeros(n, dtype=np.int32)
         self.ctas[ids] = held
         self.ctas[matches_of[p2p]] = held
+        self.srow = np.where(code >= 0, code, len(seconds) - 1).astype(np.int32)
         for r in gpus:
             self.hmax[r] = min(channels.channels, self.specs[r].sm_count - 1)  # type: ignore[union-attr]
         most = int(min(self.hmax.max(), held.max()))
@@ -471,7 +472,7 @@ class _Run:
         ops = self.ops
         state = self.state()
         send_bytes = self.nbytes  # kept by the result (bytes_sent)
-        dur = self.dur if self.ctas.any() else None  # with contention: what each kernel would have taken alone
+        dur = self.dur if len(self.ctas) else None  # with contention: what each kernel would have taken alone
         for name in _COLUMNS:  # held by the state now: freed with it, before the results' arrays are made
             delattr(self, name)
         while not eventcore.run(state, CALLBACKS_PER_CALL):  # back in Python between calls: an interrupt lands

@@ -90,11 +90,11 @@ _FIELDS: tuple[tuple[str, types.Type], ...] = (  # declared: compiled code can b
     ("plinks", _I2), ("plen", _I1), ("plat", _F1),  # routes (link ids, then host copy links), lengths, latencies
     ("wtab", _F2),  # weights rows: per link of a route
     ("hlinks", _I2), ("hlen", _I1), ("hwork", _F1), ("hwts", _F2), ("hweighted", _U8_1),  # host kernels
-    # with contention, per rank: how many transfer ends in flight hold each count of SMs (row: rank, column: count),
-    # the kernel running (-1: none) and its work left, since when, at what rate and its predicted end; the FIFO of
-    # kernels waiting for the stream (first, last; per op: the next)
-    ("contend", _B), ("hcnt", _I2), ("run", _I1), ("rleft", _F1), ("rsince", _F1), ("rrate", _F1), ("rend", _F1),
-    ("qhead", _I1), ("qtail", _I1), ("qnext", _I32_1),
+    # with contention, per rank: how many transfer ends in flight hold each count of SMs (row: rank, column: count)
+    # and the largest count held, the kernel running (-1: none) and its work left, since when, at what rate and its
+    # predicted end; the FIFO of kernels waiting for the stream (first, last; per op: the next)
+    ("contend", _B), ("hcnt", _I2), ("hcur", _I1), ("run", _I1), ("rleft", _F1), ("rsince", _F1), ("rrate", _F1),
+    ("rend", _F1), ("qhead", _I1), ("qtail", _I1), ("qnext", _I32_1),
     ("net", ns.NET_STATE),  # the flow network
     # the calendar: time, order, callback, argument; its size and count
     ("ct", _F1), ("cs", _I1), ("cy", _I1), ("ca", _I1), ("csize", _I), ("cseq", _I),
@@ -128,7 +128,7 @@ def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.nd
     end = np.full(n, np.nan)
     contend = False
     most = np.int64(0)
-    for i in range(n):
+    for i in range(len(ctas)):  # (empty where no transfer holds SMs)
         c = np.int64(ctas[i])
         if c > 0:
             contend = True
@@ -140,8 +140,8 @@ def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.nd
                        np.full(n, -1, np.int32), dur, not_before, floor, nbytes, rate_cap, start, end, kids,
                        first_kid, ctas, srow, srate, hmax, prog, prog_start, np.zeros(ranks, np.int64),
                        np.zeros(ranks), plinks, plen, plat, wtab, hlinks, hlen, hwork, hwts, hweighted, contend,
-                       np.zeros((counts, most + 1), np.int64), np.full(ranks, -1, np.int64), np.zeros(ranks),
-                       np.zeros(ranks), np.ones(ranks), np.zeros(ranks), np.full(ranks, -1, np.int64),
+                       np.zeros((counts, most + 1), np.int64), np.zeros(ranks, np.int64), np.full(ranks, -1, np.int64),
+                       np.zeros(ranks), np.zeros(ranks), np.ones(ranks), np.zeros(ranks), np.full(ranks, -1, np.int64),
                        np.full(ranks, -1, np.int64), np.full(queued, -1, np.int32), ns.net_new(capacity), np.zeros(16),
                        np.zeros(16, np.int64), np.zeros(16, np.int64), np.zeros(16, np.int64), 0, 0,
                        np.zeros((2, 2), np.int64), np.zeros(2, np.int64), 0.0, np.nan, msg_s, comm_s, in_order,
@@ -275,10 +275,7 @@ def _kernel_rate(s: EngineState, rank: int, op: int) -> float:
     """How fast a kernel progresses (1: as its duration says) while its rank's transfers hold ``h`` SMs (the most
     any transfer end in flight there holds, at most ``hmax``): its duration alone over its duration on the SMs left
     (a row of the rate table per kernel cost, made by simulator.engine.core)."""
-    counts = _b(s.hcnt)[rank]
-    h = len(counts) - 1
-    while h > 0 and counts[h] == 0:
-        h -= 1
+    h = _b(s.hcur)[rank]
     most = _b(s.hmax)[rank]
     if h > most:
         h = most
@@ -327,7 +324,15 @@ def _hold(s: EngineState, rank: int, ctas: int, sign: int) -> None:
     prediction goes stale), where the rate changes."""
     if ctas <= 0:
         return
-    _b(s.hcnt)[rank, ctas] += sign
+    left = _b(s.hcnt)[rank, ctas] + sign
+    _b(s.hcnt)[rank, ctas] = left
+    h = _b(s.hcur)[rank]
+    if sign > 0 and ctas > h:
+        _b(s.hcur)[rank] = ctas
+    elif sign < 0 and left == 0 and ctas == h:  # the most held is gone: the next count still held
+        while h > 0 and _b(s.hcnt)[rank, h] == 0:
+            h -= 1
+        _b(s.hcur)[rank] = h
     op = _b(s.run)[rank]
     if op < 0:
         return
