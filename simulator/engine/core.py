@@ -410,6 +410,8 @@ class _Run:
         for j in on_gpu.tolist():
             op = self.ops[int(first[j])]
             self.srate[j] = contention_rates(self.specs[op.rank], op, float(seconds[j]), most)  # type: ignore[arg-type]
+        if (self.srate == 1.0).all():  # no kernel runs slower for the SMs held (decode's are memory-bound): none held
+            self.ctas, self.srow, self.srate = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.ones((1, 1))
 
     def _weights_of(self, link_ids: tuple[int, ...], nbytes: float) -> tuple[float, ...] | None:
         """A message's weight on each link of its route: nominal / bandwidth at its size where the link (or host

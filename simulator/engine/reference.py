@@ -351,6 +351,11 @@ class _Run:
                 self.hmax[r] = min(channels.channels, spec.sm_count - 1)
         self.contend = any(self.ctas.values())
         self.most = min(max(self.hmax, default=0), max(self.ctas.values(), default=0))
+        self._rates: dict[tuple[Any, ...], np.ndarray] = {}
+        if self.contend:  # no kernel that runs slower for the SMs held (decode's are memory-bound): none are held
+            on_gpu = set(gpus)
+            self.contend = any(op.kind in COMPUTE_KINDS and op.rank in on_gpu and self._rates_of(op.rank, op)[1:].min()
+                               < 1.0 for op in self.ops)
         self.sm_held: list[dict[int, int]] = [{} for _ in range(ranks)]  # SMs held -> transfer ends holding them
         self.running: list[Op | None] = [None] * ranks
         self.rleft = [0.0] * ranks
@@ -358,7 +363,6 @@ class _Run:
         self.rrate = [1.0] * ranks
         self.rend = [0.0] * ranks
         self.queue: list[deque[Op]] = [deque() for _ in range(ranks)]
-        self._rates: dict[tuple[Any, ...], np.ndarray] = {}
         self.slowed_ops: set[int] = set()
 
     # -- contention: transfers holding SMs slow the kernels of their ranks ---------------------------------------
@@ -367,13 +371,16 @@ class _Run:
         h = min(max(held, default=0), self.hmax[rank])
         if h <= 0:
             return 1.0
+        return float(self._rates_of(rank, op)[h])
+
+    def _rates_of(self, rank: int, op: Op) -> np.ndarray:
         key = (self.spec_key[rank], _COST(op))
         rates = self._rates.get(key)
         if rates is None:
             spec = self.specs[rank]
             assert spec is not None
             rates = self._rates[key] = contention_rates(spec, op, self._duration(op), self.most)
-        return float(rates[h])
+        return rates
 
     def _begin(self, rank: int, op: Op) -> None:
         now = self.now
