@@ -390,6 +390,16 @@ class _Run:
             return
         gpu = np.zeros(ranks, dtype=bool)
         gpu[gpus] = True
+        for r in gpus:
+            self.hmax[r] = min(channels.channels, self.specs[r].sm_count - 1)  # type: ignore[union-attr]
+        most = int(min(self.hmax.max(), channels.per_peer))  # the most SMs a GPU's transfers may hold
+        rates = np.ones((len(seconds), most + 1))
+        on_gpu = np.flatnonzero((first >= 0) & gpu[self.ranks[np.maximum(first, 0)]])
+        for j in on_gpu.tolist():
+            op = self.ops[int(first[j])]
+            rates[j] = contention_rates(self.specs[op.rank], op, float(seconds[j]), most)  # type: ignore[arg-type]
+        if (rates == 1.0).all():  # no kernel would run slower for SMs held (decode's are memory-bound): none held
+            return
         src, dst = self.ranks[sends], self.ranks[matches_of]
         node = {name: i for i, name in enumerate(dict.fromkeys(self.place))}
         where = np.array([node[name] for name in self.place], dtype=np.int64)  # each rank's device, as a number
@@ -402,16 +412,7 @@ class _Run:
         self.ctas[ids] = held
         self.ctas[matches_of[p2p]] = held
         self.srow = np.where(code >= 0, code, len(seconds) - 1).astype(np.int32)
-        for r in gpus:
-            self.hmax[r] = min(channels.channels, self.specs[r].sm_count - 1)  # type: ignore[union-attr]
-        most = int(min(self.hmax.max(), held.max()))
-        self.srate = np.ones((len(seconds), most + 1))
-        on_gpu = np.flatnonzero((first >= 0) & gpu[self.ranks[np.maximum(first, 0)]])
-        for j in on_gpu.tolist():
-            op = self.ops[int(first[j])]
-            self.srate[j] = contention_rates(self.specs[op.rank], op, float(seconds[j]), most)  # type: ignore[arg-type]
-        if (self.srate == 1.0).all():  # no kernel runs slower for the SMs held (decode's are memory-bound): none held
-            self.ctas, self.srow, self.srate = np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.ones((1, 1))
+        self.srate = rates
 
     def _weights_of(self, link_ids: tuple[int, ...], nbytes: float) -> tuple[float, ...] | None:
         """A message's weight on each link of its route: nominal / bandwidth at its size where the link (or host

@@ -350,7 +350,7 @@ class _Run:
                 assert spec is not None
                 self.hmax[r] = min(channels.channels, spec.sm_count - 1)
         self.contend = any(self.ctas.values())
-        self.most = min(max(self.hmax, default=0), max(self.ctas.values(), default=0))
+        self.most = min(max(self.hmax, default=0), channels.per_peer if channels is not None else 0)
         self._rates: dict[tuple[Any, ...], np.ndarray] = {}
         if self.contend:  # no kernel that runs slower for the SMs held (decode's are memory-bound): none are held
             on_gpu = set(gpus)
