@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 from simulator.collectives.caps import ARCHS, arch_of, nccl_channels
 from simulator.collectives.fabric import MAX_CHANNELS, fabric_of
@@ -100,7 +101,17 @@ class P2pChannels:
 
 def p2p_channels(cluster: Cluster, place: Sequence[str]) -> P2pChannels | None:
     """The P2P channels of a communicator of the GPUs ``place`` (node names, one per rank; the first GPU's links
-    stand for every GPU's: the servers are alike), or None where they are not NVIDIA GPUs NCCL's rules cover."""
+    stand for every GPU's: the servers are alike), or None where they are not NVIDIA GPUs NCCL's rules cover. Kept
+    per cluster and placement (the engine asks for every schedule)."""
+    memo = cluster_memo(cluster, "p2p channels")
+    key = tuple(place)
+    if key not in memo:
+        memo[key] = _p2p_channels(cluster, place)
+    hit: P2pChannels | None = memo[key]
+    return hit
+
+
+def _p2p_channels(cluster: Cluster, place: Sequence[str]) -> P2pChannels | None:
     if len(place) < 2:
         return None
     spec = cluster.specs.get(place[0])
