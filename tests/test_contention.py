@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.devices import duration_with_sms_held
-from simulator.cluster.topology import load_topology
+from simulator.cluster.topology import build_cluster, load_topology
 from simulator.collectives.p2p import P2pChannels, p2p_channels
 from simulator.engine import core
 from simulator.engine.core import simulate
@@ -201,3 +201,26 @@ def test_a_one_wave_attention_kernel_takes_two_when_sms_are_held(h100):
     assert alone is not None and (held - overhead) / (alone - overhead) == pytest.approx(2.0, rel=1e-9)
     one_more = duration_with_sms_held(spec, 1, 0.0, 0.0, "bf16", "attn-fwd", dims, False)
     assert one_more == pytest.approx(held, rel=1e-12)  # one SM short is a second wave already
+
+
+def test_gpus_of_few_sms_beside_others_and_the_reference_agree():
+    """A cluster of H100s and GPUs of 8 SMs (fewer than the H100s' transfers may hold): every kernel's rates stop at
+    its own GPU's SMs but one, and the compiled loop is the reference's float for float."""
+    devices = {"h100": {"peak_flops": {"bf16": "989.4 TFLOP/s", "fp32": "67 TFLOP/s"}, "mem_bw": "3.35 TB/s",
+                        "mem": "80 GB", "launch_overhead": "3 us", "sm_count": 132},
+               "tiny": {"peak_flops": {"bf16": "60 TFLOP/s", "fp32": "4 TFLOP/s"}, "mem_bw": "0.2 TB/s",
+                        "mem": "8 GB", "launch_overhead": "3 us", "sm_count": 8}}
+    kinds = ["h100", "tiny", "h100", "tiny"]
+    raw = {"devices": devices, "name": "mix",
+           "nodes": [{"name": f"h{i}", "kind": "gpu", "device": d} for i, d in enumerate(kinds)]
+           + [{"name": "s", "kind": "switch"}],
+           "links": [{"a": f"h{i}", "b": "s", "bandwidth": "400 GB/s", "latency": "1 us"} for i in range(4)]}
+    cluster = build_cluster(raw, "<mix>")
+    sched = Schedule(4)
+    for r in range(4):
+        sched.add_compute(r, "k", flops=1e12, dtype="bf16")
+    sched.add_transfer(0, 2, 64e6, "x")
+    sched.add_transfer(1, 3, 64e6, "y")
+    res, ref = simulate(sched, cluster), simulate_reference(sched, cluster)
+    np.testing.assert_array_equal(res.end, ref.end)
+    assert res.slowed is not None and res.slowed[0] > 0 and res.slowed[1] > 0

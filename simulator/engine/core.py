@@ -390,6 +390,13 @@ class _Run:
             return
         gpu = np.zeros(ranks, dtype=bool)
         gpu[gpus] = True
+        src, dst = self.ranks[sends], self.ranks[matches_of]
+        node = {name: i for i, name in enumerate(dict.fromkeys(self.place))}
+        where = np.array([node[name] for name in self.place], dtype=np.int64)  # each rank's device, as a number
+        p2p = (self.coll[sends] == 0) & gpu[src] & gpu[dst] & (where[src] != where[dst])
+        ids = sends[p2p]
+        if not len(ids):
+            return
         for r in gpus:
             self.hmax[r] = min(channels.channels, self.specs[r].sm_count - 1)  # type: ignore[union-attr]
         most = int(min(self.hmax.max(), channels.per_peer))  # the most SMs a GPU's transfers may hold
@@ -399,13 +406,6 @@ class _Run:
             op = self.ops[int(first[j])]
             rates[j] = contention_rates(self.specs[op.rank], op, float(seconds[j]), most)  # type: ignore[arg-type]
         if (rates == 1.0).all():  # no kernel would run slower for SMs held (decode's are memory-bound): none held
-            return
-        src, dst = self.ranks[sends], self.ranks[matches_of]
-        node = {name: i for i, name in enumerate(dict.fromkeys(self.place))}
-        where = np.array([node[name] for name in self.place], dtype=np.int64)  # each rank's device, as a number
-        p2p = (self.coll[sends] == 0) & gpu[src] & gpu[dst] & (where[src] != where[dst])
-        ids = sends[p2p]
-        if not len(ids):
             return
         held = channels.of_many(self.nbytes[ids]).astype(np.int32)
         self.ctas = np.zeros(n, dtype=np.int32)
@@ -504,12 +504,16 @@ class _Run:
 
 def contention_rates(spec: DeviceSpec, op: Op, seconds: float, most: int) -> np.ndarray:
     """A kernel's rate (its duration alone over its duration with ``h`` of its GPU's SMs held:
-    :func:`simulator.cluster.devices.duration_with_sms_held`) for ``h`` = 0 .. ``most``; 1 where it takes no time."""
+    :func:`simulator.cluster.devices.duration_with_sms_held`) for ``h`` = 0 .. ``most``, never above 1; 1 where it
+    takes no time. Beyond its GPU's SMs but one (more than its rank ever holds: ``hmax``) the last rate repeats."""
     rates = np.ones(most + 1)
+    top = min(most, spec.sm_count - 1)
     if seconds > 0:
-        for h in range(1, most + 1):
+        for h in range(1, top + 1):
             rates[h] = seconds / duration_with_sms_held(spec, h, op.flops, op.nbytes, op.dtype, op.fn, op.dims,
                                                         op.fused)
+    if 0 <= top < most:
+        rates[top + 1:] = rates[top]
     return np.minimum(rates, 1.0)
 
 

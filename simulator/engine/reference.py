@@ -354,8 +354,8 @@ class _Run:
         self._rates: dict[tuple[Any, ...], np.ndarray] = {}
         if self.contend:  # no kernel that runs slower for the SMs held (decode's are memory-bound): none are held
             on_gpu = set(gpus)
-            self.contend = any(op.kind in COMPUTE_KINDS and op.rank in on_gpu and self._rates_of(op.rank, op)[1:].min()
-                               < 1.0 for op in self.ops)
+            self.contend = any(op.kind in COMPUTE_KINDS and op.rank in on_gpu
+                               and bool((self._rates_of(op.rank, op) < 1.0).any()) for op in self.ops)
         self.sm_held: list[dict[int, int]] = [{} for _ in range(ranks)]  # SMs held -> transfer ends holding them
         self.running: list[Op | None] = [None] * ranks
         self.rleft = [0.0] * ranks
