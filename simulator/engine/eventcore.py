@@ -285,13 +285,10 @@ def _kernel_rate(s: EngineState, rank: int, op: int) -> float:
 
 
 @njit(cache=True, inline="always")
-def _begin(s: EngineState, rank: int, op: int) -> None:
-    """(With contention) ``op`` starts on its rank's compute stream now, its end predicted at the current rate."""
+def _predict(s: EngineState, rank: int, op: int, left: float, rate: float) -> None:
+    """(With contention) the running kernel ``op`` has ``left`` seconds of work (alone) from now, done at ``rate``:
+    its end predicted (an earlier prediction goes stale)."""
     now = s.now
-    _b(s.run)[rank] = op
-    _b(s.start)[op] = now
-    left = _b(s.dur)[op]
-    rate = _kernel_rate(s, rank, op)
     _b(s.rleft)[rank] = left
     _b(s.rsince)[rank] = now
     _b(s.rrate)[rank] = rate
@@ -300,6 +297,14 @@ def _begin(s: EngineState, rank: int, op: int) -> None:
     delay = left / rate
     _b(s.rend)[rank] = now + delay
     _at(s, delay, DONE, op)
+
+
+@njit(cache=True, inline="always")
+def _begin(s: EngineState, rank: int, op: int) -> None:
+    """(With contention) ``op`` starts on its rank's compute stream now, its end predicted at the current rate."""
+    _b(s.run)[rank] = op
+    _b(s.start)[op] = s.now
+    _predict(s, rank, op, _b(s.dur)[op], _kernel_rate(s, rank, op))
 
 
 @njit(cache=True, inline="always")
@@ -339,18 +344,8 @@ def _hold(s: EngineState, rank: int, ctas: int, sign: int) -> None:
     rate = _kernel_rate(s, rank, op)
     if rate == _b(s.rrate)[rank]:
         return
-    now = s.now
-    left = _b(s.rleft)[rank] - (now - _b(s.rsince)[rank]) * _b(s.rrate)[rank]
-    if left < 0.0:
-        left = 0.0
-    _b(s.rleft)[rank] = left
-    _b(s.rsince)[rank] = now
-    _b(s.rrate)[rank] = rate
-    if rate < 1.0:
-        _b(s.flag)[op] |= F_SLOWED
-    delay = left / rate
-    _b(s.rend)[rank] = now + delay
-    _at(s, delay, DONE, op)
+    left = _b(s.rleft)[rank] - (s.now - _b(s.rsince)[rank]) * _b(s.rrate)[rank]
+    _predict(s, rank, op, left if left > 0.0 else 0.0, rate)
 
 
 @njit(cache=True, inline="always")

@@ -382,12 +382,10 @@ class _Run:
             rates = self._rates[key] = contention_rates(spec, op, self._duration(op), self.most)
         return rates
 
-    def _begin(self, rank: int, op: Op) -> None:
+    def _predict(self, rank: int, op: Op, left: float, rate: float) -> None:
+        """The running kernel's end at ``rate`` with ``left`` seconds of work from now (a prediction before goes
+        stale)."""
         now = self.now
-        self.running[rank] = op
-        self.start[op.id] = now
-        left = self._duration(op)
-        rate = self._kernel_rate(rank, op)
         self.rleft[rank] = left
         self.rsince[rank] = now
         self.rrate[rank] = rate
@@ -396,6 +394,11 @@ class _Run:
         delay = left / rate
         self.rend[rank] = now + delay
         self._at(delay, self._kernel_end, op)
+
+    def _begin(self, rank: int, op: Op) -> None:
+        self.running[rank] = op
+        self.start[op.id] = self.now
+        self._predict(rank, op, self._duration(op), self._kernel_rate(rank, op))
 
     def _kernel_ready(self, op: Op) -> None:
         rank = op.rank
@@ -415,18 +418,8 @@ class _Run:
         rate = self._kernel_rate(rank, op)
         if rate == self.rrate[rank]:
             return
-        now = self.now
-        left = self.rleft[rank] - (now - self.rsince[rank]) * self.rrate[rank]
-        if left < 0.0:
-            left = 0.0
-        self.rleft[rank] = left
-        self.rsince[rank] = now
-        self.rrate[rank] = rate
-        if rate < 1.0:
-            self.slowed_ops.add(op.id)
-        delay = left / rate
-        self.rend[rank] = now + delay
-        self._at(delay, self._kernel_end, op)
+        left = self.rleft[rank] - (self.now - self.rsince[rank]) * self.rrate[rank]
+        self._predict(rank, op, left if left > 0.0 else 0.0, rate)
 
     def _released(self, send: Op) -> None:
         assert send.match is not None
