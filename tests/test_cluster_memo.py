@@ -36,3 +36,20 @@ def test_a_memo_is_per_cluster_and_per_name():
     a, b = load_topology("dgx-h100", {"nodes": 1}), load_topology("dgx-h100", {"nodes": 1})
     cluster_memo(a, "x")[1] = "a"
     assert cluster_memo(a, "x") == {1: "a"} and cluster_memo(a, "y") == {} and cluster_memo(b, "x") == {}
+
+
+def test_the_training_fabric_and_p2p_channels_go_with_their_cluster():
+    """What refers back to its cluster (the training step's Fabric) is kept on the cluster, not in the id-keyed
+    memos: a cluster that went through the training step and the engine's P2P channel count is freed."""
+    import weakref
+
+    from simulator.collectives.p2p import p2p_channels
+    from simulator.training.layer import cluster_fabric
+
+    cluster = load_topology("dgx-h100", {"nodes": 2})
+    gone = weakref.ref(cluster)
+    assert cluster_fabric(cluster) is cluster_fabric(cluster)
+    assert p2p_channels(cluster, cluster.ranks) is not None
+    del cluster
+    gc.collect()
+    assert gone() is None

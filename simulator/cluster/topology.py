@@ -65,10 +65,18 @@ class Cluster:
     nccl_latency: Mapping[str, float] = field(default_factory=dict)  # "ring.LL.net" -> s (collectives/protocols.py)
     _router: Router = field(init=False, repr=False, compare=False)
     _latency: dict[Edge, float] = field(init=False, repr=False, compare=False)  # edge -> latency, filled on use
+    _owned: dict[str, Any] = field(init=False, repr=False, compare=False)  # see owned()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_router", Router(self.graph))
         object.__setattr__(self, "_latency", {})
+        object.__setattr__(self, "_owned", {})
+
+    def owned(self, name: str) -> dict[Any, Any]:
+        """A memo kept on the cluster itself, for what refers back to it (a collective's ``Fabric``): freed with it
+        by the collector (:func:`simulator.cluster.memo.cluster_memo` keeps the rest apart, keyed by the cluster's
+        id, so must not hold it)."""
+        return self._owned.setdefault(name, {})
 
     def route(self, src: str, dst: str) -> tuple[Edge, ...]:
         """Deterministic route (shortest latency, fewest hops, stable ECMP hash) as directed edges."""

@@ -32,7 +32,6 @@ import numpy as np
 from simulator.algorithms import Layout
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.devices import compute_time
-from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 from simulator.collectives import Fabric, collective, fabric_of
 from simulator.engine.core import SimResult, simulate
@@ -80,8 +79,9 @@ class Piece:
 
 # elementwise kernels of each stage: (name, FLOPs per row, elements read + written per row), as models.step's
 def cluster_fabric(cluster: Cluster) -> Fabric:
-    """The cluster's fabric, worked out once per cluster (a plan asks for it for every layout)."""
-    memo = cluster_memo(cluster, "training.fabric")
+    """The cluster's fabric, worked out once per cluster (a plan asks for it for every layout); kept on the
+    cluster (it refers to it), so it goes with it."""
+    memo = cluster.owned("training.fabric")
     if "fabric" not in memo:
         memo["fabric"] = fabric_of(cluster)
     fabric: Fabric = memo["fabric"]
