@@ -98,39 +98,35 @@ def compute_time(spec: DeviceSpec, flops: float, nbytes: float, dtype: str, laun
 def duration_with_sms_held(spec: DeviceSpec, held: int, flops: float, nbytes: float, dtype: str, fn: str,
                            dims: tuple[float, ...], fused: bool) -> float:
     """A kernel's seconds on ``spec`` while ``held`` of its SMs are taken by other work (NCCL's CTAs: the engine's
-    contention), timed as the engine times it alone (a profile, else its tiles, else the roofline) on the SMs left:
-    an attention block by its tiles on ``sm_count - held`` SMs (their waves re-quantized), a roofline kernel
-    ``launch + max(t_flops sm_count / (sm_count - held), t_mem)`` (the launch and the memory side do not stretch),
-    a measured profile as if wholly SM-bound (``x sm_count / (sm_count - held)``: the profile does not say)."""
+    contention), timed as the engine times it alone (:func:`profiled_time`, else the roofline) on the SMs left:
+    an attention block by its tiles on ``sm_count - held`` SMs (their waves re-quantized), a measured profile as if
+    wholly SM-bound, a roofline kernel ``launch + max(t_flops sm_count / (sm_count - held), t_mem)`` (the launch
+    and the memory side do not stretch)."""
     sms = spec.sm_count
     left = sms - held
     if left <= 0:
         raise ValueError(f"{held} SMs held of the {sms} of {spec.name}")
-    profile = None if fused else kernel_profile(spec, fn, dtype, dims)
-    if profile is not None:
-        return profile.predict(dims)[0] * spec.slowdown * sms / left
-    which = ATTENTION_KERNELS.get(fn)
-    if not fused and which and dims and which not in spec.attention_eff:
-        tiled = attention_time(spec, which == "backward", dtype, dims, sms=left)
-        if tiled is not None:
-            return tiled * spec.slowdown
+    profiled = None if fused else profiled_time(spec, fn, dtype, dims, sms=left)
+    if profiled is not None:
+        return profiled[0]
     t_flops, t_mem = roofline(spec, flops, nbytes, dtype, fn)
     return ((0.0 if fused else spec.launch_s) + max(t_flops * sms / left, t_mem)) * spec.slowdown
 
 
-def profiled_time(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...]
+def profiled_time(spec: DeviceSpec, fn: str, dtype: str, dims: tuple[float, ...], sms: int = 0
                   ) -> tuple[float, tuple[str, ...]] | None:
     """(seconds, axes extrapolated on) of kernel ``fn`` of shape ``dims`` from the device's profile, else, for an
     attention block on a GPU with tile facts and no ``attention_efficiency`` set for its pass, from its tiles
-    (nothing extrapolated); None when neither applies (the op then takes the roofline)."""
+    (nothing extrapolated); None when neither applies (the op then takes the roofline). ``sms`` > 0: on that many
+    of the device's SMs (its tiles scheduled on them; a profile's time scaled as if wholly SM-bound)."""
     profile = kernel_profile(spec, fn, dtype, dims)
     if profile is not None:
         hit, outside = profile.predict(dims)
-        return hit * spec.slowdown, outside
+        return (hit * spec.slowdown * spec.sm_count / sms if sms > 0 else hit * spec.slowdown), outside
     which = ATTENTION_KERNELS.get(fn)
     if not which or not dims or which in spec.attention_eff:  # a measured efficiency of the pass comes first
         return None
-    tiled = attention_time(spec, which == "backward", dtype, dims)
+    tiled = attention_time(spec, which == "backward", dtype, dims, sms=sms)
     return None if tiled is None else (tiled * spec.slowdown, ())
 
 

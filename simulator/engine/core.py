@@ -385,8 +385,7 @@ class _Run:
         self.srate = np.ones((len(seconds), 1))
         self.srow = np.zeros(0, dtype=np.int32)
         gpus = [r for r in range(ranks) if (spec := self.specs[r]) is not None and spec.sm_count > 0]
-        channels = p2p_channels(self.cluster, [self.place[r] for r in gpus]) if len(gpus) > 1 else None
-        if channels is None:
+        if len(gpus) < 2:
             return
         gpu = np.zeros(ranks, dtype=bool)
         gpu[gpus] = True
@@ -395,7 +394,8 @@ class _Run:
         where = np.array([node[name] for name in self.place], dtype=np.int64)  # each rank's device, as a number
         p2p = (self.coll[sends] == 0) & gpu[src] & gpu[dst] & (where[src] != where[dst])
         ids = sends[p2p]
-        if not len(ids):
+        channels = p2p_channels(self.cluster, [self.place[r] for r in gpus]) if len(ids) else None
+        if channels is None:  # (no point-to-point transfer between GPUs: no fabric worked out for nothing)
             return
         for r in gpus:
             self.hmax[r] = min(channels.channels, self.specs[r].sm_count - 1)  # type: ignore[union-attr]
