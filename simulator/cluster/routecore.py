@@ -54,13 +54,15 @@ class Graph(NamedTuple):
     n_ptr: np.ndarray  # name of node v: n_bytes[n_ptr[v]:n_ptr[v + 1]] (UTF-8)
     n_bytes: np.ndarray
     stop: np.ndarray  # 1 where node v may end a route but not be passed through (a GPU), else 0
+    home: np.ndarray  # a GPU's NIC among equally near ones (simulator.cluster.nic_affinity), else -1
 
 
 def graph_arrays(names: list[str], eu: np.ndarray, ev: np.ndarray, lat: np.ndarray, weight: np.ndarray,
-                 group: list[int], stop: np.ndarray | None = None) -> Graph:
+                 group: list[int], stop: np.ndarray | None = None, home: np.ndarray | None = None) -> Graph:
     """The CSR arrays of a graph given as its links ``eu[e] -> ev[e]`` (link id ``e``: the graph's edge order),
     their latencies and their weights in the searches; ``stop``: the nodes no route passes through (none if not
-    given)."""
+    given); ``home``: per node, the NIC (node index) a route from or to it takes among equally short next hops, -1
+    for none (all -1 if not given)."""
     n = len(names)
     rank = np.empty(n, dtype=np.int64)  # each node's place in name order
     rank[sorted(range(n), key=names.__getitem__)] = np.arange(n)
@@ -81,7 +83,8 @@ def graph_arrays(names: list[str], eu: np.ndarray, ev: np.ndarray, lat: np.ndarr
                  weight[p_order], s_idx[order], order.astype(np.int64), groups,
                  np.bincount(groups[groups >= 0], minlength=max(group, default=-1) + 1),
                  int(max(1, np.diff(s_ptr).max(initial=0))), n_ptr, n_bytes,
-                 np.zeros(n, dtype=np.uint8) if stop is None else np.asarray(stop, dtype=np.uint8))
+                 np.zeros(n, dtype=np.uint8) if stop is None else np.asarray(stop, dtype=np.uint8),
+                 np.full(n, -1, dtype=np.int64) if home is None else np.asarray(home, dtype=np.int64))
 
 
 def scratch(g: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -178,6 +181,18 @@ def _pick(g: Graph, src: int, dst: int, cur: int, buf: np.ndarray, k: int) -> np
             buf[n] = g.n_bytes[i]
             n += 1
     return np.int64(blake2b_8(buf, n) % np.uint64(k))
+
+
+@njit(cache=True, inline="always")
+def _prefer(g: Graph, src: int, dst: int, cand: np.ndarray, k: int) -> int:  # pragma: no cover
+    """Of ``k`` equally short next hops, the source's NIC (``g.home``), else the destination's, else -1."""
+    for end in (src, dst):
+        want = g.home[end]
+        if want >= 0:
+            for j in range(k):
+                if g.s_idx[cand[j]] == want:
+                    return j
+    return -1
 
 
 @njit(cache=True, inline="always")
@@ -360,7 +375,9 @@ def _walk(g: Graph, src: int, dst: int, base: np.ndarray, rows_t: np.ndarray, ri
         k = _scan(g, cur, dst, here, base, rows_t, rix, cs, cand, cand_d, kept, cls, grp, touched, nt)
         if k == 0:  # cannot happen on true distances: a node on a shortest path has a successor on one
             raise AssertionError("a route walk found no successor on a shortest path")
-        pick = 0 if k == 1 else _pick(g, src, dst, cur, buf, k)
+        pick = 0 if k == 1 else _prefer(g, src, dst, cand, k)
+        if pick < 0:
+            pick = _pick(g, src, dst, cur, buf, k)
         e = cand[pick]
         out = _room(out, n_out, n_out + 1)
         out[n_out] = g.s_eid[e]

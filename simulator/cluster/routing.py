@@ -5,8 +5,10 @@ a link into a CPU node weighs :data:`HOST_EPSILON` more, so that, before that, t
 bridges) is: of a GPU's NICs at the same latency, the one behind its PCIe switch before the one behind the host
 bridge, as NCCL ranks paths (``PIX``/``PXB`` before ``PHB`` before ``SYS``, ``src/graph/paths.cc``).
 The route walks from the source, at each node choosing among the successors that lie on a shortest path to the
-destination; when there are several, a hash (BLAKE2b of ``src|dst|hop``) picks one, so that different pairs spread
-over equal-cost paths as ECMP does while the same pair always takes the same path, in every run and process.
+destination; when there are several, the NIC the source GPU leaves its server by where it has several equally near
+(NCCL's for channel 0, :mod:`simulator.cluster.nic_affinity`), else the one the destination GPU enters by, else a
+hash (BLAKE2b of ``src|dst|hop``) picks one, so that different pairs spread over equal-cost paths as ECMP does while
+the same pair always takes the same path, in every run and process.
 
 The walk needs distances *to* the destination, found in one of three ways, whichever applies first (they give the
 same routes: ``tests/test_topology.py`` compares routes of the shipped topologies and of random graphs with those of
@@ -45,6 +47,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import dijkstra
 
+from simulator.cluster.nic_affinity import home_nics
 from simulator.cluster.routecore import (
     entry_constants,
     graph_arrays,
@@ -102,7 +105,14 @@ class Router:
         group_of: dict[str, int] = {}
         group = [group_of.setdefault(name.split(".", 1)[0], len(group_of)) if "." in name else -1
                  for name in self._names]
-        self._graph = graph_arrays(self._names, eu, ev, lat, weight, group, stop)
+        home = np.full(n, -1, dtype=np.int64)
+        nic = np.fromiter((k == "nic" for k in kinds), dtype=bool, count=n)
+        grp = np.asarray(group, dtype=np.int64)
+        inside = nic[ev] & ~nic[eu] & (grp[eu] >= 0) & (grp[eu] == grp[ev])  # a server's own links into its NICs
+        if inside.any() and np.bincount(eu[inside], minlength=n).max() > 1:  # some node hangs two NICs or more
+            for gpu, card in home_nics(graph).items():
+                home[index[gpu]] = index[card]
+        self._graph = graph_arrays(self._names, eu, ev, lat, weight, group, stop, home)
         self._buf = np.zeros(3 * int(np.diff(self._graph.n_ptr).max(initial=0)) + 2, dtype=np.uint8)
         self._row_of = np.full(n, -1, dtype=np.int64)  # entry node -> its column in self._rows_t, -1: none
         self._rows_t = np.zeros((n, 0))  # distances to each entry node from every node (a column per entry node)
@@ -267,7 +277,11 @@ class Router:
                 dvs = dist[idx]
                 keep = (np.abs(dvs + ws - here) <= tol) & (dvs < here) & ((idx == goal) | (g.stop[idx] == 0))
                 nxt = list(zip(idx[keep].tolist(), dvs[keep].tolist(), strict=True))
-            pick = nxt[_stable_hash(f"{src}|{dst}|{names[cur]}") % len(nxt)] if len(nxt) > 1 else nxt[0]
+            pick = nxt[0]
+            if len(nxt) > 1:  # the source's NIC among them, else the destination's, else the ECMP hash's
+                homes = [int(g.home[self._index[end]]) for end in (src, dst)]
+                pick = next((c for h in homes if h >= 0 for c in nxt if c[0] == h), None) or \
+                    nxt[_stable_hash(f"{src}|{dst}|{names[cur]}") % len(nxt)]
             edges.append((names[cur], names[pick[0]]))
             cur, here = pick
         return tuple(edges)

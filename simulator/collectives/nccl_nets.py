@@ -9,10 +9,13 @@ cited) and says, per channel, its NIC and the GPUs a ring may enter and leave th
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
 
+from simulator.cluster.nic_affinity import DIS as _DIS
+from simulator.cluster.nic_affinity import EPS as _EPS
+from simulator.cluster.nic_affinity import PXB as _PXB
+from simulator.cluster.nic_affinity import PXN as _PXN
+from simulator.cluster.nic_affinity import NetPath, NetPaths
 from simulator.cluster.topology import Cluster
 
 __all__ = ["MAX_CHANNELS", "NVLINK_CLASSES", "nccl_plans", "rail_rule_is_nccls"]
@@ -20,8 +23,6 @@ __all__ = ["MAX_CHANNELS", "NVLINK_CLASSES", "nccl_plans", "rail_rule_is_nccls"]
 MAX_CHANNELS = 64  # NCCL src/include/device.h MAXCHANNELS
 NVLINK_CLASSES = ("nvlink", "infinity-fabric", "xgmi", "mesh")  # NCCL's "NVL" hardware class (RCCL: xGMI)
 
-# NCCL's path types (src/include/graph.h PATH_*), by which it ranks a GPU's paths to the NICs
-_PIX, _PXB, _PXN, _PHB, _SYS, _DIS = 4, 5, 7, 8, 9, 11
 # NCCL's per-channel speeds (GB/s) its inter-node ring search tries, highest first (src/graph/search.cc
 # speedArrayInter, sm90SpeedArrayInter, sm100SpeedArrayInter): by compute capability
 _SPEEDS: dict[int, tuple[float, ...]] = {
@@ -31,22 +32,9 @@ _SPEEDS: dict[int, tuple[float, ...]] = {
           0.24, 0.12),
 }
 _RING_MAX = MAX_CHANNELS // 2  # src/init.cc: ringGraph->maxChannels = MAXCHANNELS / 2
-# NCCL's bandwidth of a PCIe link (src/graph/topo.cc: width x kvDictPciGen / 80 GB/s, 48 for Gen5 x16) over the
-# raw rate (128b/130b) the simulator's link carries (63.02 GB/s for Gen5 x16): the search runs in NCCL's figures
-_NCCL_PCIE = 0.75 * 130 / 128
-_EPS = 1e-9
 
 
-class _NetPath(NamedTuple):
-    """A GPU's path to a NIC as NCCL ranks it: ``kind`` (a PATH_* type), ``bw`` (GB/s, the NIC's port included),
-    ``links`` (the graph's directed links a channel over it loads: for PXN, those of the relaying GPU)."""
-
-    kind: int
-    bw: float
-    links: tuple[tuple[str, str], ...]
-
-
-class _NcclNets:
+class _NcclNets(NetPaths):
     """NCCL's choice of NICs for its inter-server rings on one server, over the cluster graph.
 
     * **Paths** (``src/graph/paths.cc`` ``ncclTopoSetPaths``): a GPU's path to a NIC inside the server (through no
@@ -73,7 +61,7 @@ class _NcclNets:
       speed starts at the highest not above the best path's bandwidth and falls while a slower one could still give
       half as much; a result replaces the kept one only with more channels x speed (``ncclTopoCompareGraphs``),
       then faster speeds are tried for as many channels (pass 2). Bandwidths are NCCL's: a PCIe link at NCCL's
-      figure for it (``_NCCL_PCIE``), a NIC port at its speed.
+      figure for it (``nic_affinity.NCCL_PCIE``), a NIC port at its speed.
 
     Not modelled: ``NCCL_CROSS_NIC=1``/``2`` rings (entering by one NIC and leaving by another: tried by NCCL after
     these and kept only if better, which equal budgets never are), the Intel host-bridge P2P overhead on ``PHB``
@@ -83,69 +71,8 @@ class _NcclNets:
     """
 
     def __init__(self, cluster: Cluster, gpus: Sequence[str], nics: Sequence[str], nvs: bool, mesh: bool) -> None:
-        import networkx as nx
-
-        graph = self.graph = cluster.graph
-        self.gpus, self.nics, self.nvs, self.mesh = list(gpus), list(nics), nvs, mesh
-        host = cluster.host_of(self.gpus[0])
-        mine = {v for v in graph.nodes if cluster.host_of(v) == host}
-        others = set(self.gpus)
-        self.port = [max((graph.edges[u, v]["bandwidth"] / 1e9 for u, v in graph.out_edges(nic) if v not in mine),
-                         default=0.0) for nic in self.nics]
-
-        def weight(u: str, v: str, d: dict[str, Any]) -> float:  # as the router: latency, then host bridges, hops
-            return float(d["latency"]) + 1e-15 + (1e-13 if graph.nodes[v].get("kind") == "cpu" else 0.0)
-
-        self.raw: list[list[_NetPath]] = []
-        for gpu in self.gpus:
-            view = nx.subgraph_view(graph, filter_node=lambda v, gpu=gpu: v in mine and (v == gpu or v not in others))
-            _, found = nx.single_source_dijkstra(view, gpu, weight=weight)
-            self.raw.append([self._typed(found.get(nic), k) for k, nic in enumerate(self.nics)])
-        self.paths = [list(row) for row in self.raw]
-
-    def bw(self, link: tuple[str, str]) -> float:
-        """A link's bandwidth as NCCL's search counts it (GB/s; PCIe at NCCL's figure, ``_NCCL_PCIE``)."""
-        d = self.graph.edges[link]
-        return float(d["bandwidth"]) / 1e9 * (_NCCL_PCIE if d.get("cls") == "pcie" else 1.0)
-
-    def _typed(self, nodes: list[str] | None, k: int) -> _NetPath:
-        if not nodes:
-            return _NetPath(_DIS, 0.0, ())
-        kinds = [self.graph.nodes[v].get("kind") for v in nodes[1:-1]]
-        cpus, switches = kinds.count("cpu"), kinds.count("switch")
-        kind = _SYS if cpus > 1 else _PHB if cpus else _PXB if switches > 1 else _PIX
-        links = tuple(itertools.pairwise(nodes))
-        bw = min([self.bw(e) for e in links] + [self.port[k]])
-        return _NetPath(kind, bw, links)
-
-    @staticmethod
-    def _local(paths: Sequence[_NetPath]) -> list[int]:
-        """``ncclTopoGetLocal``: the indices of the highest-bandwidth paths, of them the lowest type."""
-        usable = [(i, p) for i, p in enumerate(paths) if p.kind < _DIS]
-        if not usable:
-            return []
-        best = max(p.bw for _, p in usable)
-        top = [(i, p) for i, p in usable if p.bw >= best - _EPS]
-        low = min(p.kind for _, p in top)
-        return [i for i, p in top if p.kind == low]
-
-    def local_nets(self, g: int) -> list[int]:
-        return self._local(self.paths[g])
-
-    def local_gpus(self, n: int) -> list[int]:
-        return self._local([row[n] for row in self.raw])
-
-    def local_net(self, g: int, c: int) -> int:
-        """``ncclTopoGetLocalNetType``: the NIC GPU ``g`` puts channel ``c`` on (-1: none)."""
-        nets = self.local_nets(g)
-        if not nets:
-            return -1
-        sharing = max(1, len(self.local_gpus(nets[0])))
-        net = g % sharing
-        if len(nets) & (len(nets) - 1) == 0:
-            net = _mirror_bits(net, len(nets))
-        net += c % -(-len(nets) // sharing)
-        return nets[net % len(nets)]
+        super().__init__(cluster.graph, gpus, nics)
+        self.nvs, self.mesh = nvs, mesh
 
     def local_gpu(self, n: int) -> int:
         """``ncclTopoGetLocalGpu``: the first of NIC ``n``'s local GPUs that puts some channel on it (-1: none)."""
@@ -166,7 +93,7 @@ class _NcclNets:
                 peer, own = self.paths[p][n], self.paths[g][n]
                 nvl = nvlinked(g, p)
                 if peer.kind <= _PXB and nvl > 0 and (peer.bw > own.bw + _EPS or own.kind > _PXN):
-                    self.paths[g][n] = _NetPath(_PXN, min(nvl, peer.bw), peer.links)
+                    self.paths[g][n] = NetPath(_PXN, min(nvl, peer.bw), peer.links)
 
     def select_nets(self, kind: int) -> list[int]:
         """``ncclTopoSelectNets`` for the search's start: every GPU's NICs channel by channel
@@ -269,16 +196,6 @@ class _NcclNets:
             if len(got) >= len(best) and len(got) * speeds[j] > len(best) * best_speed + _EPS:
                 best, best_speed = got, speeds[j]
         return best, best_kind
-
-
-def _mirror_bits(val: int, pow2: int) -> int:
-    """NCCL's ``mirrorBits`` (``src/graph/topo.h``): ``val``'s bits below ``pow2`` in reverse order."""
-    out, b, mb = 0, 1, pow2 >> 1
-    while b < pow2:
-        if val & b:
-            out |= mb
-        b, mb = b << 1, mb >> 1
-    return out
 
 
 def nccl_plans(cluster: Cluster, gpus: list[str], nics: list[str], nvs: bool, mesh: bool, device: str
