@@ -189,3 +189,24 @@ def test_plan_report_when_nothing_meets_the_target_shows_the_fastest_that_fits()
                      "61.5 ms, 70.2 GB per GPU.",
                      "`ring` does not meet it (binding: memory).",
                      "`tree` does not meet it (binding: latency; bottleneck: attention over NICs)."]
+
+
+def test_point_views_kept_are_the_same_views_handed_out_as_copies():
+    """Laying out a report works each frame's point view out once (point_views_kept): the same view and keys as
+    without it, and a copy each time (a caller that adds a column changes no later caller's view)."""
+    from simulator.report.conclude import point_view, point_views_kept
+
+    frame = pd.DataFrame({"algorithm": ["ring", "tree"] * 4, "nodes": [1, 1, 2, 2] * 2,
+                          "topology_params.nodes": [1, 1, 2, 2] * 2, "context": [80000] * 4 + [640000] * 4,
+                          "workload.context": [80000] * 4 + [640000] * 4,
+                          "latency_s": [1e-3 * (i + 1) for i in range(8)]})
+    view, keys = point_view(frame)
+    with point_views_kept():
+        first, first_keys = point_view(frame)
+        first["_key"] = "changed"
+        first_keys.append("_key")
+        again, again_keys = point_view(frame)
+        other = point_view(frame[frame["algorithm"] == "ring"])[0]
+    pd.testing.assert_frame_equal(again, view)
+    assert again_keys == keys == ["context", "nodes"]
+    pd.testing.assert_frame_equal(other, point_view(frame[frame["algorithm"] == "ring"])[0])

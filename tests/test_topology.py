@@ -295,3 +295,12 @@ def test_override_devices_replaces_only_named_fields():
     assert c.specs["n0.gpu3"].eff_flops == 0.5 and c.specs["n0.gpu3"].eff_mem == 0.89
     with pytest.raises(InputError, match="its devices: h100-sxm"):
         override_devices(c, {"mi300x": {"eff_mem": 0.5}})
+
+
+def test_the_device_library_is_read_once_and_handed_out_as_a_new_dict():
+    """A sweep builds a cluster per point: devices.yaml is parsed once (per version of the file), and each caller
+    gets its own dict (build_cluster adds a topology's own devices to it)."""
+    first = device_library()
+    first["mine"] = first["h100-sxm"]
+    again = device_library()
+    assert "mine" not in again and again["h100-sxm"] is first["h100-sxm"]

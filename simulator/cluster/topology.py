@@ -19,6 +19,7 @@ Two YAML forms are accepted (see docs/topology.md):
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,10 +127,21 @@ class Cluster:
 
 
 def device_library() -> dict[str, DeviceSpec]:
-    """The named device specs of ``topologies/devices.yaml`` (datasheet values, cited there)."""
+    """The named device specs of ``topologies/devices.yaml`` (datasheet values, cited there): read once per version
+    of the file (a sweep builds a cluster per point), a new dict each call (the specs are frozen)."""
     path = TOPOLOGY_DIR / DEVICE_LIBRARY
+    try:
+        stat = path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+    except OSError:  # (load_yaml says what is wrong)
+        stamp = (0, -1)
+    return dict(_device_library(str(path), stamp))
+
+
+@functools.lru_cache(maxsize=2)
+def _device_library(path: str, stamp: tuple[int, int]) -> Mapping[str, DeviceSpec]:
     raw = load_yaml(path)
-    return _parse_devices(raw.get("devices", {}), str(path), raw, ("devices",))
+    return _parse_devices(raw.get("devices", {}), path, raw, ("devices",))
 
 
 def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: Path | None = None,

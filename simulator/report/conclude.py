@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numbers
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +77,14 @@ def _twin_map(frame: pd.DataFrame, column: str, key: str, exact: bool) -> dict[s
     if key not in frame or column not in frame:
         return None
 
+    def pair(index: pd.Index) -> pd.DataFrame:  # the two columns' rows (all of them: no copy of the others)
+        return frame[[column, key]] if index is frame.index else frame.loc[index, [column, key]]
+
     def same(index: pd.Index) -> bool:
+        part = pair(index)
         if exact:
-            return bool((frame.loc[index, column].astype(str) == frame.loc[index, key].astype(str)).all())
-        return _bijective(frame.loc[index], column, key)
+            return bool((part[column].astype(str) == part[key].astype(str)).all())
+        return _bijective(part, column, key)
 
     if same(frame.index):
         good = [frame.index]
@@ -90,7 +95,7 @@ def _twin_map(frame: pd.DataFrame, column: str, key: str, exact: bool) -> dict[s
         good = [i for i in groups if same(i) and frame.loc[i, column].nunique() > 1]
         if not good:
             return None
-    pairs = pd.concat([frame.loc[i, [column, key]] for i in good]).drop_duplicates(column)
+    pairs = pd.concat([pair(i) for i in good]).drop_duplicates(column)
     return dict(zip(pairs[column].astype(str), pairs[key], strict=True))
 
 
@@ -124,10 +129,36 @@ def swept_keys(frame: pd.DataFrame) -> list[str]:
     return [c for c, twin in _swept(frame).items() if twin is None]
 
 
+_KEPT: dict[int, tuple[pd.DataFrame, pd.DataFrame, list[str]]] | None = None  # frame id -> frame, view, keys
+
+
+@contextmanager
+def point_views_kept() -> Iterator[None]:
+    """Inside the block, :func:`point_view` works out each frame's view once (a frame is known by its identity, and
+    held, so that its id is not reused) and hands out copies: laying out one report asks for the same rows' view up
+    to ten times. The frames given to it must not change inside the block."""
+    global _KEPT
+    outer = _KEPT
+    _KEPT = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _KEPT = outer
+
+
 def point_view(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """``frame`` with the columns that name its sweep point, and their names: a swept key that repeats a column of
     the rows is shown by that column's name (``nodes``, ``context``, ``phase``) with the point's value (also for
     ``single``, which stays on one device). Without a sweep, the point is named by its context."""
+    if _KEPT is None:
+        return _point_view(frame)
+    kept = _KEPT.get(id(frame))
+    if kept is None or kept[0] is not frame:
+        kept = _KEPT[id(frame)] = (frame, *_point_view(frame))
+    return kept[1].copy(), list(kept[2])
+
+
+def _point_view(frame: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     view, keys = frame.copy(), []
     for column, twin in _swept(frame).items():
         if twin is None:

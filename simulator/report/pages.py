@@ -32,6 +32,7 @@ from simulator.report.conclude import (
     ordered,
     overview,
     point_view,
+    point_views_kept,
     summary,
 )
 from simulator.report.document import (
@@ -104,18 +105,25 @@ def baseline_of(frame: pd.DataFrame, meta: dict[str, Any]) -> str | None:
 
 
 def _image(jobs: dict[str, Job], name: str, frame: pd.DataFrame, column: str, ylabel: str, caption: str,
-           **kwargs: Any) -> Image:
-    """The figure's block, its bytes to come: drawing it is a job of ``jobs`` (:func:`write_report` draws them)."""
+           **kwargs: Any) -> Callable[[], Block]:
+    """Drawing the figure made a job of ``jobs`` at once (:func:`write_report` draws them); returns what makes its
+    block, its bytes to come (the caption, which states what the figure leaves out, is made then: after the jobs
+    are started)."""
     jobs[name] = Job(facet_png, (frame, column, ylabel), kwargs)
-    return Image(name, b"", caption + figure_note(frame))
+    return lambda: Image(name, b"", caption + figure_note(frame))
+
+
+def _const(block: Block) -> Callable[[], Block]:
+    return lambda: block
 
 
 def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, baseline: str | None,
-             measure: Measure, jobs: dict[str, Job]) -> list[Block]:
+             measure: Measure, jobs: dict[str, Job]) -> Callable[[], list[Block]]:
+    """The figures' jobs added to ``jobs`` at once; returns what makes their blocks (:func:`_image`)."""
     target = (meta.get("targets") or {}).get("latency_s")
     algos = list(dict.fromkeys(frame["algorithm"]))
     lat_lines = (HLine(target * 1e3, f"target {target * 1e3:g} ms", "crimson"),) if target else ()
-    blocks: list[Block] = [Heading("Figures")]
+    blocks: list[Callable[[], Block]] = [_const(Heading("Figures"))]
     if measure is TPOT:
         blocks.append(_image(jobs, "tpot.png", frame, "tpot_s", column_label("tpot_s"),
                              "Mean time per output token: the decode steps' mean latency.", scale=1e3,
@@ -159,10 +167,10 @@ def _figures(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, 
     if len(moved):
         blocks.append(_image(jobs, "bytes.png", moved, "bytes_moved", "bytes moved, all ranks (GB)",
                              "Bytes sent by all ranks together, in GB.", scale=1e-9, algorithms=algos))
-    return blocks
+    return lambda: [make() for make in blocks]
 
 
-def _tail_image(frame: pd.DataFrame, algos: list[str], jobs: dict[str, Job]) -> Image:
+def _tail_image(frame: pd.DataFrame, algos: list[str], jobs: dict[str, Job]) -> Callable[[], Block]:
     """With a scenario's ``variability:`` (simulator.run.whatif): each algorithm's latency over the trials, its
     median, 99th percentile and largest value, one line each."""
     rows = frame[frame["p99_s"].notna()]
@@ -233,10 +241,18 @@ def _large(frame: pd.DataFrame, table: pd.DataFrame, measure: Measure, results: 
 
 
 def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float | None, results: str,
-                    jobs: dict[str, Job]) -> list[Block]:
+                    jobs: dict[str, Job]) -> Callable[[], list[Block]]:
+    """The figures' jobs added to ``jobs`` at once; returns what lays out the blocks (conclusions, tables, the
+    figures' captions), so that the figures are drawn while it runs."""
     target = (meta.get("targets") or {}).get("latency_s")
     baseline = baseline_of(frame, meta)
     measure = measure_of(frame)
+    figures = _figures(frame, meta, capacity, baseline, measure, jobs)
+    return lambda: _laid_out(frame, results, target, baseline, measure, figures)
+
+
+def _laid_out(frame: pd.DataFrame, results: str, target: float | None, baseline: str | None, measure: Measure,
+              figures: Callable[[], list[Block]]) -> list[Block]:
     table = summary(frame, target, baseline, measure)
     large = len(table) > LARGE_POINTS
     blocks: list[Block] = [Heading("Conclusions"), Items(tuple(headline(table, frame, target, measure)))]
@@ -248,7 +264,7 @@ def _latency_blocks(frame: pd.DataFrame, meta: dict[str, Any], capacity: float |
     else:  # nothing to compare an algorithm with: no fastest, no speedup, no runner-up
         blocks += [Para("Per sweep point:"), Table(table.drop(columns=[
             c for c in table.columns if c in ("fastest", "next best") or "speedup over " in str(c)]))]
-    blocks += _figures(frame, meta, capacity, baseline, measure, jobs)
+    blocks += figures()
     if large:
         return blocks
     tables = [(TPOT, "Time per output token (ms)"), (LATENCY, f"{latency_label(frame).capitalize()} (ms)")] \
@@ -308,17 +324,14 @@ def write_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
     return start_report(frame, out, meta, timeline, capacity_bytes, results, drawer)()
 
 
-def start_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline: pd.DataFrame | None = None,
-                 capacity_bytes: float | None = None, results: str = "results.csv", drawer: Drawer | None = None
-                 ) -> Callable[[], list[Path]]:
-    """:func:`write_report` in two steps: the report's blocks made and its figures started (by ``drawer``, if
-    given); the function returned waits for the figures and writes the files. The caller may write other files in
-    between, while the figures are drawn."""
-    title = f"treering report: {meta.get('scenario', '?')}"
+def _started(frame: pd.DataFrame, meta: dict[str, Any], timeline: pd.DataFrame | None, capacity_bytes: float | None,
+             results: str, drawer: Drawer | None, title: str) -> tuple[list[Block], Callable[[], dict[str, bytes]]]:
+    """The report's blocks, its figures started first (:func:`start_report`)."""
     blocks = _intro(title, meta, len(frame))
     kind = rows_kind(frame)
     link = _csv_link(results)
     jobs: dict[str, Job] = {}  # the figures to draw, each block's bytes to come (drawn below, two at a time)
+    laid_out: Callable[[], list[Block]] | None = None  # what lays out the latency rows' blocks, once drawing
     if kind == "collective" and frame["busbw_GBps"].notna().any():
         from simulator.report.collective import collective_blocks  # (draws its figures itself, with matplotlib)
 
@@ -328,7 +341,7 @@ def start_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
 
         blocks += flows_blocks(frame, LARGE_POINTS * 10, link)
     elif "latency_s" in frame and frame["latency_s"].notna().any():
-        blocks += _latency_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes, results, jobs)
+        laid_out = _latency_blocks(frame[frame["latency_s"].notna()], meta, capacity_bytes, results, jobs)
     else:
         shown = frame.head(LARGE_POINTS)
         blocks += [Heading("Conclusions"), Items((f"No row has a result to compare (see the `error` column, if any, "
@@ -337,8 +350,23 @@ def start_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline:
                    Table(shown)]
     if timeline is not None and len(timeline):
         jobs["timeline.png"] = Job(gantt_png, (timeline,), cost=1.5 + len(timeline) / _GANTT_BARS)
+    drawing = start_render(jobs, drawer)  # the figures first: the tables and conclusions are laid out meanwhile
+    if laid_out is not None:
+        blocks += laid_out()
+    if timeline is not None and len(timeline):
         blocks += [Heading("Timeline"), Image("timeline.png", b"", timeline_caption(meta))]
-    drawing = start_render(jobs, drawer)
+    return blocks, drawing
+
+
+def start_report(frame: pd.DataFrame, out: Path, meta: dict[str, Any], timeline: pd.DataFrame | None = None,
+                 capacity_bytes: float | None = None, results: str = "results.csv", drawer: Drawer | None = None
+                 ) -> Callable[[], list[Path]]:
+    """:func:`write_report` in two steps: the report's blocks made and its figures started (by ``drawer``, if
+    given); the function returned waits for the figures and writes the files. The caller may write other files in
+    between, while the figures are drawn."""
+    title = f"treering report: {meta.get('scenario', '?')}"
+    with point_views_kept():  # (the rows' view worked out once for the whole report)
+        blocks, drawing = _started(frame, meta, timeline, capacity_bytes, results, drawer, title)
 
     def finish() -> list[Path]:
         drawn = drawing()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import pickle
 import signal
@@ -82,6 +83,20 @@ def _load_matplotlib() -> None:
 
     agg()
     import matplotlib.pyplot  # noqa: F401
+
+
+def _load_matplotlib_frozen() -> None:
+    """:func:`_load_matplotlib` in a process that only draws (the drawer): its modules imported without cyclic
+    collections, then frozen (as ``treering``'s own are, :func:`simulator.cli.main`): no collection while the figures
+    are drawn, here or in a child that draws a share, walks them again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _load_matplotlib()
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def _shares(jobs: Mapping[str, Job]) -> tuple[list[str], list[str]]:
@@ -213,7 +228,7 @@ def _serve(parent: int, jobs_fd: int, out_fd: int) -> None:
             ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the run ended before the request was made
             return
-        _load_matplotlib()  # while the run simulates
+        _load_matplotlib_frozen()  # while the run simulates
         jobs = _receive(jobs_fd)
         if isinstance(jobs, dict):
             _send(out_fd, _split(jobs))
