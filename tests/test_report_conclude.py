@@ -210,3 +210,30 @@ def test_point_views_kept_are_the_same_views_handed_out_as_copies():
     pd.testing.assert_frame_equal(again, view)
     assert again_keys == keys == ["context", "nodes"]
     pd.testing.assert_frame_equal(other, point_view(frame[frame["algorithm"] == "ring"])[0])
+
+
+def test_summary_of_a_point_ties_oom_and_points_in_sweep_order() -> None:
+    """Per point, in the points' order: the fastest feasible row (a tie: the first in the results' order), the
+    baseline's speedup, the runner-up, the rows out of memory (in the results' order) or ``-``; a point whose rows all
+    ran out of memory has no fastest."""
+    frame = pd.DataFrame({
+        "algorithm": ["ring", "tree", "single"] * 3,
+        "latency_s": [2e-3, 1e-3, 1e-3, 4e-3, 5e-3, 9e-3, 1e-3, 2e-3, 3e-3],
+        "comm_s": [1.5e-3, 1e-4, 0.0, 3e-3, 1e-3, 0.0, 5e-4, 1e-3, 0.0],
+        "ranks": [8, 8, 1, 16, 16, 1, 32, 32, 1],
+        "oom": [False, False, False, False, True, True, True, True, True],
+        "nodes": [1, 1, 1, 2, 2, 2, 4, 4, 4],
+        "topology_params.nodes": [1, 1, 1, 2, 2, 2, 4, 4, 4],
+        "workload.context": [8192, 8192, 8192, 4096, 4096, 4096, 1024, 1024, 1024],
+        "context": [8192, 8192, 8192, 4096, 4096, 4096, 1024, 1024, 1024],
+    })
+    table = summary(frame, target_s=3e-3)  # points by context (the first key), ascending
+    assert list(table["context"]) == [1024, 4096, 8192] and list(table["nodes"]) == [4, 2, 1]
+    assert list(table["fastest"]) == ["none (all out of memory)", "ring", "tree"]
+    assert list(table["speedup over ring"]) == ["", "1x", "2x"]
+    assert table["next best"][2] == "single (1x the latency of tree)" and table["next best"][1] == ""
+    assert list(table["out of memory"]) == ["ring, tree, single", "tree, single", "-"]
+    assert list(table["bound by"]) == ["memory", "communication (75% of the latency)",
+                                       "compute (90% of the latency)"]
+    assert list(table["target 3 ms"]) == ["not met", "missed (1.33x over)", "met"]
+    assert table["ranks"][2] == 8 and table["latency_ms"][2] == 1.0

@@ -157,3 +157,76 @@ def test_a_prepared_point_travels_without_being_prepared_again(tmp_path, monkeyp
 
 def rows_of(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "sim_wall_s"} for row in rows]
+
+
+def test_a_prepared_point_travels_without_its_clusters_layout(tmp_path):
+    """A point's layout (its fabric refers to the cluster, a whole graph) is its cluster's own, shared by every point
+    on that cluster: it travels as a mark and comes back as the receiving process's, what its fabric worked out
+    included; a pickled point stays small."""
+    import pickle
+
+    from simulator.run.prepared import layout_of
+
+    first, second = check_points(load_scenario(scenario(tmp_path, 2))[:2])  # two contexts on one cluster
+    assert first.cluster is second.cluster and first.layout is second.layout is layout_of(first.cluster)
+    blob = pickle.dumps(first)
+    assert len(blob) < 10_000  # (with the fabric and its cluster: about 50 kB)
+    again = pickle.loads(blob)
+    assert again.layout is first.layout and again.cluster is first.cluster
+    assert rows_of(sweep._run_one(0, again)[0]) == rows_of(sweep._run_one(0, first)[0])
+
+
+def test_a_layout_of_other_ranks_is_its_own(tmp_path):
+    from simulator.run.prepared import layout_of
+
+    (prep,) = check_points(load_scenario(scenario(tmp_path, 1))[2:3])  # 4 nodes, 32 GPUs
+    assert layout_of(prep.cluster, 8) is layout_of(prep.cluster, 8) is not layout_of(prep.cluster)
+    assert layout_of(prep.cluster, 8).ranks == 8 and layout_of(prep.cluster).ranks == 32
+
+
+def test_the_results_are_rewritten_less_often_where_a_rewrite_takes_long(tmp_path, monkeypatch):
+    """At most every flush_s seconds, and at most once per twenty times the last rewrite's duration."""
+    points = check_points(load_scenario(scenario(tmp_path, 4)))  # 12 points
+    writes: list[float] = []
+    clock = [0.0]
+    real = sweep._write
+
+    def slow_write(rows, out):  # every rewrite takes 1 s of the (simulated) clock
+        writes.append(clock[0])
+        clock[0] += 1.0
+        return real(rows, out)
+
+    def run_one(index, point, timeline=False):  # each point takes 2 s
+        clock[0] += 2.0
+        return [{"point": index, "x": 1.0}], None
+
+    monkeypatch.setattr(sweep, "_write", slow_write)
+    monkeypatch.setattr(sweep, "_run_one", run_one)
+    monkeypatch.setattr(sweep.time, "monotonic", lambda: clock[0])
+    sweep.run_sweep(points, tmp_path / "o", progress=False, flush_s=1.0)
+    # the first rewrite after the first point; the next once 20 s have passed since it ended; the last at the end
+    assert writes == [2.0, 23.0, 26.0]
+
+
+def test_dask_tasks_hold_a_few_points_each_in_order(tmp_path):
+    todo = list(enumerate(range(1000)))
+    chunks = sweep._chunks(todo, 2)
+    assert [p for chunk in chunks for p in chunk] == todo and max(map(len, chunks)) == sweep._CHUNK
+    assert len(sweep._chunks(todo[:40], 2)) == 20  # at least eight tasks per worker
+    assert sweep._chunks(todo[:3], 4) == [[t] for t in todo[:3]]
+
+
+def test_the_10000_point_benchmark_is_the_1000_point_one_with_ten_contexts_for_each():
+    from pathlib import Path
+
+    from simulator.support.yaml_lines import load_yaml
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    small, large = load_yaml(bench / "sweep-1000.yaml"), load_yaml(bench / "sweep-10000.yaml")
+    assert {k: v for k, v in small.items() if k not in ("name", "sweep")} == \
+        {k: v for k, v in large.items() if k not in ("name", "sweep")}
+    assert list(small["sweep"]) == list(large["sweep"])
+    for key, values in small["sweep"].items():
+        assert set(values) <= set(large["sweep"][key])
+        assert len(large["sweep"][key]) == len(values) * (10 if key == "workload.context" else 1)
+    assert sorted(large["sweep"]["workload.context"]) == large["sweep"]["workload.context"]

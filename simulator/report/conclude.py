@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numbers
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -216,7 +216,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"
 
 
-def _bound(row: pd.Series) -> str:
+def _bound(row: Mapping[str, Any]) -> str:
     comm = float(row["comm_s"]) / float(row["latency_s"]) if row["latency_s"] else 0.0
     return f"communication ({comm:.0%} of the latency)" if comm > 0.5 else \
         f"compute ({1 - comm:.0%} of the latency)"
@@ -227,22 +227,29 @@ def speedup_column(baseline: str, measure: Measure = LATENCY) -> str:
     return f"{'TPOT ' if measure is TPOT else ''}speedup over {baseline}"
 
 
-def _ratio(base: pd.DataFrame, best: pd.Series, column: str, baseline: str, present: bool) -> str:
+def _ratio(base: list[dict[str, Any]], best: Mapping[str, Any], column: str, baseline: str, present: bool) -> str:
     if not present:
         return ""
-    if base.empty:
+    if not base:
         return f"({baseline} out of memory)"
-    return times(float(base[column].iloc[0]) / float(best[column]))
+    return times(float(base[0][column]) / float(best[column]))
 
 
-def _point_row(keys: dict[str, object], part: pd.DataFrame, ok: pd.Series, target_s: float | None,
-               baseline: str, measure: Measure) -> dict[str, object]:
+def _ascending(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
+    """``rows`` by ``column`` ascending, ties in their order and NaN last (pandas' stable ``sort_values``)."""
+    return sorted(rows, key=lambda r: (r[column] != r[column], 0.0 if r[column] != r[column] else r[column]))
+
+
+def _point_row(keys: dict[str, object], part: list[dict[str, Any]], ok: list[bool], ran: list[bool],
+               target_s: float | None, baseline: str, measure: Measure) -> dict[str, object]:
+    """One point's summary row from its rows (``part``: each a mapping of the columns it reads, in the results'
+    order), whether each is feasible (``ok``) and whether each has a latency (``ran``)."""
     row: dict[str, object] = dict(keys)
     col, value = measure.column, f"{measure.short}_ms"
-    good = part[ok].sort_values(col, kind="stable")
-    oom = [str(a) for a in part.loc[~ok & part["latency_s"].notna(), "algorithm"]]
-    present = baseline in set(part["algorithm"])
-    if good.empty:
+    good = _ascending([r for r, fits in zip(part, ok, strict=True) if fits], col)
+    oom = [str(r["algorithm"]) for r, fits, has in zip(part, ok, ran, strict=True) if has and not fits]
+    present = baseline in {r["algorithm"] for r in part}
+    if not good:
         row.update({"fastest": "none (all out of memory)", "ranks": "", value: float("nan"),
                     speedup_column(baseline, measure): "", "next best": ""})
         if measure is TPOT:
@@ -250,11 +257,11 @@ def _point_row(keys: dict[str, object], part: pd.DataFrame, ok: pd.Series, targe
         else:
             row["bound by"] = "memory"
     else:
-        best = good.iloc[0]
-        base = good[good["algorithm"] == baseline]
+        best = good[0]
+        base = [r for r in good if r["algorithm"] == baseline]
         runner = ""
         if len(good) > 1:
-            second = good.iloc[1]
+            second = good[1]
             runner = (f"{second['algorithm']} ({times(float(second[col]) / float(best[col]))} the {measure.noun} "
                       f"of {best['algorithm']})")
         row.update({"fastest": str(best["algorithm"]), "ranks": int(best["ranks"]), value: float(best[col]) * 1e3,
@@ -267,11 +274,14 @@ def _point_row(keys: dict[str, object], part: pd.DataFrame, ok: pd.Series, targe
             row["bound by"] = _bound(best)
     row["out of memory"] = ", ".join(oom) if oom else "-"
     if target_s is not None:
-        lat = float(best["latency_s"]) * 1e3 if not good.empty else float("nan")
+        lat = float(best["latency_s"]) * 1e3 if good else float("nan")
         row[f"target {target_s * 1e3:g} ms"] = ("not met" if lat != lat
                                                 else "met" if lat <= target_s * 1e3 else
                                                 f"missed ({lat / (target_s * 1e3):.3g}x over)")
     return row
+
+
+_READ = ("algorithm", "latency_s", "comm_s", "ranks", "ttft_s", "tpot_s")  # the columns a point's summary reads
 
 
 def summary(frame: pd.DataFrame, target_s: float | None = None, baseline: str | None = None,
@@ -288,11 +298,20 @@ def summary(frame: pd.DataFrame, target_s: float | None = None, baseline: str | 
     if measure is TPOT:
         ok &= view["tpot_s"].notna()
     view = ordered(view, keys)
-    rows = []
-    for values, part in view.groupby(keys, sort=False) if keys else [((), view)]:
-        vals = values if isinstance(values, tuple) else (values,)
-        rows.append(_point_row(dict(zip(keys, vals, strict=True)), part, ok.loc[part.index], target_s, baseline,
-                               measure))
+    fits, ran = ok.loc[view.index].tolist(), view["latency_s"].notna().tolist()
+    # each row as a plain mapping of the columns read (a point's rows picked out of the frame cost far more)
+    read = [c for c in _READ if c in view]
+    columns = [view[c].tolist() for c in read]
+    records = [dict(zip(read, values, strict=True)) for values in zip(*columns, strict=True)]
+    groups: list[tuple[tuple[Any, ...], list[int]]] = [((), list(range(len(view))))]
+    if keys:
+        # the points as groupby(sort=False) gives them: in order of first appearance, rows in order, named by their
+        # key values (a row with a missing key value belongs to no point)
+        found = view.groupby(keys, sort=False).indices
+        groups = sorted(((k if isinstance(k, tuple) else (k,), [int(i) for i in at]) for k, at in found.items()),
+                        key=lambda group: group[1][0])
+    rows = [_point_row(dict(zip(keys, vals, strict=True)), [records[i] for i in part], [fits[i] for i in part],
+                       [ran[i] for i in part], target_s, baseline, measure) for vals, part in groups]
     return pd.DataFrame(rows)
 
 

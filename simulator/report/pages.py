@@ -190,7 +190,7 @@ def _with_speedup(frame: pd.DataFrame, baseline: str, column: str = "latency_s")
     """``speedup``: ``column`` of ``baseline`` at the same point over each row's; a row is out of memory when it
     or the baseline is."""
     view, keys = point_view(frame)
-    view["_key"] = view[keys].astype(str).agg("|".join, axis=1) if keys else ""
+    view["_key"] = _joined(view, keys) if keys else ""
     base = view.assign(_ok=feasible(view))[view["algorithm"] == baseline]
     base = base[["_key", column, "_ok"]].rename(columns={column: "_base", "_ok": "_base_ok"})
     merged = frame.assign(_key=view["_key"]).merge(base.drop_duplicates("_key"), on="_key", how="left")
@@ -198,6 +198,14 @@ def _with_speedup(frame: pd.DataFrame, baseline: str, column: str = "latency_s")
     merged["speedup"] = merged["_base"] / merged[column]
     merged["oom"] = ~(feasible(merged) & merged["_base_ok"].fillna(False).astype(bool))
     return merged.drop(columns=["_key", "_base", "_base_ok"])
+
+
+def _joined(view: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Each row's ``keys`` as text joined by ``|`` (column by column: a row-wise join costs a call per row)."""
+    joined = view[keys[0]].astype(str)
+    for key in keys[1:]:
+        joined = joined + "|" + view[key].astype(str)
+    return joined
 
 
 def timeline_caption(meta: dict[str, Any]) -> str:

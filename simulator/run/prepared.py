@@ -97,9 +97,17 @@ def faults_applied(point: Point) -> str:
 def layout_of(cluster: Cluster, ranks: int | None = None) -> Layout:
     """Ranks on the cluster's first ``ranks`` GPUs, with their server indices and the fabric their collectives run
     on as NCCL runs them; ranks that share host CPU cores (``host_cores``: processes talking over loopback, as gloo
-    does in validation) run collectives as plain decompositions, without NCCL's channels and protocols."""
-    fabric = None if cluster.host_cores else fabric_of(cluster)
-    return Layout(cluster.host_indices(cluster.ranks[: ranks or len(cluster.ranks)]), fabric)
+    does in validation) run collectives as plain decompositions, without NCCL's channels and protocols.
+
+    One layout per cluster and ``ranks``, kept on the cluster: every point of a sweep on that cluster shares it, and
+    with it what its fabric works out once (channels' trees, the tuner's choices: ``Fabric.memo``)."""
+    memo = cluster.owned("layouts")
+    key = ranks or len(cluster.ranks)
+    hit: Layout | None = memo.get(key)
+    if hit is None:
+        fabric = None if cluster.host_cores else fabric_of(cluster)
+        hit = memo[key] = Layout(cluster.host_indices(cluster.ranks[:key]), fabric)
+    return hit
 
 
 @dataclass(frozen=True)
@@ -134,14 +142,30 @@ class PreparedPoint:
         return usable_bytes(self.cluster.specs[node].mem_bytes, self.point.scenario.mem_fraction)
 
     def __reduce__(self) -> tuple[Callable[..., PreparedPoint], tuple[Any, ...]]:
-        """Pickled without the cluster: the receiving process takes it from its cache (:func:`cluster_for`)."""
-        return _restore, (self.point, self.kind, self.numeric, self.algorithms, self.shape, self.layout,
+        """Pickled without the cluster: the receiving process takes it from its cache (:func:`cluster_for`); the
+        cluster's own layout (:func:`layout_of`, whose fabric refers to the cluster) travels as a mark, and is taken
+        from the receiving process's cluster."""
+        layout: Layout | _ClusterLayout | None = self.layout
+        ranks = self.layout.ranks if self.layout is not None else 0
+        if self.layout is not None and self.cluster.owned("layouts").get(ranks) is self.layout:
+            layout = _ClusterLayout(ranks)
+        return _restore, (self.point, self.kind, self.numeric, self.algorithms, self.shape, layout,
                           dict(self.extra))
 
 
+@dataclass(frozen=True)
+class _ClusterLayout:
+    """A pickled point's layout where it is its cluster's own (:func:`layout_of` of ``ranks`` GPUs)."""
+
+    ranks: int
+
+
 def _restore(point: Point, kind: str, numeric: bool, algorithms: tuple[Algorithm, ...], shape: Any,
-             layout: Layout | None, extra: dict[str, Any]) -> PreparedPoint:
-    return PreparedPoint(point, cluster_for(point), kind, numeric, algorithms, shape, layout, extra)
+             layout: Layout | _ClusterLayout | None, extra: dict[str, Any]) -> PreparedPoint:
+    cluster = cluster_for(point)
+    if isinstance(layout, _ClusterLayout):
+        layout = layout_of(cluster, layout.ranks)
+    return PreparedPoint(point, cluster, kind, numeric, algorithms, shape, layout, extra)
 
 
 @dataclass(frozen=True)

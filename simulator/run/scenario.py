@@ -355,9 +355,12 @@ def expand(tree: Any, base: Scenario, source: str, base_dir: Path,
     except InputError as err:
         file, line = origins.get("sweep", (source, line_of(tree, ("sweep",))))
         raise err.located(file=file, line=line) from None
+    # each cell is copied from the tree without its sweep (a long axis copied into every cell, only to be dropped)
+    template = copy.copy(tree)
+    template["sweep"] = {}
     points = []
     for combo in itertools.product(*(range(len(axis[0][1])) for axis in axes)):
-        cell = copy.deepcopy(tree)
+        cell = copy.deepcopy(template)
         cell_origins = dict(origins)
         swept = []
         for axis, idx in zip(axes, combo, strict=True):

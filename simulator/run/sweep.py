@@ -2,8 +2,9 @@
 (``--executor dask [--scheduler ADDRESS]``; without an address a local Dask cluster is started).
 
 Rows carry ``point`` (the sweep index). As points finish, ``results.csv`` and ``results.parquet`` are rewritten
-atomically (at most every ``flush_s`` seconds, and at the end), so an interruption, ``kill -9`` included, leaves
-whole files of finished points; ``resume`` keeps those rows and runs only the missing points. A point that raises
+atomically (at most every ``flush_s`` seconds, and no more often than keeps the rewriting to about a twentieth of
+the time: a large sweep's files take a while to write; and at the end), so an interruption, ``kill -9`` included,
+leaves whole files of finished points; ``resume`` keeps those rows and runs only the missing points. A point that raises
 becomes a row with an ``error`` message and the sweep goes on. A progress line (points, rate, ETA) goes to
 stderr.
 
@@ -240,13 +241,30 @@ def _dask(todo: Sequence[tuple[int, PreparedPoint]], jobs: int, keep: int | None
                                                   dashboard_address=None)
     try:
         with Client(scheduler or cluster) as client:
-            futures = [client.submit(_run_one, index, point, index == keep, pure=False)
-                       for index, point in todo]
+            futures = [client.submit(_run_many, chunk, keep, pure=False) for chunk in _chunks(todo, jobs)]
             for fut in as_completed(futures):
-                yield fut.result()
+                yield from fut.result()
     finally:
         if cluster is not None:
             cluster.close()
+
+
+_CHUNK = 16  # at most this many points per Dask task
+
+
+def _chunks(todo: Sequence[tuple[int, PreparedPoint]], jobs: int) -> list[list[tuple[int, PreparedPoint]]]:
+    """The points in tasks of a few each, in order: a Dask task costs its scheduler, client and worker about a
+    millisecond each, as much as a light point; at least eight tasks per worker, so that the last ones balance."""
+    size = max(1, min(_CHUNK, len(todo) // (8 * max(1, jobs))))
+    return [list(todo[i:i + size]) for i in range(0, len(todo), size)]
+
+
+def _run_many(chunk: Sequence[tuple[int, PreparedPoint]], keep: int | None) -> list[_Done]:
+    """The points of one Dask task, one after the other (:func:`_run_one`)."""
+    return [_run_one(index, point, index == keep) for index, point in chunk]
+
+
+_FLUSH_SHARE = 20  # the results are rewritten at most once per this many times the last rewrite's duration
 
 
 def run_sweep(points: Sequence[PreparedPoint], out: Path, *, jobs: int = 1, executor: str = "process",
@@ -266,6 +284,7 @@ def run_sweep(points: Sequence[PreparedPoint], out: Path, *, jobs: int = 1, exec
               else _process_pool(todo, jobs, timeline_point))
     timeline = None
     last_flush = time.monotonic()
+    interval = flush_s  # between rewrites: flush_s, or more where a rewrite takes over a twentieth of it
     failed = 0
     try:
         for point_rows, kept in source:
@@ -275,9 +294,11 @@ def run_sweep(points: Sequence[PreparedPoint], out: Path, *, jobs: int = 1, exec
             bar.step()
             if on_rows is not None:
                 on_rows(len(rows))
-            if time.monotonic() - last_flush >= flush_s:
+            if time.monotonic() - last_flush >= interval:
+                started = time.monotonic()
                 _write(rows, out)
                 last_flush = time.monotonic()
+                interval = max(flush_s, _FLUSH_SHARE * (last_flush - started))
     except KeyboardInterrupt:
         close = getattr(source, "close", None)
         if close is not None:
