@@ -43,12 +43,12 @@ def test_the_training_fabric_and_p2p_channels_go_with_their_cluster():
     memos: a cluster that went through the training step and the engine's P2P channel count is freed."""
     import weakref
 
+    from simulator.collectives import fabric_of
     from simulator.collectives.p2p import p2p_channels
-    from simulator.training.layer import cluster_fabric
 
     cluster = load_topology("dgx-h100", {"nodes": 2})
     gone = weakref.ref(cluster)
-    assert cluster_fabric(cluster) is cluster_fabric(cluster)
+    assert fabric_of(cluster) is fabric_of(cluster)
     assert p2p_channels(cluster, cluster.ranks) is not None
     del cluster
     gc.collect()

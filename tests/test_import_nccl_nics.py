@@ -15,12 +15,11 @@ from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.hostgraph import ImportOptions
 from simulator.cluster.importers import import_topology
 from simulator.cluster.nic_affinity import PXN as _PXN
-from simulator.cluster.nic_affinity import home_nics
+from simulator.cluster.nic_affinity import home_nics, natural
 from simulator.cluster.nic_affinity import mirror_bits as _mirror_bits
 from simulator.cluster.routing import Router
 from simulator.cluster.topology import Cluster, build_cluster, load_topology
 from simulator.collectives import fabric_of
-from simulator.collectives.fabric import _natural
 from simulator.collectives.nccl_nets import _NcclNets
 from simulator.collectives.standalone import collective_schedule
 from simulator.engine.core import simulate
@@ -70,7 +69,7 @@ def crossings(cluster: Cluster) -> Counter[tuple[str, str, str]]:
 def nets_of(cluster: Cluster) -> _NcclNets:
     gpus = [r for r in cluster.ranks if cluster.host_of(r) == "n0"]
     nics = sorted((n for n, k in cluster.graph.nodes(data="kind") if k == "nic" and cluster.host_of(n) == "n0"),
-                  key=_natural)
+                  key=natural)
     fabric = fabric_of(cluster)
     return _NcclNets(cluster, gpus, nics, nvs=bool(fabric.switch[0]), mesh=fabric.mesh)
 

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 import networkx as nx
 
-__all__ = ["NetPaths", "home_nics", "mirror_bits"]
+__all__ = ["NetPaths", "home_nics", "mirror_bits", "natural"]
 
 # NCCL's path types (src/include/graph.h PATH_*), by which it ranks a GPU's paths to the NICs
 PIX, PXB, PXN, PHB, SYS, DIS = 4, 5, 7, 8, 9, 11
@@ -135,7 +135,8 @@ def mirror_bits(val: int, pow2: int) -> int:
     return out
 
 
-def _natural(name: str) -> tuple[str, int]:
+def natural(name: str) -> tuple[str, int]:
+    """A node name's sort key by its trailing number (``nic2`` before ``nic10``; no number: -1)."""
     head = name.rstrip("0123456789")
     return head, int(name[len(head):] or -1)
 
@@ -178,7 +179,7 @@ def home_nics(graph: nx.DiGraph) -> dict[str, str]:
     seen: dict[tuple[Any, ...], list[tuple[str, str]]] = {}
     for host, nodes in by_host.items():
         gpus = [v for v in nodes if kind[v] == "gpu"]
-        nics = sorted((v for v in nodes if kind[v] == "nic"), key=_natural)
+        nics = sorted((v for v in nodes if kind[v] == "nic"), key=natural)
         if not gpus or len(nics) < 2:
             continue
         key = _shape(graph, nodes)

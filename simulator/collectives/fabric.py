@@ -41,6 +41,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from simulator.cluster.nic_affinity import natural
 from simulator.cluster.topology import Cluster
 from simulator.collectives.nccl_nets import MAX_CHANNELS, NVLINK_CLASSES, nccl_plans, rail_rule_is_nccls
 
@@ -259,7 +260,17 @@ def _hamiltonian_decomposition(n: int) -> tuple[tuple[int, ...], ...]:
 
 
 def fabric_of(cluster: Cluster) -> Fabric:
-    """The :class:`Fabric` of ``cluster``'s ranks, read off its graph (NIC nodes, link classes, switches)."""
+    """The :class:`Fabric` of ``cluster``'s ranks, read off its graph (NIC nodes, link classes, switches): worked
+    out once per cluster and kept on it (it refers to the cluster, so it goes with it), so that every point,
+    collective and training layer on the cluster shares it and what its memo works out."""
+    memo = cluster.owned("fabric")
+    hit: Fabric | None = memo.get("fabric")
+    if hit is None:
+        hit = memo["fabric"] = _read_fabric(cluster)
+    return hit
+
+
+def _read_fabric(cluster: Cluster) -> Fabric:
     graph = cluster.graph
     host_index: dict[str, int] = {}
     hosts: list[int] = []
@@ -273,7 +284,7 @@ def fabric_of(cluster: Cluster) -> Fabric:
     first_host = cluster.host_of(cluster.ranks[0])
     gpus = [n for n in cluster.ranks if cluster.host_of(n) == first_host]
     nics = sorted((n for n, k in graph.nodes(data="kind") if k == "nic" and cluster.host_of(n) == first_host),
-                  key=_natural)
+                  key=natural)
     nic_gpu: list[int] = []
     all_nics = nics
     if len(host_index) > 1:
@@ -341,7 +352,3 @@ def _through(group: list[int], e: int, x: int, up: bool) -> list[int]:
         [group[x]] if x != e else [])
 
 
-def _natural(name: str) -> tuple[str, int]:
-    head = name.rstrip("0123456789")
-    tail = name[len(head):]
-    return head, int(tail) if tail else -1

@@ -30,11 +30,10 @@ import math
 from collections.abc import Sequence
 
 from simulator.cluster.topology import Cluster
-from simulator.collectives import collective
+from simulator.collectives import collective, fabric_of
 from simulator.collectives.tuner import choose, predict
 from simulator.engine.core import simulate
 from simulator.schedule.core import Schedule
-from simulator.training.layer import cluster_fabric
 from simulator.units import DTYPE_BYTES
 
 __all__ = ["MAX_SIMULATED_DP", "DPCollectives", "bucket_sizes", "dp_groups", "equal_buckets_end", "overlapped_end"]
@@ -93,7 +92,7 @@ class DPCollectives:
     def __init__(self, cluster: Cluster, replica_gpus: int, dp: int, dtype: str, tp: int = 1, cp: int = 1) -> None:
         self.cluster, self.replica_gpus, self.dtype = cluster, replica_gpus, dtype
         self.dp = dp * cp  # the GPUs of a gradient group
-        self.fabric = cluster_fabric(cluster)
+        self.fabric = fabric_of(cluster)
         host0 = self.fabric.hosts[0]
         first = [r for r in range(min(replica_gpus, len(cluster.ranks))) if self.fabric.hosts[r] == host0]
         groups = dp_groups(replica_gpus, dp, first, tp, cp)

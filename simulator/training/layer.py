@@ -41,7 +41,7 @@ from simulator.schedule.core import COMPUTE_KINDS, Schedule
 from simulator.units import DTYPE_BYTES
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["Piece", "attention_pass", "attention_schedule", "cluster_fabric", "dense_pass", "head_times", "p2p_time"]
+__all__ = ["Piece", "attention_pass", "attention_schedule", "dense_pass", "head_times", "p2p_time"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,16 +78,6 @@ class Piece:
 
 
 # elementwise kernels of each stage: (name, FLOPs per row, elements read + written per row), as models.step's
-def cluster_fabric(cluster: Cluster) -> Fabric:
-    """The cluster's fabric, worked out once per cluster (a plan asks for it for every layout); kept on the
-    cluster (it refers to it), so it goes with it."""
-    memo = cluster.owned("training.fabric")
-    if "fabric" not in memo:
-        memo["fabric"] = fabric_of(cluster)
-    fabric: Fabric = memo["fabric"]
-    return fabric
-
-
 def _elementwise(model: ModelPreset, tp: int) -> dict[str, tuple[tuple[str, float, float], ...]]:
     h, qk = model.hidden, (model.heads + model.kv_heads) * model.head_dim // tp
     inter = model.intermediate // tp
@@ -107,7 +97,7 @@ def dense_pass(model: ModelPreset, tp: int, cp: int, rows: int, dtype: str, clus
     """One layer's dense part, forward or backward, on the stage's ``tp x cp`` GPUs (module docstring)."""
     n = tp * cp
     sched = Schedule(n, placement=tuple(cluster.ranks[:n]), name="dense-bwd" if backward else "dense")
-    fabric = fabric or cluster_fabric(cluster)
+    fabric = fabric or fabric_of(cluster)
     eb = DTYPE_BYTES[dtype]
     h, weights, extra = model.hidden, _weights(model, tp), _elementwise(model, tp)
     sp = sequence_parallel and tp > 1
@@ -157,7 +147,7 @@ def attention_schedule(name: str, shape: PrefillShape, tp: int, cp: int, cluster
     """The ``tp`` head groups' attention, each ``name`` over its CP group (one GPU of each TP group)."""
     part = tp_shape(shape, tp)
     parts = []
-    fabric = cluster_fabric(cluster) if tp == 1 and not cluster.host_cores else None
+    fabric = fabric_of(cluster) if tp == 1 and not cluster.host_cores else None
     for j in range(tp):
         nodes = [cluster.ranks[c * tp + j] for c in range(cp)]
         sched = build_prefill(name, {}, part, Layout(cluster.host_indices(nodes), fabric))
