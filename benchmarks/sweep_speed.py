@@ -40,8 +40,10 @@ def main() -> None:
     scenario = SCENARIOS.get(args.scenario, Path(args.scenario))
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        subprocess.run(command(scenario, tmp, args.jobs, args.report, args.executor), check=True,
-                       stdout=subprocess.DEVNULL)
+        code = subprocess.run(command(scenario, tmp, args.jobs, args.report, args.executor),
+                              stdout=subprocess.DEVNULL).returncode
+        if code:  # (treering said why, in one line)
+            raise SystemExit(code)
         wall = time.perf_counter() - t0
         # the largest resident set of any process of the run (ru_maxrss: KiB on Linux, bytes on macOS)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
