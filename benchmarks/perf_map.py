@@ -12,7 +12,8 @@ process, not read from numba's cache (a cached library keeps no list of its func
 ``NUMBA_CACHE_DIR`` (a few minutes of compiling, which ``perf`` records too: the loop's functions are the ``[JIT]``
 rows). Each function's size is taken as the distance to the next one's start.
 
-Cases: ``prefill:P`` (ring, causal zigzag, forward + backward, 1M tokens, as ``engine_speed.py prefill``),
+Cases: ``prefill:P`` (ring, causal zigzag, forward + backward, 1M tokens, as ``engine_speed.py prefill``;
+``prefill:ALGO:P`` another prefill schedule: ``ring-q``, ``usp``, or ``ulysses`` with P query heads, contiguous),
 ``decode:ring:P`` and ``decode:tree:P`` (one decode step, 1M tokens, as ``engine_speed.py decode``).
 """
 
@@ -59,11 +60,15 @@ def write_map(path: str) -> int:
 def _case(case: str) -> tuple[Schedule, Any]:
     kind, _, rest = case.partition(":")
     if kind == "prefill":
-        p = int(rest)
-        shape = PrefillShape(batch=1, heads=32, head_dim=128, kv_heads=8, sequence=1 << 20, dtype="bf16",
-                             causal=True, layout="zigzag", backward=True)
+        algo, _, ranks = rest.rpartition(":")
+        algo = algo or "ring"
+        p = int(ranks)
+        shape = PrefillShape(batch=1, heads=max(32, p) if algo == "ulysses" else 32, head_dim=128, kv_heads=8,
+                             sequence=1 << 20, dtype="bf16", causal=True,
+                             layout="contiguous" if algo == "ulysses" else "zigzag", backward=True)
         cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
-        return build_prefill("ring", {"overlap": True}, shape, layout_of(cluster, p)), cluster
+        params = {"overlap": True} if algo in ("ring", "ring-q") else {}
+        return build_prefill(algo, params, shape, layout_of(cluster, p)), cluster
     if kind == "decode":
         algo, _, ranks = rest.partition(":")
         p = int(ranks)
@@ -80,9 +85,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     for case in args.cases:
-        if not re.fullmatch(r"prefill:[1-9][0-9]*|decode:(ring|tree):[1-9][0-9]*", case):
-            parser.error(f"case {case!r}: expected prefill:P, decode:ring:P or decode:tree:P (P a rank count)")
-    print(f"compiled engine loaded in {load_compiled():.1f} s", flush=True)
+        if not re.fullmatch(r"prefill:((ring|ring-q|ulysses|usp):)?[1-9][0-9]*|decode:(ring|tree):[1-9][0-9]*", case):
+            parser.error(f"case {case!r}: expected prefill:P, prefill:ALGO:P, decode:ring:P or decode:tree:P "
+                         "(P a rank count)")
+    print(f"compiled engine loaded in {load_compiled(parallel=False):.1f} s", flush=True)  # compiled here: named
     mapped = False
     for case in args.cases:
         sched, cluster = _case(case)

@@ -42,11 +42,11 @@ SLACK = 1.0 - 1e-9  # a link whose flows' caps sum to at most this fraction of i
 FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
 
 # rows of li (int64, per link)
-HEAD, NINC, NFL, NCAP, TOUCH, LEFT, TEPOCH, TVAL, SEEN, FCOUNT, FVER = range(11)
-NLI = 11
+HEAD, NINC, NFL, NCAP, TOUCH, LEFT, TEPOCH, TVAL, SEEN, FCOUNT, FVER, HVER = range(12)
+NLI = 12
 # rows of lf (float64, per link)
-CAP, FREM, FLOAD = range(3)
-NLF = 3
+CAP, FREM, FLOAD, HKEY = range(4)
+NLF = 4
 # rows of si (int64, per slot)
 RLEN, VER, FID, KIND, PLACED, RATED, ACTIVE, FRESH, SHAPE = range(9)
 NSI = 9
@@ -324,13 +324,31 @@ def _set_rate(slot: int, new: float, now: float, si: np.ndarray, sf: np.ndarray,
     sc[ETA_SIZE] = _push(ek, ev, es, sc[ETA_SIZE], when, v, slot)
 
 
+@njit(cache=True, inline="always")
+def _share(link: int, weighted: bool, li: np.ndarray, lf: np.ndarray) -> float:
+    """A link's share as the filling last left it: what is left of its capacity (none if rounding took it below
+    zero) over its unfrozen flows (their weights, for a weighted component)."""
+    left = lf[FREM, link]
+    return (left if left >= 0.0 else 0.0) / (lf[FLOAD, link] if weighted else float(li[FCOUNT, link]))
+
+
 @njit(cache=True, **NO_REFCOUNTS)
 def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bool, li: np.ndarray,
           lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray, wts: np.ndarray, inc: np.ndarray,
           epoch: int, sc: np.ndarray, hk: np.ndarray, hv: np.ndarray, hl: np.ndarray) -> None:
     """Progressive filling of one component (``members``, over its tight links ``links``, ``li[SEEN] == epoch``
     on exactly those); each member's rate left in ``sf[NEW]``. ``hk``, ``hv``, ``hl``: room for its heap (the
-    links, then a share per crossing of a member: ``nl`` plus the members' route lengths)."""
+    links, then a share per crossing of a member: ``nl`` plus the members' route lengths).
+
+    Links come off the heap in (share, version, link) order, as :func:`simulator.engine.network._fill` pops them,
+    with the same floats; but a link's share is not pushed at every change. A share only grows as flows freeze
+    (a flow freezes at the smallest share, so what it leaves its other links is at least as much), so an entry
+    already in the heap for the link stands for its current share: it comes off no later than the current one
+    would, and if it is stale then, the current share is pushed (``HVER``: the version of the link's newest entry,
+    ``HKEY`` its share). A change that rounds a share below its newest entry's (an ulp, at a tie) is pushed at once.
+    The heap holds an entry at most as large as every link's current (share, version), and a current one on top
+    is the smallest of all: the order of the eager heap, at a fraction of its pushes (an all-to-all's NIC link
+    changes once per flow it carries, and comes off the heap once)."""
     maxr = route.shape[1]
     size = 0
     for k in range(nl):
@@ -338,6 +356,7 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
         lf[FREM, link] = lf[CAP, link]
         li[FCOUNT, link] = li[NINC, link]
         li[FVER, link] = 0
+        li[HVER, link] = 0
     if weighted:
         for k in range(nl):
             lf[FLOAD, links[k]] = 0.0
@@ -350,6 +369,7 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
     for k in range(nl):  # a heap of every link's share at once (bottom-up)
         link = links[k]
         hk[k] = lf[FREM, link] / (lf[FLOAD, link] if weighted else float(li[FCOUNT, link]))
+        lf[HKEY, link] = hk[k]
         hv[k] = 0
         hl[k] = link
     size = nl
@@ -361,7 +381,15 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
     while size > 0:
         share, ver, link = hk[0], hv[0], hl[0]
         size = _pop(hk, hv, hl, size)
-        if ver != li[FVER, link] or li[FCOUNT, link] == 0:
+        if li[FCOUNT, link] == 0:
+            continue
+        if ver != li[FVER, link]:
+            if ver == li[HVER, link]:  # it stood for the link's current share: that share now
+                cur = _share(link, weighted, li, lf)
+                v = li[FVER, link]
+                size = _push(hk, hv, hl, size, cur, v, link)
+                li[HVER, link] = v
+                lf[HKEY, link] = cur
             continue
         e = li[HEAD, link]
         while e >= 0:
@@ -395,9 +423,13 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
                                     rest += wts[g, e2 - g * maxr]
                                 e2 = inc[NEXT, e2]
                         lf[FLOAD, other] = rest
-                        size = _push(hk, hv, hl, size, (left if left >= 0.0 else 0.0) / rest, v, other)
+                        new = (left if left >= 0.0 else 0.0) / rest
                     else:
-                        size = _push(hk, hv, hl, size, (left if left >= 0.0 else 0.0) / c, v, other)
+                        new = (left if left >= 0.0 else 0.0) / c
+                    if new < lf[HKEY, other]:  # below the link's newest entry (rounding): pushed now
+                        size = _push(hk, hv, hl, size, new, v, other)
+                        li[HVER, other] = v
+                        lf[HKEY, other] = new
         if rated == nm:
             break
 
