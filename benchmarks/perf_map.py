@@ -63,12 +63,12 @@ def _case(case: str) -> tuple[Schedule, Any]:
         algo, _, ranks = rest.rpartition(":")
         algo = algo or "ring"
         p = int(ranks)
-        shape = PrefillShape(batch=1, heads=max(32, p) if algo == "ulysses" else 32, head_dim=128, kv_heads=8,
-                             sequence=1 << 20, dtype="bf16", causal=True,
-                             layout="contiguous" if algo == "ulysses" else "zigzag", backward=True)
+        prefill = PrefillShape(batch=1, heads=max(32, p) if algo == "ulysses" else 32, head_dim=128, kv_heads=8,
+                               sequence=1 << 20, dtype="bf16", causal=True,
+                               layout="contiguous" if algo == "ulysses" else "zigzag", backward=True)
         cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
-        params = {"overlap": True} if algo in ("ring", "ring-q") else {}
-        return build_prefill(algo, params, shape, layout_of(cluster, p)), cluster
+        options = {"overlap": True} if algo in ("ring", "ring-q") else {}
+        return build_prefill(algo, options, prefill, layout_of(cluster, p)), cluster
     if kind == "decode":
         algo, _, ranks = rest.partition(":")
         p = int(ranks)
