@@ -51,22 +51,42 @@ def test_incremental_rates_equal_max_min_over_all_active_flows(events):
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1))
 def test_ties_by_the_hundred_then_finish_after_finish_keep_the_reference_rates(seed):
-    """Many flows on few links of capacities that divide unevenly (a share recomputed after a flow freezes at a tie
-    can round an ulp below the last one: the filling's heap must still pop links in the reference's order), drained
-    one finish at a time: after every allocation each flow's rate is the reference's float exactly."""
+    """Many flows (some capped) on few links of capacities that divide unevenly (a share recomputed after a flow
+    freezes at a tie can round an ulp below the last one: the filling's heap must still pop links in the
+    reference's order), drained a finish or two at a time, now and then a flow starting beside them (a component
+    that only lost flows is filled on from the steps before them; one a flow joined, afresh): after every
+    allocation each flow's rate is the reference's float exactly."""
     rng = np.random.default_rng(seed)
     capacity = rng.choice([10.0 / 3.0, 7.1, 0.3, 1.0 / 7.0, 25.0], size=8).tolist()
-    routes = {i: tuple(int(x) for x in rng.choice(8, size=int(rng.integers(1, 5)), replace=False))
-              for i in range(int(rng.integers(20, 120)))}
     net = FlowNetwork(capacity)
-    for f, route in routes.items():
-        net.add(f, route, 1.0, now=0.0)
-    while routes:
+    active: dict[int, tuple[tuple[int, ...], float]] = {}
+
+    def start(f: int) -> None:
+        route = tuple(int(x) for x in rng.choice(8, size=int(rng.integers(1, 5)), replace=False))
+        cap = float(rng.choice([0.0, 0.0, 0.0, 0.05, 1.0 / 3.0]))
+        net.add(f, route, 1.0, now=0.0, cap=cap)
+        active[f] = (route, cap)
+
+    flows = int(rng.integers(20, 120))
+    for f in range(flows):
+        start(f)
+    while active:
         net.allocate(0.0)
-        assert {f: net.rate(f) for f in routes} == max_min_rates(routes, capacity)
-        gone = sorted(routes)[int(rng.integers(len(routes)))]
-        net.remove(gone)
-        del routes[gone]
+        caps = list(capacity)
+        full: dict[int, tuple[int, ...]] = {}
+        for f, (r, c) in active.items():
+            if c > 0:
+                caps.append(c)
+                r = (*r, len(caps) - 1)
+            full[f] = r
+        assert {f: net.rate(f) for f in active} == max_min_rates(full, caps)
+        if rng.random() < 0.2:
+            start(flows)
+            flows += 1
+        for _ in range(min(len(active), int(rng.integers(1, 3)))):
+            gone = sorted(active)[int(rng.integers(len(active)))]
+            net.remove(gone)
+            del active[gone]
 
 
 @settings(max_examples=100, deadline=None)

@@ -12,6 +12,9 @@ microseconds of machine code rather than a walk over Python dicts and sets:
   finished flows): route length, rate version, key, kind bits, bytes left at ``updated``, rate, cap;
   ``route[slot, i]`` its links (its cap link last) and ``wts[slot, i]`` the capacity one byte uses on each;
 * incidences: ``inc[NEXT | PREV, slot * maxr + i]``, doubly linked per link (O(1) to add and remove);
+* per flow, the number of its freezing and of its step's first (``FIDX``, ``POPST``), so that a component that only
+  lost flows is filled on from the last step before them (:func:`_fill`); per link, the allocation a flow last
+  came in at (``ADDEP``: its component is filled afresh);
 * a heap of predicted finishes ``(when, version, slot)`` in three arrays; a version never repeats on a slot (it
   keeps counting across the flows that reuse it, and a flow's removal bumps it), so a finished flow's entries
   cannot be mistaken for its successor's.
@@ -42,14 +45,14 @@ SLACK = 1.0 - 1e-9  # a link whose flows' caps sum to at most this fraction of i
 FINISH_RTOL = 1e-12  # flows predicted to finish within this relative time of the earliest one finish with it
 
 # rows of li (int64, per link)
-HEAD, NINC, NFL, NCAP, TOUCH, LEFT, TEPOCH, TVAL, SEEN, FCOUNT, FVER, HVER = range(12)
-NLI = 12
+HEAD, NINC, NFL, NCAP, TOUCH, LEFT, TEPOCH, TVAL, SEEN, FCOUNT, FVER, HVER, ADDEP = range(13)
+NLI = 13
 # rows of lf (float64, per link)
 CAP, FREM, FLOAD, HKEY = range(4)
 NLF = 4
 # rows of si (int64, per slot)
-RLEN, VER, FID, KIND, PLACED, RATED, ACTIVE, FRESH, SHAPE = range(9)
-NSI = 9
+RLEN, VER, FID, KIND, PLACED, RATED, ACTIVE, FRESH, SHAPE, FIDX, POPST = range(11)
+NSI = 11
 # rows of sf (float64, per slot)
 BYTES, UPD, RATE, FCAP, NEW = range(5)
 NSF = 5
@@ -60,8 +63,9 @@ WEIGHTED = 4
 REPEATS = 8  # crosses a link more than once
 RATED_ONCE = 16
 # sc (int64 scalars)
-NTOUCH, NLEFT, NFRESH, EPOCH, ETA_SIZE, FILL_EPOCH = range(6)
-NSC = 6
+NTOUCH, NLEFT, NFRESH, EPOCH, ETA_SIZE, FILL_EPOCH, FROZEN, CUT = range(8)
+NSC = 8
+NO_CUT = 1 << 62  # sc[CUT] when no flow left since the last allocation
 NEXT, PREV = 0, 1
 
 
@@ -163,6 +167,9 @@ def add(slot: int, links: np.ndarray, weights: np.ndarray, private: int, kind: i
         si[KIND, slot] = kind | REPEATS
     si[SHAPE, slot] = shape_n
     si[ACTIVE, slot] = 1
+    si[FIDX, slot] = -1  # not frozen by any filling yet
+    for i in range(n):  # its component is filled afresh at the next allocation
+        li[ADDEP, route[slot, i]] = sc[EPOCH] + 1
     if kind & CAPPED_PLAIN:  # its links' flows are re-rated only where the links may bind; it is rated anyway
         maxr = route.shape[1]
         for i in range(shape_n):
@@ -213,6 +220,10 @@ def remove(slot: int, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.nda
                 li[NCAP, link] -= 1
     si[ACTIVE, slot] = 0
     si[VER, slot] += 1  # its finish predictions are stale, whoever takes the slot next
+    # the filling its component had is kept up to the step that froze it (a flow never frozen: none of it)
+    cut = si[POPST, slot] if si[FIDX, slot] >= 0 else -1
+    if cut < sc[CUT]:
+        sc[CUT] = cut
 
 
 # -- a binary heap of (key float, version int, id int) in three arrays, the smallest tuple on top ------------------
@@ -333,7 +344,7 @@ def _share(link: int, weighted: bool, li: np.ndarray, lf: np.ndarray) -> float:
 
 
 @njit(cache=True, **NO_REFCOUNTS)
-def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bool, li: np.ndarray,
+def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bool, cut: int, li: np.ndarray,
           lf: np.ndarray, si: np.ndarray, sf: np.ndarray, route: np.ndarray, wts: np.ndarray, inc: np.ndarray,
           epoch: int, sc: np.ndarray, hk: np.ndarray, hv: np.ndarray, hl: np.ndarray) -> None:
     """Progressive filling of one component (``members``, over its tight links ``links``, ``li[SEEN] == epoch``
@@ -348,15 +359,20 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
     ``HKEY`` its share). A change that rounds a share below its newest entry's (an ulp, at a tie) is pushed at once.
     The heap holds an entry at most as large as every link's current (share, version), and a current one on top
     is the smallest of all: the order of the eager heap, at a fraction of its pushes (an all-to-all's NIC link
-    changes once per flow it carries, and comes off the heap once)."""
+    changes once per flow it carries, and comes off the heap once).
+
+    Each flow frozen is numbered (``FIDX``, in freezing order, the numbers growing across fillings), with the
+    number of the first flow its step froze (``POPST``). ``cut`` > 0 (a component that only lost flows since it was
+    filled, unweighted): the members numbered below ``cut`` froze, in that order and at those rates, before any
+    step that froze a flow now gone, and a filling without those flows freezes them the same way (a link of a gone
+    flow shares more, never less, among fewer flows, so it comes off the heap no sooner): their subtractions are
+    replayed in their order (the same floats) and the filling goes on from there."""
     maxr = route.shape[1]
-    size = 0
     for k in range(nl):
         link = links[k]
         lf[FREM, link] = lf[CAP, link]
         li[FCOUNT, link] = li[NINC, link]
         li[FVER, link] = 0
-        li[HVER, link] = 0
     if weighted:
         for k in range(nl):
             lf[FLOAD, links[k]] = 0.0
@@ -366,19 +382,42 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
                 link = route[f, i]
                 if li[SEEN, link] == epoch:
                     lf[FLOAD, link] += wts[f, i]
-    for k in range(nl):  # a heap of every link's share at once (bottom-up)
-        link = links[k]
-        hk[k] = lf[FREM, link] / (lf[FLOAD, link] if weighted else float(li[FCOUNT, link]))
-        lf[HKEY, link] = hk[k]
-        hv[k] = 0
-        hl[k] = link
-    size = nl
-    for k in range(size // 2 - 1, -1, -1):
-        _sift_down(hk, hv, hl, size, k)
     sc[FILL_EPOCH] += 1
     mark = sc[FILL_EPOCH]
     rated = 0
-    while size > 0:
+    size = 0
+    if cut > 0:  # the steps kept: their flows in freezing order (a heap of their numbers)
+        for k in range(nm):
+            f = members[k]
+            if 0 <= si[FIDX, f] < cut:
+                size = _push(hk, hv, hl, size, float(si[FIDX, f]), 0, f)
+        while size > 0:
+            f = hl[0]
+            size = _pop(hk, hv, hl, size)
+            si[RATED, f] = mark
+            rated += 1
+            share = sf[NEW, f]
+            for i in range(si[RLEN, f]):
+                other = route[f, i]
+                if li[SEEN, other] != epoch:
+                    continue
+                lf[FREM, other] = lf[FREM, other] - share
+                li[FCOUNT, other] -= 1
+                li[FVER, other] += 1
+    for k in range(nl):  # a heap of every link's share at once (bottom-up)
+        link = links[k]
+        if li[FCOUNT, link] == 0:
+            continue
+        v = li[FVER, link]
+        hk[size] = _share(link, weighted, li, lf)
+        hv[size] = v
+        hl[size] = link
+        li[HVER, link] = v
+        lf[HKEY, link] = hk[size]
+        size += 1
+    for k in range(size // 2 - 1, -1, -1):
+        _sift_down(hk, hv, hl, size, k)
+    while size > 0 and rated < nm:
         share, ver, link = hk[0], hv[0], hl[0]
         size = _pop(hk, hv, hl, size)
         if li[FCOUNT, link] == 0:
@@ -391,6 +430,7 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
                 li[HVER, link] = v
                 lf[HKEY, link] = cur
             continue
+        first = sc[FROZEN]
         e = li[HEAD, link]
         while e >= 0:
             f = e // maxr
@@ -399,6 +439,9 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
                 continue
             si[RATED, f] = mark
             sf[NEW, f] = share
+            si[FIDX, f] = sc[FROZEN]
+            sc[FROZEN] += 1
+            si[POPST, f] = first
             rated += 1
             for i in range(si[RLEN, f]):
                 other = route[f, i]
@@ -430,8 +473,6 @@ def _fill(members: np.ndarray, nm: int, links: np.ndarray, nl: int, weighted: bo
                         size = _push(hk, hv, hl, size, new, v, other)
                         li[HVER, other] = v
                         lf[HKEY, other] = new
-        if rated == nm:
-            break
 
 
 @njit(cache=True, inline="always")
@@ -500,6 +541,7 @@ def _place(now: float, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.nd
                     nl = 1
                     links[0] = start
                     li[SEEN, start] = epoch
+                    added = li[ADDEP, start] == epoch  # a flow came: the component is filled afresh
                     j = 0
                     si[PLACED, f] = epoch - 1  # found again from its link below, in the search's order
                     while j < nl:
@@ -519,12 +561,16 @@ def _place(now: float, li: np.ndarray, lf: np.ndarray, si: np.ndarray, sf: np.nd
                                     li[SEEN, other] = epoch
                                     links[nl] = other
                                     nl += 1
+                                    if li[ADDEP, other] == epoch:
+                                        added = True
                     weighted = False
                     for q in range(nm):
                         if si[KIND, members[q]] & WEIGHTED:
                             weighted = True
                             break
-                    _fill(members, nm, links, nl, weighted, li, lf, si, sf, route, wts, inc, epoch, sc, hk, hv, hl)
+                    cut = 0 if added or weighted else sc[CUT]  # flows only left it: the steps before them kept
+                    _fill(members, nm, links, nl, weighted, cut, li, lf, si, sf, route, wts, inc, epoch, sc, hk, hv,
+                          hl)
                     for q in range(nm):
                         comp_members[total + q] = members[q]
                     total += nm
@@ -595,6 +641,7 @@ def allocate(now: float, want_changed: bool, li: np.ndarray, lf: np.ndarray, si:
     sc[NTOUCH] = 0
     sc[NLEFT] = 0
     sc[NFRESH] = 0
+    sc[CUT] = NO_CUT
     best, due = next_finish(si, ek, ev, es, sc, work[tail:])
     return True, changed[:nchanged], best, due, sc[ETA_SIZE]
 

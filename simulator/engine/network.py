@@ -8,8 +8,10 @@ this costs O(sum of route lengths x log links); it stops once every flow has its
 Rates of flows that share no link, directly or through other flows, are independent, so a change (flows starting
 or finishing) only re-runs the filling on the connected components of flows around the links it touched, each on
 its own (a flow alone on its links simply gets its narrowest link, as most of a ring's flows do); the links'
-flow counts are kept per link. Progress is lazy: a flow's remaining bytes are brought up to date only when its rate
-changes; a heap of predicted finish times gives the next completion.
+flow counts are kept per link. A component that only lost flows keeps the steps of its last filling that came
+before the first step that froze a flow now gone (those steps happen the same way without it: its links share more
+among fewer flows) and fills on from there. Progress is lazy: a flow's remaining bytes are brought up to date only
+when its rate changes; a heap of predicted finish times gives the next completion.
 
 :class:`FlowNetwork` keeps its flows and links in arrays and runs that work compiled
 (:mod:`simulator.engine.flowcore`, numba): a reallocation over a few hundred flows costs microseconds. Its filling
