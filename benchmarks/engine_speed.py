@@ -3,6 +3,7 @@
     python benchmarks/engine_speed.py flows [--sizes 1000 10000 100000] [--concurrency 64] [--nodes 16] [--repeat 3]
     python benchmarks/engine_speed.py decode [--cases ring:8 ring:64 ring:512 ring:1024 tree:8 ... tree:4096]
                                              [--context 1000000] [--batch 1] [--heads 16] [--kv-heads 16] [--repeat 3]
+                                             [--force]
 
 Every case runs in a fresh process (forked), so that its ``peak RSS`` (the process's high-water mark of resident
 memory, the interpreter and libraries included) is its own, with the collector paused as ``treering run`` pauses it
@@ -37,7 +38,8 @@ the engine, the pipeline and DP composed), their sum, peak RSS, engine events an
 The target is under 10 s for load + step on 2 cores.
 
 ``prefill``: ring attention, causal, zigzag, forward + backward (32 heads, 8 KV heads, head_dim 128, bf16, b = 1,
-1M tokens) on dgx-h100 with P GPUs: the same columns.
+1M tokens) on dgx-h100 with P GPUs: the same columns. ``--algorithms`` takes any prefill schedule; ``ulysses`` runs
+with max(32, P) heads (a head or more per GPU) on the contiguous layout.
 
     python benchmarks/engine_speed.py collective [--cases auto:1000 ring:1000 tree:1000] [--bytes 1GiB]
                                                  [--preset hgx-h200] [--repeat 3] [--force]
@@ -135,9 +137,10 @@ def _measured(fn: Callable[..., Case], *args: Any) -> Case:
     return case
 
 
-def _decode_case(algo: str, p: int, context: int, batch: int = 1, heads: int = 16, kv_heads: int = 16) -> Case:
+def _decode_case(algo: str, p: int, context: int, batch: int = 1, heads: int = 16, kv_heads: int = 16,
+                 force: bool = False) -> Case:
     shape = DecodeShape(batch=batch, heads=heads, head_dim=128, kv_heads=kv_heads, context=context, dtype="bf16")
-    cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
+    cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)}, force=force)
     name, params = resolve(algo)
     t0 = time.perf_counter()
     sched = build_schedule(name, params, shape, layout_of(cluster))
@@ -197,7 +200,7 @@ def _warm_engine() -> None:
 
 
 def bench_decode(cases: list[str], context: int, repeat: int, batch: int = 1, heads: int = 16,
-                 kv_heads: int = 16) -> None:
+                 kv_heads: int = 16, force: bool = False) -> None:
     _warm_matplotlib()
     _warm_engine()
     print(f"decode step, context {context:,} tokens, batch {batch}, {heads} heads ({kv_heads} KV) x 128; medians of "
@@ -205,16 +208,17 @@ def bench_decode(cases: list[str], context: int, repeat: int, batch: int = 1, he
     print(HEADER)
     for case in cases:
         algo, p = case.split(":")
-        runs = [_in_child(_decode_case, algo, int(p), context, batch, heads, kv_heads) for _ in range(repeat)]
+        runs = [_in_child(_decode_case, algo, int(p), context, batch, heads, kv_heads, force) for _ in range(repeat)]
         print(_line(case, _median(runs), "ms"), flush=True)
 
 
 def _prefill_case(p: int, sequence: int, algo: str = "ring") -> Case:
-    shape = PrefillShape(batch=1, heads=32, head_dim=128, kv_heads=8, sequence=sequence, dtype="bf16", causal=True,
-                         layout="zigzag", backward=True)
+    uly = algo == "ulysses"  # a head or more per GPU, the sequence in rank order
+    shape = PrefillShape(batch=1, heads=max(32, p) if uly else 32, head_dim=128, kv_heads=8, sequence=sequence,
+                         dtype="bf16", causal=True, layout="contiguous" if uly else "zigzag", backward=True)
     cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
     t0 = time.perf_counter()
-    sched = build_prefill(algo, {"overlap": True}, shape, layout_of(cluster, p))
+    sched = build_prefill(algo, {}, shape, layout_of(cluster, p))  # the schedule's defaults (ring: overlapped)
     t1 = time.perf_counter()
     res = simulate(sched, cluster)
     t2 = time.perf_counter()
@@ -230,8 +234,8 @@ def _prefill_case(p: int, sequence: int, algo: str = "ring") -> Case:
 def bench_prefill(ranks: list[int], sequence: int, repeat: int, algorithms: tuple[str, ...] = ("ring",)) -> None:
     _warm_matplotlib()
     _warm_engine()
-    print(f"{', '.join(algorithms)} prefill, causal zigzag, forward + backward, {sequence:,} tokens; medians of "
-          f"{repeat}")
+    print(f"{', '.join(algorithms)} prefill, causal zigzag (ulysses: contiguous, max(32, P) heads), forward + "
+          f"backward, {sequence:,} tokens; medians of {repeat}")
     print(HEADER)
     for algo in algorithms:
         for p in ranks:
@@ -331,6 +335,7 @@ def main() -> None:
     decode.add_argument("--heads", type=int, default=16)
     decode.add_argument("--kv-heads", type=int, default=16)
     decode.add_argument("--repeat", type=int, default=3)
+    decode.add_argument("--force", action="store_true", help="clusters over the size limit too (131,072 GPUs)")
     prefill = sub.add_parser("prefill")
     prefill.add_argument("--cases", type=int, nargs="+", default=[8, 64, 256, 1024])
     prefill.add_argument("--sequence", type=int, default=1 << 20)
@@ -357,7 +362,7 @@ def main() -> None:
         bench_prefill(args.cases, args.sequence, args.repeat, tuple(args.algorithms))
         return
     if args.what == "decode":
-        bench_decode(args.cases, args.context, args.repeat, args.batch, args.heads, args.kv_heads)
+        bench_decode(args.cases, args.context, args.repeat, args.batch, args.heads, args.kv_heads, args.force)
         return
     _warm_engine()
     cluster = load_topology("cluster", {**TOPO, "nodes": args.nodes})
