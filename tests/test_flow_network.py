@@ -5,6 +5,7 @@ dense replay."""
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 
 import numpy as np
 import pytest
@@ -19,6 +20,20 @@ CAPACITY = [10.0, 20.0, 30.0, 15.0, 40.0, 25.0]
 routes_st = st.lists(st.integers(0, LINKS - 1), min_size=1, max_size=4).map(tuple)  # repeats: a link crossed twice
 events_st = st.lists(st.tuples(st.booleans(), routes_st, st.floats(1.0, 1e3), st.sampled_from([0.0, 0.0, 5.0, 12.5])),
                      min_size=1, max_size=25)
+
+
+def _assert_reference_rates(net: FlowNetwork, active: dict[int, tuple[tuple[int, ...], float]],
+                            capacity: list[float]) -> None:
+    """Every active flow (its route, its cap: 0 for none) rated exactly as the reference rates them (a cap as a
+    link of its own)."""
+    caps = list(capacity)
+    full: dict[Hashable, tuple[int, ...]] = {}
+    for f, (r, c) in active.items():
+        if c > 0:
+            caps.append(c)
+            r = (*r, len(caps) - 1)
+        full[f] = r
+    assert {f: net.rate(f) for f in active} == max_min_rates(full, caps)
 
 
 @settings(max_examples=150, deadline=None)
@@ -37,15 +52,7 @@ def test_incremental_rates_equal_max_min_over_all_active_flows(events):
             net.remove(gone)
             del active[gone]
         net.allocate(0.0)
-        capacity = list(CAPACITY)
-        full: dict[int, tuple[int, ...]] = {}
-        for f, (r, c) in active.items():
-            if c > 0:
-                capacity.append(c)
-                r = (*r, len(capacity) - 1)
-            full[f] = r
-        expected = max_min_rates(full, capacity)
-        assert {f: net.rate(f) for f in active} == expected
+        _assert_reference_rates(net, active, CAPACITY)
 
 
 @settings(max_examples=40, deadline=None)
@@ -72,14 +79,7 @@ def test_ties_by_the_hundred_then_finish_after_finish_keep_the_reference_rates(s
         start(f)
     while active:
         net.allocate(0.0)
-        caps = list(capacity)
-        full: dict[int, tuple[int, ...]] = {}
-        for f, (r, c) in active.items():
-            if c > 0:
-                caps.append(c)
-                r = (*r, len(caps) - 1)
-            full[f] = r
-        assert {f: net.rate(f) for f in active} == max_min_rates(full, caps)
+        _assert_reference_rates(net, active, capacity)
         if rng.random() < 0.2:
             start(flows)
             flows += 1
@@ -155,14 +155,7 @@ def test_many_long_flows_grow_the_arrays_and_keep_the_reference_rates():
         if i % 7 and i < 590:
             continue  # several changes per allocation
         net.allocate(0.0)
-        caps = list(capacity)
-        full: dict[int, tuple[int, ...]] = {}
-        for f, (r, c) in active.items():
-            if c > 0:
-                caps.append(c)
-                r = (*r, len(caps) - 1)
-            full[f] = r
-        assert {f: net.rate(f) for f in active} == max_min_rates(full, caps)
+        _assert_reference_rates(net, active, capacity)
     assert len(active) > 64  # past the first block of slots
 
 
