@@ -224,7 +224,7 @@ def _prefill_case(p: int, sequence: int, algo: str = "ring") -> Case:
     t2 = time.perf_counter()
     numbers = result_numbers(sched, res)
     critical_timing(res, sched.ranks)
-    fig = gantt(timeline_frame([("ring", sched, res)]))
+    fig = gantt(timeline_frame([(algo, sched, res)]))
     fig.savefig(io.BytesIO(), format="png", dpi=110)
     t3 = time.perf_counter()
     return {"ops": len(sched.ops), "events": res.events, "build": t1 - t0, "sim": t2 - t1, "post": t3 - t2,
