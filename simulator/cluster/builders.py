@@ -20,6 +20,7 @@ non-blocking), ``single-switch``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -213,7 +214,13 @@ def fabric(n_nodes: int, nics: int, overrides: Mapping[str, Any]) -> tuple[list[
 
 
 def _link(a: str, b: str, bw: float, lat: float, cls: str) -> dict[str, Any]:
-    return {"a": a, "b": b, "bandwidth": SI(bw), "latency": SI(lat), "class": cls}
+    return {"a": a, "b": b, "bandwidth": _si(bw), "latency": _si(lat), "class": cls}
+
+
+@functools.lru_cache(maxsize=64)
+def _si(x: float) -> SI:
+    """``SI(x)``, one object per value: a preset's links by the hundred thousand share a few figures."""
+    return SI(x)
 
 
 def _intra(i: int, g: int, p: dict[str, Any], nodes: list[dict[str, Any]], links: list[dict[str, Any]]) -> None:

@@ -37,9 +37,10 @@ from simulator.cluster.presets import DEVICE_LIBRARY, NOT_PRESETS, list_presets,
 from simulator.cluster.routing import Edge, Router
 from simulator.cluster.size_curve import SizeCurve, parse_size_curve
 from simulator.errors import InputError, excerpt
+from simulator.support.gcpause import gc_paused
 from simulator.support.paths import TOPOLOGY_DIR
 from simulator.support.yaml_lines import line_of, load_yaml
-from simulator.units import CODE, Check, checked_quantity, user_check
+from simulator.units import CODE, SI, Check, checked_quantity, user_check
 
 __all__ = ["NODE_KINDS", "Cluster", "build_cluster", "list_presets", "load_topology", "override_devices",
            "preset_description"]
@@ -160,7 +161,8 @@ def load_topology(ref: str, params: Mapping[str, Any] | None = None, base_dir: P
     if not isinstance(raw, Mapping):
         raise InputError("a topology file must be a mapping", file=src, line=1)
     if "builder" in raw:
-        return build_cluster(expand_preset(raw, src, dict(params or {}), force), src, check=user_check(force))
+        with gc_paused():  # (the explicit form of a large preset: dicts by the hundred thousand, none garbage)
+            return build_cluster(expand_preset(raw, src, dict(params or {}), force), src, check=user_check(force))
     if params:
         raise InputError(f"{src} is an explicit topology and takes no parameters",
                          field=f"topology_params.{str(next(iter(params)))[:60]}")
@@ -230,7 +232,11 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None, *, check: 
     its quantities must satisfy beyond their sign and range (:class:`simulator.units.Check`: a user's file, read by
     :func:`load_topology`, writes every unit and, without ``--force``, plausible values; a mapping built by code,
     the default, may give plain SI numbers)."""
-    tree = raw if tree is None else tree
+    with gc_paused():  # a graph of a node and link attributes' dict each: all alive, none garbage
+        return _build_cluster(raw, src, raw if tree is None else tree, check)
+
+
+def _build_cluster(raw: Mapping[str, Any], src: str, tree: Any, check: Check) -> Cluster:
     locate = _locator(src, tree, ())
     for key in raw:
         if key not in _TOP_KEYS:
@@ -242,13 +248,18 @@ def build_cluster(raw: Mapping[str, Any], src: str, tree: Any = None, *, check: 
     nodes = raw.get("nodes")
     if not isinstance(nodes, list) or not nodes:
         raise locate(("nodes",), InputError("must be a non-empty list of {name, kind, device}"))
+    named: dict[str, dict[str, Any]] = {}  # each node's attributes, in the file's order
     for i, node in enumerate(nodes):
-        _add_node(graph, specs, specs_by_name, node, _locator(src, tree, ("nodes", i)))
+        _add_node(named, specs, specs_by_name, node, _locator(src, tree, ("nodes", i)))
+    graph.add_nodes_from(named.items())
     links = raw.get("links")
     if not isinstance(links, list) or not links:
         raise locate(("links",), InputError("must be a non-empty list of {a, b, bandwidth, latency}"))
+    edges: dict[Edge, dict[str, Any]] = {}  # each directed link's attributes, in the file's order
+    parsed: dict[tuple[Any, ...], float] = {}  # a quantity's value, once per distinct (kind, type, value)
     for i, link in enumerate(links):
-        _add_link(graph, link, _locator(src, tree, ("links", i)), check)
+        _add_link(named, edges, parsed, link, _locator(src, tree, ("links", i)), check)
+    graph.add_edges_from((a, b, attrs) for (a, b), attrs in edges.items())
     overhead = _quantity("time", raw.get("message_overhead", 0), locate, ("message_overhead",), 0.0, check)
     comm = _quantity("time", raw.get("comm_overhead", 0), locate, ("comm_overhead",), 0.0, check)
     coll = (None if raw.get("collective_overhead") is None
@@ -334,8 +345,9 @@ def _host_cores(raw: Any, locate: Callable[[tuple[Any, ...], InputError], InputE
     return out
 
 
-def _add_node(graph: nx.DiGraph, specs: dict[str, DeviceSpec], library: Mapping[str, DeviceSpec],
+def _add_node(named: dict[str, dict[str, Any]], specs: dict[str, DeviceSpec], library: Mapping[str, DeviceSpec],
               node: Any, locate: Callable[[tuple[Any, ...], InputError], InputError]) -> None:
+    """Check a node of the file and add its attributes to ``named`` (the graph takes them all at once)."""
     if not isinstance(node, Mapping):
         raise locate((), InputError("must be a mapping {name, kind, device}"))
     extra = set(node) - {"name", "kind", "device"}
@@ -344,7 +356,7 @@ def _add_node(graph: nx.DiGraph, specs: dict[str, DeviceSpec], library: Mapping[
     name = node.get("name")
     if not isinstance(name, str) or not name:
         raise locate(("name",), InputError(f"must be a non-empty string, got {excerpt(name)}"))
-    if name in graph:
+    if name in named:
         raise locate(("name",), InputError(f"duplicate node name {excerpt(name)}"))
     kind = node.get("kind")
     if kind not in NODE_KINDS:
@@ -359,11 +371,13 @@ def _add_node(graph: nx.DiGraph, specs: dict[str, DeviceSpec], library: Mapping[
         specs[name] = library[device]
     elif kind == "gpu":
         raise locate(("device",), InputError("a gpu node needs a device spec"))
-    graph.add_node(name, kind=kind, device=device)
+    named[name] = {"kind": kind, "device": device}
 
 
-def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], InputError], InputError],
-              check: Check = CODE) -> None:
+def _add_link(named: Mapping[str, Any], edges: dict[Edge, dict[str, Any]], parsed: dict[tuple[Any, ...], float],
+              link: Any, locate: Callable[[tuple[Any, ...], InputError], InputError], check: Check = CODE) -> None:
+    """Check a link of the file and add its directed links' attributes to ``edges`` (the graph takes them all at
+    once); ``parsed`` keeps each distinct quantity's value (a preset's thousands of links share a few)."""
     if not isinstance(link, Mapping):
         raise locate((), InputError("must be a mapping {a, b, bandwidth, latency}"))
     duplex = "a" in link or "b" in link
@@ -374,22 +388,39 @@ def _add_link(graph: nx.DiGraph, link: Any, locate: Callable[[tuple[Any, ...], I
             raise locate((key,), InputError(
                 f"unknown key; valid keys: {', '.join(sorted(allowed))} (a/b full duplex, src/dst one way)"))
     for end in ends:
-        if link.get(end) not in graph:
+        if link.get(end) not in named:
             raise locate((end,), InputError(f"unknown node {excerpt(link.get(end))}"))
     u, v = link[ends[0]], link[ends[1]]
     if u == v:
         raise locate((ends[1],), InputError(f"a link needs two different nodes, got {excerpt(u)} twice"))
     if "bandwidth" not in link:
         raise locate((), InputError("missing field 'bandwidth'"))
-    bw = _quantity("bandwidth", link["bandwidth"], locate, ("bandwidth",), None, check)
-    lat = _quantity("time", link.get("latency", 0), locate, ("latency",), 0.0, check)
+    bw = _parsed(parsed, "bandwidth", link["bandwidth"], locate, ("bandwidth",), None, check)
+    lat = _parsed(parsed, "time", link.get("latency", 0), locate, ("latency",), 0.0, check)
     cls = str(link.get("class", "link"))
     extra = {} if "bandwidth_by_size" not in link else {
         "by_size": parse_size_curve(link["bandwidth_by_size"], locate, ("bandwidth_by_size",))}
     for a, b in ((u, v), (v, u)) if duplex else ((u, v),):
-        if graph.has_edge(a, b):
+        if (a, b) in edges:
             raise locate((), InputError(f"duplicate link {a} -> {b}"))
-        graph.add_edge(a, b, bandwidth=bw, latency=lat, cls=cls, **extra)
+        edges[(a, b)] = {"bandwidth": bw, "latency": lat, "cls": cls, **extra}
+
+
+def _parsed(parsed: dict[tuple[Any, ...], float], kind: str, value: Any,
+            locate: Callable[[tuple[Any, ...], InputError], InputError], path: tuple[Any, ...],
+            minimum: float | None, check: Check) -> float:
+    """:func:`_quantity`, each distinct value (and type: an :class:`~simulator.units.SI` figure is not judged as a
+    user's number is) parsed once; a value that fails is refused where it first appears, as unparsed."""
+    if type(value) not in _SCALARS:  # (a list, a mapping...: refused by _quantity, never a key)
+        return _quantity(kind, value, locate, path, minimum, check)
+    key = (kind, type(value), value)
+    hit = parsed.get(key)
+    if hit is None:
+        hit = parsed[key] = _quantity(kind, value, locate, path, minimum, check)
+    return hit
+
+
+_SCALARS = frozenset({str, int, float, SI})
 
 
 def _quantity(kind: str, value: Any, locate: Callable[[tuple[Any, ...], InputError], InputError],
@@ -412,8 +443,12 @@ def _check_reachable(graph: nx.DiGraph, locate: Callable[[tuple[Any, ...], Input
     devices = [n for n, k in kind.items() if k in ("gpu", "cpu")]
     rest = [n for n, k in kind.items() if k != "gpu"]
     index = {n: i for i, n in enumerate(rest)}
-    ends = np.array([(index[u], index[v]) for u, v in graph.edges if u in index and v in index],
-                    dtype=np.int64).reshape(-1, 2)
+    code = [index.get(n, -1) for n in graph]  # each node's place in ``rest``, -1 for a GPU
+    order = {n: i for i, n in enumerate(graph)}
+    both = np.array(code, dtype=np.int64)[np.fromiter((order[e] for edge in graph.edges for e in edge),
+                                                      dtype=np.int64, count=2 * graph.number_of_edges())]
+    ends = both.reshape(-1, 2)
+    ends = ends[(ends >= 0).all(axis=1)]
     adjacency = csr_matrix((np.ones(len(ends)), (ends[:, 0], ends[:, 1])), shape=(len(rest), len(rest)))
     _, labels = connected_components(adjacency, directed=True, connection="strong")
     comp = dict(zip(rest, labels.tolist(), strict=True))
