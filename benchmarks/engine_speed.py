@@ -8,12 +8,12 @@
 Every case runs in a fresh process (forked), so that its ``peak RSS`` (the process's high-water mark of resident
 memory, the interpreter and libraries included) is its own, with the collector paused as ``treering run`` pauses it
 for a point (here for the whole case: the raw loop and the figure too, which ``treering run`` draws later). Per case
-it prints: ops, engine events, build seconds (the schedule), simulate seconds, post-processing seconds (what
-``treering run`` does after the simulation: the result row's numbers, and for decode the bounded timeline table and
-its figure), peak RSS, and a raw simpy loop that processes as many bare timeout events, measured in the same
-process: ``ratio`` = simulate / raw. Times are medians of ``--repeat`` runs (each in its own process). matplotlib is
-set up (fonts loaded) and the compiled engine loaded (numba) once before the cases, as a long-running process
-does once; the load time is printed.
+it prints: ops, engine events, the topology's load seconds, build seconds (the schedule), simulate seconds,
+post-processing seconds (what ``treering run`` does after the simulation: the result row's numbers, and for decode
+the bounded timeline table and its figure), peak RSS, and a raw simpy loop that processes as many bare timeout
+events, measured in the same process: ``ratio`` = simulate / raw. Times are medians of ``--repeat`` runs (each in
+its own process). matplotlib is set up (fonts loaded) and the compiled engine loaded (numba) once before the cases,
+as a long-running process does once; the load time is printed.
 
 ``flows``: N flows with random endpoints over a fat tree of ``--nodes`` 8-GPU servers (16: 128 GPUs; 128: 1,024).
 
@@ -140,6 +140,7 @@ def _measured(fn: Callable[..., Case], *args: Any) -> Case:
 def _decode_case(algo: str, p: int, context: int, batch: int = 1, heads: int = 16, kv_heads: int = 16,
                  force: bool = False) -> Case:
     shape = DecodeShape(batch=batch, heads=heads, head_dim=128, kv_heads=kv_heads, context=context, dtype="bf16")
+    loading = time.perf_counter()
     cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)}, force=force)
     name, params = resolve(algo)
     t0 = time.perf_counter()
@@ -152,10 +153,11 @@ def _decode_case(algo: str, p: int, context: int, batch: int = 1, heads: int = 1
     fig.savefig(io.BytesIO(), format="png", dpi=110)
     t3 = time.perf_counter()
     return {"ops": len(sched.ops), "events": res.events, "build": t1 - t0, "sim": t2 - t1, "post": t3 - t2,
-            "raw": raw_simpy(res.events), "latency": numbers["latency_s"]}
+            "raw": raw_simpy(res.events), "latency": numbers["latency_s"], "load": t0 - loading}
 
 
 def _flows_case(n: int, concurrency: int, nodes: int) -> Case:
+    loading = time.perf_counter()
     cluster = load_topology("cluster", {**TOPO, "nodes": nodes})
     t0 = time.perf_counter()
     sched = flows_schedule(n, cluster.ranks, concurrency, np.random.default_rng(n))
@@ -166,23 +168,26 @@ def _flows_case(n: int, concurrency: int, nodes: int) -> Case:
     finish = [ends[op.match] for op in sched.ops if op.kind == "send" and op.match is not None]  # the flow rows
     t3 = time.perf_counter()
     return {"ops": len(sched.ops), "events": res.events, "build": t1 - t0, "sim": t2 - t1, "post": t3 - t2,
-            "raw": raw_simpy(res.events), "latency": max(finish, default=0.0), "realloc": res.allocations}
+            "raw": raw_simpy(res.events), "latency": max(finish, default=0.0), "realloc": res.allocations,
+            "load": t0 - loading}
 
 
 def _median(runs: list[Case]) -> Case:
     out = dict(runs[0])
-    for key in ("build", "sim", "post", "raw", "rss"):
+    for key in ("load", "build", "sim", "post", "raw", "rss"):
         out[key] = statistics.median(r[key] for r in runs)
     return out
 
 
-HEADER = (f"{'case':>12} {'ops':>9} {'events':>9} {'build_s':>8} {'sim_s':>8} {'post_s':>7} {'peak_RSS':>9} "
+HEADER = (f"{'case':>12} {'ops':>9} {'events':>9} {'load_s':>7} {'build_s':>8} {'sim_s':>8} {'post_s':>7} "
+          f"{'peak_RSS':>9} "
           f"{'us/op':>6} {'raw_s':>7} {'ratio':>6} {'result':>12}")
 
 
 def _line(label: str, c: Case, unit: str) -> str:
     scale = 1e3 if unit == "ms" else 1.0
-    return (f"{label:>12} {c['ops']:>9} {c['events']:>9} {c['build']:>8.2f} {c['sim']:>8.2f} {c['post']:>7.2f} "
+    return (f"{label:>12} {c['ops']:>9} {c['events']:>9} {c['load']:>7.2f} {c['build']:>8.2f} {c['sim']:>8.2f} "
+            f"{c['post']:>7.2f} "
             f"{c['rss'] / 2**20:>7.0f}MB {1e6 * (c['build'] + c['sim']) / c['ops']:>6.1f} {c['raw']:>7.2f} "
             f"{c['sim'] / c['raw']:>6.1f} {c['latency'] * scale:>9.3f} {unit}")
 
@@ -216,6 +221,7 @@ def _prefill_case(p: int, sequence: int, algo: str = "ring") -> Case:
     uly = algo == "ulysses"  # a head or more per GPU, the sequence in rank order
     shape = PrefillShape(batch=1, heads=max(32, p) if uly else 32, head_dim=128, kv_heads=8, sequence=sequence,
                          dtype="bf16", causal=True, layout="contiguous" if uly else "zigzag", backward=True)
+    loading = time.perf_counter()
     cluster = load_topology("dgx-h100", {"nodes": max(1, p // 8)})
     t0 = time.perf_counter()
     sched = build_prefill(algo, {}, shape, layout_of(cluster, p))  # the schedule's defaults (ring: overlapped)
@@ -228,7 +234,7 @@ def _prefill_case(p: int, sequence: int, algo: str = "ring") -> Case:
     fig.savefig(io.BytesIO(), format="png", dpi=110)
     t3 = time.perf_counter()
     return {"ops": len(sched.ops), "events": res.events, "build": t1 - t0, "sim": t2 - t1, "post": t3 - t2,
-            "raw": raw_simpy(res.events), "latency": numbers["latency_s"]}
+            "raw": raw_simpy(res.events), "latency": numbers["latency_s"], "load": t0 - loading}
 
 
 def bench_prefill(ranks: list[int], sequence: int, repeat: int, algorithms: tuple[str, ...] = ("ring",)) -> None:
