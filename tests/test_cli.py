@@ -67,6 +67,12 @@ def test_topo_show(capsys):
     assert "16 GPUs" in capsys.readouterr().out
 
 
+def _gpus_linked(gpus: int, *links: str) -> str:
+    """A topology file of ``gpus`` H100s g0, g1, ... and these links (flow-style YAML mappings)."""
+    nodes = "".join(f"  - {{name: g{i}, kind: gpu, device: h100-sxm}}\n" for i in range(gpus))
+    return "nodes:\n" + nodes + "links:\n" + "".join(f"  - {link}\n" for link in links)
+
+
 TOPO_ERRORS = {
     "unknown device spec": ("""
         nodes:
@@ -113,33 +119,14 @@ TOPO_ERRORS = {
         """, "t.yaml:5: links.0.bandwidth: cannot parse '10 GB/z'"),
     # each distinct quantity is parsed once: a figure seen before with its unit does not pass a bare number of the
     # same value, and a value that is no quantity at all is refused where it stands
-    "bare number after the same figure with its unit": ("""
-        nodes:
-          - {name: g0, kind: gpu, device: h100-sxm}
-          - {name: g1, kind: gpu, device: h100-sxm}
-          - {name: g2, kind: gpu, device: h100-sxm}
-        links:
-          - {a: g0, b: g1, bandwidth: 1 GB/s, latency: 2 us}
-          - {a: g1, b: g2, bandwidth: 1 GB/s, latency: 2 us}
-          - {a: g0, b: g2, bandwidth: 1000000000, latency: 2 us}
-        """, "t.yaml:8: links.2.bandwidth: give a unit"),
-    "a list as a bandwidth": ("""
-        nodes:
-          - {name: g0, kind: gpu, device: h100-sxm}
-          - {name: g1, kind: gpu, device: h100-sxm}
-          - {name: g2, kind: gpu, device: h100-sxm}
-        links:
-          - {a: g0, b: g1, bandwidth: 10 GB/s}
-          - {a: g1, b: g2, bandwidth: [10 GB/s]}
-        """, "t.yaml:7: links.1.bandwidth: expected a bandwidth"),
-    "duplicate link": ("""
-        nodes:
-          - {name: g0, kind: gpu, device: h100-sxm}
-          - {name: g1, kind: gpu, device: h100-sxm}
-        links:
-          - {a: g0, b: g1, bandwidth: 10 GB/s}
-          - {src: g1, dst: g0, bandwidth: 10 GB/s}
-        """, "t.yaml:6: links.1: duplicate link g1 -> g0"),
+    "bare number after the same figure with its unit": (_gpus_linked(
+        3, "{a: g0, b: g1, bandwidth: 1 GB/s, latency: 2 us}", "{a: g1, b: g2, bandwidth: 1 GB/s, latency: 2 us}",
+        "{a: g0, b: g2, bandwidth: 1000000000, latency: 2 us}"), "t.yaml:8: links.2.bandwidth: give a unit"),
+    "a list as a bandwidth": (_gpus_linked(3, "{a: g0, b: g1, bandwidth: 10 GB/s}",
+                                           "{a: g1, b: g2, bandwidth: [10 GB/s]}"),
+                              "t.yaml:7: links.1.bandwidth: expected a bandwidth"),
+    "duplicate link": (_gpus_linked(2, "{a: g0, b: g1, bandwidth: 10 GB/s}", "{src: g1, dst: g0, bandwidth: 10 GB/s}"),
+                       "t.yaml:6: links.1: duplicate link g1 -> g0"),
     "bad yaml": ("""
         nodes: [
         """, "t.yaml:2: invalid YAML"),
