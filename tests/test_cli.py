@@ -125,6 +125,8 @@ TOPO_ERRORS = {
     "a list as a bandwidth": (_gpus_linked(3, "{a: g0, b: g1, bandwidth: 10 GB/s}",
                                            "{a: g1, b: g2, bandwidth: [10 GB/s]}"),
                               "t.yaml:7: links.1.bandwidth: expected a bandwidth"),
+    "a list as a link's end": (_gpus_linked(2, "{a: [g0], b: g1, bandwidth: 10 GB/s}"),
+                               "t.yaml:5: links.0.a: unknown node"),
     "duplicate link": (_gpus_linked(2, "{a: g0, b: g1, bandwidth: 10 GB/s}", "{src: g1, dst: g0, bandwidth: 10 GB/s}"),
                        "t.yaml:6: links.1: duplicate link g1 -> g0"),
     "bad yaml": ("""

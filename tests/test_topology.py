@@ -304,3 +304,44 @@ def test_the_device_library_is_read_once_and_handed_out_as_a_new_dict():
     first["mine"] = first["h100-sxm"]
     again = device_library()
     assert "mine" not in again and again["h100-sxm"] is first["h100-sxm"]
+
+
+def _unreachable_pairs(graph: nx.DiGraph) -> list[tuple[str, str]]:
+    """The definition, pair by pair: device ``a`` reaches device ``b`` over a direct link, or from a successor of
+    ``a`` to a predecessor of ``b`` (either may be ``a`` or ``b`` itself where it is no GPU) through nodes that are
+    not GPUs. (b, a) for every device b that some device a does not reach, in node order."""
+    kinds = dict(graph.nodes(data="kind"))
+    devices = [n for n, k in kinds.items() if k in ("gpu", "cpu")]
+    inner = graph.subgraph([n for n, k in kinds.items() if k != "gpu"])
+    out = []
+    for b in devices:
+        for a in devices:
+            if a == b or graph.has_edge(a, b):
+                continue
+            starts = [x for x in (a, *graph.successors(a)) if x in inner]
+            stops = {x for x in (b, *graph.predecessors(b)) if x in inner}
+            if not any(stops & ({s} | nx.descendants(inner, s)) for s in starts):
+                out.append((b, a))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["gpu", "gpu", "cpu", "switch", "nic"]), min_size=1, max_size=12),
+       data=st.data())
+def test_reachability_check_is_its_definition(kinds, data):
+    """The topology check (over arrays: components, each device's pairs) refuses exactly the graphs where some
+    device does not reach another as routes may go, naming the first such device and the first that misses it."""
+    from simulator.cluster.topology import _check_reachable
+
+    n = len(kinds)
+    graph = nx.DiGraph()
+    graph.add_nodes_from((f"x{i}", {"kind": k}) for i, k in enumerate(kinds))
+    pairs = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=4 * n))
+    graph.add_edges_from((f"x{a}", f"x{b}") for a, b in pairs if a != b)
+    missing = _unreachable_pairs(graph)
+    if not missing:
+        _check_reachable(graph, lambda path, err: err)
+        return
+    b, a = missing[0]
+    with pytest.raises(InputError, match=rf"^device {b} is unreachable from {a} \("):
+        _check_reachable(graph, lambda path, err: err)

@@ -88,10 +88,10 @@ class Router:
         self._index = index = {n: i for i, n in enumerate(self._names)}
         n = len(self._names)
         edges = list(graph.edges(data="latency"))  # link ids: the graph's edge order
-        eu = np.fromiter((index[u] for u, _, _ in edges), dtype=np.int64, count=len(edges))
-        ev = np.fromiter((index[v] for _, v, _ in edges), dtype=np.int64, count=len(edges))
+        ends = np.fromiter((index[x] for u, v, _ in edges for x in (u, v)), dtype=np.int64, count=2 * len(edges))
+        eu, ev = ends[0::2].copy(), ends[1::2].copy()
         lat = np.fromiter((w for _, _, w in edges), dtype=np.float64, count=len(edges))
-        kinds = [graph.nodes[name].get("kind") for name in self._names]
+        kinds = [kind for _, kind in graph.nodes(data="kind")]  # (in the graph's node order: self._names')
         host = np.fromiter((k == "cpu" for k in kinds), dtype=bool, count=n)
         weight = lat + HOP_EPSILON + np.where(host[ev], HOST_EPSILON, 0.0)
         stop = np.fromiter((k == "gpu" for k in kinds), dtype=bool, count=n)

@@ -374,6 +374,10 @@ def _add_node(named: dict[str, dict[str, Any]], specs: dict[str, DeviceSpec], li
     named[name] = {"kind": kind, "device": device}
 
 
+_LINK_KEYS = ("bandwidth", "latency", "class", "bandwidth_by_size")
+_DUPLEX_KEYS, _SIMPLEX_KEYS = frozenset({"a", "b", *_LINK_KEYS}), frozenset({"src", "dst", *_LINK_KEYS})
+
+
 def _add_link(named: Mapping[str, Any], edges: dict[Edge, dict[str, Any]], parsed: dict[tuple[Any, ...], float],
               link: Any, locate: Callable[[tuple[Any, ...], InputError], InputError], check: Check = CODE) -> None:
     """Check a link of the file and add its directed links' attributes to ``edges`` (the graph takes them all at
@@ -382,14 +386,15 @@ def _add_link(named: Mapping[str, Any], edges: dict[Edge, dict[str, Any]], parse
         raise locate((), InputError("must be a mapping {a, b, bandwidth, latency}"))
     duplex = "a" in link or "b" in link
     ends = ("a", "b") if duplex else ("src", "dst")
-    allowed = {*ends, "bandwidth", "latency", "class", "bandwidth_by_size"}
+    allowed = _DUPLEX_KEYS if duplex else _SIMPLEX_KEYS
     for key in link:
         if key not in allowed:
             raise locate((key,), InputError(
                 f"unknown key; valid keys: {', '.join(sorted(allowed))} (a/b full duplex, src/dst one way)"))
     for end in ends:
-        if link.get(end) not in named:
-            raise locate((end,), InputError(f"unknown node {excerpt(link.get(end))}"))
+        node = link.get(end)
+        if not isinstance(node, str) or node not in named:  # (node names are strings: a list is no key)
+            raise locate((end,), InputError(f"unknown node {excerpt(node)}"))
     u, v = link[ends[0]], link[ends[1]]
     if u == v:
         raise locate((ends[1],), InputError(f"a link needs two different nodes, got {excerpt(u)} twice"))
@@ -443,11 +448,10 @@ def _check_reachable(graph: nx.DiGraph, locate: Callable[[tuple[Any, ...], Input
     devices = [n for n, k in kind.items() if k in ("gpu", "cpu")]
     rest = [n for n, k in kind.items() if k != "gpu"]
     index = {n: i for i, n in enumerate(rest)}
-    code = [index.get(n, -1) for n in graph]  # each node's place in ``rest``, -1 for a GPU
-    order = {n: i for i, n in enumerate(graph)}
-    both = np.array(code, dtype=np.int64)[np.fromiter((order[e] for edge in graph.edges for e in edge),
-                                                      dtype=np.int64, count=2 * graph.number_of_edges())]
-    ends = both.reshape(-1, 2)
+    code = np.array([index.get(n, -1) for n in kind], dtype=np.int64)  # each node's place in ``rest``, -1: a GPU
+    order = {n: i for i, n in enumerate(kind)}
+    links = np.fromiter((order[e] for edge in graph.edges for e in edge), dtype=np.int64).reshape(-1, 2)  # by node
+    ends = code[links]
     ends = ends[(ends >= 0).all(axis=1)]
     adjacency = csr_matrix((np.ones(len(ends)), (ends[:, 0], ends[:, 1])), shape=(len(rest), len(rest)))
     _, labels = connected_components(adjacency, directed=True, connection="strong")
@@ -466,13 +470,41 @@ def _check_reachable(graph: nx.DiGraph, locate: Callable[[tuple[Any, ...], Input
     def entered(d: str) -> set[int]:  # components a route into d comes from
         return {comp[v] for v in (d, *graph.predecessors(d)) if v in comp}
 
-    reached = {d: reach(d) for d in devices}
-    common = frozenset.intersection(*reached.values()) if reached else frozenset()
-    for b in devices:
-        into = entered(b)
-        if into & common:
-            continue
+    # the same sets over arrays (a cluster of 131,072 GPUs has as many devices): each device's own component and its
+    # successors' (reach) or predecessors' (entered), as (device, component) pairs; reach's union per distinct list
+    label = np.full(len(kind), -1, dtype=np.int64)  # each node's component, -1: a GPU
+    label[code >= 0] = labels[code[code >= 0]]
+    device = np.fromiter((k in ("gpu", "cpu") for k in kind.values()), dtype=bool, count=len(kind))
+    own = np.flatnonzero(device & (label >= 0))
+    u, v = links[:, 0], links[:, 1]
+    out = device[u] & (label[v] >= 0)
+    into = device[v] & (label[u] >= 0)
+    common = _common_reach(np.concatenate([own, u[out]]), np.concatenate([label[own], label[v[out]]]),
+                           np.flatnonzero(device), below)
+    common_mask = np.zeros(len(rest) and int(labels.max()) + 1, dtype=bool)
+    common_mask[list(common)] = True
+    entered_from = np.concatenate([label[own], label[u[into]]])
+    ok = np.zeros(len(kind), dtype=bool)
+    ok[np.concatenate([own, v[into]])[common_mask[entered_from]]] = True
+    reached: dict[str, frozenset[int]] = {}
+    for b in (d for d in devices if not ok[order[d]]):  # (a device entered from a common component is reached)
+        into_b = entered(b)
         for a in devices:
-            if a != b and not graph.has_edge(a, b) and not reached[a] & into:
+            if a != b and not graph.has_edge(a, b) and not reached.setdefault(a, reach(a)) & into_b:
                 raise locate(("links",), InputError(f"device {b} is unreachable from {a} (a route may not pass "
                                                     "through a GPU)"))
+
+
+def _common_reach(nodes: np.ndarray, comps: np.ndarray, devices: np.ndarray, below: Mapping[int, frozenset[int]]
+                  ) -> frozenset[int]:
+    """The components every device reaches: ``(nodes[k], comps[k])`` pairs each device's own component and its
+    successors' (``devices``: every device, some with no pair), each list's reach (the union of ``below``) worked out
+    once per distinct list."""
+    if not len(devices):
+        return frozenset()
+    pairs = np.unique(np.stack([nodes, comps], axis=1), axis=0) if len(nodes) else np.zeros((0, 2), dtype=np.int64)
+    starts = np.searchsorted(pairs[:, 0], devices, side="left")
+    stops = np.searchsorted(pairs[:, 0], devices, side="right")
+    column = pairs[:, 1].tolist()
+    lists = {tuple(column[a:b]) for a, b in zip(starts.tolist(), stops.tolist(), strict=True)}
+    return frozenset.intersection(*(frozenset().union(*(below[c] for c in t)) for t in lists))
