@@ -481,7 +481,7 @@ def _check_reachable(graph: nx.DiGraph, locate: Callable[[tuple[Any, ...], Input
     into = device[v] & (label[u] >= 0)
     common = _common_reach(np.concatenate([own, u[out]]), np.concatenate([label[own], label[v[out]]]),
                            np.flatnonzero(device), below)
-    common_mask = np.zeros(len(rest) and int(labels.max()) + 1, dtype=bool)
+    common_mask = np.zeros(len(below), dtype=bool)  # (below holds every component, numbered from 0)
     common_mask[list(common)] = True
     entered_from = np.concatenate([label[own], label[u[into]]])
     ok = np.zeros(len(kind), dtype=bool)
