@@ -1,7 +1,7 @@
 """The engine's compiled passes over columns (simulator.schedule.colpass) against the numpy forms they replace: the
 timeline
 order (a lexsort by start, rank, op), each rank's last end (``np.maximum.at``), dependents as CSR, and their
-refusals."""
+refusals; the stream order's added dependencies against their definition."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.schedule.colpass import dependents, group_max, timeline_order
+from simulator.schedule.colpass import dependents, group_max, stream_ordered, timeline_order
+from simulator.schedule.op import OP_KINDS
 
 
 @settings(max_examples=80, deadline=None)
@@ -59,3 +60,41 @@ def test_dependents_refuse_counts_and_ops_that_do_not_add_up():
         dependents(np.array([2, -1], dtype=np.int32), np.array([0], dtype=np.int64))
     with pytest.raises(ValueError, match="does not name an op"):
         dependents(np.array([0, 1], dtype=np.int32), np.array([5], dtype=np.int64))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 5), st.integers(0, 120), st.integers(0, 2**32 - 1))
+def test_stream_order_is_its_definition(p, n, seed):
+    """Random ops of every kind on ``p`` ranks (some ranks ordered), transfers matched in pairs, some in a
+    collective, deps on earlier ops: each send or receive of an ordered rank outside a collective depends, after its
+    own dependencies, on the last compute or merge before it on its rank, unless it did already; nothing else
+    changes."""
+    rng = np.random.default_rng(seed)
+    kinds = [OP_KINDS[k] for k in rng.integers(0, len(OP_KINDS), size=n)]
+    rank = rng.integers(0, p, size=n)
+    match = np.full(n, -1)
+    coll = rng.random(n) < 0.3
+    ends = [i for i, k in enumerate(kinds) if k in ("send", "recv")]
+    for a, b in zip(ends[::2], ends[1::2], strict=False):  # pairs as send then recv
+        kinds[a], kinds[b], match[a], match[b] = "send", "recv", b, a
+    if len(ends) % 2:
+        kinds[ends[-1]] = "compute"
+    deps = [sorted({int(d) % i for d in rng.integers(0, 1000, size=rng.integers(0, 3))}) if i else []
+            for i in range(n)]
+    ordered = rng.random(p) < 0.7
+    want, last = [], {}
+    for i, k in enumerate(kinds):
+        ds = list(deps[i])
+        if k in ("compute", "merge"):
+            last[rank[i]] = i
+        elif k in ("send", "recv") and ordered[rank[i]] and not coll[i if k == "send" else match[i]] \
+                and rank[i] in last and last[rank[i]] not in ds:
+            ds.append(last[rank[i]])
+        want.append(ds)
+    counts = np.array([len(d) for d in deps], dtype=np.int32)
+    parents = np.array([d for ds in deps for d in ds], dtype=np.int32)
+    kind = np.array([OP_KINDS.index(k) for k in kinds], dtype=np.uint8)
+    got_counts, got_parents, added = stream_ordered(counts, parents, kind, rank, match, coll, ordered)
+    bounds = np.concatenate(([0], np.cumsum(got_counts)))
+    assert [got_parents[bounds[i]:bounds[i + 1]].tolist() for i in range(n)] == want
+    assert added == sum(map(len, want)) - len(parents)

@@ -72,14 +72,14 @@ def test_no_channels_off_nvidia_gpus():
 
 def _step(cluster: object, flops: float, nbytes: float, first: str) -> tuple[Schedule, int, int]:
     """Rank 0 runs one kernel of ``flops`` (bf16, fused: no launch) and sends ``nbytes`` to rank 1: ``first`` says
-    which is posted first (``kernel``: the send waits for nothing; ``send``: the kernel waits for the send)."""
+    how (``after``: the send depends on the kernel; ``with``: the send is issued first, the kernel beside it)."""
     sched = Schedule(2)
     if first == "after":  # the kernel ends before the send is posted
         k = sched.add_compute(0, "k", flops=flops, dtype="bf16", fused=True)
         snd, _ = sched.add_transfer(0, 1, nbytes, "x", send_deps=[k])
-    else:
-        k = sched.add_compute(0, "k", flops=flops, dtype="bf16", fused=True)
+    else:  # issued before the kernel, the send is posted at once (stream order)
         snd, _ = sched.add_transfer(0, 1, nbytes, "x")
+        k = sched.add_compute(0, "k", flops=flops, dtype="bf16", fused=True)
     return sched, k, snd
 
 
@@ -107,26 +107,30 @@ def test_a_kernel_longer_than_nothing_it_overlaps_is_not_slowed(h100):
 def test_a_memory_bound_kernel_is_not_slowed(h100):
     """Its SM-bound share f is small: (S - h) / (S f) > 1, it runs at full speed beside the transfer."""
     sched = Schedule(2)
-    k = sched.add_compute(0, "k", nbytes=4e9, flops=1e9, dtype="bf16", fused=True)
     sched.add_transfer(0, 1, 32 * MB, "x")
+    k = sched.add_compute(0, "k", nbytes=4e9, flops=1e9, dtype="bf16", fused=True)
     res, alone = simulate(sched, h100), _alone(sched, h100)
     assert res.end[k] == alone.end[k]
 
 
 def test_a_kernel_under_a_whole_transfer_and_the_receiver_too(h100):
-    """The receiver holds its channels as the sender does, from the transfer's start (the receive, posted at once,
-    waits for the send, posted after the sender's kernel: holding nothing meanwhile) to its end: a kernel there,
-    covering the transfer, ends t h / S later; on the sender, whose send waits for its kernel, nothing is slowed."""
-    sched = Schedule(2)
-    k1 = sched.add_compute(1, "k1", flops=4e12, dtype="bf16", fused=True)
-    k0 = sched.add_compute(0, "k0", flops=1e12, dtype="bf16", fused=True)
-    snd, _ = sched.add_transfer(0, 1, 64 * MB, "x", send_deps=[k0])
-    res, alone = simulate(sched, h100), _alone(sched, h100)
-    held = p2p_channels(h100, h100.ranks[:2]).of(64 * MB)  # type: ignore[union-attr]
-    t = alone.end[snd] - alone.start[snd]
-    assert held == 8 and alone.end[snd] < alone.end[k1]
-    assert res.end[k1] == pytest.approx(alone.end[k1] + t * held / 132, rel=1e-12)
-    assert res.end[k0] == alone.end[k0]
+    """The receiver holds its channels from its post (at once: nothing before it on its rank; its kernel spins while
+    the send waits for the sender's kernel) to the transfer's end: a kernel there, covering all that, ends
+    ``end(transfer) h / S`` later; on the sender, whose send waits for its kernel, nothing is slowed. Where the op
+    order is not a program, the ends hold their SMs from the transfer's start: ``t h / S``."""
+    for program in (True, False):
+        sched = Schedule(2, program_order=program)
+        k0 = sched.add_compute(0, "k0", flops=1e12, dtype="bf16", fused=True)
+        snd, _ = sched.add_transfer(0, 1, 64 * MB, "x", send_deps=[k0])
+        k1 = sched.add_compute(1, "k1", flops=4e12, dtype="bf16", fused=True)  # issued after the receive
+        res, alone = simulate(sched, h100), _alone(sched, h100)
+        held = p2p_channels(h100, h100.ranks[:2]).of(64 * MB)  # type: ignore[union-attr]
+        t = alone.end[snd] - alone.start[snd]
+        assert held == 8 and alone.end[snd] < alone.end[k1] and alone.start[snd] == alone.end[k0] > 0
+        waited = alone.end[snd] if program else t
+        assert res.end[k1] == pytest.approx(alone.end[k1] + waited * held / 132, rel=1e-12)
+        assert res.end[k0] == alone.end[k0]
+        assert (res.end == simulate_reference(sched, h100).end).all()
 
 
 def test_contention_is_communications_time_in_the_row(h100):
@@ -179,8 +183,8 @@ def test_a_launch_does_not_stretch_and_the_rest_runs_on_the_sms_left(h100):
     """A roofline kernel with its launch (not fused), wholly under a transfer: launch + t_flops S / (S - h)."""
     spec = h100.specs[h100.ranks[0]]
     sched = Schedule(2)
-    k = sched.add_compute(0, "k", flops=2e10, dtype="bf16")
     sched.add_transfer(0, 1, 256 * MB, "x")  # far longer than the kernel
+    k = sched.add_compute(0, "k", flops=2e10, dtype="bf16")
     res, alone = simulate(sched, h100), _alone(sched, h100)
     held = p2p_channels(h100, h100.ranks[:2]).of(256 * MB)  # type: ignore[union-attr]
     t_flops = 2e10 / (spec.flops_for("bf16") * spec.eff_flops)
@@ -217,10 +221,10 @@ def test_gpus_of_few_sms_beside_others_and_the_reference_agree():
            "links": [{"a": f"h{i}", "b": "s", "bandwidth": "400 GB/s", "latency": "1 us"} for i in range(4)]}
     cluster = build_cluster(raw, "<mix>")
     sched = Schedule(4)
-    for r in range(4):
-        sched.add_compute(r, "k", flops=1e12, dtype="bf16")
     sched.add_transfer(0, 2, 64e6, "x")
     sched.add_transfer(1, 3, 64e6, "y")
+    for r in range(4):
+        sched.add_compute(r, "k", flops=1e12, dtype="bf16")
     res, ref = simulate(sched, cluster), simulate_reference(sched, cluster)
     np.testing.assert_array_equal(res.end, ref.end)
-    assert res.slowed is not None and res.slowed[0] > 0 and res.slowed[1] > 0
+    assert res.slowed is not None and res.slowed[4] > 0 and res.slowed[5] > 0  # the kernels of ranks 0 and 1

@@ -10,6 +10,7 @@ from conftest import star
 
 from simulator.cluster.topology import build_cluster, load_topology, override_devices
 from simulator.engine.core import simulate
+from simulator.engine.reference import simulate_reference
 from simulator.schedule.core import Schedule
 
 # the closed forms below are the roofline at datasheet rates (efficiencies 1)
@@ -334,13 +335,47 @@ def test_a_cpu_rank_issues_its_ops_in_program_order():
     assert math.isclose(ends[k], 1e-3, rel_tol=REL)
     assert math.isclose(ends[s], 2e-3, rel_tol=REL) and math.isclose(ends[r], 2e-3, rel_tol=REL)
     assert math.isclose(ends[k1], 1e-3, rel_tol=REL)
-    # on GPUs (no shared host cores) the same schedule overlaps the transfer with the kernel
+    # on GPUs (no shared host cores) the send waits for the kernel too (stream order: below), but a kernel issued
+    # after a transfer does not wait for it: the same schedule with the transfer first overlaps the two
     gpus = load_topology("cluster", {"nodes": 1, "gpus_per_node": 2})
     gsched = Schedule(2, placement=gpus.ranks)
-    gsched.add_compute(0, "k", nbytes=1e9)
     gs, _ = gsched.add_transfer(0, 1, 1e6, "x")
+    gsched.add_compute(0, "k", nbytes=1e9)
     result = simulate(gsched, gpus)
     assert result.op_ends()[gs] < result.makespan
+
+
+@pytest.mark.parametrize("engine", [simulate, simulate_reference])
+def test_a_gpu_posts_its_point_to_point_ends_in_stream_order(engine):
+    """On a GPU a send or receive outside a collective starts only after the last kernel issued before it on its
+    rank (PyTorch's ProcessGroupNCCL: NCCL's stream waits for the current one), though it does not depend on it;
+    a kernel issued after it does not wait for it; a collective's ends and a schedule whose op order is not a
+    program are not held back. Closed forms: the transfer starts when the kernel it follows ends."""
+    gpus = load_topology("cluster", {"nodes": 1, "gpus_per_node": 2})
+    for order in ("send", "recv"):
+        sched = Schedule(2, placement=gpus.ranks)
+        k = sched.add_compute(0 if order == "send" else 1, "k", nbytes=1e9)
+        s, r = sched.add_transfer(0, 1, 1e6, "x")
+        k2 = sched.add_compute(0, "k2", nbytes=1e9)  # issued after the send: runs beside it
+        res = engine(sched, gpus)
+        assert res.start[s] == res.start[r] == res.end[k]
+        assert res.start[k2] == res.end[k] if order == "send" else res.start[k2] == 0.0
+        free = Schedule(2, placement=gpus.ranks, program_order=False)
+        k = free.add_compute(0 if order == "send" else 1, "k", nbytes=1e9)
+        s, r = free.add_transfer(0, 1, 1e6, "x")
+        assert engine(free, gpus).start[s] == 0.0
+        coll = Schedule(2, placement=gpus.ranks)
+        k = coll.add_compute(0 if order == "send" else 1, "k", nbytes=1e9)
+        s, r = coll.add_transfer(0, 1, 1e6, "x", coll="allgather")
+        assert engine(coll, gpus).start[s] == 0.0
+    # the stream order is the dependency written out: the same floats
+    ends = []
+    for deps in ((), (0,)):
+        sched = Schedule(2, placement=gpus.ranks)
+        sched.add_compute(0, "k", nbytes=1e9)
+        sched.add_transfer(0, 1, 1e6, "x", send_deps=deps)
+        ends.append(engine(sched, gpus).end.tolist())
+    assert ends[0] == ends[1]
 
 
 def test_program_order_waits_for_a_collectives_launch():

@@ -10,6 +10,14 @@
   starts once its dependencies are met *and* the op before it was issued: a kernel or a collective's launch
   when it returns, a send or receive as soon as it is posted. (A GPU's host thread only enqueues kernels, so
   GPU ranks run ops as soon as their dependencies allow.)
+* Stream order: a GPU rank (a device with SMs, not a host thread) posts a send or receive outside a collective
+  once its dependencies are met *and* the last kernel (``compute`` or ``merge``) before it in its rank's op order
+  has ended: PyTorch's ``ProcessGroupNCCL`` makes NCCL's stream wait for the current stream before it enqueues a
+  point-to-point kernel, so that kernel starts only after the work queued before it. A schedule's op order per rank
+  is its program: to overlap a transfer with a kernel, it issues the transfer first (``ring`` posts the next shard,
+  then attends). One compiled pass adds these dependencies (:func:`simulator.schedule.colpass.stream_ordered`), for
+  this loop and the reference alike; none where a schedule says its op order is not a program
+  (``Schedule.program_order``).
 * Launch ops (the start of a collective on a rank) take ``collective_overhead`` (default: ``comm_overhead``), or
   the op's ``floor_s`` (a protocol's base latency) when that is longer, off the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
@@ -22,22 +30,21 @@
   ``host_copy_bw_by_size``: :mod:`simulator.cluster.size_curve`) is loaded by a message of B bytes as if its
   bandwidth were the one measured at B.
 
-* Contention: a point-to-point transfer between two NVIDIA GPUs (a send not part of a collective) runs on NCCL's
-  P2P kernel, whose CTAs each take an SM that no compute kernel shares; each end holds its channels' SMs
-  (:mod:`simulator.collectives.p2p`: NCCL's channel count for the message's size) from the transfer's start (both
-  ends posted) to its end. (An op is posted when its data dependencies are met; PyTorch launches NCCL's kernel only
-  after the work queued before it on the GPU, ``ProcessGroupNCCL`` making its stream wait for the current one, so
-  a posted end waiting for its peer is not counted as holding SMs.) A GPU holds ``h``: the most any of its
-  transfer ends in flight holds (a grouped send and receive are one kernel on the larger channel count, and a
-  communicator runs one kernel at a time), at most its communicator's P2P channels. A kernel then runs at its
-  duration alone over its duration on the ``S - h`` SMs left (:func:`contention_rates`,
-  :func:`simulator.cluster.devices.duration_with_sms_held`: an attention block by its tiles on ``S - h`` SMs, its
-  waves re-quantized; a roofline kernel ``launch + max(t_flops S / (S - h), t_mem)``). So a roofline kernel with
-  no launch or memory side, overlapped by a transfer for ``t``, ends ``t h / S`` late; a memory-bound one not at
-  all; an attention block of exactly one wave takes two. Kernels then run one at a time from a FIFO per rank, each
-  re-timed whenever the SMs held change; the time contention adds to a kernel is :attr:`SimResult.slowed` (rows
-  count it as communication). Transfers inside collectives hold no SMs here (their kernels are not modelled yet),
-  nor does a transfer take HBM bandwidth from a memory-bound kernel.
+* Contention: a point-to-point transfer between two NVIDIA GPUs (a send not part of a collective) runs on NCCL's P2P
+  kernel, whose CTAs each take an SM that no compute kernel shares; each end holds its channels' SMs
+  (:mod:`simulator.collectives.p2p`: NCCL's channel count for the message's size) from its post (its kernel is
+  launched then, in stream order, and spins on its SMs while it waits for its peer) to the transfer's end; where the
+  schedule's op order is not a program (``Schedule.program_order`` false), from the transfer's start (both ends
+  posted) to its end. A GPU holds ``h``: the most any of its transfer ends in flight holds (a grouped send and receive
+  are one kernel on the larger channel count, and a communicator runs one kernel at a time), at most its
+  communicator's P2P channels. A kernel then runs at its duration alone over its duration on the ``S - h`` SMs left
+  (:func:`contention_rates`, :func:`simulator.cluster.devices.duration_with_sms_held`: an attention block by its tiles
+  on ``S - h`` SMs, its waves re-quantized; a roofline kernel ``launch + max(t_flops S / (S - h), t_mem)``). So a
+  roofline kernel with no launch or memory side, overlapped by a transfer for ``t``, ends ``t h / S`` late; a
+  memory-bound one not at all; an attention block of exactly one wave takes two. Kernels then run one at a time from a
+  FIFO per rank, each re-timed whenever the SMs held change; the time contention adds to a kernel is
+  :attr:`SimResult.slowed` (rows count it as communication). Transfers inside collectives hold no SMs here (their
+  kernels are not modelled yet), nor does a transfer take HBM bandwidth from a memory-bound kernel.
 
 Uncontended, a transfer of B bytes takes exactly ``overhead + sum(latency) + B / min(bandwidth)`` (each link's
 bandwidth at B where it was measured by size), where
@@ -80,6 +87,7 @@ from simulator.schedule.colpass import (
     group_max,
     ordered_sum,
     spans,
+    stream_ordered,
     timeline_order,
 )
 from simulator.schedule.core import COMPUTE_KINDS, Op, Schedule
@@ -220,12 +228,6 @@ class _Run:
         if n >= 2**31 - 1:
             raise ValueError(f"a schedule of {n} ops: the engine takes fewer than 2^31")
         cols = ops.columns()
-        # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
-        # they were appended): a counting sort of the edges (simulator.schedule.colpass)
-        counts, parents = cols.dep_count, cols.parents
-        self.kids, self.first_kid = dependents(counts, parents)
-        self.pending = counts  # int32, counted down by the loop
-        self.roots = np.flatnonzero(self.pending == 0)
         self.specs = [cluster.specs.get(node) for node in self.place]  # rank -> device (shared by ranks of one kind)
         edges = link_table(cluster)
         self.edge_names = edges.names
@@ -240,6 +242,14 @@ class _Run:
         self.ranks = cols.rank
         # ranks on shared host cores are host threads that issue their ops in program order
         threads = np.array([self.hosts.shares(r) for r in range(schedule.ranks)], dtype=bool)
+        # a GPU posts its point-to-point ends in stream order (after the kernels it issued before them); dependents
+        # as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as they were
+        # appended): a counting sort of the edges (simulator.schedule.colpass)
+        counts, parents, _ = stream_ordered(cols.dep_count, cols.parents, cols.kind, cols.rank, cols.match, cols.coll,
+                                            stream_ranks(schedule, self.specs, threads))
+        self.kids, self.first_kid = dependents(counts, parents)
+        self.pending = counts  # int32, counted down by the loop
+        self.roots = np.flatnonzero(self.pending == 0)
         self.in_order = bool(threads.any())
         mine = np.flatnonzero(threads[self.ranks]) if self.in_order else np.zeros(0, np.int64)
         self.prog = mine[np.argsort(self.ranks[mine], kind="stable")]
@@ -466,7 +476,8 @@ class _Run:
             self.floor, self.nbytes if nbytes is None else nbytes, self.rate_cap, self.kids, self.first_kid,
             self.ctas, self.srow, self.srate, self.hmax, self.prog, self.prog_start, self.plinks, self.plen, self.plat,
             self.wtab, self.hlinks, self.hlen, self.hwork, self.hwts, self.hweighted, self.capacity,
-            self.cluster.message_overhead_s, self.cluster.comm_overhead_s, self.in_order, self.record_links,
+            self.cluster.message_overhead_s, self.cluster.comm_overhead_s, self.in_order,
+            bool(self.sched.program_order), self.record_links,
             len(self.edge_names))
         eventcore.seed(state, self.roots)
         return state
@@ -500,6 +511,13 @@ class _Run:
                          self.sched.ranks, end_time, int(instants), link_load, self.extrapolated, send_bytes,
                          None if dur is None else slowed_by_contention(starts, ends, dur,
                                                                        (flags & eventcore.F_SLOWED) != 0))
+
+
+def stream_ranks(schedule: Schedule, specs: list[DeviceSpec | None], threads: np.ndarray) -> np.ndarray:
+    """Which ranks post their point-to-point ends in stream order: the GPUs (a device with SMs) that are not host
+    threads (those issue every op in program order already), where the schedule's op order is a program."""
+    gpu = np.array([spec is not None and spec.sm_count > 0 for spec in specs], dtype=bool)
+    return gpu & ~threads & schedule.program_order
 
 
 def contention_rates(spec: DeviceSpec, op: Op, seconds: float, most: int) -> np.ndarray:

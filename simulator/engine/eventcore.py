@@ -103,7 +103,9 @@ _FIELDS: tuple[tuple[str, types.Type], ...] = (  # declared: compiled code can b
     # half (an order, a callback and an argument are integers below 2^53: exact as floats); its size and count
     ("cal", _F2), ("csize", _I), ("cseq", _I),
     ("frames", _I2), ("fpos", _I1),  # the stack of ending ops (op, issue flag) and each one's next dependent
-    ("now", _F), ("last", _F), ("msg_s", _F), ("comm_s", _F), ("in_order", _B), ("dirty", _B), ("generation", _I),
+    # hold_posted: a transfer's end holds its SMs from its post (a program's op order), else from the transfer's start
+    ("now", _F), ("last", _F), ("msg_s", _F), ("comm_s", _F), ("in_order", _B), ("hold_posted", _B), ("dirty", _B),
+    ("generation", _I),
     ("events", _I), ("instants", _I),
     ("record", _B), ("nedges", _I), ("rec_t", _F1), ("rec_l", _I1), ("rec_v", _F1), ("nrec", _I),  # link loads
 )
@@ -113,7 +115,7 @@ _COLUMNS = ("kind", "rank", "match", "path", "wrow", "hrow", "coll", "pending", 
             "nbytes", "rate_cap", "kids", "first_kid", "ctas", "srow", "srate", "hmax", "prog", "prog_start", "plinks",
             "plen", "plat", "wtab", "hlinks", "hlen", "hwork", "hwts", "hweighted")
 # new_state's argument types: the schedule's columns as simulator.engine.core makes them, the links' capacities, ...
-NEW_STATE_ARGS = (*(dict(_FIELDS)[name] for name in _COLUMNS), _F1, _F, _F, _B, _B, _I)
+NEW_STATE_ARGS = (*(dict(_FIELDS)[name] for name in _COLUMNS), _F1, _F, _F, _B, _B, _B, _I)
 
 
 @njit(cache=True)
@@ -124,7 +126,7 @@ def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.nd
               prog: np.ndarray, prog_start: np.ndarray, plinks: np.ndarray, plen: np.ndarray, plat: np.ndarray,
               wtab: np.ndarray, hlinks: np.ndarray, hlen: np.ndarray, hwork: np.ndarray, hwts: np.ndarray,
               hweighted: np.ndarray, capacity: np.ndarray, msg_s: float, comm_s: float, in_order: bool,
-              record: bool, nedges: int) -> EngineState:
+              hold_posted: bool, record: bool, nedges: int) -> EngineState:
     """A simulation ready to :func:`run` (the arrays are the schedule's columns, see the fields above)."""
     n = len(kind)
     ranks = len(prog_start) - 1
@@ -148,8 +150,8 @@ def new_state(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, path: np.nd
                        np.zeros(ranks), np.zeros(ranks), np.ones(ranks), np.zeros(ranks), np.full(ranks, -1, np.int64),
                        np.full(ranks, -1, np.int64), np.full(queued, -1, np.int32), ns.net_new(capacity),
                        np.zeros((16, 4)), 0, 0, np.zeros((2, 2), np.int64), np.zeros(2, np.int64), 0.0, np.nan,
-                       msg_s, comm_s, in_order, False, 0, 0, 0, record, nedges, np.zeros(0), np.zeros(0, np.int64),
-                       np.zeros(0), 0)
+                       msg_s, comm_s, in_order, hold_posted, False, 0, 0, 0, record, nedges, np.zeros(0),
+                       np.zeros(0, np.int64), np.zeros(0), 0)
 
 
 # -- the calendar ---------------------------------------------------------------------------------------------------
@@ -228,7 +230,7 @@ def _start_transfer(s: EngineState, send: int, recv: int) -> None:
     now = s.now
     _b(s.start)[send] = now
     _b(s.start)[recv] = now
-    if s.contend:  # both ends' kernels hold their SMs until the transfer ends
+    if s.contend and not s.hold_posted:  # both ends' kernels hold their SMs from now until the transfer ends
         _hold(s, np.int64(_b(s.rank)[send]), np.int64(_b(s.ctas)[send]), 1)
         _hold(s, np.int64(_b(s.rank)[recv]), np.int64(_b(s.ctas)[recv]), 1)
     p = _b(s.path)[send]
@@ -248,7 +250,10 @@ def _start_transfer(s: EngineState, send: int, recv: int) -> None:
 
 @njit(cache=True, inline="always")
 def _posted(s: EngineState, op: int, kind: int) -> None:
-    """A send or receive is posted (ready): once both ends are, the transfer starts."""
+    """A send or receive is posted (ready): its kernel holds its SMs from now (``hold_posted``); once both ends
+    are posted, the transfer starts."""
+    if s.contend and s.hold_posted:
+        _hold(s, np.int64(_b(s.rank)[op]), np.int64(_b(s.ctas)[op]), 1)
     m = np.int64(_b(s.match)[op])  # (the int32 columns' ids read as int64: one signature per function)
     if _b(s.flag)[m] & F_READY:
         if kind == K_SEND:

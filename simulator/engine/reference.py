@@ -25,8 +25,9 @@ from simulator.cluster.size_curve import SizeCurve
 from simulator.cluster.topology import Cluster
 from simulator.collectives.p2p import p2p_channels
 from simulator.engine import flowcore as fc
-from simulator.engine.core import SimResult, contention_rates, slowed_by_contention
+from simulator.engine.core import SimResult, contention_rates, slowed_by_contention, stream_ranks
 from simulator.engine.host import HostResources
+from simulator.schedule.colpass import stream_ordered
 from simulator.schedule.core import COMPUTE_KINDS, OP_KINDS, Op, Schedule
 from simulator.support.gcpause import gc_paused
 
@@ -262,18 +263,6 @@ class _Run:
         self.place = schedule.placement_on(cluster.ranks)
         ops = schedule.ops
         n = len(ops)
-        # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
-        # they were appended): built by numpy, 8 bytes per edge instead of a list per op
-        deps_of = list(map(_DEPS, ops))
-        counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
-        parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=int(counts.sum()))
-        del deps_of
-        kids = np.repeat(np.arange(n, dtype=np.int64), counts)[np.argsort(parents, kind="stable")]
-        self.kids = array("q", kids.tobytes())
-        self.first_kid = array("q", np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).tobytes())
-        del kids, parents
-        self.pending = counts.tolist()
-        self.roots = np.flatnonzero(counts == 0).tolist()
         # seconds, by op id (None: not yet): lists of float objects, which the ops ending at one instant share and
         # the timeline's records reuse (an array of doubles would make a float object per record)
         self.start: list[float | None] = [None] * n
@@ -291,6 +280,27 @@ class _Run:
             capacity.append(data["bandwidth"])
             self.latency.append(data["latency"])
         self.hosts = HostResources(cluster, self.place, capacity)  # shared CPU cores and memory, if any
+        # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as
+        # they were appended): built by numpy, 8 bytes per edge instead of a list per op; a GPU's point-to-point
+        # ends after the kernels its rank issued before them (stream order, the compiled loop's pass)
+        deps_of = list(map(_DEPS, ops))
+        counts = np.fromiter(map(len, deps_of), dtype=np.int64, count=n)
+        parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=int(counts.sum()))
+        del deps_of
+        threads = np.array([self.hosts.shares(r) for r in range(schedule.ranks)], dtype=bool)
+        counts, parents, _ = stream_ordered(
+            counts, parents, np.fromiter(map(_KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n),
+            np.fromiter(map(_RANK, ops), dtype=np.int64, count=n),
+            np.fromiter((-1 if op.match is None else op.match for op in ops), dtype=np.int64, count=n),
+            np.fromiter((bool(op.coll) for op in ops), dtype=bool, count=n),
+            stream_ranks(schedule, self.specs, threads))
+        counts, parents = counts.astype(np.int64), parents.astype(np.int64)
+        kids = np.repeat(np.arange(n, dtype=np.int64), counts)[np.argsort(parents, kind="stable")]
+        self.kids = array("q", kids.tobytes())
+        self.first_kid = array("q", np.concatenate(([0], np.cumsum(np.bincount(parents, minlength=n)))).tobytes())
+        del kids, parents
+        self.pending = counts.tolist()
+        self.roots = np.flatnonzero(counts == 0).tolist()
         # link id -> (nominal bytes/s, bandwidth by message size): links and host copies measured over sizes
         self.curves: dict[int, tuple[float, SizeCurve]] = dict(self.hosts.copy_curves)
         for i, (_, _, curve) in enumerate(cluster.graph.edges(data="by_size")):
@@ -305,6 +315,7 @@ class _Run:
                 if self.hosts.shares(op.rank):
                     self.program[op.rank].append(op.id)
         self.cursor = [0] * schedule.ranks
+        self.hold_posted = schedule.program_order  # a transfer's end holds its SMs from its post (else its start)
         self.held = bytearray(len(schedule.ops))  # dependencies met, waiting for its turn in program order
         self.net = _Network(capacity)
         self._durations: dict[tuple[Any, ...], float] = {}
@@ -542,14 +553,21 @@ class _Run:
             self.start[op.id] = now
             self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
         else:
-            self.ready[op.id] = 1
-            match = op.match
-            assert match is not None
-            if self.ready[match]:  # both ends ready: the transfer starts
-                if kind == "send":
-                    self._start_transfer(op, self.ops[match])
-                else:
-                    self._start_transfer(self.ops[match], op)
+            self._posted(op)
+
+    def _posted(self, op: Op) -> None:
+        """A send or receive is posted (ready): its kernel holds its SMs from now (a program's op order); once both
+        ends are posted, the transfer starts."""
+        self.ready[op.id] = 1
+        if self.contend and self.hold_posted:
+            self._hold(op.rank, self.ctas.get(op.id, 0), 1)
+        match = op.match
+        assert match is not None
+        if self.ready[match]:  # both ends ready: the transfer starts
+            if op.kind == "send":
+                self._start_transfer(op, self.ops[match])
+            else:
+                self._start_transfer(self.ops[match], op)
 
     def _ready_in_order(self, op: Op) -> None:
         """An op of a host thread (a rank on shared host cores): it waits for its turn in program order."""
@@ -560,17 +578,14 @@ class _Run:
             return
         if kind == "send" or kind == "recv":  # posted: the thread goes on to its next op
             self._issued(rank)
+            self._posted(op)
+            return
         self.ready[op.id] = 1
         if kind in COMPUTE_KINDS:  # its turn in program order: the rank's previous kernel has returned
             self._start_kernel(op)
-        elif kind == "launch":
+        else:  # a launch
             self.start[op.id] = self.now
             self._at(max(self.cluster.collective_start_s, op.floor_s), self._launched, op)
-        else:
-            assert op.match is not None
-            if self.ready[op.match]:
-                send, recv = (op, self.ops[op.match]) if kind == "send" else (self.ops[op.match], op)
-                self._start_transfer(send, recv)
 
     def _launched(self, op: Op) -> None:
         self._done(op)
@@ -619,7 +634,7 @@ class _Run:
     def _start_transfer(self, send: Op, recv: Op) -> None:
         now = self.now
         self.start[send.id] = self.start[recv.id] = now
-        if self.contend:  # both ends' kernels hold their SMs until the transfer ends
+        if self.contend and not self.hold_posted:  # both ends' kernels hold their SMs from now to the transfer's end
             self._hold(send.rank, self.ctas.get(send.id, 0), 1)
             self._hold(recv.rank, self.ctas.get(recv.id, 0), 1)
         hit = self._paths.get((send.rank, recv.rank))
@@ -739,15 +754,7 @@ class _Run:
                     self._at(end - now, self._done, nxt)
                     continue
                 if kind == "send" or kind == "recv":  # _ready's transfer case
-                    ready = self.ready
-                    ready[child] = 1
-                    match = nxt.match
-                    assert match is not None
-                    if ready[match]:
-                        if kind == "send":
-                            self._start_transfer(nxt, ops[match])
-                        else:
-                            self._start_transfer(ops[match], nxt)
+                    self._posted(nxt)
                     continue
             self._ready(nxt)
 

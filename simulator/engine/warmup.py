@@ -41,8 +41,8 @@ def _loop() -> None:
 
 def _state() -> None:
     """The rest of a simulation's compiled code: its state made, seeded and read; the passes over a schedule's
-    columns (dependents, distinct codes, per-rank ends, the timeline's order, bytes added up), for the types
-    :mod:`simulator.engine.core` gives them."""
+    columns (dependents, stream order, distinct codes, per-rank ends, the timeline's order, bytes added up), for the
+    types :mod:`simulator.engine.core` gives them."""
     from numba import types
 
     from simulator.engine import eventcore
@@ -58,6 +58,9 @@ def _state() -> None:
     colpass._group_max.compile((i32[::1], f64[::1], i64))
     colpass._ties_by_rank.compile((i64[::1], f64[::1], i32[::1], i64))
     colpass._ordered_sum.compile((f64[::1],))
+    u8, b1 = types.uint8, types.boolean
+    colpass._stream_deps.compile((i32[::1], i32[::1], u8[::1], i32[::1], i32[::1], b1[::1], b1[::1], i64, i64, i64,
+                                  i64))
 
 
 def _router() -> None:
@@ -90,7 +93,7 @@ def _state_entries() -> list[Any]:
     from simulator.schedule import colpass
 
     return [eventcore.new_state, eventcore.seed, eventcore.results, eventcore.records, colpass._dependents,
-            colpass._firsts, colpass._group_max, colpass._ties_by_rank, colpass._ordered_sum]
+            colpass._firsts, colpass._group_max, colpass._ties_by_rank, colpass._ordered_sum, colpass._stream_deps]
 
 
 def _router_entries() -> list[Any]:

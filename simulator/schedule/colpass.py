@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.schedule.op import OP_KINDS
 from simulator.support.arraycopy import put1
 from simulator.support.jitcache import njit
 
 __all__ = ["dependents", "distinct_codes", "fill_transfers", "first_of", "group_max", "ordered_sum", "spans",
-           "timeline_order"]
+           "stream_ordered", "timeline_order"]
 
 
 @njit(cache=True)
@@ -187,3 +188,59 @@ def _ordered_sum(values: np.ndarray) -> float:  # pragma: no cover
 def ordered_sum(values: np.ndarray) -> float:
     """``sum(values.tolist())``: the floats added one after another in order (not numpy's pairwise sum), compiled."""
     return float(_ordered_sum(np.ascontiguousarray(values, dtype=np.float64)))
+
+
+@njit(cache=True)
+def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
+                 coll: np.ndarray, ordered: np.ndarray, kernel_a: int, kernel_b: int, send: int, recv: int
+                 ) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
+    n = len(counts)
+    last = np.full(len(ordered), -1, dtype=np.int64)  # each rank's last kernel so far
+    gains = np.full(n, -1, dtype=np.int64)
+    extra, e = 0, 0
+    for i in range(n):
+        k, r, c = kind[i], rank[i], counts[i]
+        if k in (kernel_a, kernel_b):
+            last[r] = i
+        elif k in (send, recv) and ordered[r] and last[r] >= 0:
+            m = match[i]
+            p2p = not coll[i] if k == send else (m < 0 or m >= n or not coll[m])
+            if p2p:
+                seen = False
+                for j in range(e, e + c):
+                    if parents[j] == last[r]:
+                        seen = True
+                if not seen:
+                    gains[i] = last[r]
+                    extra += 1
+        e += c
+    if extra == 0:
+        return counts, parents, 0
+    new_counts = counts.copy()
+    new_parents = np.empty(len(parents) + extra, dtype=parents.dtype)
+    e, f = 0, 0
+    for i in range(n):
+        for j in range(e, e + counts[i]):
+            new_parents[f] = parents[j]
+            f += 1
+        e += counts[i]
+        if gains[i] >= 0:
+            new_parents[f] = gains[i]
+            f += 1
+            new_counts[i] += 1
+    return new_counts, new_parents, extra
+
+
+def stream_ordered(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
+                   coll: np.ndarray, ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Every op's dependencies (``counts``, ``parents`` op after op) with the stream order of the ranks that post in
+    it (``ordered``, by rank): a send or receive of such a rank outside a collective (a send's ``coll`` false; a
+    receive's match's) depends on the last kernel (``compute`` or ``merge``) before it in its rank's op order too,
+    appended after its own dependencies unless among them. Returns the counts and parents (the given arrays where
+    nothing was added) and how many ends gained a dependency; one compiled pass, no sort."""
+    index = OP_KINDS.index
+    return _stream_deps(np.ascontiguousarray(counts, dtype=np.int32), np.ascontiguousarray(parents, dtype=np.int32),
+                        np.ascontiguousarray(kind, dtype=np.uint8), np.ascontiguousarray(rank, dtype=np.int32),
+                        np.ascontiguousarray(match, dtype=np.int32), np.ascontiguousarray(coll, dtype=np.bool_),
+                        np.ascontiguousarray(ordered, dtype=np.bool_), index("compute"), index("merge"),
+                        index("send"), index("recv"))

@@ -107,6 +107,10 @@ class Schedule:
 
     ``initial[r]`` maps buffer name -> bytes held by rank ``r`` at t = 0; ``meta`` carries what executors need
     to give buffers values (e.g. ``shards``: the (start, end) context positions of each rank's KV shard).
+
+    ``program_order``: each rank's ops, in op order, are the order its program issues them, so a GPU rank posts its
+    point-to-point ends in stream order (:mod:`simulator.engine.core`); ``False`` for a schedule whose op order is
+    not a program (a timeline standing for a timing that posts every receive ahead: the training pipeline's).
     """
 
     ranks: int
@@ -115,6 +119,7 @@ class Schedule:
     name: str = ""
     initial: dict[int, dict[str, float]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    program_order: bool = True
     # kernel tables given to add_kernel_step, by id: (the table, its entries as (str, float, float, tuple)), so that
     # the steps of a lockstep schedule share one (and the engine looks its costs up once)
     _tables: dict[int, tuple[Sequence[Any], list[Any]]] = field(default_factory=dict, init=False, repr=False,

@@ -7,7 +7,9 @@ transfers. A kernel's duration is given as FLOPs at the device's rate (no launch
 engine's roofline gives it back. Each kernel waits for the one before it in its stage's order, so the engine's FIFO
 compute stream keeps that order; the transfers run on the fabric as any other. With transfers that do not overlap
 one another, the engine's makespan is :func:`simulator.training.pipeline.run_pipeline`'s with their time (tested):
-the pure timing the step uses is held to the engine.
+the pure timing the step uses is held to the engine. That timing has each receive posted ahead (a transfer starts
+when its sender's kernel ends), which no op order of stages can say; the schedule is marked as not a program
+(``program_order=False``: its ends are not posted in stream order).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def pipeline_schedule(fwd: Sequence[float], bwd: Sequence[float], m: int, chunks
     p = len(fwd) // chunks
     last = len(fwd) - 1
     placement = tuple(cluster.ranks[s * stage_gpus] for s in range(p))
-    sched = Schedule(p, placement=placement, name="pipeline")
+    sched = Schedule(p, placement=placement, name="pipeline", program_order=False)  # receives posted ahead
     rate = [cluster.specs[n].flops_for(dtype) * flops_efficiency(cluster.specs[n]) / cluster.specs[n].slowdown
             for n in placement]
     previous: list[tuple[int, ...]] = [()] * p
