@@ -4,13 +4,14 @@ were not a program.
     python benchmarks/stream_order.py [--nodes 2] [--sequence 128K] [--algorithms ring ring-q usp]
                                       [--layouts zigzag contiguous striped]
 
-PyTorch's ``ProcessGroupNCCL`` makes NCCL's stream wait for the work queued on the current stream before it
-enqueues a send or a receive: a point-to-point kernel starts only once every kernel its rank enqueued before it, in
-program order, has ended, and from its launch it holds its SMs while it waits for its peer. The engine runs a
-schedule so (``Schedule.program_order``, the default; :mod:`simulator.engine.core`). This script simulates each
-prefill schedule (causal, 32 heads, 8 KV heads, head_dim 128, bf16, batch 1) on ``--nodes`` DGX H100 servers both
-ways: with ``program_order`` false (an end posted when its own dependencies are met, holding SMs only while its
-transfer runs) and as the engine runs it, their ratio, and how many ends the stream order gave a dependency.
+PyTorch's ``ProcessGroupNCCL`` makes NCCL's stream wait for the work queued on the current stream before it enqueues
+a send, a receive or a collective: that kernel starts only once every kernel its rank enqueued before it, in program
+order, has ended, and a point-to-point kernel holds its SMs from its launch while it waits for its peer. The engine
+runs a schedule so (``Schedule.program_order``, the default; :mod:`simulator.engine.core`). This script simulates
+each prefill schedule (causal, 32 heads, 8 KV heads, head_dim 128, bf16, batch 1) on ``--nodes`` DGX H100 servers
+both ways: with ``program_order`` false (an end posted when its own dependencies are met, holding SMs only while its
+transfer runs) and as the engine runs it, their ratio, and how many point-to-point ends and collective launches the
+stream order gave a dependency.
 
 Where a schedule's op order is the program a real implementation runs and transfers are posted before the kernels
 they overlap (ring is ring-flash-attention's loop: post the next shard, attend, wait), the difference is small;
@@ -42,7 +43,7 @@ def free_of_stream_order(sched: Schedule) -> Schedule:
 
 
 def added_dependencies(sched: Schedule, cluster: Cluster) -> int:
-    """How many point-to-point ends the engine's stream order gives a dependency."""
+    """How many point-to-point ends and launches the engine's stream order gives a dependency."""
     cols = sched.ops.columns()
     specs = [cluster.specs.get(node) for node in sched.placement_on(cluster.ranks)]
     return stream_ordered(cols.dep_count, cols.parents, cols.kind, cols.rank, cols.match, cols.coll,
@@ -66,14 +67,15 @@ def main() -> None:
                 shape = PrefillShape(batch=1, heads=32, head_dim=128, kv_heads=8, sequence=sequence, dtype="bf16",
                                      layout=layout, backward=backward)
                 built = build_prefill(algo, {}, shape, layout_of(cluster))
-                ends = sum(1 for op in built.ops if op.kind in ("send", "recv") and not op.coll)
+                ends = sum(1 for op in built.ops
+                           if op.kind == "launch" or (op.kind in ("send", "recv") and not op.coll))
                 added = added_dependencies(built, cluster)
                 ordered = simulate(built, cluster).makespan
                 free = simulate(free_of_stream_order(build_prefill(algo, {}, shape, layout_of(cluster))),
                                 cluster).makespan
                 print(f"{algo:8s} {layout:10s} {'fwd+bwd' if backward else 'fwd':7s} {free * 1e3:9.3f} ms -> "
                       f"{ordered * 1e3:9.3f} ms  {100 * (ordered / free - 1):+7.2f} %  ({added} of {ends} "
-                      "point-to-point ends gained a dependency)")
+                      "point-to-point ends and launches gained a dependency)")
 
 
 if __name__ == "__main__":

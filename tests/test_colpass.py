@@ -66,9 +66,9 @@ def test_dependents_refuse_counts_and_ops_that_do_not_add_up():
 @given(st.integers(1, 5), st.integers(0, 120), st.integers(0, 2**32 - 1))
 def test_stream_order_is_its_definition(p, n, seed):
     """Random ops of every kind on ``p`` ranks (some ranks ordered), transfers matched in pairs, some in a
-    collective, deps on earlier ops: each send or receive of an ordered rank outside a collective depends, after its
-    own dependencies, on the last compute or merge before it on its rank, unless it did already; nothing else
-    changes."""
+    collective, deps on earlier ops: each launch, and each send or receive outside a collective, of an ordered rank
+    depends, after its own dependencies, on the last compute or merge before it on its rank, unless it did already;
+    nothing else changes."""
     rng = np.random.default_rng(seed)
     kinds = [OP_KINDS[k] for k in rng.integers(0, len(OP_KINDS), size=n)]
     rank = rng.integers(0, p, size=n)
@@ -87,8 +87,8 @@ def test_stream_order_is_its_definition(p, n, seed):
         ds = list(deps[i])
         if k in ("compute", "merge"):
             last[rank[i]] = i
-        elif k in ("send", "recv") and ordered[rank[i]] and not coll[i if k == "send" else match[i]] \
-                and rank[i] in last and last[rank[i]] not in ds:
+        elif (k == "launch" or (k in ("send", "recv") and not coll[i if k == "send" else match[i]])) \
+                and ordered[rank[i]] and rank[i] in last and last[rank[i]] not in ds:
             ds.append(last[rank[i]])
         want.append(ds)
     counts = np.array([len(d) for d in deps], dtype=np.int32)

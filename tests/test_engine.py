@@ -347,10 +347,10 @@ def test_a_cpu_rank_issues_its_ops_in_program_order():
 
 @pytest.mark.parametrize("engine", [simulate, simulate_reference])
 def test_a_gpu_posts_its_point_to_point_ends_in_stream_order(engine):
-    """On a GPU a send or receive outside a collective starts only after the last kernel issued before it on its
-    rank (PyTorch's ProcessGroupNCCL: NCCL's stream waits for the current one), though it does not depend on it;
-    a kernel issued after it does not wait for it; a collective's ends and a schedule whose op order is not a
-    program are not held back. Closed forms: the transfer starts when the kernel it follows ends."""
+    """On a GPU a send or receive outside a collective, or a collective's launch, starts only after the last kernel
+    issued before it on its rank (PyTorch's ProcessGroupNCCL: NCCL's stream waits for the current one), though it does
+    not depend on it; a kernel issued after it does not wait for it; a collective's ends and a schedule whose op order
+    is not a program are not held back. Closed forms: the transfer starts when the kernel it follows ends."""
     gpus = load_topology("cluster", {"nodes": 1, "gpus_per_node": 2})
     for order in ("send", "recv"):
         sched = Schedule(2, placement=gpus.ranks)
@@ -368,6 +368,12 @@ def test_a_gpu_posts_its_point_to_point_ends_in_stream_order(engine):
         k = coll.add_compute(0 if order == "send" else 1, "k", nbytes=1e9)
         s, r = coll.add_transfer(0, 1, 1e6, "x", coll="allgather")
         assert engine(coll, gpus).start[s] == 0.0
+    # a collective's launch too: it starts when the kernel before it ends (its ends then follow it)
+    sched = Schedule(2, placement=gpus.ranks)
+    k = sched.add_compute(0, "k", nbytes=1e9)
+    launch = sched.add_launch(0, "c.launch", coll="c")
+    res = engine(sched, gpus)
+    assert res.start[launch] == res.end[k] > 0
     # the stream order is the dependency written out: the same floats
     ends = []
     for deps in ((), (0,)):

@@ -10,14 +10,14 @@
   starts once its dependencies are met *and* the op before it was issued: a kernel or a collective's launch
   when it returns, a send or receive as soon as it is posted. (A GPU's host thread only enqueues kernels, so
   GPU ranks run ops as soon as their dependencies allow.)
-* Stream order: a GPU rank (a device with SMs, not a host thread) posts a send or receive outside a collective
-  once its dependencies are met *and* the last kernel (``compute`` or ``merge``) before it in its rank's op order
-  has ended: PyTorch's ``ProcessGroupNCCL`` makes NCCL's stream wait for the current stream before it enqueues a
-  point-to-point kernel, so that kernel starts only after the work queued before it. A schedule's op order per rank
-  is its program: to overlap a transfer with a kernel, it issues the transfer first (``ring`` posts the next shard,
-  then attends). One compiled pass adds these dependencies (:func:`simulator.schedule.colpass.stream_ordered`), for
-  this loop and the reference alike; none where a schedule says its op order is not a program
-  (``Schedule.program_order``).
+* Stream order: a GPU rank (a device with SMs, not a host thread) posts a send or receive outside a collective, or
+  launches a collective, once its dependencies are met *and* the last kernel (``compute`` or ``merge``) before it in
+  its rank's op order has ended: PyTorch's ``ProcessGroupNCCL`` makes NCCL's stream wait for the current stream before
+  it enqueues a communication kernel, so that kernel starts only after the work queued before it. A schedule's op
+  order per rank is its program: to overlap a transfer with a kernel, it issues the transfer first (``ring`` posts the
+  next shard, then attends). One compiled pass adds these dependencies
+  (:func:`simulator.schedule.colpass.stream_ordered`), for this loop and the reference alike; none where a schedule
+  says its op order is not a program (``Schedule.program_order``).
 * Launch ops (the start of a collective on a rank) take ``collective_overhead`` (default: ``comm_overhead``), or
   the op's ``floor_s`` (a protocol's base latency) when that is longer, off the compute stream.
 * Transfers: when both ends are ready, the flow waits ``message_overhead + sum(link latency)`` of its route (plus
@@ -242,9 +242,9 @@ class _Run:
         self.ranks = cols.rank
         # ranks on shared host cores are host threads that issue their ops in program order
         threads = np.array([self.hosts.shares(r) for r in range(schedule.ranks)], dtype=bool)
-        # a GPU posts its point-to-point ends in stream order (after the kernels it issued before them); dependents
-        # as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as they were
-        # appended): a counting sort of the edges (simulator.schedule.colpass)
+        # a GPU posts its point-to-point ends and launches in stream order (after the kernels it issued before them);
+        # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as they
+        # were appended): a counting sort of the edges (simulator.schedule.colpass)
         counts, parents, _ = stream_ordered(cols.dep_count, cols.parents, cols.kind, cols.rank, cols.match, cols.coll,
                                             stream_ranks(schedule, self.specs, threads))
         self.kids, self.first_kid = dependents(counts, parents)
@@ -514,8 +514,9 @@ class _Run:
 
 
 def stream_ranks(schedule: Schedule, specs: list[DeviceSpec | None], threads: np.ndarray) -> np.ndarray:
-    """Which ranks post their point-to-point ends in stream order: the GPUs (a device with SMs) that are not host
-    threads (those issue every op in program order already), where the schedule's op order is a program."""
+    """Which ranks post their point-to-point ends and launch their collectives in stream order: the GPUs (a device
+    with SMs) that are not host threads (those issue every op in program order already), where the schedule's op
+    order is a program."""
     gpu = np.array([spec is not None and spec.sm_count > 0 for spec in specs], dtype=bool)
     return gpu & ~threads & schedule.program_order
 

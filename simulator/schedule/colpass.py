@@ -192,8 +192,8 @@ def ordered_sum(values: np.ndarray) -> float:
 
 @njit(cache=True)
 def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
-                 coll: np.ndarray, ordered: np.ndarray, kernel_a: int, kernel_b: int, send: int, recv: int
-                 ) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
+                 coll: np.ndarray, ordered: np.ndarray, kernel_a: int, kernel_b: int, send: int, recv: int,
+                 launch: int) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
     n = len(counts)
     last = np.full(len(ordered), -1, dtype=np.int64)  # each rank's last kernel so far
     gains = np.full(n, -1, dtype=np.int64)
@@ -202,10 +202,10 @@ def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank
         k, r, c = kind[i], rank[i], counts[i]
         if k in (kernel_a, kernel_b):
             last[r] = i
-        elif k in (send, recv) and ordered[r] and last[r] >= 0:
+        elif k in (send, recv, launch) and ordered[r] and last[r] >= 0:
             m = match[i]
-            p2p = not coll[i] if k == send else (m < 0 or m >= n or not coll[m])
-            if p2p:
+            own = k == launch or (not coll[i] if k == send else (m < 0 or m >= n or not coll[m]))
+            if own:
                 seen = False
                 for j in range(e, e + c):
                     if parents[j] == last[r]:
@@ -233,14 +233,14 @@ def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank
 
 def stream_ordered(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
                    coll: np.ndarray, ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Every op's dependencies (``counts``, ``parents`` op after op) with the stream order of the ranks that post in
-    it (``ordered``, by rank): a send or receive of such a rank outside a collective (a send's ``coll`` false; a
-    receive's match's) depends on the last kernel (``compute`` or ``merge``) before it in its rank's op order too,
-    appended after its own dependencies unless among them. Returns the counts and parents (the given arrays where
-    nothing was added) and how many ends gained a dependency; one compiled pass, no sort."""
+    """Every op's dependencies (``counts``, ``parents`` op after op) with the stream order of the ranks that post in it
+    (``ordered``, by rank): a collective's launch, or a send or receive outside a collective (a send's ``coll`` false; a
+    receive's match's), of such a rank depends on the last kernel (``compute`` or ``merge``) before it in its rank's op
+    order too, appended after its own dependencies unless among them. Returns the counts and parents (the given arrays
+    where nothing was added) and how many ends gained a dependency; one compiled pass, no sort."""
     index = OP_KINDS.index
     return _stream_deps(np.ascontiguousarray(counts, dtype=np.int32), np.ascontiguousarray(parents, dtype=np.int32),
                         np.ascontiguousarray(kind, dtype=np.uint8), np.ascontiguousarray(rank, dtype=np.int32),
                         np.ascontiguousarray(match, dtype=np.int32), np.ascontiguousarray(coll, dtype=np.bool_),
                         np.ascontiguousarray(ordered, dtype=np.bool_), index("compute"), index("merge"),
-                        index("send"), index("recv"))
+                        index("send"), index("recv"), index("launch"))

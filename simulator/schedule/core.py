@@ -109,8 +109,9 @@ class Schedule:
     to give buffers values (e.g. ``shards``: the (start, end) context positions of each rank's KV shard).
 
     ``program_order``: each rank's ops, in op order, are the order its program issues them, so a GPU rank posts its
-    point-to-point ends in stream order (:mod:`simulator.engine.core`); ``False`` for a schedule whose op order is
-    not a program (a timeline standing for a timing that posts every receive ahead: the training pipeline's).
+    point-to-point ends and launches its collectives in stream order (:mod:`simulator.engine.core`); ``False`` for a
+    schedule whose op order is not a program (a timeline standing for a timing that posts every receive ahead: the
+    training pipeline's).
     """
 
     ranks: int
