@@ -5,7 +5,7 @@ leaves lines out). Each command runs from a scratch folder that sees the reposit
 pasted lines must appear in it in order, each run of lines between two ``...`` contiguous. A benchmark's command
 (``python benchmarks/...``: it prints wall times) is not checked.
 
-    python tests/pasted.py [FILE ...] [--match TEXT]    # every pasted command of the files (default: all), checked
+    python tests/pasted.py [FILE ...] [--match TEXT] [--timeout S]    # every pasted command of the files, checked
 
 prints each block as ``same`` or its difference, and exits 1 if any differs. ``tests/test_pasted_outputs.py`` runs
 the cheap ones (tables read from committed results, ``treering run ... --no-report``) in the suite.
@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README.md and docs/*.md)")
     ap.add_argument("--match", default="", help="only the commands that contain this text")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds a command may run (default 1800)")
     args = ap.parse_args(argv)
     files = [p.resolve() for p in args.files] or markdown_files()
     differ = 0
@@ -124,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.match not in block.command:
                     continue
                 began = time.perf_counter()
-                diff = difference(block.expected, run(block, folder))
+                try:
+                    diff = difference(block.expected, run(block, folder, args.timeout))
+                except subprocess.TimeoutExpired:
+                    diff = f"(no output within {args.timeout:g} s)"
                 seconds = time.perf_counter() - began
                 print(f"{block} ({seconds:.1f} s): {'same' if diff is None else 'differs'}  $ {block.command[:90]}")
                 if diff is not None:
