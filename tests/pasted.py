@@ -39,7 +39,8 @@ class Pasted:
     expected: tuple[str, ...]
 
     def __str__(self) -> str:
-        return f"{self.path.relative_to(REPO)}:{self.line}"
+        where = self.path.relative_to(REPO) if self.path.is_relative_to(REPO) else self.path
+        return f"{where}:{self.line}"
 
 
 def markdown_files() -> list[Path]:
@@ -117,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds a command may run (default 1800)")
     args = ap.parse_args(argv)
     files = [p.resolve() for p in args.files] or markdown_files()
+    missing = [p for p in files if not p.is_file()]
+    if missing:
+        print(f"pasted: {missing[0]}: no such file", file=sys.stderr)
+        return 2
     differ = 0
     with tempfile.TemporaryDirectory(prefix="pasted-") as tmp:
         folder = scratch(Path(tmp))

@@ -7,11 +7,10 @@ What each op does is the model of :mod:`simulator.engine.core`'s docstring; this
 
 * the calendar: a binary heap of callbacks ordered by (time, order of scheduling), so every callback due at one
   instant runs in the order it was scheduled (a row per callback, its four numbers side by side: a sift touches one
-  row per level, where four arrays cost four cache misses per level once the heap outgrows the caches: a tree
-  decode of 131,072 GPUs simulates about a sixth faster; any heap pops the same sequence), and the flows' rates are
-  recomputed once per instant at which flows
-  started or finished, after every other callback of that instant (it may schedule more at the same instant: they
-  run, then rates again if flows came or went);
+  row per level, where four arrays cost four cache misses per level once the heap outgrows the caches: a tree decode
+  of 131,072 GPUs simulates about a sixth faster; any heap pops the same sequence), and the flows' rates are
+  recomputed once per instant at which flows started or finished, after every other callback of that instant (it may
+  schedule more at the same instant: they run, then rates again if flows came or went);
 * callbacks: an op ready (``READY``: its dependencies met; it waits for ``not_before_s``, and on a host thread for
   its turn in program order), a kernel or a collective's launch done (``DONE``, ``LAUNCHED``), a transfer's latency
   paid (``INJECT``: its flow starts; ``FINISH``: an empty or local transfer ends), flows drained (``DRAINED``: the

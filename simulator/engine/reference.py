@@ -288,9 +288,10 @@ class _Run:
         parents = np.fromiter(chain.from_iterable(deps_of), dtype=np.int64, count=int(counts.sum()))
         del deps_of
         threads = np.array([self.hosts.shares(r) for r in range(schedule.ranks)], dtype=bool)
+        # each op's kind as an index into OP_KINDS (the result keeps it): a C-level pass over the ops
+        self.kind_of = np.fromiter(map(_KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n)
         counts, parents, _ = stream_ordered(
-            counts, parents, np.fromiter(map(_KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n),
-            np.fromiter(map(_RANK, ops), dtype=np.int64, count=n),
+            counts, parents, self.kind_of, np.fromiter(map(_RANK, ops), dtype=np.int64, count=n),
             np.fromiter((-1 if op.match is None else op.match for op in ops), dtype=np.int64, count=n),
             np.fromiter((bool(op.coll) for op in ops), dtype=bool, count=n),
             stream_ranks(schedule, self.specs, threads))
@@ -321,8 +322,6 @@ class _Run:
         self._durations: dict[tuple[Any, ...], float] = {}
         self.extrapolated: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._paths: dict[tuple[int, int], tuple[tuple[int, ...], float]] = {}
-        # each op's kind as an index into OP_KINDS (the result keeps it): a C-level pass over the ops
-        self.kind_of = np.fromiter(map(_KIND_INDEX.__getitem__, map(_KIND, ops)), dtype=np.uint8, count=n)
         sends = list(compress(ops, (self.kind_of == _KIND_INDEX["send"]).tolist()))
         place = self.place
         cluster.prepare_routes({(place[a], place[b]) for a, b in set(zip(map(_RANK, sends), map(_PEER, sends),

@@ -238,6 +238,8 @@ def stream_ordered(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, ra
     receive's match's), of such a rank depends on the last kernel (``compute`` or ``merge``) before it in its rank's op
     order too, appended after its own dependencies unless among them. Returns the counts and parents (the given arrays
     where nothing was added) and how many ends gained a dependency; one compiled pass, no sort."""
+    if not ordered.any():  # (no rank posts in stream order: nothing to add, no pass)
+        return counts, parents, 0
     index = OP_KINDS.index
     return _stream_deps(np.ascontiguousarray(counts, dtype=np.int32), np.ascontiguousarray(parents, dtype=np.int32),
                         np.ascontiguousarray(kind, dtype=np.uint8), np.ascontiguousarray(rank, dtype=np.int32),
