@@ -12,7 +12,14 @@ from simulator.collectives import collective
 from simulator.engine.core import simulate
 from simulator.models.presets import PRESETS, custom_model
 from simulator.schedule.core import Schedule
-from simulator.training.dp import DPCollectives, bucket_sizes, equal_buckets_end, overlapped_end
+from simulator.training.dp import (
+    DPCollectives,
+    bucket_sizes,
+    contended_buckets,
+    equal_buckets_end,
+    overlapped_end,
+    under,
+)
 from simulator.training.layer import dense_pass
 from simulator.training.memory import in_flight, layer_activation_bytes, model_state_bytes, optimizer_k
 from simulator.training.pipeline import interleaved_order, one_f_one_b, peak_in_flight, stage_order
@@ -210,6 +217,71 @@ def test_buckets_overlap_the_backward_and_the_last_one_is_exposed() -> None:
     assert overlapped_end(2.0, 1.0, sizes, [1.0] * 11) == pytest.approx(2.0 + 1.0 / 11 + 11.0)
 
 
+def test_a_collective_overlapping_the_backward_slows_it_by_what_it_holds() -> None:
+    # buckets whose collectives end before the next is ready: each but the last runs its s seconds under the
+    # backward, which then does s x rate of work instead of s: the backward ends (count - 1) s (1 - rate) later
+    start, duration, count, s, rate = 2.0, 10.0, 5, 1.0, 0.5
+    ended, stream = contended_buckets(start, duration, count, s, 0.0, rate)
+    assert ended == pytest.approx(start + duration + (count - 1) * s * (1 - rate), rel=1e-12)
+    assert stream == pytest.approx(ended + s, rel=1e-12)  # the last bucket after the backward's end
+    # a stream busy with earlier buckets throughout: the whole backward at the reduced pace
+    ended, stream = contended_buckets(start, duration, count, s, 100.0, rate)
+    assert ended == pytest.approx(start + duration / rate, rel=1e-12)
+    assert stream == pytest.approx(100.0 + count * s, rel=1e-12)
+    # one bucket, ready as the backward ends: nothing overlaps it
+    assert contended_buckets(start, duration, 1, s, 0.0, rate) == (start + duration, start + duration + s)
+    with pytest.raises(ValueError, match="rate"):
+        contended_buckets(start, duration, count, s, 0.0, 0.0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(count=st.integers(1, 40), start=st.floats(0, 10), duration=st.floats(0.001, 10), seconds=st.floats(0, 2),
+       free=st.floats(0, 30), rate=st.floats(0.05, 1.0))
+def test_a_slower_backward_under_collectives_is_bounded(count: int, start: float, duration: float, seconds: float,
+                                                        free: float, rate: float) -> None:
+    ended, stream = contended_buckets(start, duration, count, seconds, free, rate)
+    alone = contended_buckets(start, duration, count, seconds, free, 1.0)
+    assert alone == (start + duration, equal_buckets_end(start, duration, count, seconds, free))  # the same floats
+    assert alone[0] <= ended * (1 + 1e-12) and ended <= (start + duration / rate) * (1 + 1e-12)
+    assert alone[1] <= stream * (1 + 1e-12)  # its buckets ready no earlier
+    assert stream >= ended + seconds * (1 - 1e-12)  # the last bucket after the last gradients
+
+
+def test_a_layer_under_its_prefetched_collectives() -> None:
+    # a layer of 10 s under an all-gather of 4 s at pace 0.5 and a reduce-scatter of 2 s at pace 0.25: 2 s and
+    # 0.5 s of its work done beside them, the 7.5 s left alone after them
+    assert under(10.0, ((4.0, 0.5), (2.0, 0.25))) == pytest.approx(6.0 + 7.5, rel=1e-12)
+    assert under(1.0, ((4.0, 0.5), (2.0, 0.25))) == 6.0  # done beside the first: the collectives' 6 s
+    assert under(3.0, ((4.0, 0.5), (2.0, 0.25))) == 6.5  # 2 s beside the first, 0.5 beside the second, 0.5 after
+    assert under(3.0, ((2.0, 0.5),)) == pytest.approx(2.0 + 2.0, rel=1e-12)
+    assert under(3.0, ((2.0, 1.0), (0.5, 1.0))) == max(3.0, 2.0 + 0.5)  # at full pace: the max, the same floats
+
+
+def test_a_kernels_seconds_on_fewer_sms_are_the_engines(two_nodes) -> None:
+    spec = two_nodes.specs[two_nodes.ranks[0]]
+    for model, seconds in ((custom_model(**SMALL), "launch-bound"), (PRESETS["llama-3.1-8b"], "compute-bound")):
+        piece = dense_pass(model, 1, 1, 4096, "bf16", two_nodes, backward=True, sequence_parallel=False)
+        assert piece.kernels and piece.kernel_seconds(spec, 0) == pytest.approx(piece.compute, rel=1e-12)
+        held = piece.kernel_seconds(spec, 16)  # launches and the memory side do not stretch; FLOPs on fewer SMs do
+        assert piece.compute <= held <= piece.compute * spec.sm_count / (spec.sm_count - 16) * (1 + 1e-12)
+        if seconds == "compute-bound":
+            assert held > piece.compute * 1.1
+
+
+def test_dp_collectives_slow_the_backward_they_overlap(two_nodes, monkeypatch: pytest.MonkeyPatch) -> None:
+    from simulator.training import step as training_step
+
+    for zero in (0, 1, 2, 3):
+        wl = workload(model="llama-3.2-1b", parallel={"tp": 8, "dp": 2}, sequences=8, zero=zero, bucket="4 MB")
+        contended = train_step(wl, two_nodes)
+        with monkeypatch.context() as m:
+            m.setattr(training_step.Pieces, "pace", lambda *_: 1.0)  # the collectives' SMs left out
+            free_sms = train_step(wl, two_nodes)
+        assert contended.step_s > free_sms.step_s, zero
+        assert contended.exposed["dp"] - free_sms.exposed["dp"] == pytest.approx(
+            contended.step_s - free_sms.step_s, rel=1e-9), zero  # DP's cost: the step without DP is the same
+
+
 def test_one_group_stands_for_the_servers_groups_on_a_rail_optimised_fabric() -> None:
     cluster = load_topology("dgx-h100", {"nodes": 4})
     dpc = DPCollectives(cluster, 8, 4, "bf16")
@@ -357,9 +429,10 @@ def test_the_engine_runs_the_pipeline_as_its_pure_timing(p: int, v: int, m: int)
     assert len(sched.ops) == 2 * m * p * v + 2 * 2 * m * (p * v - 1)  # kernels, and a send and receive per hop
 
 
-def _walk(orders: list[list[tuple[str, int, int]]], fwd: list[float], bwd: list[float], m: int, p2p: float
-          ) -> tuple[list[float], list[list[tuple[float, float]]]]:
-    """The pipeline's run, op by op over Python dicts: each stage's end and its backward windows."""
+def _walk(orders: list[list[tuple[str, int, int]]], fwd: list[float], bwd: list[float], m: int, p2p: float,
+          extra: np.ndarray | None = None) -> tuple[list[float], list[list[tuple[float, float]]]]:
+    """The pipeline's run, op by op over Python dicts: each stage's end and its backward windows (``extra[g, i]``
+    more seconds for backward ``i`` of virtual stage ``g``)."""
     p, last = len(orders), len(fwd) - 1
     end: dict[tuple[str, int, int], float] = {}
     pos, free = [0] * p, [0.0] * p
@@ -376,7 +449,8 @@ def _walk(orders: list[list[tuple[str, int, int]]], fwd: list[float], bwd: list[
                 else:
                     ready = end[dep] + (p2p if dep[1] % p != s else 0.0)
                 start = max(free[s], ready)
-                free[s] = end[(kind, g, i)] = start + (fwd[g] if kind == "F" else bwd[g])
+                more = 0.0 if extra is None or kind == "F" else float(extra[g, i])
+                free[s] = end[(kind, g, i)] = start + fwd[g] if kind == "F" else start + bwd[g] + more
                 if kind == "B":
                     window[s][i] = (min(window[s][i][0], start), max(window[s][i][1], free[s]))
                 pos[s] += 1
@@ -393,8 +467,12 @@ def test_the_compiled_pipeline_timing_is_the_walk_to_the_last_float(p: int, v: i
     fwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
     bwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
     p2p = data.draw(st.sampled_from([0.0, 1e-3, 0.37]))
-    pipe = one_f_one_b(fwd, bwd, m, p2p, v)
-    free, window = _walk([interleaved_order(s, p, v, m) for s in range(p)], fwd, bwd, m, p2p)
+    extra = None
+    if data.draw(st.booleans()):  # seconds a collective overlapping some backwards adds to them
+        extra = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.0, 1e-3, 0.25]), min_size=p * v * m,
+                                            max_size=p * v * m))).reshape(p * v, m)
+    pipe = one_f_one_b(fwd, bwd, m, p2p, v, extra)
+    free, window = _walk([interleaved_order(s, p, v, m) for s in range(p)], fwd, bwd, m, p2p, extra)
     assert list(pipe.stage_end) == free and pipe.makespan == max(free)
     assert [[pipe.backward_window(s, i) for i in range(m)] for s in range(p)] == window
 

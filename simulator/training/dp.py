@@ -22,6 +22,17 @@ PyTorch DDP and Megatron-LM do (:func:`bucket_sizes`); ZeRO 1 and 2 all-gather t
 buckets; a bucket's collective starts when its last gradient was produced (gradients appear at
 a uniform rate over the backward that produces them) and the previous bucket's collective ended (one communication
 stream).
+
+**What the overlap costs the backward** (:func:`contended_buckets`): NCCL runs a collective as one kernel of a
+block per channel (``src/enqueue.cc``: the launch's grid is the plan's channel count), each block resident on an SM
+for the collective's whole run, so the backward's kernels that overlap it run on the SMs left: a kernel's time with
+``h`` SMs held is :func:`simulator.cluster.devices.duration_with_sms_held`'s (the engine's contention model), ``h``
+the channel count the collective runs with (:meth:`DPCollectives.channels`). While a bucket's collective is in
+flight the backward progresses at ``rate = 1 / ((1 - k) + k s)`` of its pace alone, ``k`` the share of its window
+that is kernels and ``s`` those kernels' seconds with ``h`` SMs held over their seconds alone; so buckets become
+ready later and the backward ends later. ZeRO-3's per-layer all-gather and reduce-scatter, prefetched under a
+layer, slow that layer so (:func:`under`). The collectives' HBM traffic (a few tens of GB/s of the link's bytes
+against 2-5 TB/s of HBM) is left out.
 """
 
 from __future__ import annotations
@@ -36,7 +47,8 @@ from simulator.engine.core import simulate
 from simulator.schedule.core import Schedule
 from simulator.units import DTYPE_BYTES
 
-__all__ = ["MAX_SIMULATED_DP", "DPCollectives", "bucket_sizes", "dp_groups", "equal_buckets_end", "overlapped_end"]
+__all__ = ["MAX_SIMULATED_DP", "DPCollectives", "bucket_sizes", "contended_buckets", "dp_groups", "equal_buckets_end",
+           "overlapped_end", "under"]
 
 
 def dp_groups(replica_gpus: int, dp: int, gpus: Sequence[int], tp: int = 1, cp: int = 1) -> list[list[int]]:
@@ -83,6 +95,48 @@ def equal_buckets_end(start: float, duration: float, count: int, seconds: float,
                start + duration + seconds)
 
 
+def contended_buckets(start: float, duration: float, count: int, seconds: float, stream_free: float = 0.0,
+                      rate: float = 1.0) -> tuple[float, float]:
+    """(the backward's end, the stream's end) of :func:`equal_buckets_end`'s buckets when the backward progresses at
+    ``rate`` (<= 1) of its pace while a collective is in flight (one from before, until ``stream_free``, included):
+    bucket ``i`` is ready once the backward has done ``(i + 1) / count`` of its ``duration`` seconds of work. With
+    ``rate`` 1, ``(start + duration, equal_buckets_end(...))``, the same floats."""
+    if rate >= 1.0 or count <= 0:
+        return start + duration, equal_buckets_end(start, duration, count, seconds, stream_free)
+    if rate <= 0.0:
+        raise ValueError(f"a backward's rate under a collective is in (0, 1], got {rate}")
+    t, done, free = start, 0.0, stream_free  # now, the backward's work done (seconds alone), the stream's end
+    ended = start + duration
+    for i in range(count):
+        ready = duration * (i + 1) / count  # of work
+        while done < ready:  # the backward runs on to bucket i's gradients: slower while the stream is busy
+            if t < free and (ready - done) / rate > free - t:  # the stream frees first
+                done += (free - t) * rate
+                t = free
+            else:  # the gradients are ready first (at the reduced pace while the stream is busy)
+                t += (ready - done) / rate if t < free else ready - done
+                done = ready
+        if i == count - 1:
+            ended = t
+        free = max(free, t) + seconds
+    return ended, free
+
+
+def under(work: float, phases: Sequence[tuple[float, float]]) -> float:
+    """Seconds of ``work`` seconds of compute (its pace alone) that starts with collectives run one after another
+    beside it, ``phases`` (seconds, the compute's pace while that one runs), until both are done: ZeRO-3's layer
+    with its prefetched collectives. With every pace 1, ``max(work, their seconds)``, the same floats."""
+    busy = sum(seconds for seconds, _ in phases)
+    if all(pace >= 1.0 for _, pace in phases):
+        return max(work, busy)
+    t, left = 0.0, work
+    for seconds, pace in phases:
+        if left <= seconds * pace:
+            return max(busy, t + left / pace)
+        t, left = t + seconds, left - seconds * pace
+    return t + left
+
+
 MAX_SIMULATED_DP = 32  # larger DP groups are timed by the collectives' predictor (module docstring)
 
 
@@ -100,6 +154,7 @@ class DPCollectives:
         if self.fabric.rails >= len(first):  # a NIC per GPU: each group on its own rail, one group is them all
             self.groups = self.groups[:1]
         self.memo: dict[tuple[str, int], float] = {}
+        self.held: dict[tuple[str, int], int] = {}  # per (operation, n): the channels (SMs) its kernel holds
         self.sent: dict[tuple[str, int], float] = {}  # bytes the simulated groups sent, per (operation, n)
         self.events = 0
 
@@ -114,13 +169,26 @@ class DPCollectives:
             group, eb = self.groups[0], DTYPE_BYTES[self.dtype]
             choice = choose(operation, group, n_int, self.fabric, elem_bytes=eb, dtype=self.dtype)
             self.memo[key] = predict(operation, group, n_int, choice, self.fabric, elem_bytes=eb, dtype=self.dtype)
+            self.held[key] = choice.channels
         if key not in self.memo:
             used = sorted({r for g in self.groups for r in g})
             sched = Schedule(max(used) + 1, placement=tuple(self.cluster.ranks[: max(used) + 1]), name=operation)
+            held = 0
             for i, g in enumerate(self.groups):
-                collective(sched, operation, g, f"g{i}", n_int, self.fabric, elem_bytes=DTYPE_BYTES[self.dtype],
-                           dtype=self.dtype, tag=f"dp{i}", deps={})
+                _, choice = collective(sched, operation, g, f"g{i}", n_int, self.fabric,
+                                       elem_bytes=DTYPE_BYTES[self.dtype], dtype=self.dtype, tag=f"dp{i}", deps={})
+                held = max(held, choice.channels)
+            self.held[key] = held
             result = simulate(sched, self.cluster)
             self.events += result.events
             self.memo[key], self.sent[key] = result.makespan, result.bytes_sent()
         return self.memo[key]
+
+    def channels(self, operation: str, n: float) -> int:
+        """The channels (one block, one SM each, for the collective's whole run: NCCL's grid) of the collective
+        :meth:`time` timed; 0 with dp = 1."""
+        n_int = round(n)
+        if self.dp == 1 or n_int <= 0:
+            return 0
+        self.time(operation, n)
+        return self.held[(operation, n_int)]

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from simulator.algorithms import Layout
 from simulator.algorithms.prefill import build_prefill
-from simulator.cluster.devices import compute_time
+from simulator.cluster.devices import DeviceSpec, compute_time, duration_with_sms_held
 from simulator.cluster.topology import Cluster
 from simulator.collectives import Fabric, collective, fabric_of
 from simulator.engine.core import SimResult, simulate
@@ -41,18 +42,26 @@ from simulator.schedule.core import COMPUTE_KINDS, Schedule
 from simulator.units import DTYPE_BYTES
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["Piece", "attention_pass", "attention_schedule", "dense_pass", "head_times", "p2p_time"]
+__all__ = ["Kernel", "Piece", "attention_pass", "attention_schedule", "dense_pass", "head_times", "p2p_time"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Piece:
     """A simulated piece: its makespan, the critical rank's kernel seconds (the rest is exposed communication), bytes
-    sent and engine events."""
+    sent and engine events; ``kernels`` (less ``less``): those kernels' timing arguments, to time them again on
+    fewer SMs (:meth:`kernel_seconds`)."""
 
     time: float
     compute: float
     bytes: float = 0.0
     events: int = 0
+    kernels: tuple[Kernel, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    less: tuple[Kernel, ...] = dataclasses.field(default=(), compare=False, repr=False)
+
+    def kernel_seconds(self, spec: DeviceSpec, held: int) -> float:
+        """The critical rank's kernels' seconds, each timed alone on ``spec`` while ``held`` of its SMs are taken
+        (:func:`simulator.cluster.devices.duration_with_sms_held`, the engine's contention model)."""
+        return _seconds(spec, held, self.kernels) - _seconds(spec, held, self.less)
 
     @property
     def exposed(self) -> float:
@@ -70,11 +79,27 @@ class Piece:
         if result.slowed is not None:
             spans = spans - result.slowed[own]
         compute = sum(spans.tolist())  # in timeline order, as critical_split adds
-        return Piece(result.makespan, compute, result.bytes_sent(), result.events)
+        kernels = tuple(Kernel(op.flops, op.nbytes, op.dtype, op.fn, op.dims, op.fused) for op in result.ops.take(own))
+        return Piece(result.makespan, compute, result.bytes_sent(), result.events, kernels)
 
     def minus(self, other: Piece) -> Piece:
         return Piece(self.time - other.time, self.compute - other.compute, self.bytes - other.bytes,
-                     self.events - other.events)
+                     self.events - other.events, self.kernels + other.less, self.less + other.kernels)
+
+
+class Kernel(NamedTuple):
+    """A kernel's timing arguments (an op's: :func:`simulator.cluster.devices.duration_with_sms_held`'s)."""
+
+    flops: float
+    nbytes: float
+    dtype: str
+    fn: str
+    dims: tuple[float, ...]
+    fused: bool
+
+
+def _seconds(spec: DeviceSpec, held: int, kernels: Sequence[Kernel]) -> float:
+    return sum(duration_with_sms_held(spec, held, *k) for k in kernels)
 
 
 # elementwise kernels of each stage: (name, FLOPs per row, elements read + written per row), as models.step's

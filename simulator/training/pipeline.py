@@ -117,9 +117,10 @@ def _interleaved_arrays(p: int, chunks: int, m: int) -> tuple[np.ndarray, np.nda
 
 @njit(cache=True)
 def _timed(ops: np.ndarray, lengths: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, m: int, p2p: float,
-           free: np.ndarray, first: np.ndarray, stop: np.ndarray) -> bool:
+           free: np.ndarray, first: np.ndarray, stop: np.ndarray, extra: np.ndarray) -> bool:
     """Time the ops of :func:`_order_array` in place (``free[s]``: stage ``s``'s end; ``first``/``stop[s, i]``: the
-    window of micro-batch ``i``'s backwards on stage ``s``); False when the orders deadlock."""
+    window of micro-batch ``i``'s backwards on stage ``s``; ``extra[g, i]``: seconds added to backward ``i`` of
+    virtual stage ``g``); False when the orders deadlock."""
     p, count = ops.shape[0], fwd.shape[0]
     last = count - 1
     end_f = np.full((count, m), np.nan)
@@ -149,7 +150,7 @@ def _timed(ops: np.ndarray, lengths: np.ndarray, fwd: np.ndarray, bwd: np.ndarra
                 if kind == 0:
                     free[s] = end_f[g, i] = start + fwd[g]
                 else:
-                    free[s] = end_b[g, i] = start + bwd[g]
+                    free[s] = end_b[g, i] = start + bwd[g] + extra[g, i]
                     first[s, i] = min(first[s, i], start)
                     stop[s, i] = max(stop[s, i], free[s])
                 pos[s] += 1
@@ -161,14 +162,18 @@ def _timed(ops: np.ndarray, lengths: np.ndarray, fwd: np.ndarray, bwd: np.ndarra
 
 
 def _run_arrays(ops: np.ndarray, lengths: np.ndarray, fwd: Sequence[float], bwd: Sequence[float], m: int,
-                p2p: float) -> Pipeline:
+                p2p: float, extra: np.ndarray | None = None) -> Pipeline:
     p = ops.shape[0]
     free = np.zeros(p)
     first, stop = np.full((p, m), np.inf), np.zeros((p, m))
+    more = np.zeros((len(bwd), m)) if extra is None else np.asarray(extra, dtype=np.float64)
+    if more.shape != (len(bwd), m):
+        raise ValueError(f"extra backward seconds per virtual stage and micro-batch: shape {(len(bwd), m)}, got "
+                         f"{more.shape}")
     if not _timed(ops, lengths, np.asarray(fwd, dtype=np.float64), np.asarray(bwd, dtype=np.float64), m,
-                  float(p2p), free, first, stop):
+                  float(p2p), free, first, stop, more):
         raise AssertionError("pipeline order deadlocked")  # cannot happen with the published orders
-    busy = tuple(m * sum(fwd[g] + bwd[g] for g in range(s, len(fwd), p)) for s in range(p))
+    busy = tuple(m * sum(fwd[g] + bwd[g] for g in range(s, len(fwd), p)) + float(more[s::p].sum()) for s in range(p))
     stage_end = tuple(free.tolist())
     first.setflags(write=False)
     stop.setflags(write=False)
@@ -187,16 +192,18 @@ def run_pipeline(orders: Sequence[Sequence[Op]], fwd: Sequence[float], bwd: Sequ
     return _run_arrays(ops, lengths, fwd, bwd, m, p2p)
 
 
-def one_f_one_b(fwd: Sequence[float], bwd: Sequence[float], m: int, p2p: float = 0.0, chunks: int = 1) -> Pipeline:
+def one_f_one_b(fwd: Sequence[float], bwd: Sequence[float], m: int, p2p: float = 0.0, chunks: int = 1,
+                extra: np.ndarray | None = None) -> Pipeline:
     """Time (interleaved, with ``chunks`` > 1) 1F1B: ``fwd``, ``bwd`` per virtual stage (``p x chunks`` of them,
-    chunk-major: virtual stage ``c p + s``)."""
+    chunk-major: virtual stage ``c p + s``); ``extra[g, i]``: seconds backward ``i`` of virtual stage ``g`` takes
+    beyond ``bwd[g]`` (what a collective overlapping it costs it)."""
     if not fwd or len(bwd) != len(fwd) or m < 1 or len(fwd) % chunks:
         raise ValueError("one forward and one backward time per virtual stage, and at least one micro-batch")
     p = len(fwd) // chunks
     if chunks > 1 and m % p:
         raise ValueError(f"interleaved 1F1B needs the micro-batches ({m}) a multiple of the stages ({p})")
     ops, lengths = _interleaved_arrays(p, chunks, m)
-    return _run_arrays(ops, lengths, fwd, bwd, m, p2p)
+    return _run_arrays(ops, lengths, fwd, bwd, m, p2p, extra)
 
 
 def peak_in_flight(order: Sequence[Op], weight: Sequence[float]) -> float:

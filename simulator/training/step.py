@@ -4,15 +4,20 @@
    backward with its TP collectives, the attention forward and backward over the CP group; per ``recompute`` the
    backward adds the attention's forward (``selective``) or the whole layer's forward (``full``). ZeRO-3 gathers
    each layer's parameters before its forward and its backward and reduce-scatters its gradients after the backward,
-   each prefetched under the neighbouring layer's compute: a layer takes ``max(compute, its DP collectives)``.
+   each prefetched under the neighbouring layer's compute: a layer takes ``max(compute, its DP collectives)``, its
+   compute slowed while they hold SMs (3.).
 2. A stage's forward (backward) of a micro-batch is its layers' (the last stage adds the LM head,
    :func:`~.layer.head_times`); the stages run 1F1B (:mod:`.pipeline`) with the point-to-point time of one
    activation shard (:func:`~.layer.p2p_time`) between them.
 3. Each stage's gradients (its layers', the embedding on the first, the LM head on the last; divided by TP) are
    reduced over DP in buckets overlapped with the backward (:mod:`.dp`): an allreduce with ZeRO 0, a reduce-scatter
    with 1 and 2 (2: after every micro-batch, its gradients being sharded; 0 and 1: after the last, gradients
-   accumulated). Then the optimizer step on the roofline (:func:`optimizer_time`) and, with ZeRO 1 and 2, the
-   all-gather of the updated parameters.
+   accumulated). While a bucket's collective runs, its kernel holds a block per channel on the GPU's SMs and the
+   backward it overlaps runs on the SMs left (:func:`~.dp.contended_buckets`, :meth:`Pieces.pace`): each stage's
+   windows are timed so, and the pipeline is timed again with each window's last backward as much longer (the
+   streams then over its windows; with ZeRO 2 the slowdowns are those of the first timing's windows); ZeRO-3's
+   per-layer collectives slow the layer they are prefetched under (:func:`~.dp.under`). Then the optimizer step on
+   the roofline (:func:`optimizer_time`) and, with ZeRO 1 and 2, the all-gather of the updated parameters.
 4. The step ends when the last stage is done. A dimension's exposed time is how much shorter the step would be with
    that dimension's communication free (TP: dense parts at their kernel time; CP: attention at its kernel time; PP:
    no point-to-point time; DP: no DP collectives), each by the same composition.
@@ -27,11 +32,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from simulator.cluster.devices import compute_time
+import numpy as np
+
+from simulator.cluster.devices import DeviceSpec, compute_time
 from simulator.cluster.topology import Cluster
 from simulator.models.presets import ModelPreset
 from simulator.schedule.memory import usable_bytes
-from simulator.training.dp import DPCollectives, bucket_sizes, equal_buckets_end
+from simulator.training.dp import DPCollectives, bucket_sizes, contended_buckets, under
 from simulator.training.layer import Piece, attention_pass, dense_pass, head_times, p2p_time
 from simulator.training.memory import (
     MemoryBreakdown,
@@ -98,6 +105,26 @@ class Pieces:
     head_b: float
     zero3_ag: float  # one layer's parameters all-gathered over DP
     zero3_rs: float  # one layer's gradients reduce-scattered over DP
+    rates: dict[tuple[str, int], float] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def pace(self, forward: bool, recompute: str, spec: DeviceSpec, held: int) -> float:
+        """The pace, of its pace alone, of a layer's forward (or backward, with ``recompute``'s forward) while a
+        collective holds ``held`` of the GPU's SMs (:mod:`.dp`): ``1 / ((1 - k) + k s)``, ``k`` its kernels' share
+        of its seconds, ``s`` their seconds on the SMs left over their seconds alone; 1 where the device has no SM
+        count (or no more SMs than are held) or nothing is held."""
+        if held <= 0 or spec.sm_count <= held:
+            return 1.0
+        key = ("forward" if forward else recompute, held)
+        if key not in self.rates:
+            parts = [self.dense_f, self.attn_f] if forward else [self.dense_b, self.attn_b] + {
+                "none": [], "selective": [self.attn_f], "full": [self.dense_f, self.attn_f]}[recompute]
+            alone = sum(p.kernel_seconds(spec, 0) for p in parts)
+            slowed = sum(p.kernel_seconds(spec, held) for p in parts)
+            window = sum(p.time for p in parts)
+            kernels = sum(p.compute for p in parts)
+            share = min(1.0, kernels / window) if window > 0 else 0.0
+            self.rates[key] = 1.0 / ((1.0 - share) + share * slowed / alone) if alone > 0 else 1.0
+        return self.rates[key]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,29 +222,54 @@ def compose(wl: TrainWorkload, pc: Pieces, dpc: DPCollectives | None, cluster: C
     comp_f = pc.dense_f.compute + pc.attn_f.compute
     comp_b = pc.dense_b.compute + pc.attn_b.compute + {"none": 0.0, "selective": pc.attn_f.compute,
                                                        "full": comp_f}[wl.recompute]
-    if wl.zero == 3 and free != "dp":
-        lf, lb = max(lf, pc.zero3_ag), max(lb, pc.zero3_ag + pc.zero3_rs)
+    if wl.zero == 3 and dpc is not None and free != "dp":  # each prefetched under the layer: slowing it (.dp)
+        spec, layer = cluster.specs[cluster.ranks[0]], model.layer_weights / par.tp
+        ag, rs = dpc.channels("allgather", layer), dpc.channels("reduce-scatter", layer)
+        lf = under(lf, ((pc.zero3_ag, pc.pace(True, wl.recompute, spec, ag)),))
+        lb = under(lb, ((pc.zero3_ag, pc.pace(False, wl.recompute, spec, ag)),
+                        (pc.zero3_rs, pc.pace(False, wl.recompute, spec, rs))))
     v = par.virtual_stages
     layers = stage_layers(model.layers, par.pp * v)  # per virtual stage c pp + s
     last = par.pp * v - 1
     fwd = [n * lf + (pc.head_f if g == last else 0.0) for g, n in enumerate(layers)]
     bwd = [n * lb + (pc.head_b if g == last else 0.0) for g, n in enumerate(layers)]
-    pipe = one_f_one_b(fwd, bwd, m, 0.0 if free == "pp" else pc.p2p.time, v)
+    p2p = 0.0 if free == "pp" else pc.p2p.time
+    pipe = one_f_one_b(fwd, bwd, m, p2p, v)
     params = stage_params(model, par.pp, v)
     bucket = wl.bucket / DTYPE_BYTES[wl.dtype]
+    dp = dpc if par.grad_ranks > 1 and free != "dp" else None
+    overlapped = range(m) if wl.zero == 2 else (m - 1,)  # the micro-batches whose backward the buckets overlap
+    streams = [0.0] * par.pp
+    if dp is not None and wl.zero in (0, 1, 2):
+        # each stage's buckets over its backward windows (.dp), the backward slowed while they run; then the
+        # pipeline again with each window's last backward that much longer, the streams over its windows
+        operation = "allreduce" if wl.zero == 0 else "reduce-scatter"
+        spec = cluster.specs[cluster.ranks[0]]
+        buckets = []
+        for s in range(par.pp):
+            sizes = bucket_sizes(params[s] / par.tp, bucket)  # equal sizes: one time serves every bucket
+            rate = pc.pace(False, wl.recompute, spec, dp.channels(operation, sizes[0]))
+            buckets.append((len(sizes), dp.time(operation, sizes[0]), rate))
+        extra = np.zeros((len(bwd), m))
+        alone = np.zeros((par.pp, m))
+        for s, (count, seconds, rate) in enumerate(buckets):
+            stream = 0.0
+            for i in overlapped:
+                start, stop = pipe.backward_window(s, i)
+                alone[s, i] = stop - start
+                ended, stream = contended_buckets(start, stop - start, count, seconds, stream, rate)
+                extra[s, i] = max(0.0, ended - stop)  # on the stage's last backward of the micro-batch (chunk 0's)
+        if extra.any():
+            pipe = one_f_one_b(fwd, bwd, m, p2p, v, extra)
+        for s, (count, seconds, rate) in enumerate(buckets):
+            for i in overlapped:
+                start = pipe.backward_window(s, i)[0]
+                streams[s] = contended_buckets(start, float(alone[s, i]), count, seconds, streams[s], rate)[1]
     done = []
     for s in range(par.pp):
         shard = params[s] / par.tp
-        end = pipe.stage_end[s]
-        dp = dpc if par.grad_ranks > 1 and free != "dp" else None
-        sizes = bucket_sizes(shard, bucket)  # equal sizes: one time serves every bucket
-        if dp is not None and wl.zero in (0, 1, 2):
-            seconds = dp.time("allreduce" if wl.zero == 0 else "reduce-scatter", sizes[0])
-            stream = 0.0
-            for i in range(m) if wl.zero == 2 else (m - 1,):
-                start, stop = pipe.backward_window(s, i)
-                stream = equal_buckets_end(start, stop - start, len(sizes), seconds, stream)
-            end = max(end, stream)
+        sizes = bucket_sizes(shard, bucket)
+        end = max(pipe.stage_end[s], streams[s])
         if dp is not None and wl.zero == 3:
             end += pc.zero3_rs  # the first layer's gradients, reduce-scattered after the last backward
         opt = optimizer_time(shard / (par.grad_ranks if wl.zero >= 1 else 1), wl.optimizer, wl.dtype, cluster)
