@@ -12,17 +12,10 @@ from simulator.collectives import collective
 from simulator.engine.core import simulate
 from simulator.models.presets import PRESETS, custom_model
 from simulator.schedule.core import Schedule
-from simulator.training.dp import (
-    DPCollectives,
-    bucket_sizes,
-    contended_buckets,
-    equal_buckets_end,
-    overlapped_end,
-    under,
-)
+from simulator.training.dp import DPCollectives, bucket_sizes, equal_buckets_end, overlapped_end, under
 from simulator.training.layer import dense_pass
 from simulator.training.memory import in_flight, layer_activation_bytes, model_state_bytes, optimizer_k
-from simulator.training.pipeline import interleaved_order, one_f_one_b, peak_in_flight, stage_order
+from simulator.training.pipeline import DPStreams, Pipeline, interleaved_order, one_f_one_b, peak_in_flight, stage_order
 from simulator.training.step import model_flops, optimizer_time, stage_layers, stage_params, train_step
 from simulator.workloads.train import TrainWorkload
 
@@ -217,34 +210,56 @@ def test_buckets_overlap_the_backward_and_the_last_one_is_exposed() -> None:
     assert overlapped_end(2.0, 1.0, sizes, [1.0] * 11) == pytest.approx(2.0 + 1.0 / 11 + 11.0)
 
 
-def test_a_collective_overlapping_the_backward_slows_it_by_what_it_holds() -> None:
-    # buckets whose collectives end before the next is ready: each but the last runs its s seconds under the
-    # backward, which then does s x rate of work instead of s: the backward ends (count - 1) s (1 - rate) later
-    start, duration, count, s, rate = 2.0, 10.0, 5, 1.0, 0.5
-    ended, stream = contended_buckets(start, duration, count, s, 0.0, rate)
-    assert ended == pytest.approx(start + duration + (count - 1) * s * (1 - rate), rel=1e-12)
-    assert stream == pytest.approx(ended + s, rel=1e-12)  # the last bucket after the backward's end
-    # a stream busy with earlier buckets throughout: the whole backward at the reduced pace
-    ended, stream = contended_buckets(start, duration, count, s, 100.0, rate)
-    assert ended == pytest.approx(start + duration / rate, rel=1e-12)
-    assert stream == pytest.approx(100.0 + count * s, rel=1e-12)
-    # one bucket, ready as the backward ends: nothing overlaps it
-    assert contended_buckets(start, duration, 1, s, 0.0, rate) == (start + duration, start + duration + s)
-    with pytest.raises(ValueError, match="rate"):
-        contended_buckets(start, duration, count, s, 0.0, 0.0)
+def _one_backward(fwd: float, bwd: float, count: int, seconds: float, pace: float) -> Pipeline:
+    """One stage, one micro-batch: its forward, then its backward handing ``count`` buckets to the stream."""
+    return one_f_one_b([fwd], [bwd], 1, dp=DPStreams((0,), (count,), (seconds,), (pace,), (pace,)))
 
 
-@settings(max_examples=80, deadline=None)
-@given(count=st.integers(1, 40), start=st.floats(0, 10), duration=st.floats(0.001, 10), seconds=st.floats(0, 2),
-       free=st.floats(0, 30), rate=st.floats(0.05, 1.0))
-def test_a_slower_backward_under_collectives_is_bounded(count: int, start: float, duration: float, seconds: float,
-                                                        free: float, rate: float) -> None:
-    ended, stream = contended_buckets(start, duration, count, seconds, free, rate)
-    alone = contended_buckets(start, duration, count, seconds, free, 1.0)
-    assert alone == (start + duration, equal_buckets_end(start, duration, count, seconds, free))  # the same floats
-    assert alone[0] <= ended * (1 + 1e-12) and ended <= (start + duration / rate) * (1 + 1e-12)
-    assert alone[1] <= stream * (1 + 1e-12)  # its buckets ready no earlier
-    assert stream >= ended + seconds * (1 - 1e-12)  # the last bucket after the last gradients
+def test_a_collective_beside_the_backward_slows_it_by_what_it_holds() -> None:
+    # buckets whose collectives end before the next is ready: each but the last runs its s seconds beside the
+    # backward, which does s x pace of work instead of s: the backward ends (count - 1) s (1 - pace) later
+    start, duration, count, s, pace = 1.0, 10.0, 5, 1.0, 0.5
+    pipe = _one_backward(start, duration, count, s, pace)
+    assert pipe.stage_end[0] == pytest.approx(start + duration + (count - 1) * s * (1 - pace), rel=1e-12)
+    assert pipe.stream_end[0] == pytest.approx(pipe.stage_end[0] + s, rel=1e-12)  # the last after the backward
+    assert pipe.busy[0] == pytest.approx(pipe.stage_end[0], rel=1e-12)  # slowed, not idle
+    # a slow stream: busy from the first bucket on, the rest of the backward at the reduced pace
+    pipe = _one_backward(start, duration, 2, 100.0, pace)
+    assert pipe.stage_end[0] == pytest.approx(start + duration / 2 + duration / 2 / pace, rel=1e-12)
+    assert pipe.stream_end[0] == pytest.approx(start + duration / 2 + 200.0, rel=1e-12)
+    # one bucket, ready as the backward ends: nothing beside it
+    pipe = _one_backward(start, duration, 1, s, pace)
+    assert (pipe.stage_end[0], pipe.stream_end[0]) == (start + duration, start + duration + s)
+    # at full pace the stream is the closed form's, the stage's floats those without a stream
+    pipe = _one_backward(start, duration, count, 0.7, 1.0)
+    assert pipe.stage_end == one_f_one_b([start], [duration], 1).stage_end
+    assert pipe.stream_end[0] == pytest.approx(equal_buckets_end(start, duration, count, 0.7), rel=1e-12)
+    with pytest.raises(ValueError, match="pace"):
+        _one_backward(start, duration, count, s, 0.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=st.integers(1, 5), v=st.integers(1, 3), groups=st.integers(1, 3), every=st.booleans(), data=st.data())
+def test_dp_streams_slow_the_pipeline_within_their_bounds(p: int, v: int, groups: int, every: bool,
+                                                          data: st.DataObject) -> None:
+    v = 1 if p == 1 else v
+    m = p * groups if v > 1 else data.draw(st.integers(1, 8))
+    times = st.floats(1e-3, 10.0, allow_nan=False)
+    fwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
+    bwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
+    count = tuple(data.draw(st.lists(st.integers(1, 30), min_size=p, max_size=p)))
+    secs = tuple(data.draw(st.lists(st.floats(0.0, 5.0), min_size=p, max_size=p)))
+    pace = data.draw(st.floats(0.05, 1.0))
+    micro = tuple(range(m)) if every else (m - 1,)
+    alone = one_f_one_b(fwd, bwd, m, 0.1, v, DPStreams(micro, count, secs, (1.0,) * p, (1.0,) * p))
+    slowed = one_f_one_b(fwd, bwd, m, 0.1, v, DPStreams(micro, count, secs, (pace,) * p, (pace,) * p))
+    assert alone.stage_end == one_f_one_b(fwd, bwd, m, 0.1, v).stage_end  # at full pace: the pipeline's floats
+    for s in range(p):
+        assert alone.stage_end[s] <= slowed.stage_end[s] * (1 + 1e-12)
+        assert alone.stream_end[s] <= slowed.stream_end[s] * (1 + 1e-12)
+        assert slowed.stream_end[s] >= len(micro) * count[s] * secs[s] * (1 - 1e-12)  # every bucket ran
+    # each op at most 1 / pace times as long: the critical path at most every op's slowdown longer
+    assert slowed.makespan <= (alone.makespan + sum(alone.busy) * (1 / pace - 1)) * (1 + 1e-9)
 
 
 def test_a_layer_under_its_prefetched_collectives() -> None:
@@ -429,10 +444,9 @@ def test_the_engine_runs_the_pipeline_as_its_pure_timing(p: int, v: int, m: int)
     assert len(sched.ops) == 2 * m * p * v + 2 * 2 * m * (p * v - 1)  # kernels, and a send and receive per hop
 
 
-def _walk(orders: list[list[tuple[str, int, int]]], fwd: list[float], bwd: list[float], m: int, p2p: float,
-          extra: np.ndarray | None = None) -> tuple[list[float], list[list[tuple[float, float]]]]:
-    """The pipeline's run, op by op over Python dicts: each stage's end and its backward windows (``extra[g, i]``
-    more seconds for backward ``i`` of virtual stage ``g``)."""
+def _walk(orders: list[list[tuple[str, int, int]]], fwd: list[float], bwd: list[float], m: int, p2p: float
+          ) -> tuple[list[float], list[list[tuple[float, float]]]]:
+    """The pipeline's run, op by op over Python dicts: each stage's end and its backward windows."""
     p, last = len(orders), len(fwd) - 1
     end: dict[tuple[str, int, int], float] = {}
     pos, free = [0] * p, [0.0] * p
@@ -449,8 +463,7 @@ def _walk(orders: list[list[tuple[str, int, int]]], fwd: list[float], bwd: list[
                 else:
                     ready = end[dep] + (p2p if dep[1] % p != s else 0.0)
                 start = max(free[s], ready)
-                more = 0.0 if extra is None or kind == "F" else float(extra[g, i])
-                free[s] = end[(kind, g, i)] = start + fwd[g] if kind == "F" else start + bwd[g] + more
+                free[s] = end[(kind, g, i)] = start + (fwd[g] if kind == "F" else bwd[g])
                 if kind == "B":
                     window[s][i] = (min(window[s][i][0], start), max(window[s][i][1], free[s]))
                 pos[s] += 1
@@ -467,12 +480,8 @@ def test_the_compiled_pipeline_timing_is_the_walk_to_the_last_float(p: int, v: i
     fwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
     bwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
     p2p = data.draw(st.sampled_from([0.0, 1e-3, 0.37]))
-    extra = None
-    if data.draw(st.booleans()):  # seconds a collective overlapping some backwards adds to them
-        extra = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.0, 1e-3, 0.25]), min_size=p * v * m,
-                                            max_size=p * v * m))).reshape(p * v, m)
-    pipe = one_f_one_b(fwd, bwd, m, p2p, v, extra)
-    free, window = _walk([interleaved_order(s, p, v, m) for s in range(p)], fwd, bwd, m, p2p, extra)
+    pipe = one_f_one_b(fwd, bwd, m, p2p, v)
+    free, window = _walk([interleaved_order(s, p, v, m) for s in range(p)], fwd, bwd, m, p2p)
     assert list(pipe.stage_end) == free and pipe.makespan == max(free)
     assert [[pipe.backward_window(s, i) for i in range(m)] for s in range(p)] == window
 

@@ -17,22 +17,25 @@ cost model form with this cluster's hops and bottleneck bandwidths), for the alg
 On dgx-h100 at 64 and 128 ranks the predictor is within 0-26% of the simulation (equal for all-gathers, 1-6% for
 buckets of 800 MB, up to 26% for reduce-scatters of 25 MB with LL128).
 
-**Overlap** (:func:`overlapped_end`): gradients are cut into buckets of ``bucket`` bytes in reverse layer order, as
-PyTorch DDP and Megatron-LM do (:func:`bucket_sizes`); ZeRO 1 and 2 all-gather the updated parameters in the same
-buckets; a bucket's collective starts when its last gradient was produced (gradients appear at
-a uniform rate over the backward that produces them) and the previous bucket's collective ended (one communication
-stream).
+**Overlap**: gradients are cut into buckets of ``bucket`` bytes in reverse layer order, as PyTorch DDP and
+Megatron-LM do (:func:`bucket_sizes`); ZeRO 1 and 2 all-gather the updated parameters in the same buckets; a
+bucket's collective starts when its last gradient was produced (gradients appear at a uniform rate over the work of
+the backwards that produce them) and the previous bucket's collective ended (one communication stream). The
+pipeline's walk times it (:class:`simulator.training.pipeline.DPStreams`); for one backward at full pace its closed
+forms are :func:`overlapped_end` and :func:`equal_buckets_end`.
 
-**What the overlap costs the backward** (:func:`contended_buckets`): NCCL runs a collective as one kernel of a
-block per channel (``src/enqueue.cc``: the launch's grid is the plan's channel count), each block resident on an SM
-for the collective's whole run, so the backward's kernels that overlap it run on the SMs left: a kernel's time with
-``h`` SMs held is :func:`simulator.cluster.devices.duration_with_sms_held`'s (the engine's contention model), ``h``
-the channel count the collective runs with (:meth:`DPCollectives.channels`). While a bucket's collective is in
-flight the backward progresses at ``rate = 1 / ((1 - k) + k s)`` of its pace alone, ``k`` the share of its window
-that is kernels and ``s`` those kernels' seconds with ``h`` SMs held over their seconds alone; so buckets become
-ready later and the backward ends later. ZeRO-3's per-layer all-gather and reduce-scatter, prefetched under a
-layer, slow that layer so (:func:`under`). The collectives' HBM traffic (a few tens of GB/s of the link's bytes
-against 2-5 TB/s of HBM) is left out.
+**What the overlap costs the compute**: NCCL runs a collective as one kernel of a block per channel
+(``src/enqueue.cc``, ``ncclLaunchKernel``: ``grid = {nChannels, 1, 1}``), each block resident on an SM for the
+collective's whole run, so the kernels beside it run on the SMs left: a kernel's time with ``h`` SMs held is
+:func:`simulator.cluster.devices.duration_with_sms_held`'s (the engine's contention model), ``h`` the channel count
+the collective runs with (:meth:`DPCollectives.channels`). While a bucket's collective is in flight a stage's
+forwards and backwards go at ``1 / ((1 - k) + k s)`` of their pace alone (``k`` the share of a layer's seconds that
+is kernels, ``s`` those kernels' seconds with ``h`` SMs held over their seconds alone:
+:meth:`simulator.training.step.Pieces.pace`); the buckets and the slowed ops are timed in the pipeline's own walk
+(:class:`simulator.training.pipeline.DPStreams`), so later buckets are ready later and the stages that wait for a
+slowed backward wait longer. ZeRO-3's per-layer all-gather and reduce-scatter, prefetched under a layer, slow that
+layer so (:func:`under`). The collectives' HBM traffic (a few tens of GB/s of link bytes against 2-5 TB/s of HBM)
+is left out.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ from simulator.engine.core import simulate
 from simulator.schedule.core import Schedule
 from simulator.units import DTYPE_BYTES
 
-__all__ = ["MAX_SIMULATED_DP", "DPCollectives", "bucket_sizes", "contended_buckets", "dp_groups", "equal_buckets_end",
-           "overlapped_end", "under"]
+__all__ = ["MAX_SIMULATED_DP", "DPCollectives", "bucket_sizes", "dp_groups", "equal_buckets_end", "overlapped_end",
+           "under"]
 
 
 def dp_groups(replica_gpus: int, dp: int, gpus: Sequence[int], tp: int = 1, cp: int = 1) -> list[list[int]]:
@@ -93,33 +96,6 @@ def equal_buckets_end(start: float, duration: float, count: int, seconds: float,
         return stream_free
     return max(stream_free + count * seconds, start + duration / count + count * seconds,
                start + duration + seconds)
-
-
-def contended_buckets(start: float, duration: float, count: int, seconds: float, stream_free: float = 0.0,
-                      rate: float = 1.0) -> tuple[float, float]:
-    """(the backward's end, the stream's end) of :func:`equal_buckets_end`'s buckets when the backward progresses at
-    ``rate`` (<= 1) of its pace while a collective is in flight (one from before, until ``stream_free``, included):
-    bucket ``i`` is ready once the backward has done ``(i + 1) / count`` of its ``duration`` seconds of work. With
-    ``rate`` 1, ``(start + duration, equal_buckets_end(...))``, the same floats."""
-    if rate >= 1.0 or count <= 0:
-        return start + duration, equal_buckets_end(start, duration, count, seconds, stream_free)
-    if rate <= 0.0:
-        raise ValueError(f"a backward's rate under a collective is in (0, 1], got {rate}")
-    t, done, free = start, 0.0, stream_free  # now, the backward's work done (seconds alone), the stream's end
-    ended = start + duration
-    for i in range(count):
-        ready = duration * (i + 1) / count  # of work
-        while done < ready:  # the backward runs on to bucket i's gradients: slower while the stream is busy
-            if t < free and (ready - done) / rate > free - t:  # the stream frees first
-                done += (free - t) * rate
-                t = free
-            else:  # the gradients are ready first (at the reduced pace while the stream is busy)
-                t += (ready - done) / rate if t < free else ready - done
-                done = ready
-        if i == count - 1:
-            ended = t
-        free = max(free, t) + seconds
-    return ended, free
 
 
 def under(work: float, phases: Sequence[tuple[float, float]]) -> float:

@@ -31,7 +31,8 @@ import numpy as np
 
 from simulator.support.jitcache import njit
 
-__all__ = ["Op", "Pipeline", "interleaved_order", "one_f_one_b", "peak_in_flight", "run_pipeline", "stage_order"]
+__all__ = ["DPStreams", "Op", "Pipeline", "interleaved_order", "one_f_one_b", "peak_in_flight", "run_pipeline",
+           "stage_order"]
 
 Op = tuple[str, int, int]  # ("F" or "B", virtual stage, micro-batch)
 
@@ -80,6 +81,7 @@ class Pipeline:
     window_end: np.ndarray = dataclasses.field(compare=False)  # ... and last end
     fwd: tuple[float, ...] = ()  # what it was timed with: seconds per virtual stage
     bwd: tuple[float, ...] = ()
+    stream_end: tuple[float, ...] = ()  # per stage, when its DP stream ends (0: none)
 
     def backward_window(self, stage: int, micro_batch: int) -> tuple[float, float]:
         """(start, end) of micro-batch ``micro_batch``'s backwards on ``stage``."""
@@ -117,14 +119,25 @@ def _interleaved_arrays(p: int, chunks: int, m: int) -> tuple[np.ndarray, np.nda
 
 @njit(cache=True)
 def _timed(ops: np.ndarray, lengths: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, m: int, p2p: float,
-           free: np.ndarray, first: np.ndarray, stop: np.ndarray, extra: np.ndarray) -> bool:
+           free: np.ndarray, first: np.ndarray, stop: np.ndarray, over: np.ndarray, count: np.ndarray,
+           secs: np.ndarray, pace_f: np.ndarray, pace_b: np.ndarray, sfree: np.ndarray, slowed: np.ndarray) -> bool:
     """Time the ops of :func:`_order_array` in place (``free[s]``: stage ``s``'s end; ``first``/``stop[s, i]``: the
-    window of micro-batch ``i``'s backwards on stage ``s``; ``extra[g, i]``: seconds added to backward ``i`` of
-    virtual stage ``g``); False when the orders deadlock."""
-    p, count = ops.shape[0], fwd.shape[0]
-    last = count - 1
-    end_f = np.full((count, m), np.nan)
-    end_b = np.full((count, m), np.nan)
+    window of micro-batch ``i``'s backwards on stage ``s``); False when the orders deadlock.
+
+    DP streams (:class:`DPStreams`): the backwards of micro-batch ``i`` with ``over[i]`` hand stage ``s``'s stream
+    ``count[s]`` buckets of ``secs[s]`` seconds, bucket ``j`` once they have done ``(j + 1) / count[s]`` of the
+    micro-batch's backward work on the stage; the stream runs them one after another (``sfree[s]``: when it is
+    free); while it is busy the stage's forwards run at ``pace_f[s]`` of their pace, its backwards at ``pace_b[s]``
+    (``slowed[s]``: the seconds that added)."""
+    p, count_v = ops.shape[0], fwd.shape[0]
+    last = count_v - 1
+    end_f = np.full((count_v, m), np.nan)
+    end_b = np.full((count_v, m), np.nan)
+    done = np.zeros((p, m))  # backward work done per stage and micro-batch (seconds alone)
+    ready = np.zeros((p, m), dtype=np.int64)  # buckets handed to the stream
+    work = np.zeros(p)  # a micro-batch's backward work on a stage
+    for g in range(count_v):
+        work[g % p] += bwd[g]
     pos = np.zeros(p, dtype=np.int64)
     remaining = lengths.sum()
     while remaining:
@@ -134,23 +147,31 @@ def _timed(ops: np.ndarray, lengths: np.ndarray, fwd: np.ndarray, bwd: np.ndarra
                 kind, g, i = ops[s, pos[s], 0], ops[s, pos[s], 1], ops[s, pos[s], 2]
                 if kind == 0:
                     if g == 0:
-                        ready = 0.0
+                        at = 0.0
                     else:
                         e = end_f[g - 1, i]
                         if np.isnan(e):
                             break
-                        ready = e + (p2p if (g - 1) % p != s else 0.0)
+                        at = e + (p2p if (g - 1) % p != s else 0.0)
                 else:
                     d = g if g == last else g + 1
                     e = end_f[g, i] if g == last else end_b[g + 1, i]
                     if np.isnan(e):
                         break
-                    ready = e + (p2p if d % p != s else 0.0)
-                start = free[s] if free[s] >= ready else ready
-                if kind == 0:
-                    free[s] = end_f[g, i] = start + fwd[g]
+                    at = e + (p2p if d % p != s else 0.0)
+                start = free[s] if free[s] >= at else at
+                seconds = fwd[g] if kind == 0 else bwd[g]
+                if sfree[s] <= start and not (kind == 1 and over[i] and count[s] > 0):
+                    end = start + seconds  # the stream idle and handed nothing: the op at its own pace
                 else:
-                    free[s] = end_b[g, i] = start + bwd[g] + extra[g, i]
+                    end = _beside_stream(s, i, start, seconds, kind == 1 and over[i] and count[s] > 0,
+                                         g == s, pace_f[s] if kind == 0 else pace_b[s], work[s], count[s], secs[s],
+                                         sfree, done, ready)
+                    slowed[s] += (end - start) - seconds
+                if kind == 0:
+                    free[s] = end_f[g, i] = end
+                else:
+                    free[s] = end_b[g, i] = end
                     first[s, i] = min(first[s, i], start)
                     stop[s, i] = max(stop[s, i], free[s])
                 pos[s] += 1
@@ -161,23 +182,80 @@ def _timed(ops: np.ndarray, lengths: np.ndarray, fwd: np.ndarray, bwd: np.ndarra
     return True
 
 
+@njit(cache=True)
+def _beside_stream(s: int, i: int, t: float, seconds: float, hands: bool, closes: bool, pace: float, work: float,
+                   count: int, secs: float, sfree: np.ndarray, done: np.ndarray, ready: np.ndarray) -> float:
+    """When an op of ``seconds`` (alone) that starts at ``t`` on stage ``s`` ends beside the stage's DP stream
+    (:func:`_timed`): at ``pace`` while the stream is busy; with ``hands``, a backward of micro-batch ``i`` that hands
+    the stream its buckets as its work passes theirs (``closes``: the micro-batch's last backward on the stage,
+    which hands whatever is left when it ends)."""
+    begin, left = t, seconds
+    while left > 0.0:
+        to_bucket = np.inf
+        if hands and ready[s, i] < count:
+            to_bucket = work * (ready[s, i] + 1) / count - done[s, i]
+            if to_bucket < 0.0:
+                to_bucket = 0.0
+        step = left if left < to_bucket else to_bucket
+        if t < sfree[s] and step / pace > sfree[s] - t:  # the stream frees first
+            did = (sfree[s] - t) * pace
+            t = sfree[s]
+            reached = False
+        else:
+            t += step / pace if t < sfree[s] else step
+            did = step
+            reached = step == to_bucket
+        left -= did
+        if hands:
+            done[s, i] += did
+        if reached:
+            sfree[s] = (sfree[s] if sfree[s] > t else t) + secs
+            ready[s, i] += 1
+            done[s, i] = work * ready[s, i] / count
+    if hands and closes:
+        while ready[s, i] < count:  # the last buckets, whatever rounding left of their work
+            sfree[s] = (sfree[s] if sfree[s] > t else t) + secs
+            ready[s, i] += 1
+    return begin + seconds if pace >= 1.0 else t  # at full pace: the op's own floats
+
+
+@dataclasses.dataclass(frozen=True)
+class DPStreams:
+    """Each stage's DP gradient stream beside its pipeline (:func:`_timed`): the micro-batches whose backwards hand
+    it buckets (``micro_batches``: every one with ZeRO 2, the last with 0 and 1), per stage the buckets of a
+    micro-batch, each bucket's collective's seconds, and the pace of the stage's forwards and backwards while a
+    collective runs (its kernel holding SMs: :meth:`simulator.training.step.Pieces.pace`)."""
+
+    micro_batches: tuple[int, ...]
+    count: tuple[int, ...]
+    seconds: tuple[float, ...]
+    pace_f: tuple[float, ...]
+    pace_b: tuple[float, ...]
+
+
 def _run_arrays(ops: np.ndarray, lengths: np.ndarray, fwd: Sequence[float], bwd: Sequence[float], m: int,
-                p2p: float, extra: np.ndarray | None = None) -> Pipeline:
+                p2p: float, dp: DPStreams | None = None) -> Pipeline:
     p = ops.shape[0]
     free = np.zeros(p)
     first, stop = np.full((p, m), np.inf), np.zeros((p, m))
-    more = np.zeros((len(bwd), m)) if extra is None else np.asarray(extra, dtype=np.float64)
-    if more.shape != (len(bwd), m):
-        raise ValueError(f"extra backward seconds per virtual stage and micro-batch: shape {(len(bwd), m)}, got "
-                         f"{more.shape}")
+    over = np.zeros(m, dtype=np.bool_)
+    count, secs, pace_f, pace_b = np.zeros(p, dtype=np.int64), np.zeros(p), np.ones(p), np.ones(p)
+    if dp is not None:
+        if not len(dp.count) == len(dp.seconds) == len(dp.pace_f) == len(dp.pace_b) == p:
+            raise ValueError(f"DP streams: one bucket count, time and pace per stage ({p})")
+        if not all(0.0 < x <= 1.0 for x in (*dp.pace_f, *dp.pace_b)):
+            raise ValueError("DP streams: a pace beside a collective is in (0, 1]")
+        over[list(dp.micro_batches)] = True
+        count[:], secs[:], pace_f[:], pace_b[:] = dp.count, dp.seconds, dp.pace_f, dp.pace_b
+    sfree, slowed = np.zeros(p), np.zeros(p)
     if not _timed(ops, lengths, np.asarray(fwd, dtype=np.float64), np.asarray(bwd, dtype=np.float64), m,
-                  float(p2p), free, first, stop, more):
+                  float(p2p), free, first, stop, over, count, secs, pace_f, pace_b, sfree, slowed):
         raise AssertionError("pipeline order deadlocked")  # cannot happen with the published orders
-    busy = tuple(m * sum(fwd[g] + bwd[g] for g in range(s, len(fwd), p)) + float(more[s::p].sum()) for s in range(p))
+    busy = tuple(m * sum(fwd[g] + bwd[g] for g in range(s, len(fwd), p)) + float(slowed[s]) for s in range(p))
     stage_end = tuple(free.tolist())
     first.setflags(write=False)
     stop.setflags(write=False)
-    return Pipeline(max(stage_end), stage_end, busy, first, stop, tuple(fwd), tuple(bwd))
+    return Pipeline(max(stage_end), stage_end, busy, first, stop, tuple(fwd), tuple(bwd), tuple(sfree.tolist()))
 
 
 def run_pipeline(orders: Sequence[Sequence[Op]], fwd: Sequence[float], bwd: Sequence[float], m: int,
@@ -193,17 +271,17 @@ def run_pipeline(orders: Sequence[Sequence[Op]], fwd: Sequence[float], bwd: Sequ
 
 
 def one_f_one_b(fwd: Sequence[float], bwd: Sequence[float], m: int, p2p: float = 0.0, chunks: int = 1,
-                extra: np.ndarray | None = None) -> Pipeline:
+                dp: DPStreams | None = None) -> Pipeline:
     """Time (interleaved, with ``chunks`` > 1) 1F1B: ``fwd``, ``bwd`` per virtual stage (``p x chunks`` of them,
-    chunk-major: virtual stage ``c p + s``); ``extra[g, i]``: seconds backward ``i`` of virtual stage ``g`` takes
-    beyond ``bwd[g]`` (what a collective overlapping it costs it)."""
+    chunk-major: virtual stage ``c p + s``); ``dp``: each stage's DP gradient stream beside it (the pipeline's
+    ``stream_end``)."""
     if not fwd or len(bwd) != len(fwd) or m < 1 or len(fwd) % chunks:
         raise ValueError("one forward and one backward time per virtual stage, and at least one micro-batch")
     p = len(fwd) // chunks
     if chunks > 1 and m % p:
         raise ValueError(f"interleaved 1F1B needs the micro-batches ({m}) a multiple of the stages ({p})")
     ops, lengths = _interleaved_arrays(p, chunks, m)
-    return _run_arrays(ops, lengths, fwd, bwd, m, p2p, extra)
+    return _run_arrays(ops, lengths, fwd, bwd, m, p2p, dp)
 
 
 def peak_in_flight(order: Sequence[Op], weight: Sequence[float]) -> float:

@@ -12,12 +12,13 @@
 3. Each stage's gradients (its layers', the embedding on the first, the LM head on the last; divided by TP) are
    reduced over DP in buckets overlapped with the backward (:mod:`.dp`): an allreduce with ZeRO 0, a reduce-scatter
    with 1 and 2 (2: after every micro-batch, its gradients being sharded; 0 and 1: after the last, gradients
-   accumulated). While a bucket's collective runs, its kernel holds a block per channel on the GPU's SMs and the
-   backward it overlaps runs on the SMs left (:func:`~.dp.contended_buckets`, :meth:`Pieces.pace`): each stage's
-   windows are timed so, and the pipeline is timed again with each window's last backward as much longer (the
-   streams then over its windows; with ZeRO 2 the slowdowns are those of the first timing's windows); ZeRO-3's
-   per-layer collectives slow the layer they are prefetched under (:func:`~.dp.under`). Then the optimizer step on
-   the roofline (:func:`optimizer_time`) and, with ZeRO 1 and 2, the all-gather of the updated parameters.
+   accumulated), each stage's buckets on one stream beside its pipeline (:class:`~.pipeline.DPStreams`, timed in
+   the same walk as the pipeline): a bucket's collective starts once the backwards have done its share of their
+   work and the previous bucket's is done, and while one runs, its kernel holds a block per channel on the GPU's
+   SMs and the stage's kernels run on the SMs left (:meth:`Pieces.pace`), so its ops take longer and the stages
+   that wait for them wait longer; ZeRO-3's per-layer collectives slow the layer they are prefetched under
+   (:func:`~.dp.under`). Then the optimizer step on the roofline (:func:`optimizer_time`) and, with ZeRO 1 and 2,
+   the all-gather of the updated parameters.
 4. The step ends when the last stage is done. A dimension's exposed time is how much shorter the step would be with
    that dimension's communication free (TP: dense parts at their kernel time; CP: attention at its kernel time; PP:
    no point-to-point time; DP: no DP collectives), each by the same composition.
@@ -32,13 +33,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import numpy as np
-
 from simulator.cluster.devices import DeviceSpec, compute_time
 from simulator.cluster.topology import Cluster
 from simulator.models.presets import ModelPreset
 from simulator.schedule.memory import usable_bytes
-from simulator.training.dp import DPCollectives, bucket_sizes, contended_buckets, under
+from simulator.training.dp import DPCollectives, bucket_sizes, under
 from simulator.training.layer import Piece, attention_pass, dense_pass, head_times, p2p_time
 from simulator.training.memory import (
     MemoryBreakdown,
@@ -46,7 +45,7 @@ from simulator.training.memory import (
     model_state_bytes,
     optimizer_k,
 )
-from simulator.training.pipeline import Pipeline, interleaved_order, one_f_one_b, peak_in_flight
+from simulator.training.pipeline import DPStreams, Pipeline, interleaved_order, one_f_one_b, peak_in_flight
 from simulator.training.placement import placed
 from simulator.units import DTYPE_BYTES
 from simulator.workloads.train import DIMENSIONS, TrainWorkload
@@ -234,42 +233,25 @@ def compose(wl: TrainWorkload, pc: Pieces, dpc: DPCollectives | None, cluster: C
     fwd = [n * lf + (pc.head_f if g == last else 0.0) for g, n in enumerate(layers)]
     bwd = [n * lb + (pc.head_b if g == last else 0.0) for g, n in enumerate(layers)]
     p2p = 0.0 if free == "pp" else pc.p2p.time
-    pipe = one_f_one_b(fwd, bwd, m, p2p, v)
     params = stage_params(model, par.pp, v)
     bucket = wl.bucket / DTYPE_BYTES[wl.dtype]
     dp = dpc if par.grad_ranks > 1 and free != "dp" else None
-    overlapped = range(m) if wl.zero == 2 else (m - 1,)  # the micro-batches whose backward the buckets overlap
-    streams = [0.0] * par.pp
-    if dp is not None and wl.zero in (0, 1, 2):
-        # each stage's buckets over its backward windows (.dp), the backward slowed while they run; then the
-        # pipeline again with each window's last backward that much longer, the streams over its windows
+    streams = None
+    if dp is not None and wl.zero in (0, 1, 2):  # each stage's gradient buckets beside its pipeline (.pipeline)
         operation = "allreduce" if wl.zero == 0 else "reduce-scatter"
         spec = cluster.specs[cluster.ranks[0]]
-        buckets = []
-        for s in range(par.pp):
-            sizes = bucket_sizes(params[s] / par.tp, bucket)  # equal sizes: one time serves every bucket
-            rate = pc.pace(False, wl.recompute, spec, dp.channels(operation, sizes[0]))
-            buckets.append((len(sizes), dp.time(operation, sizes[0]), rate))
-        extra = np.zeros((len(bwd), m))
-        alone = np.zeros((par.pp, m))
-        for s, (count, seconds, rate) in enumerate(buckets):
-            stream = 0.0
-            for i in overlapped:
-                start, stop = pipe.backward_window(s, i)
-                alone[s, i] = stop - start
-                ended, stream = contended_buckets(start, stop - start, count, seconds, stream, rate)
-                extra[s, i] = max(0.0, ended - stop)  # on the stage's last backward of the micro-batch (chunk 0's)
-        if extra.any():
-            pipe = one_f_one_b(fwd, bwd, m, p2p, v, extra)
-        for s, (count, seconds, rate) in enumerate(buckets):
-            for i in overlapped:
-                start = pipe.backward_window(s, i)[0]
-                streams[s] = contended_buckets(start, float(alone[s, i]), count, seconds, streams[s], rate)[1]
+        buckets = [bucket_sizes(params[s] / par.tp, bucket) for s in range(par.pp)]  # equal sizes: one time each
+        held = [dp.channels(operation, b[0]) for b in buckets]
+        streams = DPStreams(tuple(range(m)) if wl.zero == 2 else (m - 1,), tuple(len(b) for b in buckets),
+                            tuple(dp.time(operation, b[0]) for b in buckets),
+                            tuple(pc.pace(True, wl.recompute, spec, h) for h in held),
+                            tuple(pc.pace(False, wl.recompute, spec, h) for h in held))
+    pipe = one_f_one_b(fwd, bwd, m, p2p, v, streams)
     done = []
     for s in range(par.pp):
         shard = params[s] / par.tp
         sizes = bucket_sizes(shard, bucket)
-        end = max(pipe.stage_end[s], streams[s])
+        end = max(pipe.stage_end[s], pipe.stream_end[s])
         if dp is not None and wl.zero == 3:
             end += pc.zero3_rs  # the first layer's gradients, reduce-scattered after the last backward
         opt = optimizer_time(shard / (par.grad_ranks if wl.zero >= 1 else 1), wl.optimizer, wl.dtype, cluster)
