@@ -9,7 +9,9 @@ compute stream keeps that order; the transfers run on the fabric as any other. W
 one another, the engine's makespan is :func:`simulator.training.pipeline.run_pipeline`'s with their time (tested):
 the pure timing the step uses is held to the engine. That timing has each receive posted ahead (a transfer starts
 when its sender's kernel ends), which no op order of stages can say; the schedule is marked as not a program
-(``program_order=False``: its ends are not posted in stream order).
+(``program_order=False``: its ends are not posted in stream order). The DP gradient streams beside the pipeline
+(:class:`simulator.training.pipeline.DPStreams`), and the time their kernels' SMs add to the ops beside them, are not
+drawn: the timeline shows each op at its composed duration.
 """
 
 from __future__ import annotations
