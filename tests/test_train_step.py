@@ -210,6 +210,17 @@ def test_buckets_overlap_the_backward_and_the_last_one_is_exposed() -> None:
     assert overlapped_end(2.0, 1.0, sizes, [1.0] * 11) == pytest.approx(2.0 + 1.0 / 11 + 11.0)
 
 
+def _draw_pipeline(data: st.DataObject, p: int, v: int, groups: int, most_m: int, shortest: float
+                   ) -> tuple[int, int, list[float], list[float]]:
+    """(chunks, micro-batches, forward and backward seconds per virtual stage) of a drawn (interleaved) 1F1B."""
+    v = 1 if p == 1 else v
+    m = p * groups if v > 1 else data.draw(st.integers(1, most_m))
+    times = st.floats(shortest, 10.0, allow_nan=False)
+    fwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
+    bwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
+    return v, m, fwd, bwd
+
+
 def _one_backward(fwd: float, bwd: float, count: int, seconds: float, pace: float) -> Pipeline:
     """One stage, one micro-batch: its forward, then its backward handing ``count`` buckets to the stream."""
     return one_f_one_b([fwd], [bwd], 1, dp=DPStreams((0,), (count,), (seconds,), (pace,), (pace,)))
@@ -242,11 +253,7 @@ def test_a_collective_beside_the_backward_slows_it_by_what_it_holds() -> None:
 @given(p=st.integers(1, 5), v=st.integers(1, 3), groups=st.integers(1, 3), every=st.booleans(), data=st.data())
 def test_dp_streams_slow_the_pipeline_within_their_bounds(p: int, v: int, groups: int, every: bool,
                                                           data: st.DataObject) -> None:
-    v = 1 if p == 1 else v
-    m = p * groups if v > 1 else data.draw(st.integers(1, 8))
-    times = st.floats(1e-3, 10.0, allow_nan=False)
-    fwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
-    bwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
+    v, m, fwd, bwd = _draw_pipeline(data, p, v, groups, 8, 1e-3)
     count = tuple(data.draw(st.lists(st.integers(1, 30), min_size=p, max_size=p)))
     secs = tuple(data.draw(st.lists(st.floats(0.0, 5.0), min_size=p, max_size=p)))
     pace = data.draw(st.floats(0.05, 1.0))
@@ -474,11 +481,7 @@ def _walk(orders: list[list[tuple[str, int, int]]], fwd: list[float], bwd: list[
 @given(p=st.integers(1, 6), v=st.integers(1, 3), groups=st.integers(1, 3), data=st.data())
 def test_the_compiled_pipeline_timing_is_the_walk_to_the_last_float(p: int, v: int, groups: int,
                                                                       data: st.DataObject) -> None:
-    v = 1 if p == 1 else v
-    m = p * groups if v > 1 else data.draw(st.integers(1, 12))
-    times = st.floats(1e-4, 10.0, allow_nan=False)
-    fwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
-    bwd = data.draw(st.lists(times, min_size=p * v, max_size=p * v))
+    v, m, fwd, bwd = _draw_pipeline(data, p, v, groups, 12, 1e-4)
     p2p = data.draw(st.sampled_from([0.0, 1e-3, 0.37]))
     pipe = one_f_one_b(fwd, bwd, m, p2p, v)
     free, window = _walk([interleaved_order(s, p, v, m) for s in range(p)], fwd, bwd, m, p2p)
