@@ -164,10 +164,11 @@ def _timed(ops: np.ndarray, lengths: np.ndarray, fwd: np.ndarray, bwd: np.ndarra
                 if sfree[s] <= start and not (kind == 1 and over[i] and count[s] > 0):
                     end = start + seconds  # the stream idle and handed nothing: the op at its own pace
                 else:
-                    end = _beside_stream(s, i, start, seconds, kind == 1 and over[i] and count[s] > 0,
-                                         g == s, pace_f[s] if kind == 0 else pace_b[s], work[s], count[s], secs[s],
-                                         sfree, done, ready)
-                    slowed[s] += (end - start) - seconds
+                    pace = pace_f[s] if kind == 0 else pace_b[s]
+                    end = _beside_stream(s, i, start, seconds, kind == 1 and over[i] and count[s] > 0, g == s, pace,
+                                         work[s], count[s], secs[s], sfree, done, ready)
+                    if pace < 1.0:  # (at full pace the op kept its own floats)
+                        slowed[s] += (end - start) - seconds
                 if kind == 0:
                     free[s] = end_f[g, i] = end
                 else:
