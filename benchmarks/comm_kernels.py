@@ -16,7 +16,8 @@ servers, two tables:
   between them in its op order) taken as one group (one ``batch_isend_irecv``, one NCCL kernel); counted, the groups
   whose transfers start before the previous group's on the same rank have ended, and by how much in all: what
   NCCL's kernels of one stream running one after another would delay, were a rank's groups all on one stream
-  (PyTorch puts unbatched sends and receives to different peers on different communicators).
+  (PyTorch's ``ProcessGroupNCCL`` gives unbatched sends and receives a 2-rank communicator per peer pair, each with
+  its stream, unless the group was initialised eagerly with a device: then they share its communicator).
 """
 
 from __future__ import annotations
