@@ -245,8 +245,23 @@ def test_a_collective_beside_the_backward_slows_it_by_what_it_holds() -> None:
     pipe = _one_backward(start, duration, count, 0.7, 1.0)
     assert pipe.stage_end == one_f_one_b([start], [duration], 1).stage_end
     assert pipe.stream_end[0] == pytest.approx(equal_buckets_end(start, duration, count, 0.7), rel=1e-12)
-    with pytest.raises(ValueError, match="pace"):
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
         _one_backward(start, duration, count, s, 0.0)
+
+
+@pytest.mark.parametrize(("chunks", "count"), [(2, 6), (2, 10), (3, 9), (3, 6)])
+def test_a_bucket_ending_with_a_chunk_is_handed_at_its_end(chunks: int, count: int) -> None:
+    # equal chunk backwards, buckets a multiple of the chunks: after the first chunk's backward, its share of the
+    # buckets is handed, whatever the rounding of the work's sums (not at the next chunk's start, ops later)
+    from simulator.training.pipeline import _beside_stream
+
+    beside = _beside_stream.py_func
+    rng = np.random.default_rng(7)
+    for x in rng.uniform(1e-3, 10.0, 300):
+        sfree, done, ready = np.zeros(1), np.zeros((1, 1)), np.zeros((1, 1), dtype=np.int64)
+        end = beside(0, 0, 1.0, float(x), True, False, 0.5, chunks * float(x), count, 0.25, sfree, done, ready)
+        assert ready[0, 0] == count // chunks, x
+        assert end >= 1.0 + x
 
 
 @settings(max_examples=100, deadline=None)

@@ -213,10 +213,12 @@ def _beside_stream(s: int, i: int, t: float, seconds: float, hands: bool, closes
             sfree[s] = (sfree[s] if sfree[s] > t else t) + secs
             ready[s, i] += 1
             done[s, i] = work * ready[s, i] / count
-    if hands and closes:
-        while ready[s, i] < count:  # the last buckets, whatever rounding left of their work
-            sfree[s] = (sfree[s] if sfree[s] > t else t) + secs
-            ready[s, i] += 1
+    # a bucket whose work ends with this op's, but for rounding (a chunk's end): handed now, not at the next op;
+    # the micro-batch's last backward on the stage hands whatever is left
+    while hands and ready[s, i] < count and (closes or done[s, i] >= work * (ready[s, i] + 1) / count - 1e-12 * work):
+        sfree[s] = (sfree[s] if sfree[s] > t else t) + secs
+        ready[s, i] += 1
+        done[s, i] = work * ready[s, i] / count
     return begin + seconds if pace >= 1.0 else t  # at full pace: the op's own floats
 
 

@@ -104,16 +104,18 @@ class Pieces:
     head_b: float
     zero3_ag: float  # one layer's parameters all-gathered over DP
     zero3_rs: float  # one layer's gradients reduce-scattered over DP
-    rates: dict[tuple[str, int], float] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    rates: dict[tuple[str, str, int], float] = dataclasses.field(default_factory=dict, init=False, compare=False,
+                                                                 repr=False)
 
     def pace(self, forward: bool, recompute: str, spec: DeviceSpec, held: int) -> float:
         """The pace, of its pace alone, of a layer's forward (or backward, with ``recompute``'s forward) while a
         collective holds ``held`` of the GPU's SMs (:mod:`.dp`): ``1 / ((1 - k) + k s)``, ``k`` its kernels' share
         of its seconds, ``s`` their seconds on the SMs left over their seconds alone; 1 where the device has no SM
-        count (or no more SMs than are held) or nothing is held."""
+        count (or no more SMs than are held) or nothing is held. ``k`` is the layer's own (with its TP and CP
+        communication), whichever dimension a composition frees (:func:`compose`'s ``free``)."""
         if held <= 0 or spec.sm_count <= held:
             return 1.0
-        key = ("forward" if forward else recompute, held)
+        key = (spec.name, "forward" if forward else recompute, held)
         if key not in self.rates:
             parts = [self.dense_f, self.attn_f] if forward else [self.dense_b, self.attn_b] + {
                 "none": [], "selective": [self.attn_f], "full": [self.dense_f, self.attn_f]}[recompute]
@@ -121,8 +123,10 @@ class Pieces:
             slowed = sum(p.kernel_seconds(spec, held) for p in parts)
             window = sum(p.time for p in parts)
             kernels = sum(p.compute for p in parts)
-            share = min(1.0, kernels / window) if window > 0 else 0.0
-            self.rates[key] = 1.0 / ((1.0 - share) + share * slowed / alone) if alone > 0 else 1.0
+            share = min(1.0, max(0.0, kernels / window)) if window > 0 else 0.0
+            # (a backward piece is a difference of two simulations, whose critical ranks may differ: never faster)
+            stretch = max(1.0, slowed / alone) if alone > 0 else 1.0
+            self.rates[key] = 1.0 / ((1.0 - share) + share * stretch)
         return self.rates[key]
 
 
