@@ -18,11 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from simulator.schedule.core import Schedule
+from simulator.schedule.oplist import KIND_INDEX, Indexed
 
 __all__ = ["ring_allgather_pieces", "ring_reduce_scatter_pieces"]
 
 Frontier = dict[int, tuple[int, ...]]
+_SEND, _RECV, _COMPUTE = KIND_INDEX["send"], KIND_INDEX["recv"], KIND_INDEX["compute"]
 
 
 def _launch(sched: Schedule, order: Sequence[int], tag: str, fn: str, buf: str,
@@ -34,29 +38,43 @@ def _launch(sched: Schedule, order: Sequence[int], tag: str, fn: str, buf: str,
 
 def ring_allgather_pieces(sched: Schedule, order: Sequence[int], name: Callable[[int], str],
                           nbytes: Callable[[int], float], *, tag: str, deps: Mapping[int, Iterable[int]]) -> Frontier:
-    """Every rank ends with every piece ``name(owner)`` (``nbytes(owner)`` bytes, allocated on receipt)."""
+    """Every rank ends with every piece ``name(owner)`` (``nbytes(owner)`` bytes, allocated on receipt).
+
+    The P - 1 steps' transfers are appended as one block of columns (:meth:`Schedule.add_ops`): step after step,
+    position after position, a send then its receive, the ops (ids, fields, deps) that :meth:`Schedule.add_transfer`
+    called once per move would append (``tests/test_pieces.py`` compares the two). A send at step k waits for
+    the piece it forwards (its receive at step k - 1) and its own send of step k - 1; a receive for the receiver's
+    receive of step k - 1; at step 0 both for their rank's launch."""
     p = len(order)
     front = _launch(sched, order, tag, "allgather", name(order[0]), deps)
-    held = {r: list(front[r]) for r in order}
-    last_send: dict[int, list[int]] = {r: [] for r in order}
-    for k in range(p - 1):
-        moves = []
-        for i, r in enumerate(order):
-            owner = order[(i - k) % p]
-            dst = order[(i + 1) % p]
-            moves.append((r, dst, owner))
-        new_recv: dict[int, int] = {}
-        new_send: dict[int, list[int]] = {}
-        for r, dst, owner in moves:
-            snd, recv = sched.add_transfer(r, dst, nbytes(owner), tag, send_deps=held[r] + last_send[r],
-                                           recv_deps=held[dst], args=(name(owner),), alloc=[(name(owner),
-                                                                                             nbytes(owner))],
-                                           coll=tag)
-            new_recv[dst], new_send[r] = recv, [snd]
-        for r in order:
-            held[r] = [new_recv[r]]
-            last_send[r] = new_send[r]
-            front[r].append(new_recv[r])
+    if p < 2:
+        return {r: tuple(ids) for r, ids in front.items()}
+    steps = p - 1
+    i = np.arange(p)
+    k = np.arange(steps)[:, None]
+    base = len(sched.ops) + 2 * (k * p + i[None, :])  # (step, position): the send's id; its receive's is next
+    dep = np.full((steps, p, 2, 2), -1, np.int64)  # (step, position, send/recv, dep)
+    launch = np.array([front[r][0] for r in order], dtype=np.int64)
+    dep[0, :, 0, 0] = launch  # a send after its rank's launch
+    dep[0, :, 1, 0] = np.roll(launch, -1)  # a receive after its receiver's (position i + 1)
+    dep[1:, :, 0, 0] = np.roll(base[:-1] + 1, 1, axis=1)  # the piece it forwards: position i - 1's at step k - 1
+    dep[1:, :, 0, 1] = base[:-1]  # its own send of step k - 1
+    dep[1:, :, 1, 0] = base[:-1] + 1  # the receiver's receive of step k - 1 (position i's transfer)
+    owner = (i[None, :] - k) % p  # (step, position): the position of the piece's owner
+    pieces = [name(r) for r in order]
+    sizes = [nbytes(r) for r in order]
+    ends = np.stack([owner, owner], axis=2).reshape(-1)
+    kinds = np.tile(np.array([_SEND, _RECV], np.uint8), steps * p)
+    ranks = np.stack([np.broadcast_to(np.asarray(order, dtype=np.int64), (steps, p)),
+                      np.broadcast_to(np.roll(np.asarray(order, dtype=np.int64), -1), (steps, p))], axis=2)
+    match = np.stack([base + 1, base], axis=2).reshape(-1)
+    recv = kinds == _RECV
+    sched.add_ops(kinds, ranks.reshape(-1), dep.reshape(-1, 2), match, name=tag, coll=tag,
+                  nbytes=np.array([float(x) for x in sizes])[ends], args=Indexed([(x,) for x in pieces], ends),
+                  alloc=Indexed([(), *(((x, size),) for x, size in zip(pieces, sizes, strict=True))],
+                                np.where(recv, ends + 1, 0)))
+    for j, r in enumerate(order):  # its launch, then the piece it received at each step (from position j - 1)
+        front[r].extend((base[:, (j - 1) % p] + 1).tolist())
     return {r: tuple(ids) for r, ids in front.items()}
 
 
@@ -66,33 +84,94 @@ def ring_reduce_scatter_pieces(sched: Schedule, order: Sequence[int], full: str,
                                dtype: str, elem_bytes: int, deps: Mapping[int, Iterable[int]]) -> Frontier:
     """Rank ``order[c]`` ends with ``out(owner)`` = the sum over all ranks of rows ``rows(owner)`` of ``full``.
 
-    At step 0 a rank sends the rows of its own ``full``; later it sends the partial sums it received and added to.
+    At step 0 a rank sends the rows of its own ``full`` (cut as a view); later it sends the partial sums it received
+    and added to. The P - 1 steps are appended as one block of columns (:meth:`Schedule.add_ops`): per step and
+    position, (at step 0 the cut,) the send, its receive and the receiver's reduction, the ops (ids, fields, deps)
+    that :meth:`Schedule.add_compute` and :meth:`Schedule.add_transfer` called once per move would append
+    (``tests/test_pieces.py`` compares the two). A rank's ops of step k wait for what it held after step k - 1: its
+    send and the reduction of what it received (the first position: in the other order), at step 0 its launch.
     """
     p = len(order)
     front = _launch(sched, order, tag, "reduce-scatter", full, deps)
     if p < 2:
         return {r: tuple(ids) for r, ids in front.items()}
-    held = {r: list(front[r]) for r in order}
-    for k in range(p - 1):
-        new_held: dict[int, list[int]] = {}
-        for i, r in enumerate(order):
-            owner = order[(i - k - 1) % p]
-            dst = order[(i + 1) % p]
-            lo, hi = rows(owner)
-            src_buf = f"{tag}.part{owner}"
-            send_deps = held[r]
-            if k == 0:  # the rows of its own contribution (a view, free)
-                send_deps = [sched.add_compute(r, f"{tag}.cut", deps=held[r], fn="slice-rows", out=src_buf,
-                                               args=(full,), lo=lo, hi=hi, fused=True, coll=tag)]
-            tmp = f"{tag}.tmp{k}"
-            snd, recv = sched.add_transfer(r, dst, nbytes(owner), tag, send_deps=send_deps, recv_deps=held[dst],
-                                           args=(src_buf,), dst_args=(tmp,), coll=tag,
-                                           free_src=() if k == 0 else (src_buf,))
-            target = out(owner) if k == p - 2 else f"{tag}.part{owner}"
-            red = sched.add_compute(dst, f"{tag}.reduce", flops=elems(owner), nbytes=3 * elems(owner) * elem_bytes,
-                                    dtype=dtype, deps=(recv, *held[dst]), fn="add", out=target, args=(tmp, full),
-                                    lo=lo, hi=hi, fused=True, coll=tag, alloc=[(target, nbytes(owner))])
-            new_held.setdefault(dst, []).append(red)
-            new_held.setdefault(r, []).append(snd)
-        held = new_held
-    return {r: tuple(ids) for r, ids in held.items()}
+    steps = p - 1
+    i = np.arange(p)
+    ranks_of = np.asarray(order, dtype=np.int64)
+    # per step and position its ops: (cut at step 0,) send, recv, reduction; their ids
+    width = np.where(np.arange(steps) == 0, 4, 3)
+    first = len(sched.ops) + np.concatenate([[0], np.cumsum(width * p)[:-1]])  # each step's first op
+    per = width[:, None]
+    at = first[:, None] + per * i[None, :]  # (step, position): its first op
+    send = at + (per - 3)  # after the cut at step 0
+    recv, red = send + 1, send + 2
+    # what each position's rank held after each step: (its send, the reduction into it) in append order
+    held = np.empty((steps, p, 2), np.int64)
+    held[:, 1:, 0], held[:, 1:, 1] = red[:, :-1], send[:, 1:]  # the reduction from position i - 1 came first
+    held[:, 0, 0], held[:, 0, 1] = send[:, 0], red[:, -1]  # position 0 sent before position p - 1 reduced into it
+    launch = np.array([front[r][0] for r in order], dtype=np.int64)
+    owner = (i[None, :] - np.arange(steps)[:, None] - 1) % p  # (step, position): the piece's owner's position
+    bounds = [rows(r) for r in order]
+    lo_of, hi_of = np.array([b[0] for b in bounds], np.int64), np.array([b[1] for b in bounds], np.int64)
+    parts = [f"{tag}.part{r}" for r in order]
+    size_of = [nbytes(r) for r in order]
+    elem_of = np.array([float(elems(r)) for r in order])
+    kinds: list[np.ndarray] = []
+    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("rank", "match", "name", "nbytes", "flops", "dtype", "fn",
+                                                         "out", "args", "lo", "hi", "alloc", "free", "fused")}
+    dep_rows: list[np.ndarray] = []
+    names = [tag, f"{tag}.cut", f"{tag}.reduce"]
+    outs = ["", *parts, *(out(r) for r in order)]  # "", a part, an owner's result
+    args_table: list[tuple[str, ...]] = [(full,), *((x,) for x in parts), *((f"{tag}.tmp{k}",) for k in range(steps)),
+                                         *((f"{tag}.tmp{k}", full) for k in range(steps))]
+    allocs: list[tuple[tuple[str, float], ...]] = [(), *(((x, z),) for x, z in zip(parts, size_of, strict=True)),
+                                                   *(((out(r), z),) for r, z in zip(order, size_of, strict=True))]
+    frees: list[tuple[str, ...]] = [(), *((x,) for x in parts)]
+    for k in range(steps):
+        o = owner[k]
+        last = k == p - 2
+        dst = np.roll(np.arange(p), -1)  # the receiver's position
+        before = np.stack([launch, np.full(p, -1)], axis=1) if k == 0 else held[k - 1]
+        ops: list[dict[str, np.ndarray]] = []
+        if k == 0:  # the rows of its own contribution (a view, free)
+            ops.append({"kind": np.full(p, _COMPUTE), "rank": ranks_of, "match": np.full(p, -1), "name": np.full(p, 1),
+                        "nbytes": np.zeros(p), "flops": np.zeros(p), "dtype": np.zeros(p, np.int64),
+                        "fn": np.full(p, 1), "out": 1 + o, "args": np.zeros(p, np.int64), "lo": lo_of[o],
+                        "hi": hi_of[o], "alloc": np.zeros(p, np.int64), "free": np.zeros(p, np.int64),
+                        "fused": np.ones(p, bool), "deps": before})
+        send_deps = np.stack([at[0], np.full(p, -1)], axis=1) if k == 0 else before
+        sizes = np.array([float(size_of[c]) for c in o.tolist()])
+        ops.append({"kind": np.full(p, _SEND), "rank": ranks_of, "match": recv[k], "name": np.zeros(p, np.int64),
+                    "nbytes": sizes, "flops": np.zeros(p), "dtype": np.zeros(p, np.int64), "fn": np.zeros(p, np.int64),
+                    "out": np.zeros(p, np.int64), "args": 1 + o, "lo": np.zeros(p, np.int64),
+                    "hi": np.full(p, -1), "alloc": np.zeros(p, np.int64),
+                    "free": np.zeros(p, np.int64) if k == 0 else 1 + o, "fused": np.zeros(p, bool),
+                    "deps": send_deps})
+        ops.append({"kind": np.full(p, _RECV), "rank": ranks_of[dst], "match": send[k], "name": np.zeros(p, np.int64),
+                    "nbytes": sizes, "flops": np.zeros(p), "dtype": np.zeros(p, np.int64), "fn": np.zeros(p, np.int64),
+                    "out": np.zeros(p, np.int64), "args": np.full(p, 1 + p + k), "lo": np.zeros(p, np.int64),
+                    "hi": np.full(p, -1), "alloc": np.zeros(p, np.int64), "free": np.zeros(p, np.int64),
+                    "fused": np.zeros(p, bool), "deps": before[dst]})
+        red_deps = np.concatenate([recv[k][:, None], before[dst]], axis=1)
+        ops.append({"kind": np.full(p, _COMPUTE), "rank": ranks_of[dst], "match": np.full(p, -1),
+                    "name": np.full(p, 2), "nbytes": 3 * elem_of[o] * elem_bytes, "flops": elem_of[o],
+                    "dtype": np.ones(p, np.int64), "fn": np.full(p, 2), "out": (1 + p + o) if last else (1 + o),
+                    "args": np.full(p, 1 + p + steps + k), "lo": lo_of[o], "hi": hi_of[o],
+                    "alloc": (1 + p + o) if last else (1 + o), "free": np.zeros(p, np.int64),
+                    "fused": np.ones(p, bool), "deps": red_deps})
+        w = len(ops)
+        kinds.append(np.stack([op["kind"] for op in ops], axis=1).reshape(-1))
+        for n in cols:
+            cols[n].append(np.stack([op[n] for op in ops], axis=1).reshape(-1))
+        d = np.full((p, w, 3), -1, np.int64)
+        for j, op in enumerate(ops):
+            d[:, j, : op["deps"].shape[1]] = op["deps"]
+        dep_rows.append(d.reshape(-1, 3))
+    col = {n: np.concatenate(v) for n, v in cols.items()}
+    sched.add_ops(np.concatenate(kinds).astype(np.uint8), col["rank"], np.concatenate(dep_rows), col["match"],
+                  name=Indexed(names, col["name"]), nbytes=col["nbytes"], flops=col["flops"],
+                  dtype=Indexed(["fp32", dtype], col["dtype"]), fn=Indexed(["", "slice-rows", "add"], col["fn"]),
+                  out=Indexed(outs, col["out"]), args=Indexed(args_table, col["args"]), lo=col["lo"], hi=col["hi"],
+                  alloc=Indexed(allocs, col["alloc"]), free=Indexed(frees, col["free"]), fused=col["fused"],
+                  coll=tag)
+    return {r: tuple(held[-1, j].tolist()) for j, r in enumerate(order)}
