@@ -27,6 +27,16 @@ __all__ = ["ring_allgather_pieces", "ring_reduce_scatter_pieces"]
 
 Frontier = dict[int, tuple[int, ...]]
 _SEND, _RECV, _COMPUTE = KIND_INDEX["send"], KIND_INDEX["recv"], KIND_INDEX["compute"]
+# an op's columns in ring_reduce_scatter_pieces' block, where a move's op does not give them: indexes into its
+# tables (name, dtype, fn, out, args, alloc, free: the first entry, the empty or default one) and the Op defaults
+_ROW: dict[str, int | float | bool] = {"match": -1, "name": 0, "nbytes": 0.0, "flops": 0.0, "dtype": 0, "fn": 0,
+                                       "out": 0, "args": 0, "lo": 0, "hi": -1, "alloc": 0, "free": 0, "fused": False}
+
+
+def _moves(p: int, deps: np.ndarray, **given: np.ndarray | int | float | bool
+           ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """One op per ring position: its columns (``given``, else :data:`_ROW`'s), each ``p`` long, and its deps."""
+    return {n: np.broadcast_to(np.asarray(v), (p,)) for n, v in {**_ROW, **given}.items()}, deps
 
 
 def _launch(sched: Schedule, order: Sequence[int], tag: str, fn: str, buf: str,
@@ -116,9 +126,7 @@ def ring_reduce_scatter_pieces(sched: Schedule, order: Sequence[int], full: str,
     parts = [f"{tag}.part{r}" for r in order]
     size_of = [nbytes(r) for r in order]
     elem_of = np.array([float(elems(r)) for r in order])
-    kinds: list[np.ndarray] = []
-    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("rank", "match", "name", "nbytes", "flops", "dtype", "fn",
-                                                         "out", "args", "lo", "hi", "alloc", "free", "fused")}
+    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("kind", "rank", *_ROW)}
     dep_rows: list[np.ndarray] = []
     names = [tag, f"{tag}.cut", f"{tag}.reduce"]
     outs = ["", *parts, *(out(r) for r in order)]  # "", a part, an owner's result
@@ -127,48 +135,32 @@ def ring_reduce_scatter_pieces(sched: Schedule, order: Sequence[int], full: str,
     allocs: list[tuple[tuple[str, float], ...]] = [(), *(((x, z),) for x, z in zip(parts, size_of, strict=True)),
                                                    *(((out(r), z),) for r, z in zip(order, size_of, strict=True))]
     frees: list[tuple[str, ...]] = [(), *((x,) for x in parts)]
+    dst = np.roll(i, -1)  # the receiver's position
     for k in range(steps):
         o = owner[k]
-        last = k == p - 2
-        dst = np.roll(np.arange(p), -1)  # the receiver's position
+        target = (1 + p + o) if k == p - 2 else (1 + o)  # into the owner's result at the last step, else a part
         before = np.stack([launch, np.full(p, -1)], axis=1) if k == 0 else held[k - 1]
-        ops: list[dict[str, np.ndarray]] = []
-        if k == 0:  # the rows of its own contribution (a view, free)
-            ops.append({"kind": np.full(p, _COMPUTE), "rank": ranks_of, "match": np.full(p, -1), "name": np.full(p, 1),
-                        "nbytes": np.zeros(p), "flops": np.zeros(p), "dtype": np.zeros(p, np.int64),
-                        "fn": np.full(p, 1), "out": 1 + o, "args": np.zeros(p, np.int64), "lo": lo_of[o],
-                        "hi": hi_of[o], "alloc": np.zeros(p, np.int64), "free": np.zeros(p, np.int64),
-                        "fused": np.ones(p, bool), "deps": before})
-        send_deps = np.stack([at[0], np.full(p, -1)], axis=1) if k == 0 else before
         sizes = np.array([float(size_of[c]) for c in o.tolist()])
-        ops.append({"kind": np.full(p, _SEND), "rank": ranks_of, "match": recv[k], "name": np.zeros(p, np.int64),
-                    "nbytes": sizes, "flops": np.zeros(p), "dtype": np.zeros(p, np.int64), "fn": np.zeros(p, np.int64),
-                    "out": np.zeros(p, np.int64), "args": 1 + o, "lo": np.zeros(p, np.int64),
-                    "hi": np.full(p, -1), "alloc": np.zeros(p, np.int64),
-                    "free": np.zeros(p, np.int64) if k == 0 else 1 + o, "fused": np.zeros(p, bool),
-                    "deps": send_deps})
-        ops.append({"kind": np.full(p, _RECV), "rank": ranks_of[dst], "match": send[k], "name": np.zeros(p, np.int64),
-                    "nbytes": sizes, "flops": np.zeros(p), "dtype": np.zeros(p, np.int64), "fn": np.zeros(p, np.int64),
-                    "out": np.zeros(p, np.int64), "args": np.full(p, 1 + p + k), "lo": np.zeros(p, np.int64),
-                    "hi": np.full(p, -1), "alloc": np.zeros(p, np.int64), "free": np.zeros(p, np.int64),
-                    "fused": np.zeros(p, bool), "deps": before[dst]})
-        red_deps = np.concatenate([recv[k][:, None], before[dst]], axis=1)
-        ops.append({"kind": np.full(p, _COMPUTE), "rank": ranks_of[dst], "match": np.full(p, -1),
-                    "name": np.full(p, 2), "nbytes": 3 * elem_of[o] * elem_bytes, "flops": elem_of[o],
-                    "dtype": np.ones(p, np.int64), "fn": np.full(p, 2), "out": (1 + p + o) if last else (1 + o),
-                    "args": np.full(p, 1 + p + steps + k), "lo": lo_of[o], "hi": hi_of[o],
-                    "alloc": (1 + p + o) if last else (1 + o), "free": np.zeros(p, np.int64),
-                    "fused": np.ones(p, bool), "deps": red_deps})
-        w = len(ops)
-        kinds.append(np.stack([op["kind"] for op in ops], axis=1).reshape(-1))
-        for n in cols:
-            cols[n].append(np.stack([op[n] for op in ops], axis=1).reshape(-1))
-        d = np.full((p, w, 3), -1, np.int64)
-        for j, op in enumerate(ops):
-            d[:, j, : op["deps"].shape[1]] = op["deps"]
+        ops: list[tuple[dict[str, np.ndarray], np.ndarray]] = []
+        if k == 0:  # the rows of its own contribution (a view, free)
+            ops.append(_moves(p, before, kind=_COMPUTE, rank=ranks_of, name=1, fn=1, out=1 + o, lo=lo_of[o],
+                              hi=hi_of[o], fused=True))
+        ops.append(_moves(p, np.stack([at[0], np.full(p, -1)], axis=1) if k == 0 else before, kind=_SEND,
+                          rank=ranks_of, match=recv[k], nbytes=sizes, args=1 + o, free=0 if k == 0 else 1 + o))
+        ops.append(_moves(p, before[dst], kind=_RECV, rank=ranks_of[dst], match=send[k], nbytes=sizes,
+                          args=1 + p + k))
+        ops.append(_moves(p, np.concatenate([recv[k][:, None], before[dst]], axis=1), kind=_COMPUTE,
+                          rank=ranks_of[dst], name=2, nbytes=3 * elem_of[o] * elem_bytes, flops=elem_of[o], dtype=1,
+                          fn=2, out=target, args=1 + p + steps + k, lo=lo_of[o], hi=hi_of[o], alloc=target,
+                          fused=True))
+        for n in cols:  # position after position, its ops in order
+            cols[n].append(np.stack([columns[n] for columns, _ in ops], axis=1).reshape(-1))
+        d = np.full((p, len(ops), 3), -1, np.int64)
+        for j, (_, deps_j) in enumerate(ops):
+            d[:, j, : deps_j.shape[1]] = deps_j
         dep_rows.append(d.reshape(-1, 3))
     col = {n: np.concatenate(v) for n, v in cols.items()}
-    sched.add_ops(np.concatenate(kinds).astype(np.uint8), col["rank"], np.concatenate(dep_rows), col["match"],
+    sched.add_ops(col["kind"].astype(np.uint8), col["rank"], np.concatenate(dep_rows), col["match"],
                   name=Indexed(names, col["name"]), nbytes=col["nbytes"], flops=col["flops"],
                   dtype=Indexed(["fp32", dtype], col["dtype"]), fn=Indexed(["", "slice-rows", "add"], col["fn"]),
                   out=Indexed(outs, col["out"]), args=Indexed(args_table, col["args"]), lo=col["lo"], hi=col["hi"],

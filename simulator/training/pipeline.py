@@ -161,12 +161,13 @@ def _timed(ops: np.ndarray, lengths: np.ndarray, fwd: np.ndarray, bwd: np.ndarra
                     at = e + (p2p if d % p != s else 0.0)
                 start = free[s] if free[s] >= at else at
                 seconds = fwd[g] if kind == 0 else bwd[g]
-                if sfree[s] <= start and not (kind == 1 and over[i] and count[s] > 0):
+                hands = kind == 1 and over[i] and count[s] > 0
+                if sfree[s] <= start and not hands:
                     end = start + seconds  # the stream idle and handed nothing: the op at its own pace
                 else:
                     pace = pace_f[s] if kind == 0 else pace_b[s]
-                    end = _beside_stream(s, i, start, seconds, kind == 1 and over[i] and count[s] > 0, g == s, pace,
-                                         work[s], count[s], secs[s], sfree, done, ready)
+                    end = _beside_stream(s, i, start, seconds, hands, g == s, pace, work[s], count[s], secs[s], sfree,
+                                         done, ready)
                     if pace < 1.0:  # (at full pace the op kept its own floats)
                         slowed[s] += (end - start) - seconds
                 if kind == 0:
@@ -210,16 +211,21 @@ def _beside_stream(s: int, i: int, t: float, seconds: float, hands: bool, closes
         if hands:
             done[s, i] += did
         if reached:
-            sfree[s] = (sfree[s] if sfree[s] > t else t) + secs
-            ready[s, i] += 1
-            done[s, i] = work * ready[s, i] / count
+            _hand(s, i, t, work, count, secs, sfree, done, ready)
     # a bucket whose work ends with this op's, but for rounding (a chunk's end): handed now, not at the next op;
     # the micro-batch's last backward on the stage hands whatever is left
     while hands and ready[s, i] < count and (closes or done[s, i] >= work * (ready[s, i] + 1) / count - 1e-12 * work):
-        sfree[s] = (sfree[s] if sfree[s] > t else t) + secs
-        ready[s, i] += 1
-        done[s, i] = work * ready[s, i] / count
+        _hand(s, i, t, work, count, secs, sfree, done, ready)
     return begin + seconds if pace >= 1.0 else t  # at full pace: the op's own floats
+
+
+@njit(cache=True, inline="always")
+def _hand(s: int, i: int, t: float, work: float, count: int, secs: float, sfree: np.ndarray, done: np.ndarray,
+          ready: np.ndarray) -> None:
+    """Micro-batch ``i``'s next bucket handed to stage ``s``'s stream at ``t``: it runs after the stream's last."""
+    sfree[s] = (sfree[s] if sfree[s] > t else t) + secs
+    ready[s, i] += 1
+    done[s, i] = work * ready[s, i] / count
 
 
 @dataclasses.dataclass(frozen=True)

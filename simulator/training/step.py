@@ -225,8 +225,9 @@ def compose(wl: TrainWorkload, pc: Pieces, dpc: DPCollectives | None, cluster: C
     comp_f = pc.dense_f.compute + pc.attn_f.compute
     comp_b = pc.dense_b.compute + pc.attn_b.compute + {"none": 0.0, "selective": pc.attn_f.compute,
                                                        "full": comp_f}[wl.recompute]
+    spec = cluster.specs[cluster.ranks[0]]
     if wl.zero == 3 and dpc is not None and free != "dp":  # each prefetched under the layer: slowing it (.dp)
-        spec, layer = cluster.specs[cluster.ranks[0]], model.layer_weights / par.tp
+        layer = model.layer_weights / par.tp
         ag, rs = dpc.channels("allgather", layer), dpc.channels("reduce-scatter", layer)
         lf = under(lf, ((pc.zero3_ag, pc.pace(True, wl.recompute, spec, ag)),))
         lb = under(lb, ((pc.zero3_ag, pc.pace(False, wl.recompute, spec, ag)),
@@ -240,11 +241,10 @@ def compose(wl: TrainWorkload, pc: Pieces, dpc: DPCollectives | None, cluster: C
     params = stage_params(model, par.pp, v)
     bucket = wl.bucket / DTYPE_BYTES[wl.dtype]
     dp = dpc if par.grad_ranks > 1 and free != "dp" else None
+    buckets = [bucket_sizes(params[s] / par.tp, bucket) for s in range(par.pp)]  # equal sizes: one time each
     streams = None
     if dp is not None and wl.zero in (0, 1, 2):  # each stage's gradient buckets beside its pipeline (.pipeline)
         operation = "allreduce" if wl.zero == 0 else "reduce-scatter"
-        spec = cluster.specs[cluster.ranks[0]]
-        buckets = [bucket_sizes(params[s] / par.tp, bucket) for s in range(par.pp)]  # equal sizes: one time each
         held = [dp.channels(operation, b[0]) for b in buckets]
         streams = DPStreams(tuple(range(m)) if wl.zero == 2 else (m - 1,), tuple(len(b) for b in buckets),
                             tuple(dp.time(operation, b[0]) for b in buckets),
@@ -253,8 +253,7 @@ def compose(wl: TrainWorkload, pc: Pieces, dpc: DPCollectives | None, cluster: C
     pipe = one_f_one_b(fwd, bwd, m, p2p, v, streams)
     done = []
     for s in range(par.pp):
-        shard = params[s] / par.tp
-        sizes = bucket_sizes(shard, bucket)
+        shard, sizes = params[s] / par.tp, buckets[s]
         end = max(pipe.stage_end[s], pipe.stream_end[s])
         if dp is not None and wl.zero == 3:
             end += pc.zero3_rs  # the first layer's gradients, reduce-scattered after the last backward
