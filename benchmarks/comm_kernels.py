@@ -12,12 +12,12 @@ servers, two tables:
   and ``kind: train`` the DP collectives' (:mod:`simulator.training.dp`); a collective inside a schedule holds none.
   Printed: the seconds of kernels (outside collectives) that run while a transfer of a collective on the same rank
   is in flight, against all kernel seconds, summed over ranks: what holding SMs for collectives could slow.
-* **point-to-point groups out of stream order**: the sends and receives a rank issues back to back (no kernel
-  between them in its op order) taken as one group (one ``batch_isend_irecv``, one NCCL kernel); counted, the groups
-  whose transfers start before the previous group's on the same rank have ended, and by how much in all: what
-  NCCL's kernels of one stream running one after another would delay, were a rank's groups all on one stream
-  (PyTorch's ``ProcessGroupNCCL`` gives unbatched sends and receives a 2-rank communicator per peer pair, each with
-  its stream, unless the group was initialised eagerly with a device: then they share its communicator).
+* **point-to-point kernels on one stream or a stream per peer**: the engine runs a GPU's sends and receives issued
+  back to back as one kernel (``p2p: batched``: one ``batch_isend_irecv`` on the group's communicator) and a rank's
+  kernels one after another on its stream, or (``p2p: per-peer``: unbatched ``isend``/``irecv``, PyTorch's
+  ``ProcessGroupNCCL`` giving each pair of ranks a communicator and stream of its own) each end as a kernel on its
+  pair's stream. Printed: each schedule's makespan both ways, and how many groups (batched) start at the end of
+  the rank's previous group, later than they would on a stream of their own: what one stream delays.
 """
 
 from __future__ import annotations
@@ -58,10 +58,13 @@ def beside(sched: Schedule, cluster: Cluster) -> tuple[float, float]:
     return near, total
 
 
-def out_of_order(sched: Schedule, cluster: Cluster) -> tuple[int, int, float]:
-    """(point-to-point groups, those starting before the previous group on their rank ended, by how many seconds in
-    all), the groups as the module docstring takes them."""
+def held_back(sched: Schedule, cluster: Cluster) -> tuple[int, int, float, float]:
+    """(point-to-point groups, those that one stream holds back, the makespan batched, per-peer): a group held back
+    starts where the rank's previous group ended, later than the same group starts per peer."""
     res = simulate(sched, cluster)
+    sched.p2p = "per-peer"
+    free = simulate(sched, cluster)
+    sched.p2p = "batched"
     per_rank: dict[int, list[list[int]]] = {}
     current: dict[int, list[int]] = {}
     for op in sched.ops:  # op order is each rank's program order
@@ -72,18 +75,14 @@ def out_of_order(sched: Schedule, cluster: Cluster) -> tuple[int, int, float]:
     for rank, ids in current.items():
         if ids:
             per_rank.setdefault(rank, []).append(ids)
-    groups = late = 0
-    seconds = 0.0
+    groups = held = 0
     for rank_groups in per_rank.values():
-        before = -np.inf
-        for ids in rank_groups:
+        for before, ids in zip([None, *rank_groups], rank_groups, strict=False):
             groups += 1
-            start, end = float(res.start[ids].min()), float(res.end[ids].max())
-            if start < before:
-                late += 1
-                seconds += before - start
-            before = max(before, end)
-    return groups, late, seconds
+            start = float(res.start[ids].min())
+            if before is not None and start == float(res.end[before].max()) and start > float(free.start[ids].min()):
+                held += 1
+    return groups, held, res.makespan, free.makespan
 
 
 def main() -> None:
@@ -116,13 +115,11 @@ def main() -> None:
         near, total = beside(sched, cluster)
         share = near / total if total > 0 else 0.0
         print(f"{label:26s} {near * 1e3:10.3f} ms of {total * 1e3:10.3f} ms  ({share:.2%})")
-    print("\npoint-to-point groups (ends issued back to back) starting before their rank's previous group ended")
+    print("\npoint-to-point kernels: one stream per rank (p2p: batched) against a stream per peer (per-peer)")
     for label, sched in rows:
-        groups, late, seconds = out_of_order(sched, cluster)
-        makespan = simulate(sched, cluster).makespan
-        print(f"{label:26s} {late:6d} of {groups:6d} groups, by {seconds * 1e3:10.3f} ms in all (makespan "
-              f"{makespan * 1e3:.3f} ms)")
-
+        groups, held, batched, per_peer = held_back(sched, cluster)
+        print(f"{label:26s} {batched * 1e3:10.3f} ms batched, {per_peer * 1e3:10.3f} ms per peer "
+              f"({batched / per_peer - 1:+7.2%}); {held:5d} of {groups:5d} groups held back by the stream")
 
 if __name__ == "__main__":
     main()

@@ -47,7 +47,7 @@ def added_dependencies(sched: Schedule, cluster: Cluster) -> int:
     cols = sched.ops.columns()
     specs = [cluster.specs.get(node) for node in sched.placement_on(cluster.ranks)]
     return stream_ordered(cols.dep_count, cols.parents, cols.kind, cols.rank, cols.match, cols.coll,
-                          stream_ranks(sched, specs, np.zeros(sched.ranks, dtype=bool)))[2]
+                          stream_ranks(sched, specs, np.zeros(sched.ranks, dtype=bool)), sched.p2p)[2]
 
 
 def main() -> None:

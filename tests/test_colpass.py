@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.schedule.colpass import dependents, group_max, stream_ordered, timeline_order
-from simulator.schedule.op import OP_KINDS
+from simulator.schedule.op import OP_KINDS, P2P_STREAMS
 
 
 @settings(max_examples=80, deadline=None)
@@ -63,12 +63,14 @@ def test_dependents_refuse_counts_and_ops_that_do_not_add_up():
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(1, 5), st.integers(0, 120), st.integers(0, 2**32 - 1))
-def test_stream_order_is_its_definition(p, n, seed):
+@given(st.integers(1, 5), st.integers(0, 120), st.integers(0, 2**32 - 1), st.sampled_from(P2P_STREAMS))
+def test_stream_order_is_its_definition(p, n, seed, p2p):
     """Random ops of every kind on ``p`` ranks (some ranks ordered), transfers matched in pairs, some in a
     collective, deps on earlier ops: each launch, and each send or receive outside a collective, of an ordered rank
     depends, after its own dependencies, on the last compute or merge before it on its rank, unless it did already;
-    nothing else changes."""
+    such a send or receive also depends on every end of its rank's previous group (ends with no compute, merge or
+    launch between them on the rank), those it did not already (``per-peer``: on its rank's end before it with the
+    same peer); nothing else changes."""
     rng = np.random.default_rng(seed)
     kinds = [OP_KINDS[k] for k in rng.integers(0, len(OP_KINDS), size=n)]
     rank = rng.integers(0, p, size=n)
@@ -82,19 +84,31 @@ def test_stream_order_is_its_definition(p, n, seed):
     deps = [sorted({int(d) % i for d in rng.integers(0, 1000, size=rng.integers(0, 3))}) if i else []
             for i in range(n)]
     ordered = rng.random(p) < 0.7
-    want, last = [], {}
+    want, last, group, previous = [], {}, {}, {}  # group: a rank's open group; previous: its group before
+    to_peer: dict[tuple[int, int], int] = {}  # per-peer: a rank's last end with a peer
     for i, k in enumerate(kinds):
-        ds = list(deps[i])
+        ds, r = list(deps[i]), rank[i]
+        own = k in ("send", "recv") and not coll[i if k == "send" else match[i]]
+        if k in ("compute", "merge", "launch") and group.get(r):
+            previous[r], group[r] = group[r], []
         if k in ("compute", "merge"):
-            last[rank[i]] = i
-        elif (k == "launch" or (k in ("send", "recv") and not coll[i if k == "send" else match[i]])) \
-                and ordered[rank[i]] and rank[i] in last and last[rank[i]] not in ds:
-            ds.append(last[rank[i]])
+            last[r] = i
+        elif (k == "launch" or own) and ordered[r]:
+            gains = [last[r]] if r in last else []
+            if own and p2p == "batched":
+                gains += previous.get(r, [])
+            elif own:
+                pair = (r, int(rank[match[i]]))
+                gains += [to_peer[pair]] if pair in to_peer else []
+                to_peer[pair] = i
+            ds += [d for d in gains if d not in ds]
+            if own:
+                group.setdefault(r, []).append(i)
         want.append(ds)
     counts = np.array([len(d) for d in deps], dtype=np.int32)
     parents = np.array([d for ds in deps for d in ds], dtype=np.int32)
     kind = np.array([OP_KINDS.index(k) for k in kinds], dtype=np.uint8)
-    got_counts, got_parents, added = stream_ordered(counts, parents, kind, rank, match, coll, ordered)
+    got_counts, got_parents, added = stream_ordered(counts, parents, kind, rank, match, coll, ordered, p2p)
     bounds = np.concatenate(([0], np.cumsum(got_counts)))
     assert [got_parents[bounds[i]:bounds[i + 1]].tolist() for i in range(n)] == want
-    assert added == sum(map(len, want)) - len(parents)
+    assert added == sum(len(w) > len(d) for w, d in zip(want, deps, strict=True))

@@ -384,6 +384,29 @@ def test_a_gpu_posts_its_point_to_point_ends_in_stream_order(engine):
     assert ends[0] == ends[1]
 
 
+@pytest.mark.parametrize("engine", [simulate, simulate_reference])
+def test_a_gpus_point_to_point_kernels_run_one_after_another(engine):
+    """A GPU's sends and receives issued back to back are one NCCL kernel (``p2p: batched``: one
+    ``batch_isend_irecv``), and its kernels run one after another on one stream: a send issued after a group still
+    waiting for its peer starts when that group has ended, even to another peer. ``per-peer`` (unbatched
+    ``isend``/``irecv``): each end is a kernel on the stream of its pair of ranks, so only an end to the same peer
+    waits. Closed forms: the later send starts at the earlier transfer's end, or at the kernel before it."""
+    gpus = load_topology("cluster", {"nodes": 1, "gpus_per_node": 3})
+    for p2p in ("batched", "per-peer"):
+        for peer in (1, 2):
+            sched = Schedule(3, placement=gpus.ranks, p2p=p2p)
+            late = sched.add_compute(1, "late", nbytes=2e9)  # rank 1 receives only after it
+            first, _ = sched.add_transfer(0, 1, 1e6, "x", recv_deps=[late])
+            k = sched.add_compute(0, "k", nbytes=1e9)  # ends before rank 1's receive is posted
+            second, _ = sched.add_transfer(0, peer, 1e6, "y")
+            res = engine(sched, gpus)
+            assert res.end[k] < res.start[first] == res.end[late]
+            waits = p2p == "batched" or peer == 1
+            assert res.start[second] == (res.end[first] if waits else res.end[k])
+    with pytest.raises(ValueError, match="p2p"):
+        engine(Schedule(2, placement=gpus.ranks[:2], p2p="lazy"), gpus)
+
+
 def test_program_order_waits_for_a_collectives_launch():
     cluster = dataclasses.replace(_shared_cores_cluster(2, 2), collective_overhead_s=1e-3)
     sched = Schedule(2, placement=cluster.ranks)

@@ -17,10 +17,11 @@ from simulator.algorithms.tree import build_tree, build_tree_p2p
 from simulator.collectives import ALGORITHMS as COLLECTIVES
 from simulator.errors import InputError, excerpt
 from simulator.schedule.core import Schedule
+from simulator.schedule.op import P2P_STREAMS
 from simulator.support.gcpause import gc_paused
 from simulator.workloads.shape import DecodeShape
 
-__all__ = ["REGISTRY", "AlgorithmSpec", "Layout", "build_schedule", "label", "resolve"]
+__all__ = ["P2P_PARAM", "REGISTRY", "AlgorithmSpec", "Layout", "build_schedule", "built", "label", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,17 @@ def _collective(v: Any) -> bool:
 
 MAX_ARITY = 1024  # the builder loops over the children of each node
 _ALLREDUCE = ("allreduce_algo", "auto", _collective, f"one of {', '.join(COLLECTIVES)}")
+# every schedule with sends and receives outside collectives: how its GPU ranks' ends map to NCCL kernels and
+# streams (simulator.schedule.op.P2P_STREAMS), set on the built schedule rather than given to its builder
+P2P_PARAM = ("p2p", "batched", lambda v: v in P2P_STREAMS, f"one of {', '.join(P2P_STREAMS)}")
 REGISTRY: dict[str, AlgorithmSpec] = {
-    "ring": AlgorithmSpec(build_ring, {"overlap": ("overlap", True, _bool, "true or false")}),
-    "ring-q": AlgorithmSpec(build_ring_q, {}),
+    "ring": AlgorithmSpec(build_ring, {"overlap": ("overlap", True, _bool, "true or false"), "p2p": P2P_PARAM}),
+    "ring-q": AlgorithmSpec(build_ring_q, {"p2p": P2P_PARAM}),
     "tree": AlgorithmSpec(build_tree, {"allreduce": _ALLREDUCE}),
     "tree-p2p": AlgorithmSpec(build_tree_p2p, {
         "arity": ("arity", 2, _arity, f"an integer from 2 to {MAX_ARITY}"),
         "topology_aware": ("topology_aware", False, _bool, "true or false"),
+        "p2p": P2P_PARAM,
     }),
     "single": AlgorithmSpec(build_single, {}),
 }
@@ -89,9 +94,17 @@ def label(name: str, params: Mapping[str, Any], registry: Mapping[str, Algorithm
     return f"{name}[{','.join(extra)}]" if extra else name
 
 
+def built(spec: AlgorithmSpec, params: Mapping[str, Any], shape: Any, layout: Layout) -> Schedule:
+    """``spec``'s schedule for ``params`` (YAML names, as :func:`resolve` returns them): its builder given the rest,
+    the built schedule ``p2p``."""
+    kwargs = {spec.params[k][0]: v for k, v in params.items()}
+    p2p = kwargs.pop("p2p", "batched")
+    with gc_paused():
+        sched = spec.build(shape, layout, **kwargs)
+    sched.p2p = p2p
+    return sched
+
+
 def build_schedule(name: str, params: Mapping[str, Any], shape: DecodeShape, layout: Layout) -> Schedule:
     """Build the named schedule (``params`` as returned by :func:`resolve`)."""
-    spec = REGISTRY[name]
-    kwargs = {spec.params[k][0]: v for k, v in params.items()}
-    with gc_paused():
-        return spec.build(shape, layout, **kwargs)
+    return built(REGISTRY[name], params, shape, layout)

@@ -246,7 +246,7 @@ class _Run:
         # dependents as a CSR array (op d's children are kids[first_kid[d]:first_kid[d + 1]], in op-id order, as they
         # were appended): a counting sort of the edges (simulator.schedule.colpass)
         counts, parents, _ = stream_ordered(cols.dep_count, cols.parents, cols.kind, cols.rank, cols.match, cols.coll,
-                                            stream_ranks(schedule, self.specs, threads))
+                                            stream_ranks(schedule, self.specs, threads), schedule.p2p)
         self.kids, self.first_kid = dependents(counts, parents)
         self.pending = counts  # int32, counted down by the loop
         self.roots = np.flatnonzero(self.pending == 0)

@@ -294,7 +294,7 @@ class _Run:
             counts, parents, self.kind_of, np.fromiter(map(_RANK, ops), dtype=np.int64, count=n),
             np.fromiter((-1 if op.match is None else op.match for op in ops), dtype=np.int64, count=n),
             np.fromiter((bool(op.coll) for op in ops), dtype=bool, count=n),
-            stream_ranks(schedule, self.specs, threads))
+            stream_ranks(schedule, self.specs, threads), schedule.p2p)
         counts, parents = counts.astype(np.int64), parents.astype(np.int64)
         kids = np.repeat(np.arange(n, dtype=np.int64), counts)[np.argsort(parents, kind="stable")]
         self.kids = array("q", kids.tobytes())

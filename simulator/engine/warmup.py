@@ -59,8 +59,8 @@ def _state() -> None:
     colpass._ties_by_rank.compile((i64[::1], f64[::1], i32[::1], i64))
     colpass._ordered_sum.compile((f64[::1],))
     u8, b1 = types.uint8, types.boolean
-    colpass._stream_deps.compile((i32[::1], i32[::1], u8[::1], i32[::1], i32[::1], b1[::1], b1[::1], i64, i64, i64,
-                                  i64, i64))
+    colpass._stream_deps.compile((i32[::1], i32[::1], u8[::1], i32[::1], i32[::1], b1[::1], b1[::1], b1, i64, i64,
+                                  i64, i64, i64))
 
 
 def _router() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.schedule.op import OP_KINDS
+from simulator.schedule.op import OP_KINDS, P2P_STREAMS
 from simulator.support.arraycopy import put1
 from simulator.support.jitcache import njit
 
@@ -191,58 +191,143 @@ def ordered_sum(values: np.ndarray) -> float:
 
 
 @njit(cache=True)
+def _p2p_groups(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, coll: np.ndarray, ordered: np.ndarray,
+                per_peer: bool, kernel_a: int, kernel_b: int, send: int, recv: int,
+                launch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """(each op's group, or -1 where it is not an ordered rank's own end; each group's predecessor on its stream, or
+    -1; each group's first index into the next array; the groups' ends in op order). ``per_peer``: every end is a
+    group of its own, on its rank's stream to that peer."""
+    n, nr = len(kind), len(ordered)
+    group = np.full(n, -1, dtype=np.int64)
+    before = np.full(n, -1, dtype=np.int64)
+    open_g = np.full(nr, -1, dtype=np.int64)
+    closed = np.full(nr, -1, dtype=np.int64)
+    groups = 0
+    for i in range(n):
+        k, r = kind[i], rank[i]
+        if not ordered[r]:
+            continue
+        if k in (kernel_a, kernel_b, launch):
+            if open_g[r] >= 0:
+                closed[r], open_g[r] = open_g[r], -1
+        elif k in (send, recv):
+            m = match[i]
+            if (not coll[i]) if k == send else (m < 0 or m >= n or not coll[m]):
+                if open_g[r] < 0:
+                    open_g[r] = groups
+                    before[groups] = closed[r]
+                    groups += 1
+                group[i] = open_g[r]
+    if per_peer:  # each end its own group; its predecessor the rank's end before it with the same peer
+        groups = 0
+        for i in range(n):
+            if group[i] >= 0:
+                group[i] = groups
+                groups += 1
+        key = np.full(groups, -1, dtype=np.int64)
+        for i in range(n):
+            if group[i] >= 0:
+                m = match[i]
+                key[group[i]] = rank[i] * (nr + 1) + (rank[m] + 1 if 0 <= m < n else 0)
+        order = np.argsort(key, kind="mergesort")
+        before[:groups] = -1
+        for q in range(1, groups):
+            if key[order[q]] == key[order[q - 1]]:
+                before[order[q]] = order[q - 1]
+    first = np.zeros(groups + 1, dtype=np.int64)
+    for i in range(n):
+        if group[i] >= 0:
+            first[group[i] + 1] += 1
+    for g in range(groups):
+        first[g + 1] += first[g]
+    ends = np.empty(first[groups], dtype=np.int64)
+    fill = first[:groups].copy()
+    for i in range(n):
+        if group[i] >= 0:
+            ends[fill[group[i]]] = i
+            fill[group[i]] += 1
+    return group, before[:groups], first, ends
+
+
+@njit(cache=True, inline="always")
+def _among(parents: np.ndarray, e: int, c: int, d: int) -> bool:  # pragma: no cover
+    for j in range(e, e + c):  # noqa: SIM110 (a loop: numba compiles no generator into any())
+        if parents[j] == d:
+            return True
+    return False
+
+
+@njit(cache=True)
 def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
-                 coll: np.ndarray, ordered: np.ndarray, kernel_a: int, kernel_b: int, send: int, recv: int,
-                 launch: int) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
+                 coll: np.ndarray, ordered: np.ndarray, per_peer: bool, kernel_a: int, kernel_b: int, send: int,
+                 recv: int, launch: int) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
     n = len(counts)
+    group, before, first, ends = _p2p_groups(kind, rank, match, coll, ordered, per_peer, kernel_a, kernel_b, send,
+                                             recv, launch)
     last = np.full(len(ordered), -1, dtype=np.int64)  # each rank's last kernel so far
-    gains = np.full(n, -1, dtype=np.int64)
+    gains = np.zeros(n, dtype=np.int32)
+    gain_of = np.empty(16, dtype=np.int64)  # the added parents, op after op
     extra, e = 0, 0
     for i in range(n):
         k, r, c = kind[i], rank[i], counts[i]
         if k in (kernel_a, kernel_b):
             last[r] = i
-        elif k in (send, recv, launch) and ordered[r] and last[r] >= 0:
-            m = match[i]
-            own = k == launch or (not coll[i] if k == send else (m < 0 or m >= n or not coll[m]))
-            if own:
-                seen = False
-                for j in range(e, e + c):
-                    if parents[j] == last[r]:
-                        seen = True
-                if not seen:
-                    gains[i] = last[r]
-                    extra += 1
+        elif ordered[r] and (k == launch or group[i] >= 0):
+            g = before[group[i]] if group[i] >= 0 else -1
+            want = 1 + (first[g + 1] - first[g] if g >= 0 else 0)
+            if extra + want > len(gain_of):
+                grown = np.empty(2 * (extra + want), dtype=np.int64)
+                grown[:extra] = gain_of[:extra]
+                gain_of = grown
+            if last[r] >= 0 and not _among(parents, e, c, last[r]):
+                gain_of[extra + gains[i]] = last[r]
+                gains[i] += 1
+            if g >= 0:
+                for q in range(first[g], first[g + 1]):
+                    if not _among(parents, e, c, ends[q]):
+                        gain_of[extra + gains[i]] = ends[q]
+                        gains[i] += 1
+            extra += gains[i]
         e += c
     if extra == 0:
         return counts, parents, 0
     new_counts = counts.copy()
     new_parents = np.empty(len(parents) + extra, dtype=parents.dtype)
-    e, f = 0, 0
+    e, f, a, gained = 0, 0, 0, 0
     for i in range(n):
         for j in range(e, e + counts[i]):
             new_parents[f] = parents[j]
             f += 1
         e += counts[i]
-        if gains[i] >= 0:
-            new_parents[f] = gains[i]
+        for _ in range(gains[i]):
+            new_parents[f] = gain_of[a]
             f += 1
-            new_counts[i] += 1
-    return new_counts, new_parents, extra
+            a += 1
+        new_counts[i] += gains[i]
+        if gains[i]:
+            gained += 1
+    return new_counts, new_parents, gained
 
 
 def stream_ordered(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
-                   coll: np.ndarray, ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+                   coll: np.ndarray, ordered: np.ndarray, p2p: str = "batched") -> tuple[np.ndarray, np.ndarray, int]:
     """Every op's dependencies (``counts``, ``parents`` op after op) with the stream order of the ranks that post in it
     (``ordered``, by rank): a collective's launch, or a send or receive outside a collective (a send's ``coll`` false; a
     receive's match's), of such a rank depends on the last kernel (``compute`` or ``merge``) before it in its rank's op
-    order too, appended after its own dependencies unless among them. Returns the counts and parents (the given arrays
-    where nothing was added) and how many ends gained a dependency; one compiled pass, no sort."""
+    order too; and its point-to-point groups run one after another: a rank's own sends and receives issued back to
+    back (no kernel or launch between them in its op order) are one group (one ``batch_isend_irecv``, one NCCL
+    kernel), and each end of a group depends on every end of the rank's group before it (the kernels of one stream
+    run in the order they were enqueued): ``p2p`` ``"batched"``. With ``p2p`` ``"per-peer"`` (each send and receive
+    its own kernel, on a stream per pair of ranks) an end depends on its rank's end before it with the same peer.
+    Added after the op's own dependencies, unless among them. Returns the counts and parents (the given arrays where
+    nothing was added) and how many ops gained a dependency; compiled passes."""
+    if p2p not in P2P_STREAMS:
+        raise ValueError(f"p2p must be one of {', '.join(P2P_STREAMS)}, got {p2p!r}")
     if not ordered.any():  # (no rank posts in stream order: nothing to add, no pass)
         return counts, parents, 0
     index = OP_KINDS.index
     return _stream_deps(np.ascontiguousarray(counts, dtype=np.int32), np.ascontiguousarray(parents, dtype=np.int32),
                         np.ascontiguousarray(kind, dtype=np.uint8), np.ascontiguousarray(rank, dtype=np.int32),
                         np.ascontiguousarray(match, dtype=np.int32), np.ascontiguousarray(coll, dtype=np.bool_),
-                        np.ascontiguousarray(ordered, dtype=np.bool_), index("compute"), index("merge"),
-                        index("send"), index("recv"), index("launch"))
+                        np.ascontiguousarray(ordered, dtype=np.bool_), p2p == "per-peer", index("compute"),
+                        index("merge"), index("send"), index("recv"), index("launch"))

@@ -111,7 +111,10 @@ class Schedule:
     ``program_order``: each rank's ops, in op order, are the order its program issues them, so a GPU rank posts its
     point-to-point ends and launches its collectives in stream order (:mod:`simulator.engine.core`); ``False`` for a
     schedule whose op order is not a program (a timeline standing for a timing that posts every receive ahead: the
-    training pipeline's).
+    training pipeline's). ``p2p``: how such a rank's sends and receives outside collectives map to NCCL kernels and
+    streams (:data:`simulator.schedule.op.P2P_STREAMS`): ``"batched"``, the ends it issues back to back are one
+    kernel and a rank's kernels run one after another on one stream; ``"per-peer"``, each end is a kernel on the
+    stream of its pair of ranks.
     """
 
     ranks: int
@@ -121,6 +124,7 @@ class Schedule:
     initial: dict[int, dict[str, float]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     program_order: bool = True
+    p2p: str = "batched"
     # kernel tables given to add_kernel_step, by id: (the table, its entries as (str, float, float, tuple)), so that
     # the steps of a lockstep schedule share one (and the engine looks its costs up once)
     _tables: dict[int, tuple[Sequence[Any], list[Any]]] = field(default_factory=dict, init=False, repr=False,
@@ -339,8 +343,13 @@ class Schedule:
 
     @staticmethod
     def combine(parts: Sequence[tuple[Schedule, Sequence[str]]], name: str = "") -> Schedule:
-        """Schedules on disjoint ranks side by side, as one (each part's ranks placed on the given nodes)."""
-        out = Schedule(sum(s.ranks for s, _ in parts), name=name, placement=tuple(n for _, pl in parts for n in pl))
+        """Schedules on disjoint ranks side by side, as one (each part's ranks placed on the given nodes; their
+        ``p2p`` the same)."""
+        p2p = {s.p2p for s, _ in parts}
+        if len(p2p) > 1:
+            raise ValueError(f"parts with different p2p streams ({', '.join(sorted(p2p))}) cannot be combined")
+        out = Schedule(sum(s.ranks for s, _ in parts), name=name, placement=tuple(n for _, pl in parts for n in pl),
+                       p2p=p2p.pop() if p2p else "batched")
         rank_off = id_off = 0
         outputs = []
         for sched, place in parts:

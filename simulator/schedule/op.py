@@ -18,12 +18,17 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-__all__ = ["COMPUTE_KINDS", "OP_KINDS", "STREAMED", "Op", "OpGrid", "compute_op", "is_recv", "launch_op", "recv_of",
-           "recv_op", "send_of", "send_op", "transfer_of", "transfer_send"]
+__all__ = ["COMPUTE_KINDS", "OP_KINDS", "P2P_STREAMS", "STREAMED", "Op", "OpGrid", "compute_op", "is_recv", "launch_op",
+           "recv_of", "recv_op", "send_of", "send_op", "transfer_of", "transfer_send"]
 
 OP_KINDS = ("compute", "merge", "send", "recv", "launch")
 STREAMED = -1.0  # a transfer's floor_s: it continues a stream of steps whose first paid the connection's latency
 COMPUTE_KINDS = frozenset({"compute", "merge"})
+# how a GPU rank's sends and receives outside collectives map to NCCL kernels and streams (the engine's stream
+# order, simulator.schedule.colpass.stream_ordered): "batched", the ends it issues back to back one kernel on one
+# stream per rank (PyTorch's batch_isend_irecv: the group's communicator); "per-peer", each end its own kernel on a
+# stream per pair of ranks (an unbatched isend / irecv: ProcessGroupNCCL's 2-rank communicator)
+P2P_STREAMS = ("batched", "per-peer")
 
 
 class Op(NamedTuple):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from simulator.algorithms import AlgorithmSpec, Layout
+from simulator.algorithms import P2P_PARAM, AlgorithmSpec, Layout, built
 from simulator.algorithms.prefill.gathered import build_prefill_allgather
 from simulator.algorithms.prefill.ring import build_prefill_ring
 from simulator.algorithms.prefill.ring_q import build_prefill_ring_q
@@ -43,17 +43,19 @@ def build_prefill_auto(shape: PrefillShape, layout: Layout) -> Schedule:
 
 
 PREFILL_REGISTRY: dict[str, AlgorithmSpec] = {
-    "ring": AlgorithmSpec(build_prefill_ring, {"overlap": ("overlap", True, _bool, "true or false")}),
-    "ring-q": AlgorithmSpec(build_prefill_ring_q, {"overlap": ("overlap", True, _bool, "true or false")}),
+    "ring": AlgorithmSpec(build_prefill_ring, {"overlap": ("overlap", True, _bool, "true or false"),
+                                               "p2p": P2P_PARAM}),
+    "ring-q": AlgorithmSpec(build_prefill_ring_q, {"overlap": ("overlap", True, _bool, "true or false"),
+                                                   "p2p": P2P_PARAM}),
     "allgather": AlgorithmSpec(build_prefill_allgather, {}),
     "ulysses": AlgorithmSpec(build_prefill_ulysses, {
         "alltoall": ("alltoall", "pairwise", lambda v: v in ALLTOALL, f"one of {', '.join(ALLTOALL)}")}),
     "usp": AlgorithmSpec(build_prefill_usp, {
         "ulysses": ("ulysses", 0, lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
                     "a whole number >= 0 (0: the GPUs of a server, as the heads allow)"),
-        "overlap": ("overlap", True, _bool, "true or false")}),
+        "overlap": ("overlap", True, _bool, "true or false"), "p2p": P2P_PARAM}),
     "single": AlgorithmSpec(build_prefill_single, {}),
-    "auto": AlgorithmSpec(build_prefill_auto, {}),
+    "auto": AlgorithmSpec(build_prefill_auto, {"p2p": P2P_PARAM}),
 }
 
 
@@ -71,6 +73,4 @@ def check_prefill(name: str, shape: PrefillShape) -> None:
 
 def build_prefill(name: str, params: Mapping[str, Any], shape: PrefillShape, layout: Layout) -> Schedule:
     """Build the named prefill schedule (``params`` as returned by ``resolve(..., registry=PREFILL_REGISTRY)``)."""
-    spec = PREFILL_REGISTRY[name]
-    kwargs = {spec.params[k][0]: v for k, v in params.items()}
-    return spec.build(shape, layout, **kwargs)
+    return built(PREFILL_REGISTRY[name], params, shape, layout)

@@ -117,10 +117,11 @@ def _schedule(prep: PreparedPoint, algo: Algorithm) -> Schedule:
 
 def candidates(algo: Algorithm) -> list[Algorithm]:
     """The schedules a row simulates for ``algo``: itself, or for ``auto`` pass-KV and pass-Q
-    (:data:`~simulator.algorithms.prefill.rule.AUTO_CANDIDATES`, their default parameters)."""
+    (:data:`~simulator.algorithms.prefill.rule.AUTO_CANDIDATES`, their default parameters but ``auto``'s ``p2p``)."""
     if algo.name != "auto":
         return [algo]
-    return [Algorithm(*resolve(name, registry=PREFILL_REGISTRY), name) for name in AUTO_CANDIDATES]
+    return [Algorithm(*resolve({"name": name, "p2p": algo.params["p2p"]}, registry=PREFILL_REGISTRY), name)
+            for name in AUTO_CANDIDATES]
 
 
 def _attention_row(prep: PreparedPoint, algo: Algorithm) -> tuple[dict[str, Any], Run]:
