@@ -69,8 +69,8 @@ def test_stream_order_is_its_definition(p, n, seed, p2p):
     collective, deps on earlier ops: each launch, and each send or receive outside a collective, of an ordered rank
     depends, after its own dependencies, on the last compute or merge before it on its rank, unless it did already;
     such a send or receive also depends on every end of its rank's previous group (ends with no compute, merge or
-    launch between them on the rank), those it did not already (``per-peer``: on its rank's end before it with the
-    same peer); nothing else changes."""
+    launch between them on the rank) and on the end before it in its group with the same peer and direction, those
+    it did not already (``per-peer``: on its rank's end before it with the same peer); nothing else changes."""
     rng = np.random.default_rng(seed)
     kinds = [OP_KINDS[k] for k in rng.integers(0, len(OP_KINDS), size=n)]
     rank = rng.integers(0, p, size=n)
@@ -95,8 +95,9 @@ def test_stream_order_is_its_definition(p, n, seed, p2p):
             last[r] = i
         elif (k == "launch" or own) and ordered[r]:
             gains = [last[r]] if r in last else []
-            if own and p2p == "batched":
-                gains += previous.get(r, [])
+            if own and p2p == "batched":  # and the end before it in its group with the same peer and direction
+                same = [d for d in group.get(r, []) if (kinds[d], rank[match[d]]) == (k, rank[match[i]])]
+                gains += previous.get(r, []) + same[-1:]
             elif own:
                 pair = (r, int(rank[match[i]]))
                 gains += [to_peer[pair]] if pair in to_peer else []

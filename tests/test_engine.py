@@ -390,7 +390,7 @@ def test_a_gpus_point_to_point_kernels_run_one_after_another(engine):
     ``batch_isend_irecv``), and its kernels run one after another on one stream: a send issued after a group still
     waiting for its peer starts when that group has ended, even to another peer. ``per-peer`` (unbatched
     ``isend``/``irecv``): each end is a kernel on the stream of its pair of ranks, so only an end to the same peer
-    waits. Closed forms: the later send starts at the earlier transfer's end, or at the kernel before it."""
+    waits. Closed forms: the later send starts at the earlier transfer's end, or at the kernel before it (or at 0)."""
     gpus = load_topology("cluster", {"nodes": 1, "gpus_per_node": 3})
     for p2p in ("batched", "per-peer"):
         for peer in (1, 2):
@@ -403,6 +403,15 @@ def test_a_gpus_point_to_point_kernels_run_one_after_another(engine):
             assert res.end[k] < res.start[first] == res.end[late]
             waits = p2p == "batched" or peer == 1
             assert res.start[second] == (res.end[first] if waits else res.end[k])
+    # within a group, two sends to one peer run one after another (NCCL takes a peer's sends from its queue, head
+    # first); to two peers at once; the same per peer (one stream per pair)
+    for p2p in ("batched", "per-peer"):
+        for peer in (1, 2):
+            sched = Schedule(3, placement=gpus.ranks, p2p=p2p)
+            a, _ = sched.add_transfer(0, 1, 1e6, "a")
+            b, _ = sched.add_transfer(0, peer, 1e6, "b")
+            res = engine(sched, gpus)
+            assert res.start[a] == 0.0 and res.start[b] == (res.end[a] if peer == 1 else 0.0)
     with pytest.raises(ValueError, match="p2p"):
         engine(Schedule(2, placement=gpus.ranks[:2], p2p="lazy"), gpus)
 

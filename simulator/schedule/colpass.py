@@ -193,16 +193,18 @@ def ordered_sum(values: np.ndarray) -> float:
 @njit(cache=True)
 def _p2p_groups(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, coll: np.ndarray, ordered: np.ndarray,
                 per_peer: bool, kernel_a: int, kernel_b: int, send: int, recv: int,
-                launch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """(each op's group, or -1 where it is not an ordered rank's own end; each group's predecessor on its stream, or
-    -1; each group's first index into the next array; the groups' ends in op order). ``per_peer``: every end is a
-    group of its own, on its rank's stream to that peer."""
+                launch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """(each op's group, or -1 where it is not an ordered rank's own end; each group's predecessor on its rank's
+    stream, or -1 (all -1 ``per_peer``: no stream per rank); each group's first index into the next array; the
+    groups' ends in op order; each end's predecessor on its connection, or -1: ``per_peer``, the rank's end before it
+    with the same peer (a stream per pair of ranks), else the end before it in its group to or from the same peer in
+    the same direction (NCCL takes a group's sends to a peer from that peer's queue, head first))."""
     n, nr = len(kind), len(ordered)
     group = np.full(n, -1, dtype=np.int64)
     before = np.full(n, -1, dtype=np.int64)
     open_g = np.full(nr, -1, dtype=np.int64)
     closed = np.full(nr, -1, dtype=np.int64)
-    groups = 0
+    groups = owned = 0
     for i in range(n):
         k, r = kind[i], rank[i]
         if not ordered[r]:
@@ -215,25 +217,26 @@ def _p2p_groups(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, coll: np.
             if (not coll[i]) if k == send else (m < 0 or m >= n or not coll[m]):
                 if open_g[r] < 0:
                     open_g[r] = groups
-                    before[groups] = closed[r]
+                    before[groups] = -1 if per_peer else closed[r]
                     groups += 1
                 group[i] = open_g[r]
-    if per_peer:  # each end its own group; its predecessor the rank's end before it with the same peer
-        groups = 0
-        for i in range(n):
-            if group[i] >= 0:
-                group[i] = groups
-                groups += 1
-        key = np.full(groups, -1, dtype=np.int64)
-        for i in range(n):
-            if group[i] >= 0:
-                m = match[i]
-                key[group[i]] = rank[i] * (nr + 1) + (rank[m] + 1 if 0 <= m < n else 0)
-        order = np.argsort(key, kind="mergesort")
-        before[:groups] = -1
-        for q in range(1, groups):
-            if key[order[q]] == key[order[q - 1]]:
-                before[order[q]] = order[q - 1]
+                owned += 1
+    # the connections: a key per own end, sorted stably (op order within a key)
+    key = np.empty(owned, dtype=np.int64)
+    which = np.empty(owned, dtype=np.int64)
+    j = 0
+    for i in range(n):
+        if group[i] >= 0:
+            m = match[i]
+            peer = rank[m] + 1 if 0 <= m < n else 0
+            stream = rank[i] if per_peer else 2 * group[i] + (1 if kind[i] == recv else 0)
+            key[j], which[j] = stream * (nr + 1) + peer, i
+            j += 1
+    chain = np.full(n, -1, dtype=np.int64)
+    order = np.argsort(key, kind="mergesort")
+    for q in range(1, owned):
+        if key[order[q]] == key[order[q - 1]]:
+            chain[which[order[q]]] = which[order[q - 1]]
     first = np.zeros(groups + 1, dtype=np.int64)
     for i in range(n):
         if group[i] >= 0:
@@ -246,7 +249,7 @@ def _p2p_groups(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, coll: np.
         if group[i] >= 0:
             ends[fill[group[i]]] = i
             fill[group[i]] += 1
-    return group, before[:groups], first, ends
+    return group, before[:groups], first, ends, chain
 
 
 @njit(cache=True, inline="always")
@@ -262,8 +265,8 @@ def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank
                  coll: np.ndarray, ordered: np.ndarray, per_peer: bool, kernel_a: int, kernel_b: int, send: int,
                  recv: int, launch: int) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
     n = len(counts)
-    group, before, first, ends = _p2p_groups(kind, rank, match, coll, ordered, per_peer, kernel_a, kernel_b, send,
-                                             recv, launch)
+    group, before, first, ends, chain = _p2p_groups(kind, rank, match, coll, ordered, per_peer, kernel_a, kernel_b,
+                                                    send, recv, launch)
     last = np.full(len(ordered), -1, dtype=np.int64)  # each rank's last kernel so far
     gains = np.zeros(n, dtype=np.int32)
     gain_of = np.empty(16, dtype=np.int64)  # the added parents, op after op
@@ -274,7 +277,7 @@ def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank
             last[r] = i
         elif ordered[r] and (k == launch or group[i] >= 0):
             g = before[group[i]] if group[i] >= 0 else -1
-            want = 1 + (first[g + 1] - first[g] if g >= 0 else 0)
+            want = 2 + (first[g + 1] - first[g] if g >= 0 else 0)
             if extra + want > len(gain_of):
                 grown = np.empty(2 * (extra + want), dtype=np.int64)
                 grown[:extra] = gain_of[:extra]
@@ -287,6 +290,9 @@ def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank
                     if not _among(parents, e, c, ends[q]):
                         gain_of[extra + gains[i]] = ends[q]
                         gains[i] += 1
+            if chain[i] >= 0 and not _among(parents, e, c, chain[i]):
+                gain_of[extra + gains[i]] = chain[i]
+                gains[i] += 1
             extra += gains[i]
         e += c
     if extra == 0:
@@ -317,8 +323,10 @@ def stream_ordered(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, ra
     order too; and its point-to-point groups run one after another: a rank's own sends and receives issued back to
     back (no kernel or launch between them in its op order) are one group (one ``batch_isend_irecv``, one NCCL
     kernel), and each end of a group depends on every end of the rank's group before it (the kernels of one stream
-    run in the order they were enqueued): ``p2p`` ``"batched"``. With ``p2p`` ``"per-peer"`` (each send and receive
-    its own kernel, on a stream per pair of ranks) an end depends on its rank's end before it with the same peer.
+    run in the order they were enqueued), and within a group on the end before it to (or from) the same peer (NCCL's
+    ``scheduleP2pTasksToPlan`` takes each peer's sends, and receives, from its queue head first): ``p2p``
+    ``"batched"``. With ``p2p`` ``"per-peer"`` (each send and receive its own kernel, on a stream per pair of ranks)
+    an end depends on its rank's end before it with the same peer.
     Added after the op's own dependencies, unless among them. Returns the counts and parents (the given arrays where
     nothing was added) and how many ops gained a dependency; compiled passes."""
     if p2p not in P2P_STREAMS:
