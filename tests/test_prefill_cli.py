@@ -76,6 +76,7 @@ def test_prefill_numeric(tmp_path):
     (("single]", "tree]"), "p.yaml:11: algorithms.4: unknown algorithm 'tree'; valid: ring, ring-q, allgather, "
                            "ulysses, usp, single, auto"),
     (("overlap: false", "overlap: 2"), "p.yaml:11: algorithms.1.overlap: must be true or false"),
+    (("overlap: false", "p2p: lazy"), "p.yaml:11: algorithms.1.p2p: must be one of batched, per-peer, got 'lazy'"),
 ])
 def test_prefill_errors_are_located(change, expected, tmp_path, capsys):
     path = write(tmp_path, PREFILL.replace(*change))

@@ -108,6 +108,27 @@ def test_auto_runs_the_faster_and_says_which(tmp_path):
            "took " in text and "`ring-q` at 1 row (`ring` took " in text
 
 
+def test_auto_runs_its_candidates_with_its_p2p(tmp_path):
+    """``auto``'s ``p2p`` is its candidates': per peer, it takes the latency of the faster per-peer schedule."""
+    path = tmp_path / "a.yaml"
+    path.write_text(textwrap.dedent("""
+        name: a
+        topology: dgx-h100
+        topology_params: {nodes: 2}
+        workload: {kind: prefill, model: llama-3.1-70b, sequence: 4096, cached: 60K}
+        algorithms:
+          - {name: ring, p2p: per-peer}
+          - {name: ring-q, p2p: per-peer}
+          - {name: auto, p2p: per-peer}
+          - ring-q
+        """))
+    out = tmp_path / "o"
+    assert main(["run", str(path), "-o", str(out), "--no-report", "--jobs", "1"]) == 0
+    by = pd.read_csv(out / "results.csv").set_index("algorithm")["latency_s"]
+    assert by["auto[p2p=per-peer]"] == min(by["ring[p2p=per-peer]"], by["ring-q[p2p=per-peer]"])
+    assert by["ring-q"] != by["ring-q[p2p=per-peer]"]  # (one stream per rank or per peer: not the same here)
+
+
 def test_generate_prefills_with_the_faster_under_auto(tmp_path):
     path = tmp_path / "g.yaml"
     path.write_text(textwrap.dedent("""
