@@ -13,7 +13,7 @@ from simulator.engine.core import simulate
 from simulator.models.presets import PRESETS, custom_model
 from simulator.schedule.core import Schedule
 from simulator.training.dp import DPCollectives, bucket_sizes, equal_buckets_end, overlapped_end, under
-from simulator.training.layer import dense_pass
+from simulator.training.layer import dense_pass, dense_servers
 from simulator.training.memory import in_flight, layer_activation_bytes, model_state_bytes, optimizer_k
 from simulator.training.pipeline import DPStreams, Pipeline, interleaved_order, one_f_one_b, peak_in_flight, stage_order
 from simulator.training.step import model_flops, optimizer_time, stage_layers, stage_params, train_step
@@ -518,3 +518,25 @@ def test_large_dp_groups_take_the_tuners_predicted_time() -> None:
     assert dpc.time("reduce-scatter", n) == predict("reduce-scatter", group, n, choice, dpc.fabric, elem_bytes=2,
                                                     dtype="bf16")
     assert dpc.events == 0  # nothing simulated
+
+
+@pytest.mark.parametrize(("tp", "cp", "backward", "sp"), [
+    (1, 16, False, False), (2, 16, True, True), (4, 8, False, True), (8, 4, True, False), (2, 32, False, True)])
+def test_a_dense_pass_on_alike_servers_is_one_servers(tp: int, cp: int, backward: bool, sp: bool) -> None:
+    """On alike servers holding whole TP groups, the dense pass built on the first server only has the whole
+    stage's makespan and critical kernels to the last float, and its bytes times the servers."""
+    cluster = load_topology("dgx-h100", {"nodes": 8})
+    model = PRESETS["llama-3.1-70b"]
+    one = dense_pass(model, tp, cp, 131072 // cp, "bf16", cluster, backward=backward, sequence_parallel=sp)
+    whole = dense_pass(model, tp, cp, 131072 // cp, "bf16", cluster, backward=backward, sequence_parallel=sp,
+                       alike=False)
+    assert dense_servers(cluster, tp, cp) == tp * cp // 8
+    assert (one.time, one.compute, one.kernels) == (whole.time, whole.compute, whole.kernels)
+    assert one.bytes == pytest.approx(whole.bytes, rel=1e-12) and one.events < whole.events
+
+
+def test_a_dense_pass_builds_every_server_where_they_are_not_alike() -> None:
+    """TP groups that cross servers, a stage on one server or on part of one: every GPU is built."""
+    cluster = load_topology("dgx-h100", {"nodes": 4})
+    assert dense_servers(cluster, 16, 2) == 1 and dense_servers(cluster, 8, 1) == 1
+    assert dense_servers(cluster, 4, 3) == 1 and dense_servers(cluster, 4, 8) == 4

@@ -33,6 +33,7 @@ import numpy as np
 from simulator.algorithms import Layout
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.devices import DeviceSpec, compute_time, duration_with_sms_held
+from simulator.cluster.symmetry import server_size
 from simulator.cluster.topology import Cluster
 from simulator.collectives import Fabric, collective, fabric_of
 from simulator.engine.core import SimResult, simulate
@@ -42,7 +43,8 @@ from simulator.schedule.core import COMPUTE_KINDS, Schedule
 from simulator.units import DTYPE_BYTES
 from simulator.workloads.prefill_shape import PrefillShape
 
-__all__ = ["Kernel", "Piece", "attention_pass", "attention_schedule", "dense_pass", "head_times", "p2p_time"]
+__all__ = ["Kernel", "Piece", "attention_pass", "attention_schedule", "dense_pass", "dense_servers", "head_times",
+           "p2p_time"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,9 +119,25 @@ def _weights(model: ModelPreset, tp: int) -> dict[str, int]:
             "mlp": 3 * model.hidden * model.intermediate // tp}
 
 
+def dense_servers(cluster: Cluster, tp: int, cp: int) -> int:
+    """Over how many alike servers the stage's ``tp x cp`` GPUs lie, each holding whole TP groups, so that one
+    server's dense part is every server's (:func:`simulator.cluster.symmetry.server_size`: alike servers never share a
+    link and run at the same instants, the same floats); 1 where that does not hold (one server, or TP groups that
+    cross servers, or servers that differ)."""
+    gpn, n = server_size(cluster), tp * cp
+    if gpn is None or n <= gpn or gpn % tp or n % gpn:
+        return 1
+    return n // gpn
+
+
 def dense_pass(model: ModelPreset, tp: int, cp: int, rows: int, dtype: str, cluster: Cluster, *,
-               backward: bool, sequence_parallel: bool, fabric: Fabric | None = None) -> Piece:
-    """One layer's dense part, forward or backward, on the stage's ``tp x cp`` GPUs (module docstring)."""
+               backward: bool, sequence_parallel: bool, fabric: Fabric | None = None, alike: bool = True) -> Piece:
+    """One layer's dense part, forward or backward, on the stage's ``tp x cp`` GPUs (module docstring). ``alike``:
+    where the GPUs lie on alike servers (:func:`dense_servers`), only the first server's TP groups are built and
+    simulated: the same makespan and critical rank's kernels, the bytes every server's (one's times the servers),
+    the events one server's."""
+    servers = dense_servers(cluster, tp, cp) if alike else 1
+    cp //= servers
     n = tp * cp
     sched = Schedule(n, placement=tuple(cluster.ranks[:n]), name="dense-bwd" if backward else "dense")
     fabric = fabric or fabric_of(cluster)
@@ -165,7 +183,8 @@ def dense_pass(model: ModelPreset, tp: int, cp: int, rows: int, dtype: str, clus
                                           deps=prev),)
         if stage in after:
             comm(after[stage], stage, "out")
-    return Piece.of(simulate(sched, cluster))
+    piece = Piece.of(simulate(sched, cluster))
+    return piece if servers == 1 else dataclasses.replace(piece, bytes=piece.bytes * servers)
 
 
 def attention_schedule(name: str, shape: PrefillShape, tp: int, cp: int, cluster: Cluster) -> Schedule:
