@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulator.collectives.alltoall import pairwise_alltoall
 from simulator.collectives.pieces import _launch, ring_allgather_pieces, ring_reduce_scatter_pieces
 from simulator.schedule.core import Schedule
 
@@ -136,3 +137,55 @@ def test_one_rank_moves_nothing() -> None:
     sched.add_compute(1, "k", flops=1.0)
     front = ring_allgather_pieces(sched, [1], lambda r: f"kv{r}", lambda r: 1.0, tag="ag", deps={1: (0,)})
     assert len(sched.ops) == 1 and front == {1: (0,)}
+
+
+def _pairwise_one_by_one(sched: Schedule, order: Sequence[int], buf: str, name: Callable[[int], str],
+                         piece: Callable[[int, int], tuple[int, int, float]], *, mode: str, tag: str,
+                         deps: Mapping[int, Iterable[int]]) -> dict[int, tuple[int, ...]]:
+    """pairwise_alltoall as it was: an add_compute per cut and an add_transfer per piece, round after round."""
+    p = len(order)
+    prev: dict[int, list[int]] = {}
+    front: dict[int, list[int]] = {}
+    for r in order:
+        start = list(deps.get(r, ()))
+        if p > 1:
+            start = [sched.add_launch(r, f"{tag}.launch", deps=start, coll=tag, fn="alltoall", out=buf)]
+        cuts = []
+        for dst in order:
+            lo, hi, nbytes = piece(r, dst)
+            own = dst == r
+            cuts.append(sched.add_compute(r, f"{tag}.cut", deps=start, fn=f"slice-{mode}",
+                                          out=name(r) if own else f"{tag}.{r}>{dst}", args=(buf,), lo=lo, hi=hi,
+                                          fused=True, coll=tag, alloc=[(name(r), nbytes)] if own else ()))
+        prev[r], front[r] = cuts, [cuts[order.index(r)]]
+    for k in range(1, p):
+        done: dict[int, list[int]] = {r: [] for r in order}
+        for i, src in enumerate(order):
+            dst = order[(i + k) % p]
+            nbytes = piece(src, dst)[2]
+            snd, recv = sched.add_transfer(src, dst, nbytes, tag, send_deps=prev[src], recv_deps=prev[dst],
+                                           args=(f"{tag}.{src}>{dst}",), dst_args=(name(src),), coll=tag,
+                                           alloc=[(name(src), nbytes)])
+            done[src].append(snd)
+            done[dst].append(recv)
+            front[dst].append(recv)
+        prev = done
+    return {r: tuple(ids) for r, ids in front.items()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), p=st.integers(1, 9), before=st.integers(0, 3), mode=st.sampled_from(["heads", "rows"]))
+def test_the_pairwise_alltoall_block_is_the_pieces_one_by_one(data: st.DataObject, p: int, before: int,
+                                                             mode: str) -> None:
+    ranks, order, _ = _order_and_sizes(data, p)
+    cuts = {(s, d): (data.draw(st.integers(0, 40)), data.draw(st.integers(0, 40)),
+                     data.draw(st.one_of(st.integers(0, 10**9), st.floats(0, 1e9))))
+            for s in order for d in order}
+    built = []
+    for build in (pairwise_alltoall, _pairwise_one_by_one):
+        sched = Schedule(ranks)
+        deps = _before(sched, ranks, before, order)
+        front = build(sched, order, "buf", lambda r: f"out{r}", lambda s, d: cuts[(s, d)], mode=mode, tag="a2a",
+                      deps=deps)
+        built.append((list(sched.ops), front))
+    assert built[0] == built[1]
