@@ -19,6 +19,7 @@ from simulator.kernels.tiles import (
     FLASH_ATTENTION_3,
     AttentionCall,
     Launch,
+    _list_scheduled,
     attention_time,
     call_dims,
     call_of,
@@ -92,6 +93,16 @@ def _greedy(durations, sms):
 @given(durations=st.lists(st.floats(0.1, 10.0), min_size=1, max_size=300), sms=st.integers(1, 20))
 def test_makespan_is_list_scheduling(durations, sms):
     assert makespan(np.array(durations), sms) == pytest.approx(_greedy(durations, sms), rel=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(start=st.floats(0.0, 1e3), durations=st.lists(st.floats(0.0, 10.0), max_size=400), sms=st.integers(1, 40))
+def test_the_compiled_schedule_is_the_heap_walk_to_the_last_float(start, durations, sms):
+    """The compiled list scheduling takes each CTA to the least free time, as heapq's walk does: the same floats."""
+    free = [start / sms] * sms
+    for d in durations:
+        heapq.heapreplace(free, free[0] + d)
+    assert _list_scheduled(start, np.array(durations, dtype=float), sms) == max(free)
 
 
 @pytest.mark.parametrize("n", [1, 107, 108, 109, 5000, 20001])

@@ -32,12 +32,13 @@ rates are the device's (``topologies/devices.yaml``). Pure: numpy and the standa
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import numpy as np
+
+from simulator.support.jitcache import njit
 
 __all__ = ["EXACT_GRID", "EXACT_TAIL", "FLASH_ATTENTION_2", "FLASH_ATTENTION_3", "IMPLEMENTATIONS", "PROFILE_DIMS",
            "AttentionCall", "Implementation", "Launch", "TiledDevice", "attention_time", "call_dims", "call_of",
@@ -260,11 +261,30 @@ def _head(n: int, sms: int) -> int:
 
 
 def _list_scheduled(head_work: float, tail: np.ndarray, sms: int) -> float:
-    """The end of ``tail``'s CTAs list-scheduled on SMs that all free at ``head_work / sms``."""
-    free = [head_work / sms] * sms
-    for d in tail.tolist():
-        heapq.heapreplace(free, free[0] + d)
-    return max(free)
+    """The end of ``tail``'s CTAs list-scheduled on SMs that all free at ``head_work / sms``: each CTA in turn on the
+    SM that frees first (compiled; the same floats as a walk with :func:`heapq.heapreplace`, since each step adds
+    the CTA to the least free time whichever SM holds it)."""
+    return float(_schedule(head_work / sms, np.ascontiguousarray(tail, dtype=np.float64), sms))
+
+
+@njit(cache=True)
+def _schedule(start: float, tail: np.ndarray, sms: int) -> float:  # pragma: no cover (compiled)
+    free = np.full(sms, start)  # a binary min-heap of the SMs' free times
+    for d in tail:
+        value = free[0] + d
+        i = 0
+        while True:  # sift the root's new value down
+            child = 2 * i + 1
+            if child >= sms:
+                break
+            if child + 1 < sms and free[child + 1] < free[child]:
+                child += 1
+            if free[child] >= value:
+                break
+            free[i] = free[child]
+            i = child
+        free[i] = value
+    return free.max()
 
 
 EXACT_GRID = 1 << 22  # CTAs of a pass held in one array; a larger grid is walked in chunks (:func:`kernel_time`)

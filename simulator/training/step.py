@@ -63,8 +63,9 @@ def stage_layers(layers: int, pp: int) -> list[int]:
 def stage_params(model: ModelPreset, pp: int, chunks: int = 1) -> list[float]:
     """Parameters of each stage (before TP): its layers', the embedding on the first, the LM head on the last;
     with ``chunks`` per stage (interleaved), virtual stage ``c pp + s`` is chunk ``c`` of stage ``s``."""
-    embed = max(0.0, model.params - model.layers * model.layer_weights - model.head_weights)
-    virtual = [float(n * model.layer_weights) for n in stage_layers(model.layers, pp * chunks)]
+    lw = model.layer_weights
+    embed = max(0.0, model.params - model.layers * lw - model.head_weights)
+    virtual = [float(n * lw) for n in stage_layers(model.layers, pp * chunks)]
     virtual[0] += embed
     virtual[-1] += model.head_weights
     return [sum(virtual[s::pp]) for s in range(pp)]
