@@ -40,7 +40,8 @@ __all__ = ["CACHE_DIR", "COMPILED_FOLDERS", "OneSignature", "cache_subpath", "co
 
 _PACKAGE = Path(os.path.abspath(__file__)).parents[1]
 # the folders of the modules with cache=True functions (tests/test_untrusted_inputs.py checks the list is whole)
-COMPILED_FOLDERS: tuple[Path, ...] = tuple(_PACKAGE / name for name in ("cluster", "engine", "schedule", "training"))
+COMPILED_FOLDERS: tuple[Path, ...] = tuple(_PACKAGE / name for name in ("cluster", "engine", "kernels", "schedule",
+                                                                     "training"))
 _CACHE_FILES = ("*.nbi", "*.nbc")
 
 
