@@ -5,6 +5,7 @@ by simulation in the rows."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -80,19 +81,24 @@ def test_the_rule_follows_the_cache_miss_rate():
     assert miss == [0.01, 0.02, 0.04]  # the threshold is 6.2 %
 
 
-def test_auto_runs_the_faster_and_says_which(tmp_path):
+def _run_70b_prefill(tmp_path, extra: str, rest: str) -> Path:
+    """A 70B prefill of 4,096 tokens on two DGX H100 (``extra``: more workload keys; ``rest``: the algorithms and
+    what follows), run; the results' folder."""
     path = tmp_path / "a.yaml"
-    path.write_text(textwrap.dedent("""
-        name: a
-        topology: dgx-h100
-        topology_params: {nodes: 2}
-        workload: {kind: prefill, model: llama-3.1-70b, sequence: 4096}
+    path.write_text("name: a\ntopology: dgx-h100\ntopology_params: {nodes: 2}\n"
+                    f"workload: {{kind: prefill, model: llama-3.1-70b, sequence: 4096{extra}}}\n"
+                    + textwrap.dedent(rest))
+    out = tmp_path / "o"
+    assert main(["run", str(path), "-o", str(out), "--no-report", "--jobs", "1"]) == 0
+    return out
+
+
+def test_auto_runs_the_faster_and_says_which(tmp_path):
+    out = _run_70b_prefill(tmp_path, "", """
         algorithms: [ring, ring-q, auto]
         sweep:
           workload.cached: [0, 60K]
-        """))
-    out = tmp_path / "o"
-    assert main(["run", str(path), "-o", str(out), "--no-report", "--jobs", "1"]) == 0
+        """)
     rows = pd.read_csv(out / "results.csv")
     for _, group in rows.groupby("workload.cached"):
         by = group.set_index("algorithm")
@@ -110,20 +116,13 @@ def test_auto_runs_the_faster_and_says_which(tmp_path):
 
 def test_auto_runs_its_candidates_with_its_p2p(tmp_path):
     """``auto``'s ``p2p`` is its candidates': per peer, it takes the latency of the faster per-peer schedule."""
-    path = tmp_path / "a.yaml"
-    path.write_text(textwrap.dedent("""
-        name: a
-        topology: dgx-h100
-        topology_params: {nodes: 2}
-        workload: {kind: prefill, model: llama-3.1-70b, sequence: 4096, cached: 60K}
+    out = _run_70b_prefill(tmp_path, ", cached: 60K", """
         algorithms:
           - {name: ring, p2p: per-peer}
           - {name: ring-q, p2p: per-peer}
           - {name: auto, p2p: per-peer}
           - ring-q
-        """))
-    out = tmp_path / "o"
-    assert main(["run", str(path), "-o", str(out), "--no-report", "--jobs", "1"]) == 0
+        """)
     by = pd.read_csv(out / "results.csv").set_index("algorithm")["latency_s"]
     assert by["auto[p2p=per-peer]"] == min(by["ring[p2p=per-peer]"], by["ring-q[p2p=per-peer]"])
     assert by["ring-q"] != by["ring-q[p2p=per-peer]"]  # (one stream per rank or per peer: not the same here)
