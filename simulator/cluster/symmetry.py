@@ -17,7 +17,7 @@ import numpy as np
 from simulator.cluster.memo import cluster_memo
 from simulator.cluster.topology import Cluster
 
-__all__ = ["server_size"]
+__all__ = ["first_server", "server_size"]
 
 
 def server_size(cluster: Cluster) -> int | None:
@@ -31,6 +31,16 @@ def server_size(cluster: Cluster) -> int | None:
         memo["size"] = _server_size(cluster)
     size: int | None = memo["size"]
     return size
+
+
+def first_server(cluster: Cluster, n: int, group: int) -> int:
+    """How many of the cluster's first ``n`` ranks to build so that their timeline is every server's: the GPUs of
+    one server where the ``n`` ranks fill whole alike servers (:func:`server_size`), two or more, and groups of
+    ``group`` consecutive ranks (a TP group) never cross a server; else ``n``."""
+    gpn = server_size(cluster)
+    if gpn is None or n <= gpn or n % gpn or gpn % group:
+        return n
+    return gpn
 
 
 def _server_size(cluster: Cluster) -> int | None:

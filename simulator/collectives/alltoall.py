@@ -62,23 +62,24 @@ def pairwise_alltoall(sched: Schedule, order: Sequence[int], buf: str, name: Cal
     head = first + span * i  # each rank's first op: its launch, or its first cut
     cut_ids = head[:, None] + launch + i[None, :]  # (position, dst position)
     # deps (CSR): a launch after its rank's given deps, its cuts after the launch (one rank: its cut after them)
-    counts = np.ones((p, span), np.int64)
-    counts[:, 0] = [len(g) for g in given]
-    firsts = np.concatenate([np.asarray(g + (int(head[j]),) * (p if launch else 0), np.int64)
-                             for j, g in enumerate(given)])
+    per_op = np.ones((p, span), np.int64)
+    per_op[:, 0] = [len(g) for g in given]
+    on = np.concatenate([np.asarray(g + (int(head[j]),) * (p if launch else 0), np.int64)
+                         for j, g in enumerate(given)])
     kind = np.tile(np.concatenate([np.full(launch, _LAUNCH, np.uint8), np.full(p, _COMPUTE, np.uint8)]), p)
     own = np.zeros((p, span), bool)
     own[i, launch + i] = True
     is_launch = np.zeros((p, span), bool)
     is_launch[:, :launch] = True
+    which = is_launch.reshape(-1).astype(np.int64)  # 1 for a launch, 0 for a cut: indexes the two-entry tables
     out_at = np.where(is_launch, len(names),
                       np.where(own, p * p + i[:, None], i[:, None] * p + np.arange(span)[None, :] - launch))
     sched.add_ops(kind, np.repeat(np.asarray(order, np.int64), span),
-                  (np.concatenate([[0], np.cumsum(counts)]), firsts), np.full(p * span, -1, np.int64),
-                  name=Indexed([f"{tag}.cut", f"{tag}.launch"], is_launch.reshape(-1).astype(np.int64)),
-                  fn=Indexed([f"slice-{mode}", "alltoall"], is_launch.reshape(-1).astype(np.int64)),
+                  (np.concatenate([[0], np.cumsum(per_op)]), on), np.full(p * span, -1, np.int64),
+                  name=Indexed([f"{tag}.cut", f"{tag}.launch"], which),
+                  fn=Indexed([f"slice-{mode}", "alltoall"], which),
                   out=Indexed([*names, buf], out_at.reshape(-1)),
-                  args=Indexed([(buf,), ()], is_launch.reshape(-1).astype(np.int64)),
+                  args=Indexed([(buf,), ()], which),
                   lo=lo.reshape(-1), hi=hi.reshape(-1), fused=~is_launch.reshape(-1), coll=tag,
                   alloc=Indexed([(), *(((name(r), sizes[j, j]),) for j, r in enumerate(order))],
                                 np.where(own, i[:, None] + 1, 0).reshape(-1)))

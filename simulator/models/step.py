@@ -34,7 +34,7 @@ from typing import Any
 
 from simulator.algorithms import Layout, build_schedule
 from simulator.algorithms.prefill import build_prefill
-from simulator.cluster.symmetry import server_size
+from simulator.cluster.symmetry import first_server
 from simulator.cluster.topology import Cluster
 from simulator.collectives import Fabric, allreduce, fabric_of
 from simulator.engine.core import SimResult, simulate
@@ -93,7 +93,7 @@ _ONE_SERVER: ContextVar[dict[Any, Any] | None] = ContextVar("dense_on_one_server
 @contextlib.contextmanager
 def dense_on_one_server(memo: dict[Any, Any] | None = None) -> Iterator[None]:
     """Inside: a dense layer (:func:`dense_layer`) on servers that are all alike
-    (:func:`simulator.cluster.symmetry.server_size`), whose tensor-parallel groups stay inside a server and whose
+    (:func:`simulator.cluster.symmetry.first_server`), whose tensor-parallel groups stay inside a server and whose
     ranks transform the same rows on every server, is built on the first server only. Every server then runs the
     first's timeline (the same floats): the layer's makespan, its critical rank (the lowest of the last to finish)
     and that rank's compute are the whole layer's; its bytes and events are one server's. For the planners
@@ -150,10 +150,8 @@ def _dense_ranks(cluster: Cluster, tp: int, n_rows: Sequence[int]) -> int:
     p = len(n_rows)
     if _ONE_SERVER.get() is None:
         return p
-    gpn = server_size(cluster)
-    if gpn is None or gpn % tp or any(n_rows[r] != n_rows[r % gpn] for r in range(p)):
-        return p
-    return gpn
+    gpn = first_server(cluster, p, tp)
+    return p if any(n_rows[r] != n_rows[r % gpn] for r in range(p)) else gpn
 
 
 def dense_layer(model: ModelPreset, shape: Shape, tp: int, cluster: Cluster,

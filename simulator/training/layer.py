@@ -33,7 +33,7 @@ import numpy as np
 from simulator.algorithms import Layout
 from simulator.algorithms.prefill import build_prefill
 from simulator.cluster.devices import DeviceSpec, compute_time, duration_with_sms_held
-from simulator.cluster.symmetry import server_size
+from simulator.cluster.symmetry import first_server
 from simulator.cluster.topology import Cluster
 from simulator.collectives import Fabric, collective, fabric_of
 from simulator.engine.core import SimResult, simulate
@@ -121,13 +121,11 @@ def _weights(model: ModelPreset, tp: int) -> dict[str, int]:
 
 def dense_servers(cluster: Cluster, tp: int, cp: int) -> int:
     """Over how many alike servers the stage's ``tp x cp`` GPUs lie, each holding whole TP groups, so that one
-    server's dense part is every server's (:func:`simulator.cluster.symmetry.server_size`: alike servers never share a
-    link and run at the same instants, the same floats); 1 where that does not hold (one server, or TP groups that
+    server's dense part is every server's (:func:`simulator.cluster.symmetry.first_server`: alike servers never share
+    a link and run at the same instants, the same floats); 1 where that does not hold (one server, or TP groups that
     cross servers, or servers that differ)."""
-    gpn, n = server_size(cluster), tp * cp
-    if gpn is None or n <= gpn or gpn % tp or n % gpn:
-        return 1
-    return n // gpn
+    n = tp * cp
+    return n // first_server(cluster, n, tp)
 
 
 def dense_pass(model: ModelPreset, tp: int, cp: int, rows: int, dtype: str, cluster: Cluster, *,
