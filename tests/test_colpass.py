@@ -68,9 +68,10 @@ def test_stream_order_is_its_definition(p, n, seed, p2p):
     """Random ops of every kind on ``p`` ranks (some ranks ordered), transfers matched in pairs, some in a
     collective, deps on earlier ops: each launch, and each send or receive outside a collective, of an ordered rank
     depends, after its own dependencies, on the last compute or merge before it on its rank, unless it did already;
-    such a send or receive also depends on every end of its rank's previous group (ends with no compute, merge or
-    launch between them on the rank) and on the end before it in its group with the same peer and direction, those
-    it did not already (``per-peer``: on its rank's end before it with the same peer); nothing else changes."""
+    such a send or receive also depends on every end of its rank's previous group (ends with no compute, merge or launch
+    between them on the rank, none depending on another) and on the end before it in its group with the same peer and
+    direction, those it did not already (``per-peer``: on its rank's end before it with the same peer); nothing else
+    changes."""
     rng = np.random.default_rng(seed)
     kinds = [OP_KINDS[k] for k in rng.integers(0, len(OP_KINDS), size=n)]
     rank = rng.integers(0, p, size=n)
@@ -89,8 +90,8 @@ def test_stream_order_is_its_definition(p, n, seed, p2p):
     for i, k in enumerate(kinds):
         ds, r = list(deps[i]), rank[i]
         own = k in ("send", "recv") and not coll[i if k == "send" else match[i]]
-        if k in ("compute", "merge", "launch") and group.get(r):
-            previous[r], group[r] = group[r], []
+        if (k in ("compute", "merge", "launch") or (own and set(deps[i]) & set(group.get(r, [])))) and group.get(r):
+            previous[r], group[r] = group[r], []  # a kernel or launch closes the group; so does an end after its own
         if k in ("compute", "merge"):
             last[r] = i
         elif (k == "launch" or own) and ordered[r]:

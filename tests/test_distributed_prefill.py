@@ -128,6 +128,68 @@ def test_real_prefill_equals_torch_autograd_of_dense_attention(world, tmp_path):
             assert math.isnan(r["grad"]), r  # type: ignore[arg-type]
 
 
+P2P_CASES = [("ring", "contiguous", True, "batched"), ("ring", "contiguous", True, "per-peer"),
+             ("ring-q", "zigzag", False, "batched")]
+
+
+def _p2p_shape(layout: str, backward: bool) -> PrefillShape:
+    return PrefillShape(2, 4, 8, 2, 13, "fp64", True, layout, backward)
+
+
+def _p2p_rank(rank: int, world: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from simulator.distributed.prefill_run import check_outputs, gather_results, to_torch, torch_reference
+    from simulator.distributed.runner import PrefillRankRunner
+
+    dist.init_process_group("gloo", store=dist.FileStore(store, world), rank=rank, world_size=world)
+    device = torch.device("cpu")
+    results = []
+    for name, layout, backward, p2p in P2P_CASES:
+        shape = _p2p_shape(layout, backward)
+        inp = make_prefill_inputs(np.random.default_rng(7), 2, 4, 2, 8, shape.sequence, True)
+        sched = build_prefill(name, {"p2p": p2p}, shape, Layout((0,) * world))
+        runner = PrefillRankRunner(sched, to_torch(inp, device), rank, transfer_layouts(sched, shape), device)
+        gathered = gather_results(sched, runner.run_rank())
+        posted: list[list[int]] = [[] for _ in range(world)]
+        dist.all_gather_object(posted, runner.batches_posted)
+        if gathered is not None:
+            check = check_outputs(sched, gathered, torch_reference(inp))
+            results.append({"posted": posted, "out": check.max_abs_err, "grad": check.grad_max_abs_err})
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def test_the_real_runner_posts_a_ranks_point_to_point_batches_as_the_engine_orders_them(tmp_path):
+    """With ``p2p: batched`` each rank posts its ends issued back to back as one ``batch_isend_irecv``: the groups
+    :func:`p2p_batches` defines (the engine's stream order), including a new group where an end waits for one of the
+    open group (a contiguous ring's rank that forwards keys and values without attending); ``per-peer`` posts each
+    end alone. Either way the outputs and gradients equal dense autograd."""
+    import torch.multiprocessing as mp
+
+    from simulator.schedule.colpass import p2p_batches
+
+    world, out = 2, tmp_path / "results.json"
+    mp.start_processes(_p2p_rank, args=(world, str(tmp_path / "store"), str(out)), nprocs=world, join=True,
+                       start_method="spawn")
+    results = json.loads(out.read_text())
+    split = False  # two batches of a rank back to back (an end waited for one of the batch before)
+    for (name, layout, backward, p2p), got in zip(P2P_CASES, results, strict=True):
+        assert got["out"] < 1e-10 and (got["grad"] < 1e-10 if backward else math.isnan(got["grad"])), got
+        sched = build_prefill(name, {"p2p": p2p}, _p2p_shape(layout, backward), Layout((0,) * world))
+        cols = sched.ops.columns()
+        batch = p2p_batches(cols.dep_count, cols.parents, cols.kind, cols.rank, cols.match, cols.coll)
+        for r in range(world):
+            mine = batch[(cols.rank == r) & (batch >= 0)]
+            want = [] if p2p == "per-peer" else np.unique(mine, return_counts=True)[1].tolist()
+            assert got["posted"][r] == want and (p2p == "per-peer" or want), (name, layout, p2p, r)
+            seq = batch[cols.rank == r]
+            split |= bool(((seq[1:] >= 0) & (seq[:-1] >= 0) & (seq[1:] != seq[:-1])).any())
+    assert split
+
+
 SCENARIO = """
 name: real-prefill
 topology: cluster

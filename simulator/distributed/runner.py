@@ -11,7 +11,11 @@ rules (:mod:`simulator.kernels.payload`), never by executing anything twice. Pre
 
 The rank walks its own ops in program order. Sends and receives are posted without blocking; a receive is waited
 for (and unpacked) when an op that depends on it runs, a send when an op depends on its buffer being free, and
-everything at the end. Messages are tagged with the send's op id, so that several in flight between one pair of
+everything at the end. With the schedule's ``p2p`` ``"batched"`` (the default) the ends a rank issues back to back
+are posted together, one ``dist.batch_isend_irecv`` (on NCCL one group, one kernel on the process group's stream),
+the same groups the engine orders (:func:`simulator.schedule.colpass.p2p_batches`); with ``"per-peer"`` each end
+is its own ``isend`` or ``irecv`` (on NCCL a communicator, and a stream, per pair of ranks). Gloo runs both as
+separate sends and receives. Messages are tagged with the send's op id, so that several in flight between one pair of
 ranks cannot be confused. This cannot deadlock: op ids give every rank the same global order.
 """
 
@@ -31,7 +35,9 @@ from simulator.kernels.prefill import Rows, StateRows
 from simulator.merge import PartialState
 from simulator.numeric.decode import Executor, Inputs
 from simulator.numeric.prefill import PrefillExecutor, PrefillInputs
+from simulator.schedule.colpass import p2p_batches
 from simulator.schedule.core import Op, Schedule
+from simulator.schedule.oplist import OpList
 from simulator.workloads.layouts import positions
 from simulator.workloads.shape import DecodeShape
 
@@ -87,6 +93,13 @@ def _unpack(flat: torch.Tensor, descs: list[Descriptor], shape: Shape) -> tuple[
     return tuple(out)
 
 
+def _tag(op: Op) -> int:
+    """A transfer's tag, on both ends: its send's op id."""
+    tag = op.id if op.kind == "send" else op.match
+    assert tag is not None
+    return tag
+
+
 class _RealTransfers:
     """The real half of a rank runner: transfers as ``isend``/``irecv``, native collectives, the walk of a rank's
     ops. Mixed into an executor, which holds the buffers and runs the compute ops (:meth:`execute`)."""
@@ -113,27 +126,58 @@ class _RealTransfers:
         # group); None: schedule rank r is process rank r
         self.peers = None if peers is None else tuple(peers)
         self.device = device or self.inp.q.device
-        self.pending: dict[int, Any] = {}  # op id -> (work, buffer, op) of posted transfers not yet waited for
+        # op id -> (the works to wait for, buffer, op) of posted transfers not yet waited for
+        self.pending: dict[int, tuple[list[Any], torch.Tensor, Op]] = {}
         self.coll_ranks: dict[str, set[int]] = {}  # collective tag -> the ranks that take part
         for o in sched.ops:
             if o.kind == "launch" and o.coll:
                 self.coll_ranks.setdefault(o.coll, set()).add(o.rank)
+        # each op's point-to-point batch (-1: none): its rank's ends issued back to back, posted as one
+        if sched.p2p == "batched":
+            cols = (sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)).columns()
+            self.batch = p2p_batches(cols.dep_count, cols.parents, cols.kind, cols.rank, cols.match, cols.coll)
+        else:
+            self.batch = np.full(len(sched.ops), -1)
+        self.batched: list[tuple[Op, torch.Tensor]] = []  # the open batch's ends, posted when it closes
+        self.batches_posted: list[int] = []  # how many ends each batch this rank posted held (in order)
 
     def _wait(self, op_id: int) -> None:
         entry = self.pending.pop(op_id, None)
         if entry is None:
             return
-        work, flat, op = entry
-        work.wait()
+        works, flat, op = entry
+        for work in works:
+            work.wait()
         if op.kind == "recv":
-            self.store(op, _unpack(flat, self.layouts[op.match], self.shape))
+            self.store(op, _unpack(flat, self.layouts[_tag(op)], self.shape))
 
     def _peer(self, rank: int | None) -> int | None:
         return rank if self.peers is None or rank is None else self.peers[rank]
 
+    def _post(self, op: Op, flat: torch.Tensor) -> None:
+        if self.batch[op.id] >= 0:
+            self.batched.append((op, flat))
+        elif op.kind == "send":
+            self.pending[op.id] = ([dist.isend(flat, dst=self._peer(op.peer), tag=op.id)], flat, op)
+        else:
+            self.pending[op.id] = ([dist.irecv(flat, src=self._peer(op.peer), tag=_tag(op))], flat, op)
+
+    def _flush(self) -> None:
+        """Post the open batch: one ``batch_isend_irecv``; each end waits for its own work where the backend
+        returns one per end (gloo), else for the batch's (NCCL: the group's)."""
+        if not self.batched:
+            return
+        p2p = [dist.P2POp(dist.isend if op.kind == "send" else dist.irecv, flat, self._peer(op.peer), tag=_tag(op))
+               for op, flat in self.batched]
+        works = [w for w in dist.batch_isend_irecv(p2p) if w is not None]
+        own = len(works) == len(self.batched)
+        for i, (op, flat) in enumerate(self.batched):
+            self.pending[op.id] = ([works[i]] if own else works, flat, op)
+        self.batches_posted.append(len(self.batched))
+        self.batched = []
+
     def send(self, op: Op) -> None:
-        flat = _pack(self.payload(op)).contiguous()
-        self.pending[op.id] = (dist.isend(flat, dst=self._peer(op.peer), tag=op.id), flat, op)
+        self._post(op, _pack(self.payload(op)).contiguous())
 
     def recv(self, op: Op) -> None:
         assert op.match is not None
@@ -142,7 +186,7 @@ class _RealTransfers:
         flat = self.pool.get(key)
         if flat is None:
             flat = self.pool[key] = torch.empty(n, dtype=self.inp.q.dtype, device=self.device)
-        self.pending[op.id] = (dist.irecv(flat, src=self._peer(op.peer), tag=op.match), flat, op)
+        self._post(op, flat)
 
     def collective(self, op: Op) -> None:
         """A collective's launch op: run it natively on the whole buffer (the decomposed ops are skipped)."""
@@ -165,9 +209,13 @@ class _RealTransfers:
         on several processes)."""
         if self.rank >= self.sched.ranks:
             return {}
+        batch = -1  # the open batch (its ends' deps are not in it: p2p_batches)
         for op in self.sched.ops:
             if op.rank != self.rank:
                 continue
+            if self.batch[op.id] != batch:
+                self._flush()
+                batch = self.batch[op.id]
             for dep in op.deps:
                 self._wait(dep)
             if self.native and op.coll:
@@ -175,6 +223,7 @@ class _RealTransfers:
                     self.collective(op)
                 continue  # the collective's steps ran inside dist.all_reduce
             self.execute(op)
+        self._flush()
         for op_id in list(self.pending):
             self._wait(op_id)
         return self.buf[self.rank]

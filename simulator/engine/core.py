@@ -15,10 +15,10 @@
   its rank's op order has ended: PyTorch's ``ProcessGroupNCCL`` makes NCCL's stream wait for the current stream before
   it enqueues a communication kernel, so that kernel starts only after the work queued before it. A schedule's op
   order per rank is its program: to overlap a transfer with a kernel, it issues the transfer first (``ring`` posts the
-  next shard, then attends). A rank's point-to-point kernels run one after another on their stream: with the
-  schedule's ``p2p`` ``"batched"`` (the ends it issues back to back one kernel, one ``batch_isend_irecv``) each end
-  waits for every end of the rank's group before it; with ``"per-peer"`` for its rank's end before it with the same
-  peer (a stream per pair of ranks). One compiled pass adds these dependencies
+  next shard, then attends). A rank's point-to-point kernels run one after another on their stream: with the schedule's
+  ``p2p`` ``"batched"`` (the ends it issues back to back one kernel, one ``batch_isend_irecv``; an end that depends on
+  one of them starts the next) each end waits for every end of the rank's group before it; with ``"per-peer"`` for its
+  rank's end before it with the same peer (a stream per pair of ranks). One compiled pass adds these dependencies
   (:func:`simulator.schedule.colpass.stream_ordered`), for this loop and the reference alike; none where a schedule
   says its op order is not a program (``Schedule.program_order``).
 * Launch ops (the start of a collective on a rank) take ``collective_overhead`` (default: ``comm_overhead``), or

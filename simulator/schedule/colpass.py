@@ -11,8 +11,18 @@ from simulator.schedule.op import OP_KINDS, P2P_STREAMS
 from simulator.support.arraycopy import put1
 from simulator.support.jitcache import njit
 
-__all__ = ["dependents", "distinct_codes", "fill_transfers", "first_of", "group_max", "ordered_sum", "spans",
-           "stream_ordered", "timeline_order"]
+__all__ = [
+    "dependents",
+    "distinct_codes",
+    "fill_transfers",
+    "first_of",
+    "group_max",
+    "ordered_sum",
+    "p2p_batches",
+    "spans",
+    "stream_ordered",
+    "timeline_order",
+]
 
 
 @njit(cache=True)
@@ -191,10 +201,13 @@ def ordered_sum(values: np.ndarray) -> float:
 
 
 @njit(cache=True)
-def _p2p_groups(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, coll: np.ndarray, ordered: np.ndarray,
-                per_peer: bool, kernel_a: int, kernel_b: int, send: int, recv: int,
-                launch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
-    """(each op's group, or -1 where it is not an ordered rank's own end; each group's predecessor on its rank's
+def _p2p_groups(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
+                coll: np.ndarray, ordered: np.ndarray, per_peer: bool, kernel_a: int, kernel_b: int, send: int,
+                recv: int, launch: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """(each op's group, or -1 where it is not an ordered rank's own end (an end that depends on an end of its rank's
+    open group starts a new one: the program waits for that end before it posts this one, so they cannot be one
+    batch); each group's predecessor on its rank's
     stream, or -1 (all -1 ``per_peer``: no stream per rank); each group's first index into the next array; the
     groups' ends in op order; each end's predecessor on its connection, or -1: ``per_peer``, the rank's end before it
     with the same peer (a stream per pair of ranks), else the end before it in its group to or from the same peer in
@@ -204,9 +217,10 @@ def _p2p_groups(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, coll: np.
     before = np.full(n, -1, dtype=np.int64)
     open_g = np.full(nr, -1, dtype=np.int64)
     closed = np.full(nr, -1, dtype=np.int64)
-    groups = owned = 0
+    groups = owned = e = 0
     for i in range(n):
-        k, r = kind[i], rank[i]
+        k, r, c = kind[i], rank[i], counts[i]
+        e += c
         if not ordered[r]:
             continue
         if k in (kernel_a, kernel_b, launch):
@@ -215,6 +229,11 @@ def _p2p_groups(kind: np.ndarray, rank: np.ndarray, match: np.ndarray, coll: np.
         elif k in (send, recv):
             m = match[i]
             if (not coll[i]) if k == send else (m < 0 or m >= n or not coll[m]):
+                if open_g[r] >= 0:
+                    for j in range(e - c, e):
+                        if group[parents[j]] == open_g[r]:
+                            closed[r], open_g[r] = open_g[r], -1
+                            break
                 if open_g[r] < 0:
                     open_g[r] = groups
                     before[groups] = -1 if per_peer else closed[r]
@@ -265,8 +284,8 @@ def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank
                  coll: np.ndarray, ordered: np.ndarray, per_peer: bool, kernel_a: int, kernel_b: int, send: int,
                  recv: int, launch: int) -> tuple[np.ndarray, np.ndarray, int]:  # pragma: no cover
     n = len(counts)
-    group, before, first, ends, chain = _p2p_groups(kind, rank, match, coll, ordered, per_peer, kernel_a, kernel_b,
-                                                    send, recv, launch)
+    group, before, first, ends, chain = _p2p_groups(counts, parents, kind, rank, match, coll, ordered, per_peer,
+                                                    kernel_a, kernel_b, send, recv, launch)
     last = np.full(len(ordered), -1, dtype=np.int64)  # each rank's last kernel so far
     gains = np.zeros(n, dtype=np.int32)
     gain_of = np.empty(16, dtype=np.int64)  # the added parents, op after op
@@ -315,16 +334,34 @@ def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank
     return new_counts, new_parents, gained
 
 
+def p2p_batches(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
+                coll: np.ndarray) -> np.ndarray:
+    """Each op's point-to-point group (one ``batch_isend_irecv``), numbered from 0 in op order, or -1 where the op is
+    not a send or receive outside a collective: a rank's own ends issued back to back (no kernel or launch between
+    them in its op order) are one group, unless an end depends on an end of the open group (the program waits for
+    that one first: a new group). The groups :func:`stream_ordered` orders with ``p2p`` ``"batched"``, for the real
+    runner to post as it does (:mod:`simulator.distributed.runner`)."""
+    index = OP_KINDS.index
+    group, *_ = _p2p_groups(np.ascontiguousarray(counts, dtype=np.int32),
+                            np.ascontiguousarray(parents, dtype=np.int32), np.ascontiguousarray(kind, dtype=np.uint8),
+                            np.ascontiguousarray(rank, dtype=np.int32), np.ascontiguousarray(match, dtype=np.int32),
+                            np.ascontiguousarray(coll, dtype=np.bool_),
+                            np.ones(int(rank.max()) + 1 if len(rank) else 0, dtype=np.bool_), False,
+                            index("compute"), index("merge"), index("send"), index("recv"), index("launch"))
+    return group
+
+
 def stream_ordered(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
                    coll: np.ndarray, ordered: np.ndarray, p2p: str = "batched") -> tuple[np.ndarray, np.ndarray, int]:
     """Every op's dependencies (``counts``, ``parents`` op after op) with the stream order of the ranks that post in it
     (``ordered``, by rank): a collective's launch, or a send or receive outside a collective (a send's ``coll`` false; a
     receive's match's), of such a rank depends on the last kernel (``compute`` or ``merge``) before it in its rank's op
-    order too; and its point-to-point groups run one after another: a rank's own sends and receives issued back to
-    back (no kernel or launch between them in its op order) are one group (one ``batch_isend_irecv``, one NCCL
-    kernel), and each end of a group depends on every end of the rank's group before it (the kernels of one stream
-    run in the order they were enqueued), and within a group on the end before it to (or from) the same peer (NCCL's
-    ``scheduleP2pTasksToPlan`` takes each peer's sends, and receives, from its queue head first): ``p2p``
+    order too; and its point-to-point groups run one after another: a rank's own sends and receives issued back to back
+    (no kernel or launch between them in its op order) are one group (one ``batch_isend_irecv``, one NCCL kernel; an end
+    that depends on an end of the open group starts a new one: :func:`p2p_batches`), and each end of a group depends on
+    every end of the rank's group before it (the kernels of one stream run in the order they were enqueued), and within
+    a group on the end before it to (or from) the same peer (NCCL's ``scheduleP2pTasksToPlan`` takes each peer's sends,
+    and receives, from its queue head first): ``p2p``
     ``"batched"``. With ``p2p`` ``"per-peer"`` (each send and receive its own kernel, on a stream per pair of ranks)
     an end depends on its rank's end before it with the same peer.
     Added after the op's own dependencies, unless among them. Returns the counts and parents (the given arrays where
