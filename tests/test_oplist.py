@@ -5,6 +5,7 @@ engine the same columns and the same floats as the tuples would give."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,7 @@ from simulator.run.prepared import layout_of
 from simulator.schedule.core import Op, Schedule
 from simulator.schedule.memory import timeline_peaks
 from simulator.schedule.op import OP_KINDS
-from simulator.schedule.oplist import Indexed, OpBlock, OpList, TransferBlock
+from simulator.schedule.oplist import Indexed, OpBlock, OpList, TransferBlock, factorize
 from simulator.workloads.shape import DecodeShape
 
 RANKS = 4
@@ -275,3 +276,15 @@ def test_the_engine_runs_blocks_as_it_runs_tuples(algo: str | dict[str, object],
             if kinds is not None:
                 want = want[np.isin(blocks.kind_of[want], [OP_KINDS.index(k) for k in kinds])]
             assert np.array_equal(blocks.ended(kinds, ranks), want)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 300), st.sampled_from(["small ints", "floats", "large ints"]), st.integers(0, 2**32 - 1))
+def test_factorize_numbers_values_as_pandas_does(n, kind, seed):
+    """The cost groups' codes: the distinct values numbered by first appearance, as ``pd.factorize`` numbers them,
+    below and above the size where a dict gives way to pandas' hash table (0.0 and -0.0 one value)."""
+    rng = np.random.default_rng(seed)
+    values = {"small ints": lambda: rng.integers(-5, 5, size=n),
+              "floats": lambda: rng.choice([0.0, -0.0, 1.5, 2.25, 1e300, -3.0], size=n),
+              "large ints": lambda: rng.integers(0, 10**12, size=n)}[kind]()
+    assert factorize(values).tolist() == pd.factorize(values)[0].tolist()

@@ -11,8 +11,7 @@ Pure: no simpy, no torch.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -38,39 +37,53 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
                 holders: list[int] | None = None) -> list[float]:
     """Peak bytes of every rank. ``times[op_id] = (start, end)`` (e.g. from the engine's timeline) of at least the
     ops that allocate or free buffers (``holders``: their ids in op-id order, when the caller has them)."""
-    events: list[list[tuple[float, int, str, float]]] = [[] for _ in range(sched.ranks)]
-    sizes: list[dict[str, float]] = [dict(sched.initial.get(r, {})) for r in range(sched.ranks)]
-    live = [sum(s.values()) for s in sizes]
-    clock = [0.0] * sched.ranks
-    # without times every op advances its rank's clock; with times only the ops that hold something matter (and
-    # ``times`` may leave the others out)
     listed = sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)
-    ops = listed if times is None else listed.take(holding(sched) if holders is None else holders)
-    for op in ops:
-        if times is None:
-            start, end = clock[op.rank], clock[op.rank] + 1.0
-            clock[op.rank] = end
-        else:
-            start, end = times[op.id]
-        for name, nbytes in op.alloc:
-            events[op.rank].append((start, 1, name, nbytes))
-        for name in op.free:
-            events[op.rank].append((end, 0, name, 0.0))
-    peaks = list(live)
+    if times is None:  # every op advances its rank's clock by one, in program order
+        ranks = listed.field("rank", np.arange(len(listed)))
+        clock = [0.0] * sched.ranks
+        starts = []
+        for r in ranks:
+            starts.append(clock[r])
+            clock[r] += 1.0
+        return _peaks(sched, list(range(len(listed))), ranks, starts, [t + 1.0 for t in starts])
+    ids = holding(sched) if holders is None else holders
+    return _peaks(sched, ids, listed.field("rank", ids), *zip(*map(times.__getitem__, ids), strict=True)
+                  if len(ids) else ([], []))
+
+
+def _peaks(sched: Schedule, ids: Sequence[int] | np.ndarray, ranks: Sequence[int], starts: Sequence[float],
+           ends: Sequence[float]) -> list[float]:
+    """Peak bytes of every rank, its ops ``ids`` (of ``ranks``) allocating their buffers at ``starts`` and
+    freeing at ``ends``; at equal times frees first, then in op order."""
+    listed = sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)
+    events: list[list[tuple[float, int, int, str, float]]] = [[] for _ in range(sched.ranks)]
+    k = 0  # each event's place in op order (the sort's last key: what a stable sort kept)
+    for r, start, end, alloc, free in zip(ranks, starts, ends, listed.field("alloc", ids), listed.field("free", ids),
+                                          strict=True):
+        ev = events[r]
+        for name, nbytes in alloc:
+            ev.append((start, 1, k, name, nbytes))
+            k += 1
+        for name in free:
+            ev.append((end, 0, k, name, 0.0))
+            k += 1
+    peaks = []
     for r in range(sched.ranks):
-        held = sizes[r]
-        cur = live[r]
-        for _, is_alloc, name, nbytes in sorted(events[r], key=lambda e: (e[0], e[1])):
+        held = dict(sched.initial.get(r, {}))
+        cur = peak = sum(held.values())
+        events[r].sort()
+        for _, is_alloc, _, name, nbytes in events[r]:
             if is_alloc:
                 if name in held:
                     raise ValueError(f"rank {r}: buffer {name!r} allocated twice")
                 held[name] = nbytes
                 cur += nbytes
-                peaks[r] = max(peaks[r], cur)
+                peak = max(peak, cur)
             else:
                 if name not in held:
                     raise ValueError(f"rank {r}: buffer {name!r} freed but not held")
                 cur -= held.pop(name)
+        peaks.append(peak)
     return peaks
 
 
@@ -90,7 +103,7 @@ class Timed(Protocol):
 def timeline_peaks(sched: Schedule, result: Timed) -> list[float]:
     """Peak bytes of every rank, from a simulation's op times: only the ops that allocate or free buffers (and
     ended) are looked up."""
-    holders = holding(sched)
-    ended = [i for i in holders if not math.isnan(result.end[i])]
-    times = dict(zip(ended, zip(result.start[ended].tolist(), result.end[ended].tolist(), strict=True), strict=True))
-    return peak_memory(sched, times, holders)
+    holders = np.asarray(holding(sched), dtype=np.int64)
+    ended = holders[~np.isnan(result.end[holders])] if len(holders) else holders
+    return _peaks(sched, ended, (sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)).field(
+        "rank", ended), result.start[ended].tolist(), result.end[ended].tolist())

@@ -88,6 +88,18 @@ def csr(deps: Sequence[tuple[int, ...]] | np.ndarray) -> tuple[np.ndarray, np.nd
     return starts, flat
 
 
+_DICT_BELOW = 96  # fewer values than this are numbered faster by a dict than by pandas' hash table
+
+
+def factorize(values: np.ndarray) -> np.ndarray:
+    """Each value's code, the distinct values numbered 0, 1, ... in order of first appearance (``pd.factorize``'s
+    codes; numbers with no NaN): a dict for a few values, pandas' hash table for more."""
+    if len(values) >= _DICT_BELOW:
+        return pd.factorize(values)[0]
+    seen: dict[Any, int] = {}
+    return np.fromiter((seen.setdefault(v, len(seen)) for v in values.tolist()), dtype=np.int64, count=len(values))
+
+
 def _csr_ok(starts: np.ndarray, flat: np.ndarray, m: int) -> bool:
     """Whether ``starts`` bounds ``m`` ops' entries of ``flat``: m + 1 of them, from 0 to its end, never falling."""
     return (len(starts) == m + 1 and int(starts[0]) == 0 and int(starts[-1]) == len(flat)
@@ -183,6 +195,13 @@ class ComputeBlock:
         if name in _KERNEL_FIELD:
             column = [k[_KERNEL_FIELD[name]] for k in self.kernels]
             return list(map(column.__getitem__, self.which[js].tolist()))
+        if name == "rank":
+            return self.rank[js].tolist()  # type: ignore[no-any-return]
+        if name == "alloc":  # (a memory timeline's: no op made)
+            return (list(repeat(self.allocs[0], len(js))) if self.alloc_which is None
+                    else list(map(self.allocs.__getitem__, self.alloc_which[js].tolist())))
+        if name == "free":
+            return list(repeat((), len(js)))
         return [getattr(op, name) for op in self.take(js)]
 
     def edges(self) -> int:
@@ -259,6 +278,12 @@ class TransferBlock:
             return list(map(self.names.__getitem__, self.name[transfer_of(js)].tolist()))
         if name == "nbytes":
             return self.nbytes[transfer_of(js)].tolist()  # type: ignore[no-any-return]
+        if name == "rank":  # a send's on its source, a recv's on its destination
+            return np.where(is_recv(js).astype(bool), self.dst[transfer_of(js)], self.src[transfer_of(js)]).tolist()
+        if name == "alloc":  # a recv allocates the block's buffers, a send nothing (a memory timeline's: no op made)
+            return [self.alloc if r else () for r in is_recv(js).tolist()]
+        if name == "free":
+            return list(repeat((), len(js)))
         return [getattr(op, name) for op in self.take(js)]
 
     def edges(self) -> int:
@@ -389,11 +414,11 @@ class OpBlock:
                 col = value[comp]
                 if col.dtype.kind not in "biuf" or (col.dtype.kind == "f" and np.isnan(col).any()):
                     return None
-                code = pd.factorize(col)[0]
+                code = factorize(col)
             else:
                 continue
             # the columns' codes combined, numbered again by first op (hashing, no sort) so that they stay small
-            group = pd.factorize(group * (int(code.max(initial=0)) + 1) + code)[0]
+            group = factorize(group * (int(code.max(initial=0)) + 1) + code)
         new = np.ones(len(group), dtype=bool)  # numbered by first op: a group's first op raises the running max
         new[1:] = group[1:] > np.maximum.accumulate(group)[:-1]
         return comp[new], group
@@ -408,9 +433,18 @@ class OpBlock:
                        np.where(self.match >= 0, self.match + ids, self.match), fields)
 
     def holders(self) -> np.ndarray:
-        js = np.arange(len(self))
-        held = [bool(a) or bool(f) for a, f in zip(self.field("alloc", js), self.field("free", js), strict=True)]
-        return self.first + np.flatnonzero(np.array(held, dtype=bool)) if held else np.zeros(0, np.int64)
+        held = self._truthy("alloc") | self._truthy("free")
+        return self.first + np.flatnonzero(held)
+
+    def _truthy(self, name: str) -> np.ndarray:
+        """Whether field ``name`` of each op is set (a table's entries tested once each)."""
+        value, m = self.fields.get(name, _DEFAULTS[name]), len(self)
+        if isinstance(value, Indexed):
+            table = np.fromiter(map(bool, value.table), dtype=bool, count=len(value.table))
+            return table[value.which] if m else np.zeros(0, bool)
+        if isinstance(value, np.ndarray):
+            return np.fromiter(map(bool, value.tolist()), dtype=bool, count=m)
+        return np.full(m, bool(value))
 
     def check(self) -> None:
         """Refuse a block whose columns are not one entry per op, whose deps name a later op (or none), or whose
