@@ -128,15 +128,18 @@ def test_collectives_match_the_reference(coll, algo, gib):
     _same(simulate(sched, cluster, True), simulate_reference(sched, cluster, True))
 
 
-@pytest.mark.parametrize(("algo", "params", "nodes", "backward"), [
-    ("ring", {"overlap": True}, 1, True), ("ring", {"overlap": True}, 2, False), ("ring-q", {"overlap": True}, 2, True),
-    ("ulysses", {}, 2, False), ("allgather", {}, 1, True)])
-def test_prefill_schedules_match_the_reference(algo, params, nodes, backward):
-    """Prefill and training attention, where point-to-point transfers hold SMs while kernels run (contention):
-    every kernel re-timed as transfers come and go, exactly as the reference does."""
+@pytest.mark.parametrize(("algo", "params", "nodes", "backward", "layout"), [
+    ("ring", {"overlap": True}, 1, True, "zigzag"), ("ring", {"overlap": True}, 2, False, "zigzag"),
+    ("ring-q", {"overlap": True}, 2, True, "zigzag"), ("ulysses", {}, 2, False, "zigzag"),
+    ("allgather", {}, 1, True, "zigzag"), ("ring", {"p2p": "per-peer"}, 2, True, "striped"),
+    ("ring-q", {}, 2, True, "contiguous"), ("usp", {}, 2, True, "zigzag")])
+def test_prefill_schedules_match_the_reference(algo, params, nodes, backward, layout):
+    """Prefill and training attention, where point-to-point transfers hold SMs while kernels run (contention) and
+    a GPU's point-to-point kernels wait on their stream (both ``p2p`` modes; a contiguous ring's groups split where
+    an end waits for one of them): every kernel re-timed as transfers come and go, exactly as the reference does."""
     cluster = load_topology("dgx-h100", {"nodes": nodes})
     shape = PrefillShape(batch=1, heads=16, head_dim=128, kv_heads=8, sequence=4096 * 8 * nodes, dtype="bf16",
-                         causal=True, layout="zigzag", backward=backward)
+                         causal=True, layout=layout, backward=backward)
     sched = build_prefill(algo, params, shape, layout_of(cluster))
     result = simulate(sched, cluster, True)
     if algo.startswith("ring"):  # (collectives' transfers, as all-to-all's and all-gather's, hold none here)
