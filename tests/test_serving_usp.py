@@ -45,6 +45,27 @@ def test_usp_without_overlap_is_exact_too():
     assert res.max_abs_err < 1e-12 and res.max_grad_err < 1e-12
 
 
+@pytest.mark.parametrize("name", ["usp", "ring"])
+@pytest.mark.parametrize("hosts", [(0, 0, 1, 1), (0, 0, 1, 1, 2, 2), (0, 0, 1, 1, 2, 2, 3, 3)])
+def test_a_dk_dv_receive_waits_for_its_buffers_last_send_not_this_steps(name, hosts):
+    """Backward: a rank receives the next dK, dV into the buffer its send of the step before read, so it waits for
+    that send (and its block), never for its own send of the same step (another buffer): on every rank of the ring,
+    the wrap-around one too (usp's builder once made that rank's receive wait for its same-step send)."""
+    shape = PrefillShape(1, 8, 16, 4, 40 * len(hosts), "bf16", True, "zigzag", True)
+    sched = build_prefill(name, {"ulysses": 2} if name == "usp" else {}, shape, Layout(hosts))
+    ops = list(sched.ops)
+    last_block: dict[int, int] = {}  # rank -> its latest attention block so far
+    checked = 0
+    for op in ops:
+        if op.kind == "compute" and op.fn == "attn-bwd":
+            last_block[op.rank] = op.id
+        elif op.kind == "recv" and op.name.startswith("dkv[") and op.rank in last_block:
+            sends = [d for d in op.deps if ops[d].kind == "send"]
+            assert all(d < last_block[op.rank] for d in sends), (op, sends, last_block[op.rank])
+            checked += 1
+    assert checked >= len(hosts)
+
+
 def test_its_limits_are_ulysses_and_ring():
     shape = PrefillShape(1, 32, 128, 8, 4099, "bf16", True, "zigzag", True)
     one_group = build_prefill("usp", {"ulysses": 8, "overlap": True}, shape, Layout((0,) * 8))

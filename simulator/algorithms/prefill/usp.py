@@ -19,7 +19,6 @@ it), dQ and dK, dV back to rows (replicated KV heads' gradients summed).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
@@ -32,6 +31,8 @@ from simulator.errors import InputError
 from simulator.kernels.launches import launch_matrix
 from simulator.kernels.prefill import cut_runs
 from simulator.schedule.core import Schedule
+from simulator.schedule.op import recv_of, transfer_send
+from simulator.schedule.oplist import Indexed
 from simulator.workloads.layouts import Run, layout_runs, pair_matrix, run_tokens
 from simulator.workloads.prefill_shape import PrefillShape
 from simulator.workloads.shape import shard_bounds
@@ -143,80 +144,78 @@ def _kv(step: int) -> str:
     return "kvh" if step == 0 else f"kvr{step % 2}"
 
 
+def _padded(lists: list[list[int]]) -> np.ndarray:
+    """Op ids, a list per member, as an (members, k) array padded with -1."""
+    width = max(1, *map(len, lists)) if lists else 1
+    out = np.full((len(lists), width), -1, dtype=np.int64)
+    for i, ids in enumerate(lists):
+        out[i, :len(ids)] = ids
+    return out
+
+
 def _pass(sched: Schedule, part: PrefillShape, ring: _Ring, members: list[int], tok: np.ndarray, blocks: _Blocks,
           pairs: np.ndarray, last: dict[int, list[int]], overlap: bool, backward: bool) -> None:
     """One pass of ring ``members``'s K/V shards round it (``ring``'s, a block per step; ``last[rank]``: the ops
     each rank's first block waits for, updated to its last op). Backward: dQ accumulates locally, each shard's dK,
-    dV travel with it and one hop more brings them home."""
+    dV travel with it and one hop more brings them home. Each step's transfers, blocks and dK, dV transfers are
+    appended as one block of columns each, members in ring order (the ops of one call per member, in that order)."""
     r_deg = ring.p
-    kv_size = [part.kv_bytes(int(t)) for t in tok]
-    max_kv = max(kv_size)
-    have: list[int | None] = [None] * r_deg  # the receive that brought member i its shard at this step
-    sent: list[int | None] = [None] * r_deg
-    dkv_have: list[int | None] = [None] * r_deg
-    dkv_sent: list[int | None] = [None] * r_deg
-    prev = [list(last[m]) for m in members]  # member i's last ops
+    mem = np.asarray(members, dtype=np.int64)
+    nxt = ring.next
+    kv_size = np.array([part.kv_bytes(int(t)) for t in tok], dtype=float)
+    max_kv = float(kv_size.max())
+    kv_names, dkv_names = [f"kv[{j}]" for j in range(r_deg)], [f"dkv[{j}]" for j in range(r_deg)]
+    none = np.full(r_deg, -1, dtype=np.int64)
+    have, sent, dkv_have, dkv_sent = none, none, none, none  # each member's receive and send of this step (-1: none)
+    prev = _padded([list(last[m]) for m in members])  # each member's last ops
+    allocs = Indexed([(("dqh", part.q_bytes(int(t))), ("dkv0", part.kv_bytes(int(t)))) if backward else
+                      (("acc", part.state_bytes(int(t))),) for t in tok], np.arange(r_deg))
 
-    def ids(*xs: Any) -> list[int]:
-        out: list[int] = []
-        for x in xs:
-            out += x if isinstance(x, list) else ([] if x is None else [x])
-        return out
-
-    def post(step: int, after: list[list[int]]) -> tuple[list[int | None], list[int | None]]:
-        held = ring.shards_at(step)
-        new_have: list[int | None] = [None] * r_deg
-        new_sent: list[int | None] = [None] * r_deg
-        for i in range(r_deg):
-            nxt = int(ring.next[i])
-            snd, rcv = sched.add_transfer(
-                members[i], members[nxt], kv_size[int(held[i])], f"kv[{int(held[i])}]", send_deps=after[i],
-                recv_deps=ids(prev[nxt], sent[nxt]), args=(_kv(step),), dst_args=(_kv(step + 1),),
-                alloc=((_kv(step + 1), max_kv),) if step < 2 and not backward else ())
-            new_have[nxt], new_sent[i] = rcv, snd
-        return new_have, new_sent
+    def post(step: int, held: np.ndarray, after: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        first = sched.add_transfers(mem, mem[nxt], kv_size[held], Indexed(kv_names, held), after,
+                                    np.column_stack([prev[nxt], sent[nxt]]), args=(_kv(step),),
+                                    dst_args=(_kv(step + 1),),
+                                    alloc=((_kv(step + 1), max_kv),) if step < 2 and not backward else ())
+        new_have = np.empty(r_deg, dtype=np.int64)
+        new_have[nxt] = recv_of(transfer_send(first, np.arange(r_deg)))
+        return new_have, transfer_send(first, np.arange(r_deg))
 
     for step in range(r_deg):
         held = ring.shards_at(step)
         new_have, new_sent = have, sent
         if overlap and step < r_deg - 1:
-            new_have, new_sent = post(step, [ids(have[i]) if step else prev[i] for i in range(r_deg)])
-        done: list[int | None] = [None] * r_deg
-        for i in range(r_deg):
-            j = int(held[i])
-            if pairs[i, j] == 0:
-                continue
-            name, flops, nbytes, dims = blocks.table[int(blocks.which(
-                backward, "kv" if step == 0 else "kvr", np.array([i]), np.array([j]))[0])]
-            rank, t = members[i], int(tok[i])
-            alloc: tuple[tuple[str, float], ...]
-            if not backward:
-                alloc = (("acc", part.state_bytes(t)),) if step == 0 else ()
-                op = sched.add_compute(rank, name, flops=flops, nbytes=nbytes, dtype=part.dtype,
-                                       deps=ids(have[i], prev[i]), fn="attn-fwd", out="acc", args=("qh", _kv(step)),
-                                       dims=dims, alloc=alloc)
-            else:
-                dkv = f"dkv{step % 2}"
-                alloc = (("dqh", part.q_bytes(t)), ("dkv0", part.kv_bytes(t))) if step == 0 else ()
-                op = sched.add_compute(rank, name, flops=flops, nbytes=nbytes, dtype=part.dtype,
-                                       deps=ids(have[i], prev[i], dkv_have[i]), fn="attn-bwd", out="dqh",
-                                       args=("qh", _kv(step), "lse", "delta", "doh", dkv), dims=dims, alloc=alloc)
-            done[i], prev[i] = op, [op]
-        if step == 0 and any(d is None for d in done):
+            new_have, new_sent = post(step, held, prev if step == 0 else have[:, None])
+        live = np.flatnonzero(pairs[np.arange(r_deg), held] > 0)
+        if step == 0 and len(live) < r_deg:
             raise AssertionError("every group's queries see its own keys")
+        done = none.copy()
+        if len(live):
+            which = Indexed(blocks.table, blocks.which(backward, "kv" if step == 0 else "kvr", live, held[live]))
+            alloc = Indexed(allocs.table, allocs.which[live]) if step == 0 else ()
+            if not backward:
+                first = sched.add_kernel_step(mem[live], which, np.column_stack([have[live], prev[live]]),
+                                              dtype=part.dtype, fn="attn-fwd", out="acc", args=("qh", _kv(step)),
+                                              alloc=alloc)
+            else:
+                first = sched.add_kernel_step(
+                    mem[live], which, np.column_stack([have[live], prev[live], dkv_have[live]]), dtype=part.dtype,
+                    fn="attn-bwd", out="dqh", args=("qh", _kv(step), "lse", "delta", "doh", f"dkv{step % 2}"),
+                    alloc=alloc)
+            done[live] = first + np.arange(len(live))
+            prev = prev.copy()  # a live member's last op is now its block
+            prev[live, 0], prev[live, 1:] = done[live], -1
         if not overlap and step < r_deg - 1:
-            new_have, new_sent = post(step, [ids(have[i], done[i]) for i in range(r_deg)])
+            new_have, new_sent = post(step, held, np.column_stack([have, done]))
         if backward and r_deg > 1:  # dK, dV of the shard go on with it
-            new_dkv: list[int | None] = [None] * r_deg
-            for i in range(r_deg):
-                nxt = int(ring.next[i])
-                snd, rcv = sched.add_transfer(
-                    members[i], members[nxt], kv_size[int(held[i])], f"dkv[{int(held[i])}]",
-                    send_deps=ids(done[i], dkv_have[i]), recv_deps=ids(dkv_sent[nxt], prev[nxt]),
-                    args=(f"dkv{step % 2}",), dst_args=(f"dkv{(step + 1) % 2}",),
-                    alloc=((f"dkv{(step + 1) % 2}", max_kv),) if step == 0 else ())
-                new_dkv[nxt], dkv_sent[i] = rcv, snd
-            dkv_have = new_dkv
+            dnxt = f"dkv{(step + 1) % 2}"
+            first = sched.add_transfers(mem, mem[nxt], kv_size[held], Indexed(dkv_names, held),
+                                        np.column_stack([done, dkv_have]), np.column_stack([dkv_sent[nxt], prev[nxt]]),
+                                        args=(f"dkv{step % 2}",), dst_args=(dnxt,),
+                                        alloc=((dnxt, max_kv),) if step == 0 else ())
+            new_dkv = np.empty(r_deg, dtype=np.int64)
+            new_dkv[nxt] = recv_of(transfer_send(first, np.arange(r_deg)))
+            dkv_have, dkv_sent = new_dkv, transfer_send(first, np.arange(r_deg))
         have, sent = new_have, new_sent
     for i, m in enumerate(members):
-        last[m] = ids(prev[i], dkv_have[i]) if backward else prev[i]
+        last[m] = [int(d) for d in (*prev[i], dkv_have[i]) if d >= 0] if backward else [int(d) for d in prev[i]
+                                                                                           if d >= 0]
