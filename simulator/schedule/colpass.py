@@ -334,6 +334,17 @@ def _stream_deps(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank
     return new_counts, new_parents, gained
 
 
+_KINDS = tuple(OP_KINDS.index(k) for k in ("compute", "merge", "send", "recv", "launch"))  # the passes' kind codes
+
+
+def _contiguous(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
+                coll: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The columns the point-to-point passes read, as the compiled code takes them."""
+    return (np.ascontiguousarray(counts, dtype=np.int32), np.ascontiguousarray(parents, dtype=np.int32),
+            np.ascontiguousarray(kind, dtype=np.uint8), np.ascontiguousarray(rank, dtype=np.int32),
+            np.ascontiguousarray(match, dtype=np.int32), np.ascontiguousarray(coll, dtype=np.bool_))
+
+
 def p2p_batches(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank: np.ndarray, match: np.ndarray,
                 coll: np.ndarray) -> np.ndarray:
     """Each op's point-to-point group (one ``batch_isend_irecv``), numbered from 0 in op order, or -1 where the op is
@@ -341,13 +352,9 @@ def p2p_batches(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, rank:
     them in its op order) are one group, unless an end depends on an end of the open group (the program waits for
     that one first: a new group). The groups :func:`stream_ordered` orders with ``p2p`` ``"batched"``, for the real
     runner to post as it does (:mod:`simulator.distributed.runner`)."""
-    index = OP_KINDS.index
-    group, *_ = _p2p_groups(np.ascontiguousarray(counts, dtype=np.int32),
-                            np.ascontiguousarray(parents, dtype=np.int32), np.ascontiguousarray(kind, dtype=np.uint8),
-                            np.ascontiguousarray(rank, dtype=np.int32), np.ascontiguousarray(match, dtype=np.int32),
-                            np.ascontiguousarray(coll, dtype=np.bool_),
-                            np.ones(int(rank.max()) + 1 if len(rank) else 0, dtype=np.bool_), False,
-                            index("compute"), index("merge"), index("send"), index("recv"), index("launch"))
+    columns = _contiguous(counts, parents, kind, rank, match, coll)
+    group, *_ = _p2p_groups(*columns, np.ones(int(rank.max()) + 1 if len(rank) else 0, dtype=np.bool_), False,
+                            *_KINDS)
     return group
 
 
@@ -370,9 +377,5 @@ def stream_ordered(counts: np.ndarray, parents: np.ndarray, kind: np.ndarray, ra
         raise ValueError(f"p2p must be one of {', '.join(P2P_STREAMS)}, got {p2p!r}")
     if not ordered.any():  # (no rank posts in stream order: nothing to add, no pass)
         return counts, parents, 0
-    index = OP_KINDS.index
-    return _stream_deps(np.ascontiguousarray(counts, dtype=np.int32), np.ascontiguousarray(parents, dtype=np.int32),
-                        np.ascontiguousarray(kind, dtype=np.uint8), np.ascontiguousarray(rank, dtype=np.int32),
-                        np.ascontiguousarray(match, dtype=np.int32), np.ascontiguousarray(coll, dtype=np.bool_),
-                        np.ascontiguousarray(ordered, dtype=np.bool_), p2p == "per-peer", index("compute"),
-                        index("merge"), index("send"), index("recv"), index("launch"))
+    return _stream_deps(*_contiguous(counts, parents, kind, rank, match, coll),
+                        np.ascontiguousarray(ordered, dtype=np.bool_), p2p == "per-peer", *_KINDS)

@@ -37,7 +37,7 @@ def peak_memory(sched: Schedule, times: Mapping[int, tuple[float, float]] | None
                 holders: list[int] | None = None) -> list[float]:
     """Peak bytes of every rank. ``times[op_id] = (start, end)`` (e.g. from the engine's timeline) of at least the
     ops that allocate or free buffers (``holders``: their ids in op-id order, when the caller has them)."""
-    listed = sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)
+    listed = _listed(sched)
     if times is None:  # every op advances its rank's clock by one, in program order
         ranks = listed.field("rank", np.arange(len(listed)))
         clock = [0.0] * sched.ranks
@@ -55,7 +55,7 @@ def _peaks(sched: Schedule, ids: Sequence[int] | np.ndarray, ranks: Sequence[int
            ends: Sequence[float]) -> list[float]:
     """Peak bytes of every rank, its ops ``ids`` (of ``ranks``) allocating their buffers at ``starts`` and
     freeing at ``ends``; at equal times frees first, then in op order."""
-    listed = sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)
+    listed = _listed(sched)
     events: list[list[tuple[float, int, int, str, float]]] = [[] for _ in range(sched.ranks)]
     k = 0  # each event's place in op order (the sort's last key: what a stable sort kept)
     for r, start, end, alloc, free in zip(ranks, starts, ends, listed.field("alloc", ids), listed.field("free", ids),
@@ -90,7 +90,12 @@ def _peaks(sched: Schedule, ids: Sequence[int] | np.ndarray, ranks: Sequence[int
 def holding(sched: Schedule) -> list[int]:
     """Ids of the ops that allocate or free buffers, in op-id order (C-level passes over op tuples; a block of ops
     by its shared fields)."""
-    return (sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)).holders()
+    return _listed(sched).holders()
+
+
+def _listed(sched: Schedule) -> OpList:
+    """The schedule's ops as an OpList (a schedule whose ops were set to a plain list of tuples is read as one)."""
+    return sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)
 
 
 class Timed(Protocol):
@@ -104,6 +109,6 @@ def timeline_peaks(sched: Schedule, result: Timed) -> list[float]:
     """Peak bytes of every rank, from a simulation's op times: only the ops that allocate or free buffers (and
     ended) are looked up."""
     holders = np.asarray(holding(sched), dtype=np.int64)
-    ended = holders[~np.isnan(result.end[holders])] if len(holders) else holders
-    return _peaks(sched, ended, (sched.ops if isinstance(sched.ops, OpList) else OpList(sched.ops)).field(
-        "rank", ended), result.start[ended].tolist(), result.end[ended].tolist())
+    ended = holders[~np.isnan(result.end[holders])]
+    return _peaks(sched, ended, _listed(sched).field("rank", ended), result.start[ended].tolist(),
+                  result.end[ended].tolist())

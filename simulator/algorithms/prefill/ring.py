@@ -152,9 +152,16 @@ def _post(sched: Schedule, ring: _Ring, held: np.ndarray, kv_size: np.ndarray, n
     first = sched.add_transfers(ranks, ring.next, kv_size[held], Indexed(names, held), after,
                                 _pad(last[ring.next], prev_sent[ring.next]), args=(_kv_buf(step),),
                                 dst_args=(_kv_buf(step + 1),), alloc=alloc)
-    have = np.empty(ring.p, dtype=np.int64)
-    have[ring.next] = recv_of(transfer_send(first, ranks))
-    return have, transfer_send(first, ranks)
+    return landed(first, ring.next)
+
+
+def landed(first: int, nxt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A step's transfers appended from op ``first``, position i's to position ``nxt[i]`` (a permutation): each
+    position's receive, and each position's send."""
+    sends = transfer_send(first, np.arange(len(nxt), dtype=np.int64))
+    have = np.empty(len(nxt), dtype=np.int64)
+    have[nxt] = recv_of(sends)
+    return have, sends
 
 
 def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, backward: bool, last: np.ndarray,
@@ -209,9 +216,7 @@ def _rotate(sched: Schedule, shape: PrefillShape, ring: _Ring, overlap: bool, ba
             first = sched.add_transfers(ranks, ring.next, kv_size[held], Indexed(dkv_names, held), _pad(done, dkv_have),
                                         _pad(dkv_sent[ring.next], last[ring.next]), args=(f"dkv{step % 2}",),
                                         dst_args=(dnxt,), alloc=((dnxt, max_kv),) if step == 0 else ())
-            new_dkv = none.copy()
-            new_dkv[ring.next] = recv_of(transfer_send(first, ranks))
-            dkv_have, dkv_sent = new_dkv, transfer_send(first, ranks)
+            dkv_have, dkv_sent = landed(first, ring.next)
         have, sent = new_have, new_sent
     if backward:
         sched.meta["grads"] = [(r, "dq", f"dkv{p % 2}" if p > 1 else "dkv0") for r in range(p)]

@@ -24,14 +24,13 @@ import numpy as np
 
 from simulator.algorithms.base import Layout
 from simulator.algorithms.prefill.base import add_concat, add_delta, add_final
-from simulator.algorithms.prefill.ring import _Blocks, _Ring
+from simulator.algorithms.prefill.ring import _Blocks, _Ring, landed
 from simulator.algorithms.prefill.ulysses import kv_heads_of
 from simulator.collectives.alltoall import pairwise_alltoall
 from simulator.errors import InputError
 from simulator.kernels.launches import launch_matrix
 from simulator.kernels.prefill import cut_runs
 from simulator.schedule.core import Schedule
-from simulator.schedule.op import recv_of, transfer_send
 from simulator.schedule.oplist import Indexed
 from simulator.workloads.layouts import Run, layout_runs, pair_matrix, run_tokens
 from simulator.workloads.prefill_shape import PrefillShape
@@ -176,9 +175,7 @@ def _pass(sched: Schedule, part: PrefillShape, ring: _Ring, members: list[int], 
                                     np.column_stack([prev[nxt], sent[nxt]]), args=(_kv(step),),
                                     dst_args=(_kv(step + 1),),
                                     alloc=((_kv(step + 1), max_kv),) if step < 2 and not backward else ())
-        new_have = np.empty(r_deg, dtype=np.int64)
-        new_have[nxt] = recv_of(transfer_send(first, np.arange(r_deg)))
-        return new_have, transfer_send(first, np.arange(r_deg))
+        return landed(first, nxt)
 
     for step in range(r_deg):
         held = ring.shards_at(step)
@@ -212,10 +209,8 @@ def _pass(sched: Schedule, part: PrefillShape, ring: _Ring, members: list[int], 
                                         np.column_stack([done, dkv_have]), np.column_stack([dkv_sent[nxt], prev[nxt]]),
                                         args=(f"dkv{step % 2}",), dst_args=(dnxt,),
                                         alloc=((dnxt, max_kv),) if step == 0 else ())
-            new_dkv = np.empty(r_deg, dtype=np.int64)
-            new_dkv[nxt] = recv_of(transfer_send(first, np.arange(r_deg)))
-            dkv_have, dkv_sent = new_dkv, transfer_send(first, np.arange(r_deg))
+            dkv_have, dkv_sent = landed(first, nxt)
         have, sent = new_have, new_sent
     for i, m in enumerate(members):
-        last[m] = [int(d) for d in (*prev[i], dkv_have[i]) if d >= 0] if backward else [int(d) for d in prev[i]
-                                                                                           if d >= 0]
+        ids = (*prev[i], dkv_have[i]) if backward else prev[i]
+        last[m] = [int(d) for d in ids if d >= 0]
